@@ -1,0 +1,34 @@
+"""semsoft: calibrated label probabilities for LLM zero-shot classifiers (Semantic Softmax).
+
+The package root needs torch only. Engine adapters load their engine on import:
+
+* ``semsoft_plugin.hf``: transformers ``LogitsProcessor`` and ``classify``;
+* ``semsoft_plugin.vllm``: vLLM logits processor and per-request options;
+* ``semsoft_plugin.outlines``: drop-in ``Generator`` for Outlines choices.
+"""
+
+from semsoft_plugin.config import SemsoftConfig
+from semsoft_plugin.core import (
+    LabelTokens,
+    OutputEmbeddings,
+    SemanticSoftmax,
+    SemanticSoftmaxResult,
+    constrained_softmax,
+    semantic_softmax,
+    semantic_softmax_details,
+)
+from semsoft_plugin.labels import LabelSet
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LabelSet",
+    "LabelTokens",
+    "OutputEmbeddings",
+    "SemanticSoftmax",
+    "SemanticSoftmaxResult",
+    "SemsoftConfig",
+    "constrained_softmax",
+    "semantic_softmax",
+    "semantic_softmax_details",
+]

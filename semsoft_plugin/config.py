@@ -1,0 +1,102 @@
+"""Method settings, shared by the core, every adapter, ``semsoft eval`` and ``semsoft tune``.
+
+A config is a small JSON file (``semsoft tune`` writes one; ``--config`` reads it)::
+
+    {"k": 50, "tau": 0.2, "center": true, "own_vote": true,
+     "normalize_votes": false, "temperature": 1.0}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SemsoftConfig", "DEFAULT_K", "DEFAULT_TAU", "DEFAULT_CENTER"]
+
+# Defaults chosen by measurement on the dev sets (README, "Choosing the defaults").
+DEFAULT_K = 50
+DEFAULT_TAU = 0.2
+DEFAULT_CENTER = True
+DEFAULT_OWN_VOTE = True
+DEFAULT_NORMALIZE_VOTES = False
+
+MAX_K = 4096
+
+
+@dataclass(frozen=True)
+class SemsoftConfig:
+    """Settings of Semantic Softmax.
+
+    Parameters
+    ----------
+    k : int
+        Number of top tokens kept from the unconstrained distribution (paper: 50).
+    tau : float in [-1, 1)
+        Cosine threshold: a token votes for a label with weight ``max(0, cos - tau)``.
+    center : bool
+        Subtract the mean output embedding before the cosine (corrects anisotropy).
+    own_vote : bool
+        A label's own tokens vote for that label only (keeps antonym labels apart).
+    normalize_votes : bool
+        Share each token's vote out among the labels instead of counting it per label.
+    temperature : float > 0
+        Final temperature on ``log P_sem``; 1 leaves it unchanged.
+    """
+
+    k: int = DEFAULT_K
+    tau: float = DEFAULT_TAU
+    center: bool = DEFAULT_CENTER
+    own_vote: bool = DEFAULT_OWN_VOTE
+    normalize_votes: bool = DEFAULT_NORMALIZE_VOTES
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
+            raise ValueError(f"k={self.k!r} must be an int in [1, {MAX_K}]")
+        if not isinstance(self.tau, int | float) or not -1.0 <= float(self.tau) < 1.0:
+            raise ValueError(f"tau={self.tau!r} must be a float in [-1, 1)")
+        for name in ("center", "own_vote", "normalize_votes"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
+        t = self.temperature
+        if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
+            raise ValueError(f"temperature={t!r} must be a finite float > 0")
+        object.__setattr__(self, "tau", float(self.tau))
+        object.__setattr__(self, "temperature", float(self.temperature))
+
+    @classmethod
+    def paper(cls, *, k: int = 50, tau: float = 0.0) -> SemsoftConfig:
+        """The paper's exact formula: raw cosines, no own-vote rule, no temperature."""
+        return cls(k=k, tau=tau, center=False, own_vote=False, normalize_votes=False)
+
+    def replace(self, **changes: Any) -> SemsoftConfig:
+        """A copy with some fields changed (``None`` values are ignored)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown Semantic Softmax option(s): {', '.join(sorted(unknown))}")
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> SemsoftConfig:
+        """Read a config file written by :meth:`save` or ``semsoft tune``."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"config file not found: {path}") from None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"config file {path} is not valid JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"config file {path} must hold a JSON object")
+        data.pop("comment", None)
+        return cls().replace(**data)

@@ -1,0 +1,461 @@
+"""Semantic Softmax: the pure-math core every adapter calls (torch only).
+
+Notation (Badhe, Tiwari, Shah, 2026, "The Silent Vote"):
+
+.. math::
+
+    P(v) = \\mathrm{softmax}(z)_v, \\qquad V_K = \\mathrm{top}_K(P)
+
+    w(v, l) = \\max\\bigl(0, \\cos(E_v, E_l) - \\tau\\bigr)
+
+    P_{sem}(l) = \\frac{\\sum_{v \\in V_K} P(v)\\, w(v, l)}
+                      {\\sum_{l'} \\sum_{v \\in V_K} P(v)\\, w(v, l')}
+
+where :math:`E` are the model's *output* embeddings (lm_head rows) and :math:`E_l`
+the output embedding of label ``l``'s answer token.
+
+The paper leaves several things open; this module decides them and says so:
+
+* **Zero denominator.** When no kept token clears ``tau`` for any label the ratio is
+  0/0. The result is then the constrained softmax (the baseline), and the row's
+  ``fallback`` flag is set. No NaN ever leaves this module.
+* **Anisotropy** (``center``). Output embeddings of small models share a common
+  direction, so raw cosines between unrelated tokens are far above 0 and a low
+  ``tau`` spreads the mass over every label. ``center=True`` subtracts the mean
+  output embedding (computed once per matrix) before the cosine.
+* **A label's own tokens** (``own_vote``). Antonym labels (" positive"/" negative")
+  share contexts and have high cosine, so in the paper's formula each label's own
+  token votes for the other label too and a right, confident model comes out
+  under-confident. With ``own_vote=True`` a token that *is* a label's answer token
+  (or one of its declared spelling variants) votes for that label alone, with the
+  weight ``1 - tau`` it would give itself. Semantic neighbours still vote by cosine.
+* **Per-token shares** (``normalize_votes``). Optionally each kept token's vote is
+  shared out among the labels (weights normalised per token), so a token close to
+  every label is not counted once per label.
+* **Temperature.** An optional final temperature on ``log P_sem`` (fitted by
+  ``semsoft tune``); 1 leaves the distribution as is.
+* **Non-finite logits.** ``-inf`` is how every engine masks a token: it means
+  probability 0 and is accepted. NaN and ``+inf`` raise ``ValueError``.
+
+With ``center=False, own_vote=False, normalize_votes=False, temperature=1`` the
+result is exactly the paper's formula (see :meth:`SemsoftConfig.paper`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from semsoft_plugin.config import SemsoftConfig
+
+__all__ = [
+    "LabelTokens",
+    "OutputEmbeddings",
+    "SemanticSoftmax",
+    "SemanticSoftmaxResult",
+    "constrained_softmax",
+    "semantic_softmax",
+    "semantic_softmax_details",
+]
+
+# Rows of the embedding matrix are reduced to its mean in chunks of this many rows so
+# that a bf16 matrix is never copied whole to float32.
+_MEAN_CHUNK_ROWS = 16384
+
+
+@dataclass(frozen=True)
+class LabelTokens:
+    """Token ids that stand for each label at the decision step.
+
+    Parameters
+    ----------
+    answer_token_ids : tuple of int, length L
+        The first answer token of each label as the model emits it. The constrained
+        softmax is taken over these, and ``E_l`` is their output embedding.
+    own_token_ids : tuple of tuple of int, length L
+        Per label, the tokens that are that label itself (its answer token and any
+        declared spelling variants such as " Joy" for " joy"). With ``own_vote`` they
+        vote for that label only. Must include ``answer_token_ids[l]``.
+    """
+
+    answer_token_ids: tuple[int, ...]
+    own_token_ids: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.answer_token_ids) == 0:
+            raise ValueError("label set is empty: need at least one label token id")
+        if len(self.own_token_ids) != len(self.answer_token_ids):
+            raise ValueError(
+                f"own_token_ids has {len(self.own_token_ids)} entries for "
+                f"{len(self.answer_token_ids)} labels"
+            )
+        seen: dict[int, int] = {}
+        for index, token_id in enumerate(self.answer_token_ids):
+            if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+                raise ValueError(f"label {index}: token id {token_id!r} is not a non-negative int")
+            if token_id in seen:
+                raise ValueError(
+                    f"labels {seen[token_id]} and {index} have the same answer token id "
+                    f"{token_id}: they cannot be told apart"
+                )
+            seen[token_id] = index
+        owner: dict[int, int] = {}
+        for index, own in enumerate(self.own_token_ids):
+            if self.answer_token_ids[index] not in own:
+                raise ValueError(f"label {index}: own_token_ids must include its answer token")
+            for token_id in own:
+                if owner.setdefault(token_id, index) != index:
+                    raise ValueError(
+                        f"token id {token_id} is declared as its own by labels "
+                        f"{owner[token_id]} and {index}"
+                    )
+
+    @classmethod
+    def from_ids(cls, label_token_ids: Sequence[int] | Tensor) -> LabelTokens:
+        """One answer token per label, no variants (the paper's single-token setting)."""
+        if isinstance(label_token_ids, Tensor):
+            if label_token_ids.dim() != 1:
+                raise ValueError(
+                    f"label_token_ids must be 1-D, got shape {tuple(label_token_ids.shape)}"
+                )
+            ids = tuple(int(t) for t in label_token_ids.tolist())
+        else:
+            ids = tuple(label_token_ids)
+        return cls(ids, tuple((t,) for t in ids))
+
+    def __len__(self) -> int:
+        return len(self.answer_token_ids)
+
+
+def _as_label_tokens(labels: Any) -> LabelTokens:
+    if isinstance(labels, LabelTokens):
+        return labels
+    tokens = getattr(labels, "label_tokens", None)  # a semsoft_plugin.labels.LabelSet
+    if isinstance(tokens, LabelTokens):
+        return tokens
+    return LabelTokens.from_ids(labels)
+
+
+class OutputEmbeddings:
+    """An output-embedding matrix with the statistics the method needs, computed once.
+
+    Holds the matrix without copying it. The mean row (for centring) is computed on
+    first use and cached; per call only the ``K`` kept rows and the label rows are
+    gathered and normalised, so no ``V x d`` or ``V x L`` tensor is made per call.
+
+    Parameters
+    ----------
+    weight : Tensor of shape (V_rows, d)
+        The lm_head weight (or tied input embedding). May be bf16/fp16.
+    vocab_size : int, optional
+        Number of real tokens. Rows past it (a padded vocabulary) are ignored for the
+        mean and may never be selected.
+    """
+
+    def __init__(self, weight: Tensor, vocab_size: int | None = None) -> None:
+        if not isinstance(weight, Tensor) or weight.dim() != 2:
+            raise ValueError(
+                f"embeddings must be a 2-D tensor (V, d), got {type(weight).__name__} "
+                f"{tuple(getattr(weight, 'shape', ()))}"
+            )
+        rows = weight.shape[0]
+        if vocab_size is None:
+            vocab_size = rows
+        if not 0 < vocab_size <= rows:
+            raise ValueError(f"vocab_size={vocab_size} must be in [1, {rows}] (matrix rows)")
+        self.weight = weight.detach()
+        self.vocab_size = int(vocab_size)
+        self._mean: Tensor | None = None
+
+    @property
+    def dim(self) -> int:
+        return int(self.weight.shape[1])
+
+    @property
+    def mean(self) -> Tensor:
+        """Mean output embedding over the real vocabulary, float32 ``[d]``."""
+        if self._mean is None:
+            total = torch.zeros(self.dim, dtype=torch.float64, device=self.weight.device)
+            for start in range(0, self.vocab_size, _MEAN_CHUNK_ROWS):
+                stop = min(start + _MEAN_CHUNK_ROWS, self.vocab_size)
+                total += self.weight[start:stop].to(torch.float64).sum(0)
+            self._mean = (total / self.vocab_size).to(torch.float32)
+        return self._mean
+
+    def unit_rows(self, token_ids: Tensor, *, center: bool) -> Tensor:
+        """Gathered rows, optionally centred, L2-normalised, float32 ``[..., d]``."""
+        rows = self.weight[token_ids].to(torch.float32)
+        if center:
+            rows = rows - self.mean.to(rows.device)
+        return torch.nn.functional.normalize(rows, dim=-1, eps=1e-12)
+
+
+# Wrapping a raw tensor caches its OutputEmbeddings so the mean is computed once per
+# matrix even through the functional API. Keyed by id() with a weakref finaliser,
+# because tensors compare elementwise and cannot be dictionary keys by value.
+_WRAPPED: dict[int, tuple[weakref.ref[Tensor], OutputEmbeddings]] = {}
+
+
+def _as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbeddings:
+    if isinstance(embeddings, OutputEmbeddings):
+        return embeddings
+    if not isinstance(embeddings, Tensor):
+        raise ValueError(
+            f"embeddings must be a Tensor or OutputEmbeddings, got {type(embeddings).__name__}"
+        )
+    key = id(embeddings)
+    cached = _WRAPPED.get(key)
+    if cached is not None and cached[0]() is embeddings:
+        return cached[1]
+    wrapped = OutputEmbeddings(embeddings)
+    _WRAPPED[key] = (weakref.ref(embeddings, lambda _ref, key=key: _WRAPPED.pop(key, None)), wrapped)
+    return wrapped
+
+
+def _check_logits(logits: Tensor) -> Tensor:
+    if not isinstance(logits, Tensor):
+        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() not in (1, 2):
+        raise ValueError(f"logits must have shape [V] or [B, V], got {tuple(logits.shape)}")
+    if logits.shape[-1] == 0:
+        raise ValueError("logits have an empty vocabulary dimension")
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    bad = torch.isnan(logits) | (logits == float("inf"))
+    if bool(bad.any()):
+        where = bad.nonzero()[0].tolist()
+        raise ValueError(
+            f"logits contain NaN or +inf (first at index {where}); -inf (a masked token) is allowed"
+        )
+    if bool((logits == float("-inf")).all(dim=-1).any()):
+        raise ValueError("a row of logits is entirely -inf: no token has any probability")
+    return logits
+
+
+def _check_label_ids(tokens: LabelTokens, vocab: int) -> None:
+    for index, own in enumerate(tokens.own_token_ids):
+        for token_id in own:
+            if token_id >= vocab:
+                raise ValueError(
+                    f"label {index}: token id {token_id} is outside the vocabulary of size {vocab}"
+                )
+
+
+def constrained_softmax(logits: Tensor, label_token_ids: Sequence[int] | Tensor | Any) -> Tensor:
+    """Softmax over the label tokens only: the baseline constrained decoding implies.
+
+    Parameters
+    ----------
+    logits : Tensor of shape (V,) or (B, V)
+    label_token_ids : sequence of int, 1-D Tensor, LabelTokens or LabelSet
+        The answer token of each label.
+
+    Returns
+    -------
+    Tensor of shape (L,) or (B, L), float32, rows summing to 1. If every label token
+    is masked (-inf) in a row, that row is uniform.
+    """
+    logits = _check_logits(logits)
+    tokens = _as_label_tokens(label_token_ids)
+    _check_label_ids(tokens, logits.shape[-1])
+    return _constrained(logits, tokens)
+
+
+def _constrained(logits: Tensor, tokens: LabelTokens) -> Tensor:
+    ids = torch.tensor(tokens.answer_token_ids, device=logits.device)
+    picked = logits.index_select(-1, ids).to(torch.float32)
+    all_masked = (picked == float("-inf")).all(dim=-1, keepdim=True)
+    picked = torch.where(all_masked, torch.zeros_like(picked), picked)
+    return torch.softmax(picked, dim=-1)
+
+
+@dataclass(frozen=True)
+class SemanticSoftmaxResult:
+    """Everything one Semantic Softmax call measures, per row.
+
+    Attributes
+    ----------
+    semantic : Tensor (B, L)
+        Calibrated label probabilities (the constrained softmax where ``fallback``).
+    constrained : Tensor (B, L)
+        Softmax over the label answer tokens only, for comparison.
+    fallback : Tensor (B,) bool
+        True where no kept token cleared ``tau`` for any label (0/0) and
+        ``semantic`` is the constrained softmax.
+    coverage : Tensor (B,)
+        Share of the top-K probability mass whose tokens vote for at least one
+        label. Low coverage means the model's answer lies outside the label set.
+    top_k_mass : Tensor (B,)
+        Total probability of the K kept tokens.
+    """
+
+    semantic: Tensor
+    constrained: Tensor
+    fallback: Tensor
+    coverage: Tensor
+    top_k_mass: Tensor
+
+    def squeeze(self) -> SemanticSoftmaxResult:
+        """Drop the batch dimension of a single-row result."""
+        return SemanticSoftmaxResult(*(t.squeeze(0) for t in self.__dict__.values()))
+
+
+class SemanticSoftmax:
+    """A label set bound to one model's output embeddings, ready to score logits.
+
+    Everything that depends only on the labels and the embeddings (the label rows,
+    their normalisation, the own-token lookup) is computed here once; each call
+    then costs a top-K, a ``[B, K, d]`` gather and a ``[B, K, L]`` weight tensor.
+    Adapters build one per label set and reuse it for every request.
+
+    Parameters
+    ----------
+    embeddings : Tensor (V, d) or OutputEmbeddings
+    labels : sequence of int, 1-D Tensor, LabelTokens or LabelSet
+    config : SemsoftConfig, optional
+        Method settings; keyword arguments override its fields.
+    **overrides
+        ``k``, ``tau``, ``center``, ``own_vote``, ``normalize_votes``, ``temperature``.
+    """
+
+    def __init__(
+        self,
+        embeddings: Tensor | OutputEmbeddings,
+        labels: Sequence[int] | Tensor | LabelTokens | Any,
+        config: SemsoftConfig | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.config = (config or SemsoftConfig()).replace(**overrides)
+        self.embeddings = _as_output_embeddings(embeddings)
+        self.labels = _as_label_tokens(labels)
+        _check_label_ids(self.labels, self.embeddings.vocab_size)
+        device = self.embeddings.weight.device
+        self._answer_ids = torch.tensor(self.labels.answer_token_ids, device=device)
+        self._label_rows = self.embeddings.unit_rows(self._answer_ids, center=self.config.center)
+        own_ids = [t for own in self.labels.own_token_ids for t in own]
+        own_label = [i for i, own in enumerate(self.labels.own_token_ids) for _ in own]
+        self._own_ids = torch.tensor(own_ids, device=device)
+        self._own_label = torch.tensor(own_label, device=device)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels)
+
+    def __call__(self, logits: Tensor) -> SemanticSoftmaxResult:
+        """Score logits ``[V]`` or ``[B, V]``; see :class:`SemanticSoftmaxResult`."""
+        logits = _check_logits(logits)
+        vocab = logits.shape[-1]
+        if vocab > self.embeddings.weight.shape[0]:
+            raise ValueError(
+                f"logits have {vocab} entries but the embedding matrix has only "
+                f"{self.embeddings.weight.shape[0]} rows"
+            )
+        _check_label_ids(self.labels, vocab)
+        single = logits.dim() == 1
+        rows = logits.unsqueeze(0) if single else logits
+        result = self._score(rows)
+        return result.squeeze() if single else result
+
+    def _score(self, logits: Tensor) -> SemanticSoftmaxResult:
+        cfg = self.config
+        # Padded-vocabulary columns (if any) never hold real tokens.
+        real = min(logits.shape[-1], self.embeddings.vocab_size)
+        log_p = torch.log_softmax(logits[:, :real].to(torch.float32), dim=-1)
+        k = min(cfg.k, real)
+        top_log_p, top_ids = torch.topk(log_p, k, dim=-1)  # [B, K]
+        top_p = top_log_p.exp()
+        device = self._label_rows.device
+        top_ids_dev = top_ids.to(device)
+
+        token_rows = self.embeddings.unit_rows(top_ids_dev, center=cfg.center)  # [B, K, d]
+        cosine = token_rows @ self._label_rows.T  # [B, K, L]
+        weights = (cosine - cfg.tau).clamp_min(0.0)
+
+        if cfg.own_vote:
+            # A label's own token votes for that label alone, with the weight it gives itself.
+            match = top_ids_dev.unsqueeze(-1) == self._own_ids  # [B, K, M]
+            is_own = match.any(-1)  # [B, K]
+            owner = torch.zeros(
+                (*top_ids_dev.shape, self.num_labels), dtype=weights.dtype, device=device
+            )
+            owner.scatter_add_(
+                -1,
+                self._own_label.expand(*match.shape),
+                match.to(weights.dtype),
+            )
+            own_weight = owner * max(1.0 - cfg.tau, 0.0)
+            weights = torch.where(is_own.unsqueeze(-1), own_weight, weights)
+
+        votes = weights.sum(-1)  # [B, K]
+        if cfg.normalize_votes:
+            weights = weights / votes.clamp_min(1e-30).unsqueeze(-1)
+
+        top_p_dev = top_p.to(device)
+        numerator = torch.einsum("bk,bkl->bl", top_p_dev, weights)
+        denominator = numerator.sum(-1, keepdim=True)
+        fallback = denominator.squeeze(-1) <= 0
+        constrained = _constrained(logits, self.labels).to(device)
+        semantic = numerator / denominator.clamp_min(1e-30)
+        if cfg.temperature != 1.0:
+            semantic = torch.softmax(semantic.clamp_min(1e-30).log() / cfg.temperature, dim=-1)
+        semantic = torch.where(fallback.unsqueeze(-1), constrained, semantic)
+
+        mass = top_p_dev.sum(-1)
+        covered = (top_p_dev * (votes > 0)).sum(-1)
+        coverage = covered / mass.clamp_min(1e-30)
+        return SemanticSoftmaxResult(semantic, constrained, fallback, coverage, mass)
+
+
+def semantic_softmax_details(
+    logits: Tensor,
+    embeddings: Tensor | OutputEmbeddings,
+    label_token_ids: Sequence[int] | Tensor | LabelTokens | Any,
+    config: SemsoftConfig | None = None,
+    **overrides: Any,
+) -> SemanticSoftmaxResult:
+    """Semantic and constrained distributions, fallback flag and coverage, per row.
+
+    See :func:`semantic_softmax` for the parameters and the module docstring for the
+    method. For repeated calls with one label set, build a :class:`SemanticSoftmax`
+    once instead.
+    """
+    return SemanticSoftmax(embeddings, label_token_ids, config, **overrides)(logits)
+
+
+def semantic_softmax(
+    logits: Tensor,
+    embeddings: Tensor | OutputEmbeddings,
+    label_token_ids: Sequence[int] | Tensor | LabelTokens | Any,
+    config: SemsoftConfig | None = None,
+    **overrides: Any,
+) -> Tensor:
+    """Calibrated label probabilities by Semantic Softmax.
+
+    Parameters
+    ----------
+    logits : Tensor of shape (V,) or (B, V)
+        Unconstrained logits at the decision step. ``-inf`` entries are masked
+        tokens; NaN and ``+inf`` raise ``ValueError``.
+    embeddings : Tensor of shape (V_rows, d) or OutputEmbeddings
+        The model's output embeddings (lm_head weight), ``V_rows >= V``.
+    label_token_ids : sequence of int, 1-D Tensor, LabelTokens or LabelSet
+        Each label's answer token (and, through a LabelSet, its spelling variants).
+    config : SemsoftConfig, optional
+        Method settings; defaults are :class:`SemsoftConfig`'s.
+    **overrides
+        ``k`` (kept tokens, default 50), ``tau`` (cosine threshold), ``center``
+        (centre the embeddings first), ``own_vote``, ``normalize_votes``,
+        ``temperature``. ``center=False, own_vote=False`` is the paper's formula.
+
+    Returns
+    -------
+    Tensor of shape (L,) or (B, L), float32, rows summing to 1, never NaN. Rows
+    where the formula is 0/0 hold the constrained softmax (see
+    :func:`semantic_softmax_details` for the flag).
+    """
+    return semantic_softmax_details(logits, embeddings, label_token_ids, config, **overrides).semantic

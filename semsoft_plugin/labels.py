@@ -1,0 +1,229 @@
+"""Label sets: which tokens stand for each label at the decision step.
+
+The rule (decided here, measured in the README):
+
+* **Answer spelling.** A label is scored as the model would write it after a prompt
+  that ends just before the answer, e.g. ``"Emotion:"``: with a leading space
+  (``" joy"``), which on BPE tokenizers is usually one whole-word token. Written
+  without the space, labels split into fragments (``"ad" "m" "iration"``) whose
+  embeddings say nothing about the label, and several labels start with the same
+  fragment (``"dis"``). ``leading_space=False`` is for prompts that end in a space
+  or newline.
+* **Verbalizers.** ``verbalizers={"disgust": "gross"}`` makes the model answer with
+  another word for a label (the generated text is then the verbalizer; results are
+  reported under the label name).
+* **Answer token and embedding.** A label's answer token is the first token of its
+  answer spelling; the constrained softmax is taken over these tokens and the label's
+  embedding ``E_l`` is that token's output embedding (the paper's rule). For a
+  multi-token label this is a prefix; :attr:`LabelSet.multi_token_labels` lists them.
+* **Spelling variants** (capitalised, upper case, user-given synonyms) whose first
+  token belongs to no other label are the label's *own tokens*: with ``own_vote``
+  they vote for that label alone. On Qwen2.5 such variants held 10-23% of the top-50
+  mass: a real part of the silent vote.
+* **Errors.** An empty set, a non-string or empty label, duplicates, a label that
+  tokenises to nothing, or two labels whose answer tokens are identical (they cannot
+  be told apart at the decision step) raise ``ValueError`` naming the label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from semsoft_plugin.core import LabelTokens
+
+__all__ = ["Label", "LabelSet", "TokenizerLike"]
+
+# Labels a server or a user may pass are bounded so a request cannot blow up the
+# weight tensor; adapters may set stricter limits.
+MAX_LABELS = 1000
+
+
+class TokenizerLike(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class Label:
+    """One label and its tokens."""
+
+    name: str
+    answer_text: str
+    token_ids: tuple[int, ...]
+    own_token_ids: tuple[int, ...] = field(default=())
+
+    @property
+    def answer_token_id(self) -> int:
+        return self.token_ids[0]
+
+
+def _encode(tokenizer: TokenizerLike, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _auto_variants(name: str) -> list[str]:
+    return list(dict.fromkeys([name.lower(), name.capitalize(), name.upper(), name.title()]))
+
+
+class LabelSet:
+    """Labels bound to a tokenizer: answer tokens, variants and the core's ``LabelTokens``.
+
+    Parameters
+    ----------
+    labels : sequence of str
+        The label names, in the order results are reported.
+    tokenizer : a transformers tokenizer (anything with ``encode(text, add_special_tokens=False)``)
+    leading_space : bool, default True
+        Score labels as whole words after a space (prompt ends with e.g. ``"Answer:"``).
+    verbalizers : mapping label -> str, optional
+        The word the model should answer with for a label, when it is not the name.
+    variants : mapping label -> iterable of str, optional
+        Extra spellings or synonyms that count as the label itself.
+    auto_variants : bool, default True
+        Add lower/Capitalised/UPPER/Title-case spellings as variants.
+    """
+
+    def __init__(
+        self,
+        labels: Sequence[str],
+        tokenizer: TokenizerLike,
+        *,
+        leading_space: bool = True,
+        verbalizers: Mapping[str, str] | None = None,
+        variants: Mapping[str, Iterable[str]] | None = None,
+        auto_variants: bool = True,
+    ) -> None:
+        names = self._check_names(labels)
+        verbalizers = dict(verbalizers or {})
+        variants = {k: list(v) for k, v in (variants or {}).items()}
+        for mapping, what in ((verbalizers, "verbalizers"), (variants, "variants")):
+            unknown = [k for k in mapping if k not in names]
+            if unknown:
+                raise ValueError(f"{what} name unknown label(s): {', '.join(map(repr, unknown))}")
+        prefix = " " if leading_space else ""
+        self.leading_space = leading_space
+        self.names: tuple[str, ...] = tuple(names)
+
+        spelled: list[tuple[str, str, tuple[int, ...]]] = []
+        for name in names:
+            word = verbalizers.get(name, name)
+            if not isinstance(word, str) or not word.strip():
+                raise ValueError(f"label {name!r}: verbalizer {word!r} is empty")
+            answer_text = prefix + word.strip()
+            ids = tuple(_encode(tokenizer, answer_text))
+            if not ids:
+                raise ValueError(f"label {name!r} tokenises to nothing ({answer_text!r})")
+            spelled.append((name, answer_text, ids))
+
+        by_sequence: dict[tuple[int, ...], str] = {}
+        by_first: dict[int, str] = {}
+        for name, _, ids in spelled:
+            if ids in by_sequence:
+                raise ValueError(
+                    f"labels {by_sequence[ids]!r} and {name!r} tokenise identically: "
+                    "they cannot be told apart"
+                )
+            by_sequence[ids] = name
+            if ids[0] in by_first:
+                raise ValueError(
+                    f"labels {by_first[ids[0]]!r} and {name!r} start with the same token "
+                    f"{ids[0]}, so the decision step cannot tell them apart; give one of "
+                    "them a verbalizer (another answer word) or change leading_space"
+                )
+            by_first[ids[0]] = name
+
+        # Variant first tokens become own tokens unless another label claims them too.
+        candidates: dict[str, list[int]] = {name: [ids[0]] for name, _, ids in spelled}
+        claimed: dict[int, set[str]] = {ids[0]: {name} for name, _, ids in spelled}
+        for name, answer_text, _ in spelled:
+            word = answer_text[len(prefix):]
+            extra = list(variants.get(name, []))
+            if auto_variants:
+                extra = _auto_variants(word) + extra
+            for variant in extra:
+                if not isinstance(variant, str) or not variant.strip():
+                    raise ValueError(f"label {name!r}: empty variant {variant!r}")
+                ids = _encode(tokenizer, prefix + variant.strip())
+                if not ids or not _decodes_to_text(tokenizer, ids[0]):
+                    continue
+                candidates[name].append(ids[0])
+                claimed.setdefault(ids[0], set()).add(name)
+        self.labels: tuple[Label, ...] = tuple(
+            Label(
+                name,
+                answer_text,
+                ids,
+                tuple(dict.fromkeys(t for t in candidates[name] if claimed[t] == {name})),
+            )
+            for name, answer_text, ids in spelled
+        )
+        self.label_tokens = LabelTokens(
+            tuple(label.answer_token_id for label in self.labels),
+            tuple(label.own_token_ids for label in self.labels),
+        )
+
+    @staticmethod
+    def _check_names(labels: Any) -> list[str]:
+        if isinstance(labels, str) or not isinstance(labels, Sequence):
+            raise ValueError(f"labels must be a list of strings, got {labels!r}")
+        if len(labels) == 0:
+            raise ValueError("label set is empty: give at least two labels")
+        if len(labels) > MAX_LABELS:
+            raise ValueError(f"{len(labels)} labels exceed the limit of {MAX_LABELS}")
+        seen: set[str] = set()
+        for label in labels:
+            if not isinstance(label, str):
+                raise ValueError(f"label {label!r} is not a string")
+            if not label.strip():
+                raise ValueError(f"label {label!r} is empty")
+            if label in seen:
+                raise ValueError(f"label {label!r} appears twice")
+            seen.add(label)
+        return list(labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.names)
+
+    def __repr__(self) -> str:
+        return f"LabelSet({list(self.names)!r}, leading_space={self.leading_space})"
+
+    @property
+    def answer_token_ids(self) -> tuple[int, ...]:
+        return self.label_tokens.answer_token_ids
+
+    @property
+    def token_sequences(self) -> tuple[tuple[int, ...], ...]:
+        """Full answer token sequence of each label (what constrain mode emits)."""
+        return tuple(label.token_ids for label in self.labels)
+
+    @property
+    def multi_token_labels(self) -> tuple[str, ...]:
+        """Labels whose answer spelling is more than one token (E_l is a prefix's)."""
+        return tuple(label.name for label in self.labels if len(label.token_ids) > 1)
+
+    def index(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise ValueError(f"unknown label {name!r}; labels are {list(self.names)}") from None
+
+    def report(self) -> dict[str, Any]:
+        """How the labels tokenised: for logs and the eval report."""
+        return {
+            "leading_space": self.leading_space,
+            "multi_token_labels": list(self.multi_token_labels),
+            "tokens_per_label": {label.name: len(label.token_ids) for label in self.labels},
+            "own_tokens_per_label": {label.name: len(label.own_token_ids) for label in self.labels},
+        }
+
+
+def _decodes_to_text(tokenizer: Any, token_id: int) -> bool:
+    """False for a token that is only whitespace: it says nothing about any label."""
+    decode = getattr(tokenizer, "decode", None)
+    if decode is None:
+        return True
+    return bool(decode([token_id]).strip())

