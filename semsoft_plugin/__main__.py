@@ -1,0 +1,7 @@
+"""``python -m semsoft_plugin`` runs the ``semsoft`` command line."""
+
+import sys
+
+from semsoft_plugin.cli import main
+
+sys.exit(main())

@@ -1,0 +1,411 @@
+"""transformers adapter: a ``LogitsProcessor`` that records calibrated label probabilities.
+
+Use it inside an ordinary ``model.generate`` call::
+
+    proc = SemanticSoftmaxLogitsProcessor(model, LabelSet(labels, tokenizer), mode="constrain",
+                                          eos_token_id=tokenizer.eos_token_id)
+    out = model.generate(**batch, logits_processor=LogitsProcessorList([proc]), max_new_tokens=5)
+    proc.results[0].semantic   # calibrated label probabilities of batch row 0
+
+or, for the common case, :func:`classify`.
+
+Why a processor: it sees the logits of the decision step before sampling and can
+record a side output without changing generation ("observe"), or make the emitted
+text a label chosen from the calibrated distribution ("constrain").
+
+What it sees: transformers applies its own built-in processors (repetition penalty,
+bad words, ...) before user processors and the sampling warpers (temperature, top-k,
+top-p) after them. With a generation config that has no built-in penalties (the
+default of the models shipped here) the scores it sees are the model's raw logits.
+
+Concurrency: the per-generation state lives in a ``threading.local``: two ``generate``
+calls running in different threads with one processor keep separate state and
+results, and each thread reads its own ``results``. Within a thread, a call whose
+``input_ids`` do not continue the previous call's starts a new generation, so
+sequential ``generate`` calls need no reset (``reset()`` exists to be explicit).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from semsoft_plugin.config import SemsoftConfig
+from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax, SemanticSoftmaxResult
+from semsoft_plugin.embeddings import from_model
+from semsoft_plugin.labels import LabelSet
+
+__all__ = ["Classification", "SemanticSoftmaxLogitsProcessor", "classify", "format_prompt"]
+
+Mode = Literal["observe", "constrain"]
+_MODES = ("observe", "constrain")
+
+
+@dataclass
+class _Run:
+    """State of one generate call (one thread)."""
+
+    last_input_ids: Tensor | None = None
+    prompt_length: int = 0
+    results: list[SemanticSoftmaxResult | None] = field(default_factory=list)
+    logits: list[Tensor | None] = field(default_factory=list)
+    # constrain mode: per row, the tokens still to force (label remainder, then EOS)
+    forced: list[list[int]] = field(default_factory=list)
+    chosen: list[int | None] = field(default_factory=list)
+
+
+class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
+    """Records Semantic Softmax label probabilities at the decision step.
+
+    Parameters
+    ----------
+    embeddings : a transformers model, Tensor (V, d) or OutputEmbeddings
+        Output embeddings; a model's lm_head weight is used without a copy.
+    labels : LabelSet
+        Labels bound to the model's tokenizer.
+    config : SemsoftConfig, optional
+        Method settings; keyword ``overrides`` change single fields.
+    mode : {"observe", "constrain"}
+        ``"observe"`` leaves the scores untouched: generation is bit-identical to a
+        run without the processor. ``"constrain"`` replaces the decision-step scores
+        by ``log P_sem`` on the label answer tokens (``-inf`` elsewhere), so greedy
+        decoding emits the calibrated argmax and sampling draws from ``P_sem`` (then
+        shaped by the usual temperature/top-k/top-p warpers); the remaining tokens of
+        the chosen label are forced, then ``eos_token_id`` if given.
+    trigger : str, optional
+        Decide at the step right after the generated text ends with this string
+        (e.g. ``"Answer:"`` or ``"</think>"``) instead of at the first generated token.
+        Needs ``tokenizer``. Only generated text is searched, never the prompt.
+    tokenizer : the model's tokenizer, needed for ``trigger``
+    eos_token_id : int, optional
+        In constrain mode, forced after the label so generation ends there.
+    keep_logits : bool
+        Also keep each row's decision-step scores (float32 ``[V]``), e.g. to score
+        several configurations from one forward pass.
+    """
+
+    def __init__(
+        self,
+        embeddings: Any,
+        labels: LabelSet,
+        config: SemsoftConfig | None = None,
+        *,
+        mode: Mode = "observe",
+        trigger: str | None = None,
+        tokenizer: Any = None,
+        eos_token_id: int | None = None,
+        keep_logits: bool = False,
+        **overrides: Any,
+    ) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"mode={mode!r} must be one of {_MODES}")
+        if not isinstance(labels, LabelSet):
+            raise ValueError(f"labels must be a LabelSet, got {type(labels).__name__}")
+        if trigger is not None:
+            if not isinstance(trigger, str) or not trigger:
+                raise ValueError(f"trigger={trigger!r} must be a non-empty string")
+            if tokenizer is None:
+                raise ValueError("trigger needs the tokenizer to read the generated text")
+        if not isinstance(embeddings, Tensor | OutputEmbeddings):
+            embeddings = from_model(embeddings)
+        self.labels = labels
+        self.scorer = SemanticSoftmax(embeddings, labels, config, **overrides)
+        self.mode: Mode = mode
+        self.trigger = trigger
+        self.tokenizer = tokenizer
+        self.eos_token_id = eos_token_id
+        self.keep_logits = keep_logits
+        self._answer_to_label = {t: i for i, t in enumerate(labels.answer_token_ids)}
+        self._local = threading.local()
+
+    # -- state ---------------------------------------------------------------
+    @property
+    def _run(self) -> _Run:
+        run = getattr(self._local, "run", None)
+        if run is None:
+            run = self._local.run = _Run()
+        return run
+
+    def reset(self) -> None:
+        """Forget this thread's generation state and results."""
+        self._local.run = _Run()
+
+    @property
+    def results(self) -> list[SemanticSoftmaxResult | None]:
+        """Per batch row of this thread's last generate call: the result, or None if
+        that row never reached its decision step (e.g. the trigger never appeared)."""
+        return list(self._run.results)
+
+    @property
+    def logits(self) -> list[Tensor | None]:
+        """Per batch row, the decision-step scores (``keep_logits=True`` only)."""
+        if not self.keep_logits:
+            raise ValueError("logits are kept only with keep_logits=True")
+        return list(self._run.logits)
+
+    @property
+    def chosen_labels(self) -> list[int | None]:
+        """Constrain mode: per row, the index of the label the generation emits."""
+        return list(self._run.chosen)
+
+    def _start_or_continue(self, input_ids: Tensor) -> _Run:
+        run = self._run
+        previous = run.last_input_ids
+        continues = (
+            previous is not None
+            and previous.shape[0] == input_ids.shape[0]
+            and input_ids.shape[1] == previous.shape[1] + 1
+            and torch.equal(input_ids[:, :-1], previous)
+        )
+        if not continues:
+            batch = input_ids.shape[0]
+            run = self._local.run = _Run(
+                prompt_length=input_ids.shape[1],
+                results=[None] * batch,
+                logits=[None] * batch,
+                forced=[[] for _ in range(batch)],
+                chosen=[None] * batch,
+            )
+        run.last_input_ids = input_ids
+        return run
+
+    # -- the step ------------------------------------------------------------
+    def _deciding_rows(self, run: _Run, input_ids: Tensor) -> list[int]:
+        undecided = [b for b, r in enumerate(run.results) if r is None]
+        if self.trigger is None:
+            return undecided if input_ids.shape[1] == run.prompt_length else []
+        generated = input_ids.shape[1] - run.prompt_length
+        if generated == 0:
+            return []
+        window = min(generated, len(self.trigger) + 2)
+        tails = self.tokenizer.batch_decode(input_ids[undecided, -window:])
+        return [b for b, tail in zip(undecided, tails, strict=True) if tail.endswith(self.trigger)]
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        run = self._start_or_continue(input_ids)
+        deciding = self._deciding_rows(run, input_ids)
+        if deciding:
+            rows = torch.tensor(deciding, device=scores.device)
+            decision_scores = scores.index_select(0, rows)
+            result = self.scorer(decision_scores)
+            for j, b in enumerate(deciding):
+                run.results[b] = SemanticSoftmaxResult(
+                    *(t[j].detach().cpu() for t in result.__dict__.values())
+                )
+                if self.keep_logits:
+                    run.logits[b] = decision_scores[j].detach().to(torch.float32).cpu().clone()
+        if self.mode == "observe":
+            return scores
+        return self._constrain(run, scores, deciding)
+
+    def _constrain(self, run: _Run, scores: Tensor, deciding: list[int]) -> Tensor:
+        scores = scores.clone()
+        answer_ids = torch.tensor(self.labels.answer_token_ids, device=scores.device)
+        for b in range(scores.shape[0]):
+            if b in deciding:
+                # Only the label answer tokens stay, at log P_sem: greedy picks the
+                # calibrated argmax, sampling draws from P_sem.
+                probs = run.results[b].semantic.to(scores.device, scores.dtype)  # type: ignore[union-attr]
+                scores[b] = float("-inf")
+                scores[b, answer_ids] = probs.clamp_min(1e-30).log()
+                run.chosen[b] = -1  # known after this step's sample
+            elif run.chosen[b] == -1:
+                self._note_choice(run, b)
+                if run.forced[b]:
+                    scores[b] = float("-inf")
+                    scores[b, run.forced[b].pop(0)] = 0.0
+            elif run.forced[b]:
+                scores[b] = float("-inf")
+                scores[b, run.forced[b].pop(0)] = 0.0
+        return scores
+
+    def _note_choice(self, run: _Run, b: int) -> None:
+        emitted = int(run.last_input_ids[b, -1])  # type: ignore[index]
+        index = self._answer_to_label[emitted]
+        run.chosen[b] = index
+        remainder = list(self.labels.labels[index].token_ids[1:])
+        if self.eos_token_id is not None:
+            remainder.append(int(self.eos_token_id))
+        run.forced[b] = remainder
+
+
+# ---------------------------------------------------------------------------
+# classify: the common case in one call
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Classification:
+    """One input's result.
+
+    Attributes
+    ----------
+    label : the label generated (constrain mode) or the calibrated argmax (observe)
+    probs : label -> calibrated probability (Semantic Softmax)
+    constrained_probs : label -> softmax over the label tokens only (the baseline)
+    fallback : True when no kept token voted for any label and ``probs`` is the
+        constrained softmax
+    coverage : share of the top-K mass that voted for some label
+    text : the generated text
+    logits : raw decision-step scores, float32 ``[V]`` (``keep_logits=True`` only)
+    """
+
+    label: str
+    probs: dict[str, float]
+    constrained_probs: dict[str, float]
+    fallback: bool
+    coverage: float
+    text: str
+    logits: Tensor | None = None
+
+
+def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tuple[str, bool]:
+    """The prompt text for one input, and whether it already holds special tokens.
+
+    A string is used as is. A chat message list goes through the chat template: with
+    a generation prompt, or, when the last message is the assistant's, continuing
+    that message (how an answer prefix like ``"Emotion:"`` is pre-filled).
+    """
+    if isinstance(item, str):
+        return item, False
+    if not isinstance(item, Sequence) or not item or not all(isinstance(m, Mapping) for m in item):
+        raise ValueError(f"input {item!r} is neither a string nor a list of chat messages")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("chat messages given but the tokenizer has no chat template")
+    continue_last = item[-1].get("role") == "assistant"
+    text = tokenizer.apply_chat_template(
+        list(item),
+        tokenize=False,
+        add_generation_prompt=not continue_last,
+        continue_final_message=continue_last,
+    )
+    return text, True
+
+
+def _left_padded(tokenizer: Any, texts: list[tuple[str, bool]], pad_id: int) -> dict[str, Tensor]:
+    encoded = [tokenizer.encode(text, add_special_tokens=not special) for text, special in texts]
+    if any(len(ids) == 0 for ids in encoded):
+        raise ValueError("an input tokenises to nothing: give a non-empty prompt")
+    width = max(len(ids) for ids in encoded)
+    input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for row, ids in enumerate(encoded):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[row, width - len(ids) :] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def classify(
+    model: Any,
+    tokenizer: Any,
+    inputs: Sequence[str | Sequence[Mapping[str, str]]],
+    labels: Sequence[str] | LabelSet,
+    *,
+    config: SemsoftConfig | None = None,
+    mode: Mode = "constrain",
+    trigger: str | None = None,
+    batch_size: int = 8,
+    progress: bool | None = None,
+    keep_logits: bool = False,
+    max_new_tokens: int | None = None,
+    generate_kwargs: Mapping[str, Any] | None = None,
+    **overrides: Any,
+) -> list[Classification]:
+    """Classify inputs with calibrated label probabilities, one result per input.
+
+    Parameters
+    ----------
+    model, tokenizer : a transformers causal LM and its tokenizer
+    inputs : strings (used as is) or chat message lists (chat template applied)
+    labels : label names (scored as leading-space whole words, see
+        :class:`~semsoft_plugin.labels.LabelSet`) or a ready LabelSet
+    config, **overrides : Semantic Softmax settings
+    mode : ``"constrain"`` (default): the generated text is the label; ``"observe"``:
+        generation is free and ``label`` is the calibrated argmax
+    trigger : decide after this generated text (e.g. ``"</think>"``) instead of at the
+        first token; give ``max_new_tokens`` room to reach it
+    batch_size : inputs per generate call (left-padded)
+    progress : show a progress bar; default when there is more than one batch
+    keep_logits : keep each input's raw decision-step scores in ``.logits``
+    max_new_tokens : default: the longest label plus EOS (no trigger), 256 (trigger)
+    generate_kwargs : extra ``model.generate`` arguments (default greedy)
+    """
+    from tqdm.auto import tqdm
+
+    if isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
+        raise ValueError("inputs must be a list of strings or of chat message lists")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+    label_set = labels if isinstance(labels, LabelSet) else LabelSet(list(labels), tokenizer)
+    eos = tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    if pad_id is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token id")
+    processor = SemanticSoftmaxLogitsProcessor(
+        model,
+        label_set,
+        config,
+        mode=mode,
+        trigger=trigger,
+        tokenizer=tokenizer,
+        eos_token_id=eos,
+        keep_logits=keep_logits,
+        **overrides,
+    )
+    if max_new_tokens is None:
+        longest = max(len(s) for s in label_set.token_sequences)
+        max_new_tokens = 256 if trigger is not None else longest + 1
+    kwargs: dict[str, Any] = {"do_sample": False, "max_new_tokens": max_new_tokens, "pad_token_id": pad_id}
+    kwargs.update(generate_kwargs or {})
+    texts = [format_prompt(tokenizer, item) for item in inputs]
+    # Length-sorted batches waste less compute on padding; results keep input order.
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i][0]))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    show = progress if progress is not None else len(batches) > 1
+    results: list[Classification | None] = [None] * len(texts)
+    device = next(model.parameters()).device
+    for batch in tqdm(batches, desc="classify", unit="batch", disable=not show):
+        encoded = _left_padded(tokenizer, [texts[i] for i in batch], pad_id)
+        processor.reset()
+        with torch.inference_mode():
+            output = model.generate(
+                **{k: v.to(device) for k, v in encoded.items()},
+                logits_processor=LogitsProcessorList([processor]),
+                **kwargs,
+            )
+        generated = output[:, encoded["input_ids"].shape[1] :]
+        decoded = tokenizer.batch_decode(generated, skip_special_tokens=True)
+        run_results = processor.results
+        run_logits = processor.logits if keep_logits else [None] * len(batch)
+        chosen = processor.chosen_labels
+        for row, index in enumerate(batch):
+            result = run_results[row]
+            if result is None:
+                raise ValueError(
+                    f"input {index}: the decision step was never reached "
+                    f"(trigger {trigger!r} not generated within {max_new_tokens} tokens)"
+                )
+            semantic = result.semantic.tolist()
+            choice = chosen[row]
+            if choice == -1 and trigger is None:  # generation stopped right after the decision
+                choice = processor._answer_to_label.get(int(generated[row, 0]), -1)
+            if mode == "constrain" and choice is not None and choice >= 0:
+                label = label_set.names[choice]
+            else:
+                label = label_set.names[int(result.semantic.argmax())]
+            results[index] = Classification(
+                label=label,
+                probs=dict(zip(label_set.names, semantic, strict=True)),
+                constrained_probs=dict(zip(label_set.names, result.constrained.tolist(), strict=True)),
+                fallback=bool(result.fallback),
+                coverage=float(result.coverage),
+                text=decoded[row],
+                logits=run_logits[row],
+            )
+    return [r for r in results if r is not None]

@@ -1,0 +1,274 @@
+"""The math core against an independent reference implementation of the paper's formula."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from semsoft_plugin import (
+    LabelTokens,
+    OutputEmbeddings,
+    SemanticSoftmax,
+    SemsoftConfig,
+    constrained_softmax,
+    semantic_softmax,
+    semantic_softmax_details,
+)
+
+PAPER = dict(center=False, own_vote=False, normalize_votes=False)
+
+
+def reference_paper(logits: np.ndarray, emb: np.ndarray, label_ids: list[int], k: int, tau: float):
+    """The paper's formula written plainly, one loop per sum (float64)."""
+    z = logits - logits.max()
+    p = np.exp(z) / np.exp(z).sum()
+    kept = sorted(range(len(p)), key=lambda v: -p[v])[:k]
+
+    def cos(a, b):
+        return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+    scores = []
+    for l in label_ids:
+        scores.append(sum(p[v] * max(0.0, cos(emb[v], emb[l]) - tau) for v in kept))
+    total = sum(scores)
+    if total == 0:
+        return None
+    return [s / total for s in scores]
+
+
+def random_case(seed: int, vocab: int = 64, dim: int = 8, labels: int = 4):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(vocab, generator=g) * 3
+    emb = torch.randn(vocab, dim, generator=g)
+    ids = torch.randperm(vocab, generator=g)[:labels].tolist()
+    return logits, emb, ids
+
+
+@pytest.mark.parametrize("k", [1, 5, 20, 64])
+@pytest.mark.parametrize("tau", [-0.5, 0.0, 0.1, 0.3])
+@pytest.mark.parametrize("seed", range(3))
+def test_paper_formula_matches_reference(k, tau, seed):
+    logits, emb, ids = random_case(seed)
+    expected = reference_paper(logits.double().numpy(), emb.double().numpy(), ids, k, tau)
+    result = semantic_softmax_details(logits, emb, ids, k=k, tau=tau, **PAPER)
+    if expected is None:
+        assert bool(result.fallback)
+        torch.testing.assert_close(result.semantic, constrained_softmax(logits, ids))
+    else:
+        assert not bool(result.fallback)
+        np.testing.assert_allclose(result.semantic.numpy(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_paper_config_is_the_paper_formula():
+    logits, emb, ids = random_case(7)
+    cfg = SemsoftConfig.paper(k=10, tau=0.05)
+    expected = reference_paper(logits.double().numpy(), emb.double().numpy(), ids, 10, 0.05)
+    np.testing.assert_allclose(semantic_softmax(logits, emb, ids, cfg).numpy(), expected, rtol=1e-4)
+
+
+def test_batched_equals_rows_and_shapes():
+    _, emb, ids = random_case(1)
+    logits = torch.randn(5, 64)
+    batched = semantic_softmax(logits, emb, ids)
+    assert batched.shape == (5, 4)
+    for row in range(5):
+        single = semantic_softmax(logits[row], emb, ids)
+        assert single.shape == (4,)
+        torch.testing.assert_close(batched[row], single)
+
+
+def test_fallback_is_flagged_constrained_and_finite():
+    logits, emb, ids = random_case(2)
+    result = semantic_softmax_details(logits, emb, ids, k=3, tau=0.999, **PAPER)
+    assert bool(result.fallback)
+    assert float(result.coverage) == 0.0
+    torch.testing.assert_close(result.semantic, result.constrained)
+    assert torch.isfinite(result.semantic).all()
+
+
+def test_own_vote_keeps_antonyms_apart():
+    # Two labels whose embeddings are nearly identical (antonyms share contexts).
+    emb = torch.randn(10, 6)
+    emb[1] = emb[0] + 0.05 * torch.randn(6)
+    logits = torch.full((10,), -10.0)
+    logits[0] = 5.0  # the model is confident in label 0
+    paper = semantic_softmax(logits, emb, [0, 1], k=10, tau=0.0, **PAPER)
+    own = semantic_softmax(logits, emb, [0, 1], k=10, tau=0.0, center=False, own_vote=True)
+    assert paper[0] < 0.6  # the paper's formula splits the vote between antonyms
+    assert own[0] > 0.99  # a label's own token votes for it alone
+
+
+def test_own_vote_variants_count_for_their_label():
+    emb = torch.eye(6)
+    logits = torch.tensor([0.0, 0.0, 3.0, -9.0, -9.0, -9.0])
+    labels = LabelTokens((0, 1), ((0, 2), (1,)))  # token 2 is a spelling variant of label 0
+    p = semantic_softmax(logits, emb, labels, k=6, tau=0.0, center=False)
+    assert p[0] > 0.9
+
+
+def test_normalize_votes_shares_each_token():
+    emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    logits = torch.tensor([-20.0, -20.0, 5.0])
+    p = semantic_softmax(logits, emb, [0, 1], k=3, tau=0.0, center=False, own_vote=False, normalize_votes=True)
+    torch.testing.assert_close(p, torch.tensor([0.5, 0.5]), atol=1e-4, rtol=0)
+
+
+def test_temperature_sharpens_and_flattens():
+    logits, emb, ids = random_case(3)
+    base = semantic_softmax(logits, emb, ids, tau=0.0)
+    hot = semantic_softmax(logits, emb, ids, tau=0.0, temperature=4.0)
+    cold = semantic_softmax(logits, emb, ids, tau=0.0, temperature=0.25)
+    assert hot.max() < base.max() < cold.max()
+
+
+def test_centering_uses_the_mean_once_per_matrix():
+    emb = torch.randn(32, 4) + 3.0  # a strong common direction
+    wrapped = OutputEmbeddings(emb)
+    torch.testing.assert_close(wrapped.mean, emb.mean(0))
+    rows = wrapped.unit_rows(torch.tensor([0, 1]), center=True)
+    expected = torch.nn.functional.normalize(emb[[0, 1]] - emb.mean(0), dim=-1)
+    torch.testing.assert_close(rows, expected)
+
+
+def test_padded_vocabulary_rows_are_ignored():
+    emb = torch.randn(12, 4)
+    wrapped = OutputEmbeddings(emb, vocab_size=10)
+    torch.testing.assert_close(wrapped.mean, emb[:10].mean(0))
+    logits = torch.randn(12)
+    logits[10:] = 50.0  # padding columns must never be kept
+    result = SemanticSoftmax(wrapped, [0, 1], k=12)(logits)
+    assert float(result.top_k_mass) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_neg_inf_logits_are_masked_tokens():
+    logits, emb, ids = random_case(4)
+    logits[ids[0]] = float("-inf")
+    p = semantic_softmax(logits, emb, ids)
+    assert torch.isfinite(p).all() and p.sum().item() == pytest.approx(1.0, abs=1e-5)
+
+
+# --- bad inputs --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (float("nan"), "NaN"),
+        (float("inf"), r"\+inf"),
+    ],
+)
+def test_non_finite_logits_raise(bad, match):
+    logits, emb, ids = random_case(5)
+    logits[3] = bad
+    with pytest.raises(ValueError, match=match):
+        semantic_softmax(logits, emb, ids)
+
+
+def test_all_masked_row_raises():
+    _, emb, ids = random_case(5)
+    with pytest.raises(ValueError, match="entirely -inf"):
+        semantic_softmax(torch.full((64,), float("-inf")), emb, ids)
+
+
+@pytest.mark.parametrize(
+    "labels, match",
+    [
+        ([], "empty"),
+        ([1, 1], "same answer token id 1"),
+        ([1, 999], "999 is outside the vocabulary"),
+        ([1, -2], "-2"),
+    ],
+)
+def test_bad_label_ids_raise(labels, match):
+    logits, emb, _ = random_case(6)
+    with pytest.raises(ValueError, match=match):
+        semantic_softmax(logits, emb, labels)
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("k", 0), ("k", 1.5), ("tau", 1.0), ("tau", -2), ("temperature", 0.0), ("temperature", math.nan), ("center", 1)],
+)
+def test_bad_options_raise_naming_the_value(option, value):
+    logits, emb, ids = random_case(6)
+    with pytest.raises(ValueError, match=option):
+        semantic_softmax(logits, emb, ids, **{option: value})
+
+
+def test_unknown_option_raises():
+    with pytest.raises(ValueError, match="unknown Semantic Softmax option"):
+        SemsoftConfig().replace(kk=3)
+
+
+def test_logits_wider_than_embeddings_raise():
+    with pytest.raises(ValueError, match="only 8 rows"):
+        semantic_softmax(torch.randn(10), torch.randn(8, 3), [0, 1])
+
+
+def test_config_round_trip(tmp_path):
+    cfg = SemsoftConfig(k=17, tau=0.12, center=False, temperature=1.5)
+    cfg.save(tmp_path / "c.json")
+    assert SemsoftConfig.load(tmp_path / "c.json") == cfg
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        SemsoftConfig.load(tmp_path / "bad.json")
+
+
+# --- properties --------------------------------------------------------------
+
+case = st.tuples(
+    st.integers(0, 10_000),  # seed
+    st.integers(1, 40),  # k
+    st.floats(-0.5, 0.9),  # tau
+    st.booleans(),  # center
+    st.booleans(),  # own_vote
+    st.booleans(),  # normalize_votes
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case)
+def test_properties(params):
+    seed, k, tau, center, own_vote, normalize = params
+    logits, emb, ids = random_case(seed, vocab=40, labels=5)
+    opts = dict(k=k, tau=tau, center=center, own_vote=own_vote, normalize_votes=normalize)
+    p = semantic_softmax(logits, emb, ids, **opts)
+    # sums to 1, no NaN
+    assert torch.isfinite(p).all()
+    assert p.sum().item() == pytest.approx(1.0, abs=1e-5)
+    assert (p >= 0).all()
+    # invariant to adding a constant to all logits
+    torch.testing.assert_close(semantic_softmax(logits + 7.5, emb, ids, **opts), p, atol=1e-5, rtol=1e-4)
+    # equivariant under permuting the labels
+    perm = torch.randperm(len(ids), generator=torch.Generator().manual_seed(seed))
+    permuted = semantic_softmax(logits, emb, [ids[i] for i in perm], **opts)
+    torch.testing.assert_close(permuted, p[perm], atol=1e-5, rtol=1e-4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.floats(-0.5, 0.9))
+def test_k_equal_v_is_the_full_sum(seed, tau):
+    logits, emb, ids = random_case(seed, vocab=30, labels=3)
+    result = semantic_softmax_details(logits, emb, ids, k=30, tau=tau, **PAPER)
+    assert float(result.top_k_mass) == pytest.approx(1.0, abs=1e-5)
+    p = torch.softmax(logits.double(), -1)
+    unit = torch.nn.functional.normalize(emb.double(), dim=-1)
+    w = (unit @ unit[ids].T - tau).clamp_min(0)
+    full = p @ w
+    if full.sum() > 0:
+        np.testing.assert_allclose(result.semantic.numpy(), (full / full.sum()).numpy(), rtol=1e-4, atol=1e-6)
+    else:
+        assert bool(result.fallback)
+    # K larger than V is clamped to V
+    torch.testing.assert_close(semantic_softmax(logits, emb, ids, k=500, tau=tau, **PAPER), result.semantic)
+
+
+def test_constrained_softmax_is_the_label_softmax():
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    expected = torch.softmax(torch.tensor([[2.0, 4.0]]), -1)
+    torch.testing.assert_close(constrained_softmax(logits, [1, 3]), expected)
