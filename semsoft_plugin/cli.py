@@ -38,9 +38,15 @@ def _add_classify_parser(subparsers: Any) -> None:
         "distribution beside the constrained (label-tokens-only) softmax.",
     )
     parser.add_argument("text", help="the text to classify")
-    parser.add_argument("--labels", required=True, help="comma-separated labels, e.g. joy,sadness,anger")
-    parser.add_argument("--model", default="default", help="'default', 'qwen2.5-coder-1.5b' or a checkpoint dir")
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message; {text} and {labels} are filled in")
+    parser.add_argument(
+        "--labels", required=True, help="comma-separated labels, e.g. joy,sadness,anger"
+    )
+    parser.add_argument(
+        "--model", default="default", help="'default', 'qwen2.5-coder-1.5b' or a checkpoint dir"
+    )
+    parser.add_argument(
+        "--prompt", default=DEFAULT_PROMPT, help="user message; {text} and {labels} are filled in"
+    )
     parser.add_argument("--answer-prefix", default="Answer:", help="pre-filled start of the answer")
     parser.add_argument("--config", help="a SemsoftConfig JSON file (e.g. from 'semsoft tune')")
     parser.add_argument("--k", type=int, help="top-K tokens kept")
@@ -69,7 +75,9 @@ def _run_classify(args: argparse.Namespace) -> int:
     try:
         user = args.prompt.format(text=args.text, labels=", ".join(labels))
     except (KeyError, IndexError) as error:
-        raise ValueError(f"--prompt has an unknown placeholder {error}; use {{text}} and {{labels}}") from None
+        raise ValueError(
+            f"--prompt has an unknown placeholder {error}; use {{text}} and {{labels}}"
+        ) from None
     model, tokenizer = models.load(args.model)
     messages = [{"role": "user", "content": user}]
     if args.answer_prefix:
@@ -95,10 +103,14 @@ def _run_classify(args: argparse.Namespace) -> int:
         )
         return 0
     width = max(len(label) for label in labels)
-    print(f"label: {result.label}" + ("   (fallback: constrained softmax)" if result.fallback else ""))
+    print(
+        f"label: {result.label}" + ("   (fallback: constrained softmax)" if result.fallback else "")
+    )
     print(f"{'':{width}}  semantic  constrained")
     for label in labels:
-        print(f"{label:{width}}  {result.probs[label]:8.3f}  {result.constrained_probs[label]:11.3f}")
+        print(
+            f"{label:{width}}  {result.probs[label]:8.3f}  {result.constrained_probs[label]:11.3f}"
+        )
     print(f"coverage of the top-{config.k} mass by label neighbours: {result.coverage:.2f}")
     return 0
 

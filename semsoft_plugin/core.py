@@ -213,7 +213,10 @@ def _as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbedd
     if cached is not None and cached[0]() is embeddings:
         return cached[1]
     wrapped = OutputEmbeddings(embeddings)
-    _WRAPPED[key] = (weakref.ref(embeddings, lambda _ref, key=key: _WRAPPED.pop(key, None)), wrapped)
+    _WRAPPED[key] = (
+        weakref.ref(embeddings, lambda _ref, key=key: _WRAPPED.pop(key, None)),
+        wrapped,
+    )
     return wrapped
 
 
@@ -458,4 +461,6 @@ def semantic_softmax(
     where the formula is 0/0 hold the constrained softmax (see
     :func:`semantic_softmax_details` for the flag).
     """
-    return semantic_softmax_details(logits, embeddings, label_token_ids, config, **overrides).semantic
+    return semantic_softmax_details(
+        logits, embeddings, label_token_ids, config, **overrides
+    ).semantic

@@ -88,7 +88,9 @@ def from_checkpoint(
         names = [n for n in names if n in weight_map] + list(TIED_TENSOR_NAMES)
     for name in names:
         if name in weight_map:
-            with safe_open(str(root / weight_map[name]), framework="pt", device=str(device)) as handle:
+            with safe_open(
+                str(root / weight_map[name]), framework="pt", device=str(device)
+            ) as handle:
                 weight = handle.get_tensor(name)
             break
     else:

@@ -362,7 +362,11 @@ def classify(
     if max_new_tokens is None:
         longest = max(len(s) for s in label_set.token_sequences)
         max_new_tokens = 256 if trigger is not None else longest + 1
-    kwargs: dict[str, Any] = {"do_sample": False, "max_new_tokens": max_new_tokens, "pad_token_id": pad_id}
+    kwargs: dict[str, Any] = {
+        "do_sample": False,
+        "max_new_tokens": max_new_tokens,
+        "pad_token_id": pad_id,
+    }
     kwargs.update(generate_kwargs or {})
     texts = [format_prompt(tokenizer, item) for item in inputs]
     # Length-sorted batches waste less compute on padding; results keep input order.
@@ -403,7 +407,9 @@ def classify(
             results[index] = Classification(
                 label=label,
                 probs=dict(zip(label_set.names, semantic, strict=True)),
-                constrained_probs=dict(zip(label_set.names, result.constrained.tolist(), strict=True)),
+                constrained_probs=dict(
+                    zip(label_set.names, result.constrained.tolist(), strict=True)
+                ),
                 fallback=bool(result.fallback),
                 coverage=float(result.coverage),
                 text=decoded[row],

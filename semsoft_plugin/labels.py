@@ -137,7 +137,7 @@ class LabelSet:
         candidates: dict[str, list[int]] = {name: [ids[0]] for name, _, ids in spelled}
         claimed: dict[int, set[str]] = {ids[0]: {name} for name, _, ids in spelled}
         for name, answer_text, _ in spelled:
-            word = answer_text[len(prefix):]
+            word = answer_text[len(prefix) :]
             extra = list(variants.get(name, []))
             if auto_variants:
                 extra = _auto_variants(word) + extra

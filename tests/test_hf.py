@@ -76,7 +76,10 @@ def test_multi_token_label_is_forced_through(setup):
     label_set = LabelSet(labels, tokenizer)
     assert set(label_set.multi_token_labels) == {"annoyance", "disapproval"}
     prompt = [
-        {"role": "user", "content": "Which emotion: annoyance, disapproval or joy?\nText: Stop doing that, seriously."},
+        {
+            "role": "user",
+            "content": "Which emotion: annoyance, disapproval or joy?\nText: Stop doing that, seriously.",
+        },
         {"role": "assistant", "content": "Emotion:"},
     ]
     for cfg in ({"tau": 0.2}, {"tau": 0.99}):
@@ -89,7 +92,11 @@ def test_sampling_emits_valid_labels(setup):
     model, tokenizer, labels = setup
     torch.manual_seed(0)
     results = classify(
-        model, tokenizer, [chat(TEXTS[4])] * 6, labels, generate_kwargs={"do_sample": True, "temperature": 1.0}
+        model,
+        tokenizer,
+        [chat(TEXTS[4])] * 6,
+        labels,
+        generate_kwargs={"do_sample": True, "temperature": 1.0},
     )
     assert all(r.text.strip() == r.label and r.label in LABELS for r in results)
 
@@ -107,15 +114,23 @@ def test_padded_batch_equals_one_by_one(setup):
 def test_num_return_sequences_rows_are_recorded(setup):
     model, tokenizer, labels = setup
     batch = encode_batch(tokenizer, TEXTS[:2])
-    proc = SemanticSoftmaxLogitsProcessor(model, labels, mode="constrain", eos_token_id=tokenizer.eos_token_id)
+    proc = SemanticSoftmaxLogitsProcessor(
+        model, labels, mode="constrain", eos_token_id=tokenizer.eos_token_id
+    )
     torch.manual_seed(1)
     with torch.inference_mode():
         out = model.generate(
-            **batch, logits_processor=LogitsProcessorList([proc]), max_new_tokens=3, do_sample=True,
-            num_return_sequences=3, pad_token_id=tokenizer.pad_token_id,
+            **batch,
+            logits_processor=LogitsProcessorList([proc]),
+            max_new_tokens=3,
+            do_sample=True,
+            num_return_sequences=3,
+            pad_token_id=tokenizer.pad_token_id,
         )
     assert len(proc.results) == 6 and all(r is not None for r in proc.results)
-    generated = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    generated = tokenizer.batch_decode(
+        out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True
+    )
     for text, chosen in zip(generated, proc.chosen_labels, strict=True):
         assert text.strip() == LABELS[chosen]
 
@@ -123,13 +138,21 @@ def test_num_return_sequences_rows_are_recorded(setup):
 def test_trigger_decides_after_the_text(setup):
     model, tokenizer, labels = setup
     prompt = [
-        {"role": "user", "content": "Text: I won the lottery!\nFirst write 'Answer:' then one emotion: joy, sadness, anger or fear."},
+        {
+            "role": "user",
+            "content": "Text: I won the lottery!\nFirst write 'Answer:' then one emotion: joy, sadness, anger or fear.",
+        },
         {"role": "assistant", "content": "Let me think. Answer"},
     ]
     text, _ = format_prompt(tokenizer, prompt)
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)
     proc = SemanticSoftmaxLogitsProcessor(
-        model, labels, mode="constrain", trigger="Answer:", tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id
+        model,
+        labels,
+        mode="constrain",
+        trigger="Answer:",
+        tokenizer=tokenizer,
+        eos_token_id=tokenizer.eos_token_id,
     )
     # Force the trigger's last character to be generated so the decision comes after it.
     forced = tokenizer.encode(":", add_special_tokens=False)
@@ -142,10 +165,13 @@ def test_trigger_decides_after_the_text(setup):
 
     with torch.inference_mode():
         out = model.generate(
-            **ids, logits_processor=LogitsProcessorList([force_colon, proc]), max_new_tokens=4, do_sample=False,
+            **ids,
+            logits_processor=LogitsProcessorList([force_colon, proc]),
+            max_new_tokens=4,
+            do_sample=False,
             pad_token_id=tokenizer.pad_token_id,
         )
-    generated = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    generated = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert proc.results[0] is not None
     assert generated.startswith(":")
     assert generated[1:].strip() in LABELS
@@ -156,8 +182,13 @@ def test_trigger_never_generated_leaves_none(setup):
     batch = encode_batch(tokenizer, TEXTS[:1])
     proc = SemanticSoftmaxLogitsProcessor(model, labels, trigger="@@@never@@@", tokenizer=tokenizer)
     with torch.inference_mode():
-        model.generate(**batch, logits_processor=LogitsProcessorList([proc]), max_new_tokens=2, do_sample=False,
-                       pad_token_id=tokenizer.pad_token_id)
+        model.generate(
+            **batch,
+            logits_processor=LogitsProcessorList([proc]),
+            max_new_tokens=2,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )
     assert proc.results == [None]
 
 
@@ -169,8 +200,13 @@ def test_threads_keep_separate_results(setup):
     def run(index: int) -> None:
         batch = encode_batch(tokenizer, [TEXTS[index]] * (index + 1))
         with torch.inference_mode():
-            model.generate(**batch, logits_processor=LogitsProcessorList([proc]), max_new_tokens=3,
-                           do_sample=False, pad_token_id=tokenizer.pad_token_id)
+            model.generate(
+                **batch,
+                logits_processor=LogitsProcessorList([proc]),
+                max_new_tokens=3,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
         seen[index] = proc.results
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
@@ -181,7 +217,9 @@ def test_threads_keep_separate_results(setup):
     for index in range(3):
         assert len(seen[index]) == index + 1
         (alone,) = classify(model, tokenizer, [chat(TEXTS[index])], labels, mode="observe")
-        assert seen[index][0].semantic.tolist() == pytest.approx(list(alone.probs.values()), abs=2e-2)
+        assert seen[index][0].semantic.tolist() == pytest.approx(
+            list(alone.probs.values()), abs=2e-2
+        )
 
 
 def test_embeddings_from_checkpoint_equal_the_model(setup, default_checkpoint):
