@@ -1,0 +1,333 @@
+"""Evaluation data: GoEmotions TSV, generic CSV/TSV/JSONL, and built-in shortcuts.
+
+Every loader returns an :class:`EvalData`: texts, label names, hard targets, and for
+binary soft-label data the raters' fraction for the positive label. Bad input raises a
+one-line ``ValueError`` naming the file and the bad value.
+
+Built-in shortcuts read the files in the project's shared data folder, found as
+``$SEMSOFT_DATA`` or ``../shared/data`` relative to the project root:
+
+* ``goemotions``: GoEmotions dev, 28 labels, single-label items (``any_gold`` keeps
+  multi-label items and counts a prediction right when it is any gold label);
+* ``ekman``: the same comments mapped to Ekman's 6 emotions + neutral;
+* ``davidson``: tweets; soft label p(toxic) = (hate_speech + offensive_language) / count,
+  hard label = the majority class (hate or offensive vs neither);
+* ``sst2``: SST-2 dev (0 = negative, 1 = positive).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "EvalData",
+    "BUILTIN",
+    "data_dir",
+    "load_builtin",
+    "load_goemotions",
+    "load_table",
+    "sample",
+]
+
+DATA_ENV = "SEMSOFT_DATA"
+BUILTIN = ("goemotions", "ekman", "davidson", "sst2")
+
+
+@dataclass
+class EvalData:
+    """Items to classify.
+
+    Attributes
+    ----------
+    name : data set name, for the report
+    texts : the items
+    labels : label names in report order
+    targets : int array [N], the gold label index (for multi-label items the first one)
+    gold_sets : per item, all gold label indices (only for ``any_gold``), else None
+    soft : float array [N], the raters' fraction for ``labels[1]`` (binary soft data), else None
+    task : which default prompt template fits ("emotion", "sentiment", "toxicity", "generic")
+    """
+
+    name: str
+    texts: list[str]
+    labels: list[str]
+    targets: np.ndarray
+    gold_sets: list[tuple[int, ...]] | None = None
+    soft: np.ndarray | None = None
+    task: str = "generic"
+    source: dict[str, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, index: np.ndarray) -> EvalData:
+        index = np.asarray(index, dtype=np.int64)
+        return EvalData(
+            name=self.name,
+            texts=[self.texts[i] for i in index],
+            labels=list(self.labels),
+            targets=self.targets[index],
+            gold_sets=None if self.gold_sets is None else [self.gold_sets[i] for i in index],
+            soft=None if self.soft is None else self.soft[index],
+            task=self.task,
+            source=dict(self.source),
+        )
+
+
+def data_dir() -> Path:
+    """``$SEMSOFT_DATA``, else ``../shared/data`` beside the project root."""
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+def _read_lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise ValueError(f"data file not found: {path}")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"data file {path} is empty")
+    return lines
+
+
+def load_goemotions(
+    data_file: str | Path,
+    labels_file: str | Path,
+    *,
+    any_gold: bool = False,
+    name: str = "goemotions",
+) -> EvalData:
+    """GoEmotions TSV: ``text <TAB> comma-separated label ids <TAB> comment id``.
+
+    Single-label items only by default; with ``any_gold`` all items are kept and
+    ``gold_sets`` holds every gold label.
+    """
+    labels = [line.strip() for line in _read_lines(Path(labels_file))]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"labels file {labels_file} lists a label twice")
+    texts: list[str] = []
+    golds: list[tuple[int, ...]] = []
+    for number, line in enumerate(_read_lines(Path(data_file)), start=1):
+        parts = line.split("\t")
+        if len(parts) < 2:
+            raise ValueError(
+                f"{data_file}:{number}: expected 'text<TAB>label ids', got {line[:60]!r}"
+            )
+        try:
+            ids = tuple(int(x) for x in parts[1].split(","))
+        except ValueError:
+            raise ValueError(
+                f"{data_file}:{number}: label ids {parts[1]!r} are not integers"
+            ) from None
+        bad = [i for i in ids if not 0 <= i < len(labels)]
+        if bad:
+            raise ValueError(
+                f"{data_file}:{number}: label id {bad[0]} is outside the {len(labels)} labels of "
+                f"{labels_file}: the label list does not match the data"
+            )
+        if len(ids) > 1 and not any_gold:
+            continue
+        texts.append(parts[0])
+        golds.append(ids)
+    if not texts:
+        raise ValueError(f"{data_file} has no usable items")
+    return EvalData(
+        name=name,
+        texts=texts,
+        labels=labels,
+        targets=np.array([g[0] for g in golds], dtype=np.int64),
+        gold_sets=golds if any_gold else None,
+        task="emotion",
+        source={"data_file": str(data_file), "labels_file": str(labels_file)},
+    )
+
+
+def _read_records(path: Path) -> list[dict[str, object]]:
+    if not path.is_file():
+        raise ValueError(f"data file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        records = []
+        for number, line in enumerate(_read_lines(path), start=1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number}: each JSONL line must be an object")
+            records.append(record)
+        return records
+    if suffix not in (".csv", ".tsv", ".tab"):
+        raise ValueError(f"data file {path}: unknown format {suffix!r}; use .csv, .tsv or .jsonl")
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="," if suffix == ".csv" else "\t")
+        records = list(reader)
+    if not records:
+        raise ValueError(f"data file {path} is empty (no rows under the header)")
+    return records
+
+
+def _column(records: list[dict[str, object]], column: str, path: Path) -> list[object]:
+    if column not in records[0]:
+        raise ValueError(f"{path}: no column {column!r}; columns are {sorted(records[0])}")
+    values = [r.get(column) for r in records]
+    for number, value in enumerate(values, start=1):
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise ValueError(f"{path}: row {number} has no value in column {column!r}")
+    return values
+
+
+def load_table(
+    path: str | Path,
+    *,
+    text_column: str = "text",
+    label_column: str | None = None,
+    prob_column: str | None = None,
+    labels: list[str] | None = None,
+    name: str | None = None,
+    task: str = "generic",
+) -> EvalData:
+    """A CSV, TSV or JSONL file with a text column and a hard or a soft label.
+
+    Parameters
+    ----------
+    label_column : hard labels; the label set is the sorted distinct values unless
+        ``labels`` is given, in which case every value must be one of them
+    prob_column : a binary soft label in [0, 1] (the raters' fraction for the positive
+        label); ``labels`` must then name the negative and the positive label
+    """
+    path = Path(path)
+    if (label_column is None) == (prob_column is None):
+        raise ValueError("give exactly one of --label-column and --prob-column")
+    records = _read_records(path)
+    texts = [str(t) for t in _column(records, text_column, path)]
+    if label_column is not None:
+        values = [str(v).strip() for v in _column(records, label_column, path)]
+        if labels is None:
+            labels = sorted(set(values))
+            if len(labels) < 2:
+                raise ValueError(
+                    f"{path}: column {label_column!r} holds one distinct label, need at least 2"
+                )
+        index = {label: i for i, label in enumerate(labels)}
+        unknown = sorted(set(values) - set(index))
+        if unknown:
+            raise ValueError(
+                f"{path}: label {unknown[0]!r} in column {label_column!r} is not one of the labels {labels}"
+            )
+        targets = np.array([index[v] for v in values], dtype=np.int64)
+        soft = None
+    else:
+        if labels is None or len(labels) != 2:
+            raise ValueError(
+                "--prob-column needs --labels naming the negative and the positive label"
+            )
+        try:
+            soft = np.array(
+                [float(v) for v in _column(records, prob_column, path)], dtype=np.float64
+            )  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{path}: column {prob_column!r} holds a value that is not a number"
+            ) from None
+        bad = np.flatnonzero(~((soft >= 0) & (soft <= 1)))
+        if bad.size:
+            raise ValueError(
+                f"{path}: row {bad[0] + 1} has {prob_column}={soft[bad[0]]!r}, not in [0, 1]"
+            )
+        targets = (soft > 0.5).astype(np.int64)
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"labels {labels} list a label twice")
+    return EvalData(
+        name=name or path.stem,
+        texts=texts,
+        labels=list(labels),
+        targets=targets,
+        soft=soft,
+        task=task,
+        source={"data_file": str(path)},
+    )
+
+
+def _davidson(path: Path) -> EvalData:
+    with path.open(encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows:
+        raise ValueError(f"data file {path} is empty")
+    texts, soft, targets = [], [], []
+    for row in rows:
+        count = int(row["count"])
+        toxic = int(row["hate_speech"]) + int(row["offensive_language"])
+        texts.append(row["tweet"])
+        soft.append(toxic / count)
+        targets.append(int(row["class"] in ("0", "1")))  # the majority: hate or offensive
+    return EvalData(
+        name="davidson",
+        texts=texts,
+        labels=["no", "yes"],
+        targets=np.array(targets, dtype=np.int64),
+        soft=np.array(soft, dtype=np.float64),
+        task="toxicity",
+        source={"data_file": str(path)},
+    )
+
+
+def _sst2(path: Path) -> EvalData:
+    texts, targets = [], []
+    for number, line in enumerate(_read_lines(path), start=1):
+        label, _, text = line.partition(" ")
+        if label not in ("0", "1") or not text:
+            raise ValueError(f"{path}:{number}: expected '0|1 text', got {line[:40]!r}")
+        texts.append(text)
+        targets.append(int(label))
+    return EvalData(
+        name="sst2",
+        texts=texts,
+        labels=["negative", "positive"],
+        targets=np.array(targets, dtype=np.int64),
+        task="sentiment",
+        source={"data_file": str(path)},
+    )
+
+
+def load_builtin(name: str, *, any_gold: bool = False) -> EvalData:
+    """One of :data:`BUILTIN`, read from :func:`data_dir`."""
+    root = data_dir()
+    if name == "goemotions":
+        return load_goemotions(
+            root / "goemotions/dev.tsv", root / "goemotions/labels.txt", any_gold=any_gold
+        )
+    if name == "ekman":
+        return load_goemotions(
+            root / "goemotions/ekman_dev.tsv",
+            root / "goemotions/ekman_labels.txt",
+            any_gold=any_gold,
+            name="ekman",
+        )
+    if name == "davidson":
+        path = root / "davidson/labeled_data.csv"
+        if not path.is_file():
+            raise ValueError(f"data file not found: {path} (set ${DATA_ENV} to the data folder)")
+        return _davidson(path)
+    if name == "sst2":
+        return _sst2(root / "sst2/dev.txt")
+    raise ValueError(
+        f"unknown dataset {name!r}; built-in ones are {', '.join(BUILTIN)}, or give --data-file"
+    )
+
+
+def sample(data: EvalData, limit: int | None, seed: int = 0) -> EvalData:
+    """A fixed random sample of ``limit`` items (all items, in file order, if None)."""
+    if limit is None or limit >= len(data):
+        return data
+    if limit < 1:
+        raise ValueError(f"--limit {limit} must be at least 1")
+    index = np.sort(np.random.default_rng(seed).choice(len(data), size=limit, replace=False))
+    return data.subset(index)

@@ -1,0 +1,285 @@
+"""Classification and calibration metrics for ``semsoft eval``.
+
+Conventions (stated once, used everywhere):
+
+* ``probs`` is ``[N, L]``, rows summing to 1; ``targets`` is ``[N]`` label indices.
+* **accuracy**: argmax equals the target; with ``gold_sets`` (GoEmotions "any gold")
+  a prediction is right when it is any of the item's gold labels.
+* **macro_f1**: scikit-learn's ``f1_score(average="macro")`` over the labels that occur
+  in the targets or the predictions (a label in neither says nothing).
+* **ece**: expected calibration error, 15 equal-width bins on the top-label confidence
+  (torchmetrics' ``multiclass_calibration_error``, L1 norm).
+* **brier**: multiclass Brier score, the sum over classes of the squared error, averaged
+  over items (scikit-learn, ``scale_by_half=False``); 0 is perfect, 2 the worst.
+* **nll**: mean negative log-likelihood of the target (scikit-learn ``log_loss``,
+  probabilities clipped away from 0 by its float epsilon).
+* **auroc**: macro one-vs-rest ROC AUC over the labels that have both positive and
+  negative items (scikit-learn); for two labels, the AUC of ``p(labels[1])``.
+* **auroc2**: ROC AUC of the top-label confidence for telling correct from wrong
+  predictions (the self-consistency paper's AUROC2).
+
+Soft labels (binary data with the raters' fraction ``r`` for ``labels[1]``):
+
+* **mae_vs_raters**: mean ``|p(labels[1]) - r|``;
+* **ece_vs_raters**: as ``ece`` but the "accuracy" in each bin is the raters' agreement
+  with the predicted label (``r`` or ``1 - r``);
+* **spearman_vs_raters**: Spearman correlation of ``p(labels[1])`` with ``r`` (scipy);
+* **share_over_0_9_on_ambiguous**: among items the raters split on (``0 < r < 1``), the
+  share whose top-label confidence is above 0.9 (lower is better: the model should not
+  be sure where people disagree).
+
+**Undefined metrics.** A metric that is mathematically undefined on the data at hand
+(AUROC with one class, AUROC2 when every prediction is right or every one wrong,
+Spearman with a constant input, the ambiguous share with no ambiguous item) is
+``None`` (JSON ``null``, "n/a" in tables), never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+from sklearn.metrics import brier_score_loss, f1_score, log_loss, roc_auc_score
+from torchmetrics.functional.classification import multiclass_calibration_error
+
+__all__ = [
+    "N_BINS",
+    "accuracy",
+    "auroc",
+    "auroc2",
+    "bootstrap_difference",
+    "brier",
+    "classification_metrics",
+    "correct",
+    "ece",
+    "ece_numpy",
+    "macro_f1",
+    "nll",
+    "soft_label_metrics",
+]
+
+N_BINS = 15
+
+
+def _check(probs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    probs = np.asarray(probs, dtype=np.float64)
+    targets = np.asarray(targets, dtype=np.int64)
+    if probs.ndim != 2 or targets.ndim != 1 or probs.shape[0] != targets.shape[0]:
+        raise ValueError(f"probs {probs.shape} and targets {targets.shape} must be [N, L] and [N]")
+    if probs.shape[0] == 0:
+        raise ValueError("no items to score")
+    if not np.isfinite(probs).all():
+        raise ValueError("probs contain NaN or inf")
+    if targets.min() < 0 or targets.max() >= probs.shape[1]:
+        raise ValueError(f"a target is outside the {probs.shape[1]} labels")
+    return probs, targets
+
+
+def _finite_or_none(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def correct(
+    probs: np.ndarray, targets: np.ndarray, gold_sets: Sequence[Sequence[int]] | None = None
+) -> np.ndarray:
+    """Per item: is the argmax right (any gold label counts when ``gold_sets`` is given)."""
+    predicted = np.asarray(probs).argmax(1)
+    if gold_sets is None:
+        return predicted == np.asarray(targets)
+    return np.array([p in g for p, g in zip(predicted, gold_sets, strict=True)])
+
+
+def accuracy(
+    probs: np.ndarray, targets: np.ndarray, gold_sets: Sequence[Sequence[int]] | None = None
+) -> float:
+    probs, targets = _check(probs, targets)
+    return float(correct(probs, targets, gold_sets).mean())
+
+
+def macro_f1(probs: np.ndarray, targets: np.ndarray) -> float:
+    probs, targets = _check(probs, targets)
+    return float(f1_score(targets, probs.argmax(1), average="macro", zero_division=0))
+
+
+def ece(probs: np.ndarray, targets: np.ndarray, n_bins: int = N_BINS) -> float:
+    """Top-label ECE with ``n_bins`` equal-width bins (torchmetrics)."""
+    probs, targets = _check(probs, targets)
+    value = multiclass_calibration_error(
+        torch.from_numpy(probs),
+        torch.from_numpy(targets),
+        num_classes=probs.shape[1],
+        n_bins=n_bins,
+        norm="l1",
+    )
+    return float(value)
+
+
+def ece_numpy(confidence: np.ndarray, hit: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
+    """Top-label ECE for many resamples at once: ``confidence``, ``hit`` are ``[..., N]``.
+
+    The same binning as torchmetrics (bin ``i`` holds ``(i/n, (i+1)/n]``); used by the
+    bootstrap, where a thousand torchmetrics calls would dominate the run time.
+    ``hit`` may be fractional (the raters' agreement for soft labels).
+    """
+    confidence = np.asarray(confidence, dtype=np.float64)
+    hit = np.asarray(hit, dtype=np.float64)
+    bins = np.clip(np.ceil(confidence * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
+    flat = bins.reshape(-1, bins.shape[-1])
+    conf = confidence.reshape(flat.shape)
+    acc = hit.reshape(flat.shape)
+    offset = (np.arange(flat.shape[0]) * n_bins)[:, None]
+    size = flat.shape[0] * n_bins
+    gap = np.bincount((flat + offset).ravel(), weights=(conf - acc).ravel(), minlength=size)
+    gap = np.abs(gap.reshape(flat.shape[0], n_bins)).sum(1) / flat.shape[1]
+    return gap.reshape(bins.shape[:-1])
+
+
+def brier(probs: np.ndarray, targets: np.ndarray) -> float:
+    """Multiclass Brier score, summed over classes (scikit-learn)."""
+    probs, targets = _check(probs, targets)
+    return float(
+        brier_score_loss(targets, probs, labels=list(range(probs.shape[1])), scale_by_half=False)
+    )
+
+
+def nll(probs: np.ndarray, targets: np.ndarray) -> float:
+    probs, targets = _check(probs, targets)
+    return float(log_loss(targets, probs, labels=list(range(probs.shape[1]))))
+
+
+def auroc(probs: np.ndarray, targets: np.ndarray) -> float | None:
+    """Macro one-vs-rest ROC AUC over the labels with both classes present; None if none."""
+    probs, targets = _check(probs, targets)
+    if probs.shape[1] == 2:
+        if len(np.unique(targets)) < 2:
+            return None
+        return float(roc_auc_score(targets, probs[:, 1]))
+    scores = [
+        roc_auc_score(targets == label, probs[:, label])
+        for label in range(probs.shape[1])
+        if 0 < (targets == label).sum() < len(targets)
+    ]
+    return float(np.mean(scores)) if scores else None
+
+
+def auroc2(confidence: np.ndarray, is_correct: np.ndarray) -> float | None:
+    """ROC AUC of confidence for telling right from wrong answers; None with one class."""
+    is_correct = np.asarray(is_correct, dtype=bool)
+    if is_correct.all() or not is_correct.any():
+        return None
+    return float(roc_auc_score(is_correct, np.asarray(confidence, dtype=np.float64)))
+
+
+def classification_metrics(
+    probs: np.ndarray, targets: np.ndarray, gold_sets: Sequence[Sequence[int]] | None = None
+) -> dict[str, float | None]:
+    """accuracy, macro_f1, ece, brier, nll, auroc, auroc2 (see the module docstring)."""
+    probs, targets = _check(probs, targets)
+    hits = correct(probs, targets, gold_sets)
+    return {
+        "accuracy": float(hits.mean()),
+        "macro_f1": macro_f1(probs, targets),
+        "ece": ece(probs, targets),
+        "brier": brier(probs, targets),
+        "nll": nll(probs, targets),
+        "auroc": auroc(probs, targets),
+        "auroc2": auroc2(probs.max(1), hits),
+    }
+
+
+def soft_label_metrics(probs: np.ndarray, raters: np.ndarray) -> dict[str, float | None]:
+    """Agreement of binary ``probs`` ``[N, 2]`` with the raters' fraction for label 1."""
+    probs = np.asarray(probs, dtype=np.float64)
+    raters = np.asarray(raters, dtype=np.float64)
+    if probs.ndim != 2 or probs.shape[1] != 2 or raters.shape != (probs.shape[0],):
+        raise ValueError(
+            f"soft-label metrics need probs [N, 2] and raters [N], got {probs.shape}, {raters.shape}"
+        )
+    positive = probs[:, 1]
+    predicted = probs.argmax(1)
+    agreement = np.where(predicted == 1, raters, 1.0 - raters)
+    ambiguous = (raters > 0) & (raters < 1)
+    if np.ptp(positive) == 0 or np.ptp(raters) == 0:
+        rho = None
+    else:
+        rho = _finite_or_none(spearmanr(positive, raters).statistic)
+    return {
+        "mae_vs_raters": float(np.abs(positive - raters).mean()),
+        "ece_vs_raters": float(ece_numpy(probs.max(1), agreement)),
+        "spearman_vs_raters": rho,
+        "share_over_0_9_on_ambiguous": float((probs.max(1)[ambiguous] > 0.9).mean())
+        if ambiguous.any()
+        else None,
+        "n_ambiguous": int(ambiguous.sum()),
+    }
+
+
+def _macro_f1_fast(y: np.ndarray, pred: np.ndarray, n_labels: int) -> float:
+    # The same definition as scikit-learn's macro F1 (labels in y or pred, zero_division=0),
+    # in closed form so a bootstrap can call it a thousand times.
+    tp = np.bincount(y[y == pred], minlength=n_labels)
+    support = np.bincount(y, minlength=n_labels)
+    predicted = np.bincount(pred, minlength=n_labels)
+    present = (support + predicted) > 0
+    f1 = 2 * tp[present] / (support[present] + predicted[present])
+    return float(f1.mean())
+
+
+def bootstrap_difference(
+    probs: np.ndarray,
+    reference: np.ndarray,
+    targets: np.ndarray,
+    *,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    gold_sets: Sequence[Sequence[int]] | None = None,
+) -> dict[str, dict[str, float]]:
+    """95% percentile intervals for ``metric(probs) - metric(reference)``.
+
+    Items are resampled with replacement (the same resample for both methods, so the
+    interval is for the paired difference). Metrics: ``ece``, ``macro_f1``, ``nll``.
+    Returns ``{metric: {"diff", "low", "high"}}``; ``diff`` is on the full sample.
+    """
+    probs, targets = _check(probs, targets)
+    reference, _ = _check(reference, targets)
+    n, n_labels = probs.shape
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, n, size=(n_resamples, n))
+    out: dict[str, dict[str, float]] = {}
+
+    def hits(p: np.ndarray) -> np.ndarray:
+        return correct(p, targets, gold_sets).astype(np.float64)
+
+    per_item: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+        "nll": lambda p: -np.log(np.clip(p[np.arange(n), targets], 1e-15, 1.0)),
+    }
+    a_hit, b_hit = hits(probs), hits(reference)
+    a_conf, b_conf = probs.max(1), reference.max(1)
+    ece_diff = ece_numpy(a_conf[index], a_hit[index]) - ece_numpy(b_conf[index], b_hit[index])
+    full = float(ece_numpy(a_conf, a_hit) - ece_numpy(b_conf, b_hit))
+    out["ece"] = _interval(full, ece_diff)
+    a_pred, b_pred = probs.argmax(1), reference.argmax(1)
+    f1_diff = np.array(
+        [
+            _macro_f1_fast(targets[i], a_pred[i], n_labels)
+            - _macro_f1_fast(targets[i], b_pred[i], n_labels)
+            for i in index
+        ]
+    )
+    out["macro_f1"] = _interval(
+        _macro_f1_fast(targets, a_pred, n_labels) - _macro_f1_fast(targets, b_pred, n_labels),
+        f1_diff,
+    )
+    for name, fn in per_item.items():
+        delta = fn(probs) - fn(reference)
+        out[name] = _interval(float(delta.mean()), delta[index].mean(1))
+    return out
+
+
+def _interval(full: float, samples: np.ndarray) -> dict[str, float]:
+    low, high = np.percentile(samples, [2.5, 97.5])
+    return {"diff": float(full), "low": float(low), "high": float(high)}
