@@ -1,0 +1,658 @@
+"""Outlines adapter: calibrated probabilities for existing choice generators.
+
+Change one import::
+
+    # from outlines import Generator
+    from semsoft_plugin.outlines import Generator
+
+    gen = Generator(model, Literal["joy", "sadness", "anger"])
+    label = gen(prompt)            # "sadness": the same str Outlines returns
+    label.probs                    # {"joy": 0.07, "sadness": 0.88, "anger": 0.05}
+
+or keep a generator that already exists: ``gen = wrap(gen, ["joy", "sadness", "anger"])``.
+
+Supported output types are the *choices*: ``Literal[...]``, an ``Enum``,
+``outlines.types.Choice``, and a regex (``outlines.types.Regex`` / ``regex(...)``)
+that spells a finite set of literal strings, such as ``(joy|sadness|anger)``.
+Anything else (JSON schema, free regex, CFG, ``int``...) raises ``ValueError``:
+nothing is generated unscored.
+
+How it plugs in (transformers models, checked against Outlines 1.3.3):
+
+* Outlines compiles the choice into a regex and, for transformers models, into an
+  in-place masking logits processor (outlines_core, xgrammar or llguidance). The
+  only supported way to add a processor is ``outlines.Generator(model,
+  processor=...)`` / ``SteerableGenerator.from_processor``, and that processor is
+  then the *only* one: passing ``logits_processor=`` to a call collides with it.
+  This module therefore hands Outlines one processor, :class:`ChoiceLogitsProcessor`,
+  that runs :class:`~semsoft_plugin.hf.SemanticSoftmaxLogitsProcessor` in
+  ``"constrain"`` mode first (it sees the raw logits) and Outlines' own regex mask
+  second.
+* Agreement with the calibrated argmax: at the decision step the semsoft processor
+  leaves only the labels' first tokens, at ``log P_sem``; afterwards it forces the
+  rest of the chosen label, then EOS. Every one of these tokens spells a prefix of
+  a label, so Outlines' mask (applied after) cannot remove any of them and changes
+  nothing: greedy decoding emits the calibrated argmax, sampling draws from
+  ``P_sem``. The processor checks this on every step and raises if the Outlines
+  mask ever removed a token it kept (e.g. a wrapped generator whose regex does not
+  match the labels given). Outlines' own decision would be different: its prefix
+  mask also allows label *fragments* (``"s"``, ``"sad"``...) and each fragment
+  competes alone, so the label it emits need not be the one the scores favour.
+* Position and template: the scores are taken inside the very ``generate`` call
+  Outlines makes, at the first generated token, so they follow Outlines' prompt
+  formatting exactly (a string prompt goes through the chat template with a
+  generation prompt when the tokenizer has one).
+* Label spelling: Outlines writes the choice verbatim, with no leading space, at
+  the start of the answer; the labels are scored exactly so
+  (``LabelSet(..., leading_space=False)``). Some labels then start with a word
+  fragment (SmolLM2 writes ``"sadness"`` as ``"s" "ad" "ness"``), whose output
+  embedding says little about the label; ``generator.labels.report()`` lists them.
+  Choices that all start with one space (``Literal[" joy", " sad"]``) are scored as
+  leading-space words. Verbalizers cannot be used: Outlines' regex only allows the
+  choice text itself.
+
+vLLM models (``outlines.from_vllm_offline``): Outlines would send the regex through
+vLLM's structured outputs, which mask the logits before any logits processor runs,
+so the silent vote would be gone. Such models are served through the plugin's vLLM
+adapter instead (:mod:`semsoft_plugin.vllm`): its per-request options do the label
+constraint, and the result has the same type.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from semsoft_plugin.config import SemsoftConfig
+from semsoft_plugin.core import SemanticSoftmaxResult
+from semsoft_plugin.hf import SemanticSoftmaxLogitsProcessor
+from semsoft_plugin.labels import MAX_LABELS, LabelSet
+
+__all__ = [
+    "ChoiceGenerator",
+    "ChoiceLogitsProcessor",
+    "Generator",
+    "ScoredLabel",
+    "choice_labels",
+    "wrap",
+]
+
+SUPPORTED_TYPES = (
+    "Literal[...] of strings, an Enum with string values, outlines.types.Choice, "
+    "or a regex that is an alternation of literal strings such as '(joy|sadness)'"
+)
+
+
+# ---------------------------------------------------------------------------
+# The result: a str that carries its scores
+# ---------------------------------------------------------------------------
+
+
+class ScoredLabel(str):
+    """The generated label, as the exact ``str`` Outlines returns, with its scores.
+
+    Attributes
+    ----------
+    probs : dict
+        label -> calibrated probability (Semantic Softmax).
+    constrained_probs : dict
+        label -> softmax over the labels' first tokens only (the baseline).
+    fallback : bool
+        True when no kept token voted for any label and ``probs`` is the
+        constrained softmax.
+    coverage : float
+        Share of the top-K mass that voted for some label.
+    """
+
+    probs: dict[str, float]
+    constrained_probs: dict[str, float]
+    fallback: bool
+    coverage: float
+
+    def __new__(cls, text: str, names: Sequence[str], result: SemanticSoftmaxResult) -> ScoredLabel:
+        self = super().__new__(cls, text)
+        self.probs = dict(zip(names, result.semantic.tolist(), strict=True))
+        self.constrained_probs = dict(zip(names, result.constrained.tolist(), strict=True))
+        self.fallback = bool(result.fallback)
+        self.coverage = float(result.coverage)
+        return self
+
+    @property
+    def label(self) -> str:
+        """The label as a plain ``str``."""
+        return str(self)
+
+
+# ---------------------------------------------------------------------------
+# Output types -> label strings
+# ---------------------------------------------------------------------------
+
+_META = set(".^$*+?{}[]")
+
+
+class _LiteralRegex:
+    """Expands a regex made only of literals, groups and ``|`` into its strings.
+
+    A small recursive-descent parser rather than ``re._parser``: that module is
+    private, and the accepted subset here is tiny on purpose. Anything else (a class,
+    a quantifier, an anchor, ``\\d``...) means the language is not a finite choice.
+    """
+
+    _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.pos = 0
+
+    def parse(self) -> list[str] | None:
+        try:
+            strings = self._alternation()
+        except _NotLiteral:
+            return None
+        if self.pos != len(self.pattern):
+            return None
+        return strings
+
+    def _alternation(self) -> list[str]:
+        strings = self._sequence()
+        while self._peek() == "|":
+            self.pos += 1
+            strings = strings + self._sequence()
+        return strings
+
+    def _sequence(self) -> list[str]:
+        strings = [""]
+        while self.pos < len(self.pattern) and self._peek() not in "|)":
+            part = self._atom()
+            strings = [a + b for a in strings for b in part]
+            if len(strings) > MAX_LABELS:
+                raise _NotLiteral
+        return strings
+
+    def _atom(self) -> list[str]:
+        char = self.pattern[self.pos]
+        if char == "(":
+            self.pos += 1
+            if self.pattern.startswith("?:", self.pos):
+                self.pos += 2
+            elif self._peek() == "?":  # named groups, flags, lookarounds
+                raise _NotLiteral
+            inner = self._alternation()
+            if self._peek() != ")":
+                raise _NotLiteral
+            self.pos += 1
+            return inner
+        if char == "\\":
+            if self.pos + 1 >= len(self.pattern):
+                raise _NotLiteral
+            escaped = self.pattern[self.pos + 1]
+            self.pos += 2
+            if escaped in self._ESCAPES:
+                return [self._ESCAPES[escaped]]
+            if escaped.isalnum():  # \d, \w, \b, back-references...
+                raise _NotLiteral
+            return [escaped]
+        if char in _META:
+            raise _NotLiteral
+        self.pos += 1
+        return [char]
+
+    def _peek(self) -> str:
+        return self.pattern[self.pos] if self.pos < len(self.pattern) else ""
+
+
+class _NotLiteral(Exception):
+    pass
+
+
+def _term_strings(term: Any) -> list[str] | None:
+    from outlines.types.dsl import Alternatives, Choice, Regex, String, python_types_to_terms
+    from outlines.types.dsl import Sequence as SequenceTerm
+
+    if isinstance(term, String):
+        return [term.value]
+    if isinstance(term, Regex):
+        return _LiteralRegex(term.pattern).parse()
+    if isinstance(term, Alternatives | Choice):
+        children = (
+            term.terms
+            if isinstance(term, Alternatives)
+            else [python_types_to_terms(i) for i in term.items]
+        )
+        strings: list[str] = []
+        for child in children:
+            part = _term_strings(child)
+            if part is None:
+                return None
+            strings += part
+        return strings
+    if isinstance(term, SequenceTerm):
+        product = [""]
+        for child in term.terms:
+            part = _term_strings(child)
+            if part is None:
+                return None
+            product = [a + b for a in product for b in part]
+        return product
+    return None
+
+
+def choice_labels(output_type: Any) -> list[str]:
+    """The strings an Outlines output type allows, if it is a finite choice.
+
+    Parameters
+    ----------
+    output_type : an Outlines output type
+        ``Literal[...]``, an ``Enum``, ``outlines.types.Choice``, or a regex
+        (``outlines.types.Regex`` / ``regex(...)``) of literal alternatives.
+        The order is the order of the choices (duplicates dropped).
+
+    Raises
+    ------
+    ValueError
+        For any other output type (JSON schema, free regex, CFG, ``int``, None...).
+    """
+    from outlines.types.dsl import python_types_to_terms
+
+    if output_type is None:
+        raise ValueError(f"an output type is needed; supported: {SUPPORTED_TYPES}")
+    if isinstance(output_type, type) and issubclass(output_type, enum.Enum):
+        values = [member.value for member in output_type]
+        if not all(isinstance(v, str) for v in values):
+            raise ValueError(
+                f"Enum {output_type.__name__} has non-string values {values!r}; "
+                f"supported: {SUPPORTED_TYPES}"
+            )
+    try:
+        term = python_types_to_terms(output_type)
+    except (TypeError, RecursionError) as error:
+        raise ValueError(
+            f"output type {output_type!r} is not supported ({error}); supported: {SUPPORTED_TYPES}"
+        ) from None
+    strings = _term_strings(term)
+    if strings is None:
+        raise ValueError(
+            f"output type {output_type!r} (an Outlines {type(term).__name__}) is not a "
+            f"finite choice of strings, so it cannot be scored; supported: {SUPPORTED_TYPES}"
+        )
+    return list(dict.fromkeys(strings))
+
+
+def _label_set(
+    choices: Sequence[str], tokenizer: Any, variants: Mapping[str, Iterable[str]] | None
+) -> LabelSet:
+    """Labels spelled exactly as Outlines writes them, at the start of the answer."""
+    if len(choices) > MAX_LABELS:
+        raise ValueError(f"{len(choices)} choices exceed the limit of {MAX_LABELS}")
+    if any(not c.strip() for c in choices):
+        raise ValueError(f"choices {list(choices)!r}: a choice is empty or only whitespace")
+    spaced = all(c.startswith(" ") and not c[1:].startswith(" ") for c in choices)
+    if any((c[1:] if spaced else c) != c.strip() for c in choices):
+        raise ValueError(
+            f"choices {list(choices)!r}: surrounding whitespace is supported only as one "
+            "leading space on every choice"
+        )
+    try:
+        # Names stay the choice text (" joy" stays " joy"); LabelSet adds the space.
+        base = LabelSet(list(choices), tokenizer, leading_space=spaced, variants=variants)
+    except ValueError as error:
+        raise ValueError(
+            f"{error}. Outlines writes choices verbatim at the start of the answer "
+            "(no leading space), so choices that begin with the same token cannot be "
+            "told apart at the decision step; reword one of them"
+        ) from None
+    for label, choice in zip(base.labels, choices, strict=True):
+        decoded = tokenizer.decode(list(label.token_ids))
+        if decoded != choice:
+            raise ValueError(
+                f"choice {choice!r} does not round-trip through the tokenizer "
+                f"(decodes as {decoded!r}), so the scored tokens would not spell it"
+            )
+    return base
+
+
+# ---------------------------------------------------------------------------
+# transformers models: one processor, semsoft first, Outlines' mask second
+# ---------------------------------------------------------------------------
+
+
+class ChoiceLogitsProcessor:
+    """Semantic Softmax constraint followed by an Outlines mask, as one processor.
+
+    Parameters
+    ----------
+    semsoft : SemanticSoftmaxLogitsProcessor
+        In ``"constrain"`` mode, with the tokenizer's EOS as ``eos_token_id``.
+    outlines_processor : an Outlines logits processor (any backend) or None
+        Applied to what the semsoft processor returns. It only ever removes tokens;
+        on a step where semsoft constrained a row, every token semsoft kept must
+        survive it, else ``RuntimeError`` (the regex and the labels disagree).
+    """
+
+    def __init__(
+        self, semsoft: SemanticSoftmaxLogitsProcessor, outlines_processor: Any = None
+    ) -> None:
+        if semsoft.mode != "constrain":
+            raise ValueError(
+                f"the semsoft processor must be in constrain mode, not {semsoft.mode!r}"
+            )
+        self.semsoft = semsoft
+        self.outlines_processor = outlines_processor
+
+    def reset(self) -> None:
+        """Start a new generation (Outlines calls this before every call)."""
+        self.semsoft.reset()
+        if self.outlines_processor is not None:
+            self.outlines_processor.reset()
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        scores = self.semsoft(input_ids, scores)
+        if self.outlines_processor is None:
+            return scores
+        kept = torch.isfinite(scores)
+        constrained_rows = ~kept.all(dim=-1)
+        scores = self.outlines_processor(input_ids, scores)
+        removed = kept & ~torch.isfinite(scores) & constrained_rows.unsqueeze(-1)
+        if removed.any():
+            row, token = (int(i) for i in removed.nonzero()[0])
+            raise RuntimeError(
+                f"the Outlines mask removed token {token} that the label constraint "
+                f"allowed (batch row {row}): the generator's output type does not match "
+                f"the labels {list(self.semsoft.labels.names)}"
+            )
+        return scores
+
+
+def _result_rows(proc: SemanticSoftmaxLogitsProcessor) -> list[SemanticSoftmaxResult]:
+    rows = proc.results
+    if any(r is None for r in rows):
+        raise RuntimeError("the decision step was not reached: nothing was generated")
+    return rows  # type: ignore[return-value]
+
+
+class ChoiceGenerator:
+    """A choice generator whose outputs carry calibrated probabilities.
+
+    Made by :func:`Generator` or :func:`wrap`; called like an Outlines generator.
+
+    Attributes
+    ----------
+    model : the Outlines model
+    labels : LabelSet
+        The choices, bound to the model's tokenizer as Outlines writes them.
+    processor : ChoiceLogitsProcessor or None
+        The processor handed to Outlines (transformers models).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        choices: Sequence[str],
+        *,
+        outlines_processor: Any = None,
+        config: SemsoftConfig | None = None,
+        variants: Mapping[str, Iterable[str]] | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.model = model
+        self._vllm = _is_vllm_offline(model)
+        if self._vllm:
+            self._init_vllm(model, choices, config, variants, overrides)
+            return
+        if not _is_transformers(model):
+            raise ValueError(
+                f"model of type {type(model).__name__} is not supported: give an Outlines "
+                "model from outlines.from_transformers or outlines.from_vllm_offline"
+            )
+        from outlines.generator import SteerableGenerator
+
+        tokenizer = model.hf_tokenizer
+        self.labels = _label_set(choices, tokenizer, variants)
+        self.semsoft = SemanticSoftmaxLogitsProcessor(
+            model.model,
+            self.labels,
+            config,
+            mode="constrain",
+            eos_token_id=tokenizer.eos_token_id,
+            **overrides,
+        )
+        self.processor = ChoiceLogitsProcessor(self.semsoft, outlines_processor)
+        self._generator = SteerableGenerator.from_processor(model, self.processor)
+        # The label and EOS, nothing more; used when the caller sets no length.
+        self._min_new_tokens = max(len(s) for s in self.labels.token_sequences) + 1
+
+    # -- transformers -----------------------------------------------------
+    def _kwargs(self, inference_kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs = dict(inference_kwargs)
+        if "logits_processor" in kwargs:
+            raise ValueError(
+                "logits_processor= is not supported: the choice constraint is already "
+                "the generator's processor"
+            )
+        limit = kwargs.get("max_new_tokens")
+        if limit is None and "max_length" not in kwargs:
+            kwargs["max_new_tokens"] = self._min_new_tokens
+        elif limit is not None and limit < self._min_new_tokens:
+            raise ValueError(
+                f"max_new_tokens={limit} is too short for the longest label plus EOS "
+                f"({self._min_new_tokens} tokens)"
+            )
+        return kwargs
+
+    def _scored(self, texts: list[str], rows: list[SemanticSoftmaxResult]) -> list[ScoredLabel]:
+        chosen = self.semsoft.chosen_labels
+        out = []
+        for text, result, index in zip(texts, rows, chosen, strict=True):
+            if text not in self.labels.names:
+                raise RuntimeError(
+                    f"generated {text!r}, which is not one of the labels {list(self.labels.names)}"
+                )
+            if index is not None and index >= 0 and self.labels.names[index] != text:
+                raise RuntimeError(f"generated {text!r} but the constraint chose index {index}")
+            out.append(ScoredLabel(text, self.labels.names, result))
+        return out
+
+    def __call__(self, prompt: Any, **inference_kwargs: Any) -> ScoredLabel | list[ScoredLabel]:
+        """Generate the label for one prompt (a list of labels when
+        ``num_return_sequences`` > 1), as Outlines does."""
+        if self._vllm:
+            return self._vllm_generate([prompt], inference_kwargs, single=True)
+        text = self._generator(prompt, **self._kwargs(inference_kwargs))
+        texts = [text] if isinstance(text, str) else list(text)
+        scored = self._scored(texts, _result_rows(self.semsoft))
+        return scored[0] if isinstance(text, str) else scored
+
+    def batch(
+        self, prompts: list[Any], **inference_kwargs: Any
+    ) -> list[ScoredLabel] | list[list[ScoredLabel]]:
+        """Generate one label per prompt (a list per prompt when
+        ``num_return_sequences`` > 1), as Outlines does."""
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+            raise ValueError("prompts must be a list of prompts")
+        if self._vllm:
+            return self._vllm_generate(list(prompts), inference_kwargs, single=False)
+        texts = self._generator.batch(list(prompts), **self._kwargs(inference_kwargs))
+        flat = [t for item in texts for t in ([item] if isinstance(item, str) else item)]
+        scored = self._scored(flat, _result_rows(self.semsoft))
+        if all(isinstance(item, str) for item in texts):
+            return scored
+        samples = len(flat) // len(texts)
+        return [scored[i : i + samples] for i in range(0, len(scored), samples)]
+
+    # -- vLLM offline -----------------------------------------------------
+    def _init_vllm(
+        self,
+        model: Any,
+        choices: Sequence[str],
+        config: SemsoftConfig | None,
+        variants: Mapping[str, Iterable[str]] | None,
+        overrides: dict[str, Any],
+    ) -> None:
+        try:
+            from semsoft_plugin import vllm as semsoft_vllm
+        except ImportError as error:
+            raise ValueError(
+                f"Outlines vLLM models need the semsoft vLLM adapter, which failed to import: {error}"
+            ) from None
+        self._semsoft_vllm = semsoft_vllm
+        self.labels = _label_set(choices, model.tokenizer, variants)
+        self.processor = None
+        self._vllm_options = {"config": config, **overrides}
+
+    def _vllm_generate(
+        self, prompts: list[Any], inference_kwargs: dict[str, Any], *, single: bool
+    ) -> Any:
+        kwargs = dict(inference_kwargs)
+        base = kwargs.pop("sampling_params", None)
+        params = self._semsoft_vllm.sampling_params(
+            labels=self.labels, base=base, **self._vllm_options
+        )
+        formatted = [self.model.type_adapter.format_input(p) for p in prompts]
+        llm = self.model.model
+        if formatted and isinstance(formatted[0], list):  # chat messages, as Outlines sends them
+            outputs = llm.chat(messages=formatted, sampling_params=params, **kwargs)
+        else:
+            outputs = llm.generate(prompts=formatted, sampling_params=params, **kwargs)
+        per_prompt = []
+        for output in outputs:
+            results = self._semsoft_vllm.label_probs(output)
+            scored = []
+            for completion, result in zip(output.outputs, results, strict=True):
+                if completion.text not in self.labels.names:
+                    raise RuntimeError(
+                        f"vLLM generated {completion.text!r}, which is not one of the "
+                        f"labels {list(self.labels.names)}"
+                    )
+                scored.append(ScoredLabel(completion.text, self.labels.names, result))
+            per_prompt.append(scored)
+        if single:
+            return per_prompt[0][0] if len(per_prompt[0]) == 1 else per_prompt[0]
+        return [p[0] if len(p) == 1 else p for p in per_prompt]
+
+
+def _is_transformers(model: Any) -> bool:
+    from outlines.models.transformers import Transformers
+
+    return isinstance(model, Transformers)
+
+
+def _is_vllm_offline(model: Any) -> bool:
+    from outlines.models.vllm_offline import VLLMOffline
+
+    return isinstance(model, VLLMOffline)
+
+
+def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function too
+    model: Any,
+    output_type: Any,
+    backend: str | None = None,
+    *,
+    config: SemsoftConfig | None = None,
+    variants: Mapping[str, Iterable[str]] | None = None,
+    **overrides: Any,
+) -> ChoiceGenerator:
+    """Drop-in for ``outlines.Generator`` when the output type is a choice.
+
+    Parameters
+    ----------
+    model : an Outlines model
+        From ``outlines.from_transformers`` or ``outlines.from_vllm_offline``.
+    output_type : a choice
+        ``Literal[...]`` of strings, an ``Enum`` with string values,
+        ``outlines.types.Choice``, or a regex of literal alternatives.
+    backend : {"outlines_core", "xgrammar", "llguidance"}, optional
+        Outlines' structured-generation backend for the regex mask (default
+        outlines_core); transformers models only.
+    config, **overrides : Semantic Softmax settings
+    variants : mapping label -> spellings that count as the label (see
+        :class:`~semsoft_plugin.labels.LabelSet`)
+
+    Returns
+    -------
+    ChoiceGenerator
+        Called with a prompt it returns a :class:`ScoredLabel`; ``.batch`` a list.
+
+    Raises
+    ------
+    ValueError
+        For an output type that is not a choice, or choices that cannot be told
+        apart at their first token.
+    """
+    choices = choice_labels(output_type)
+    if _is_vllm_offline(model):
+        if backend is not None:
+            raise ValueError(f"backend={backend!r} applies to transformers models only")
+        return ChoiceGenerator(model, choices, config=config, variants=variants, **overrides)
+    if not _is_transformers(model):
+        raise ValueError(
+            f"model of type {type(model).__name__} is not supported: give an Outlines "
+            "model from outlines.from_transformers or outlines.from_vllm_offline"
+        )
+    from outlines.backends import get_regex_logits_processor
+    from outlines.types.dsl import python_types_to_terms, to_regex
+
+    # Built exactly as outlines.Generator builds it: the mask is Outlines' own.
+    regex = to_regex(python_types_to_terms(output_type))
+    mask = get_regex_logits_processor(backend, model, regex)
+    return ChoiceGenerator(
+        model, choices, outlines_processor=mask, config=config, variants=variants, **overrides
+    )
+
+
+def wrap(
+    generator: Any,
+    labels: Any,
+    *,
+    config: SemsoftConfig | None = None,
+    variants: Mapping[str, Iterable[str]] | None = None,
+    **overrides: Any,
+) -> ChoiceGenerator:
+    """Add calibrated probabilities to an existing Outlines choice generator.
+
+    Parameters
+    ----------
+    generator : an ``outlines.Generator`` made with a choice output type
+        Its own mask (any backend) stays and runs after the label constraint.
+    labels : list of str or a choice output type
+        The choices the generator allows. An Outlines transformers generator keeps
+        only its compiled mask, not its output type, so they must be given; a
+        mismatch is detected at the first call (``RuntimeError``).
+    config, variants, **overrides : as in :func:`Generator`
+    """
+    from outlines.generator import BlackBoxGenerator, SteerableGenerator
+
+    if isinstance(labels, Sequence) and not isinstance(labels, str):
+        choices = list(dict.fromkeys(labels))
+        if not all(isinstance(c, str) for c in choices):
+            raise ValueError(f"labels {labels!r} must be strings")
+    else:
+        choices = choice_labels(labels)
+    if isinstance(generator, SteerableGenerator):
+        mask = generator.logits_processor
+        if mask is None:
+            raise ValueError("the generator has no output type: there is no choice to score")
+        if isinstance(mask, ChoiceLogitsProcessor):
+            raise ValueError("the generator is already wrapped")
+        return ChoiceGenerator(
+            generator.model,
+            choices,
+            outlines_processor=mask,
+            config=config,
+            variants=variants,
+            **overrides,
+        )
+    if isinstance(generator, BlackBoxGenerator) and _is_vllm_offline(generator.model):
+        own = choice_labels(generator.output_type)
+        if set(own) != set(choices):
+            raise ValueError(f"labels {choices!r} differ from the generator's choices {own!r}")
+        return ChoiceGenerator(
+            generator.model, choices, config=config, variants=variants, **overrides
+        )
+    raise ValueError(
+        f"cannot wrap {type(generator).__name__}: give an outlines.Generator built on a "
+        "transformers or vLLM-offline model"
+    )

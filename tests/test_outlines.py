@@ -1,0 +1,221 @@
+"""The Outlines adapter on real Outlines 1.3.3 and the default model (SmolLM2-135M)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+import pytest
+
+outlines = pytest.importorskip("outlines")
+
+from outlines.types import Choice, cfg, either, json_schema, regex  # noqa: E402
+
+from semsoft_plugin import LabelSet  # noqa: E402
+from semsoft_plugin.hf import classify  # noqa: E402
+from semsoft_plugin.outlines import Generator, ScoredLabel, choice_labels, wrap  # noqa: E402
+
+pytestmark = pytest.mark.outlines
+
+LABELS = ["joy", "sadness", "anger", "fear"]
+Emotion = Literal["joy", "sadness", "anger", "fear"]
+
+
+class EmotionEnum(enum.Enum):
+    JOY = "joy"
+    SADNESS = "sadness"
+    ANGER = "anger"
+    FEAR = "fear"
+
+
+PROMPTS = [
+    "I just got the job, I can't stop smiling! Which emotion: joy, sadness, anger or fear?",
+    "My dog died this morning. Which emotion: joy, sadness, anger or fear?",
+    "They cancelled my flight again and nobody answers. Emotion (joy, sadness, anger, fear)?",
+]
+
+
+# -- output types (no model) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "output_type",
+    [
+        Emotion,
+        EmotionEnum,
+        Choice(LABELS),
+        regex("joy|sadness|anger|fear"),
+        regex(r"(?:joy|sadness)|(anger|fear)"),
+        either("joy", "sadness", "anger", "fear"),
+    ],
+    ids=["literal", "enum", "choice", "regex", "regex-groups", "either"],
+)
+def test_choice_types_give_the_labels_in_order(output_type):
+    assert choice_labels(output_type) == LABELS
+
+
+def test_literal_regex_escapes_and_products():
+    assert choice_labels(regex(r"a\.b|c\|d|e\n")) == ["a.b", "c|d", "e\n"]
+    assert choice_labels(regex("(very |)(good|bad)")) == ["very good", "very bad", "good", "bad"]
+    assert choice_labels(Literal["yes", "no", "yes"]) == ["yes", "no"]
+
+
+class NumberEnum(enum.Enum):
+    ONE = 1
+    TWO = 2
+
+
+@pytest.mark.parametrize(
+    "output_type",
+    [
+        int,
+        str,
+        None,
+        NumberEnum,
+        regex(r"\d+"),
+        regex("[ab]"),
+        regex("jo+y|sad"),
+        regex("(?i)joy|sad"),
+        json_schema({"type": "object", "properties": {"a": {"type": "string"}}}),
+        cfg('?start: "a"'),
+    ],
+    ids=["int", "str", "none", "int-enum", "digits", "class", "plus", "flag", "json", "cfg"],
+)
+def test_non_choice_types_are_refused_by_name(output_type):
+    with pytest.raises(ValueError, match=r"Literal\[\.\.\.\].*Enum.*Choice.*regex"):
+        choice_labels(output_type)
+
+
+# -- transformers models ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def outlines_model(default_checkpoint):
+    # float32, so that a padded batch matches single calls to rounding error.
+    from semsoft_plugin import models
+
+    model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
+    return outlines.from_transformers(model, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def generator(outlines_model):
+    return Generator(outlines_model, Emotion)
+
+
+def assert_same_scores(a: ScoredLabel, b: ScoredLabel, abs_tol: float = 1e-5) -> None:
+    assert str(a) == str(b)
+    assert a.fallback == b.fallback
+    for label in a.probs:
+        assert a.probs[label] == pytest.approx(b.probs[label], abs=abs_tol)
+        assert a.constrained_probs[label] == pytest.approx(b.constrained_probs[label], abs=abs_tol)
+
+
+@pytest.mark.slow
+def test_label_is_a_str_with_scores_and_the_calibrated_argmax(generator):
+    for prompt in PROMPTS:
+        label = generator(prompt)
+        assert isinstance(label, str) and label in LABELS
+        assert label == label.label and f"{label}" == str(label)
+        assert set(label.probs) == set(label.constrained_probs) == set(LABELS)
+        assert sum(label.probs.values()) == pytest.approx(1.0, abs=1e-5)
+        # Greedy decoding emits the calibrated argmax, whatever the Outlines mask allows.
+        assert label == max(label.probs, key=label.probs.get)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "output_type",
+    [EmotionEnum, Choice(LABELS), regex("joy|sadness|anger|fear")],
+    ids=["enum", "choice", "regex"],
+)
+def test_every_choice_type_scores_like_literal(outlines_model, generator, output_type):
+    other = Generator(outlines_model, output_type)
+    for prompt in PROMPTS[:2]:
+        assert_same_scores(other(prompt), generator(prompt))
+
+
+@pytest.mark.slow
+def test_scores_equal_hf_classify_on_the_prompt_as_outlines_formats_it(outlines_model, generator):
+    formatted = [outlines_model.type_adapter.format_input(p) for p in PROMPTS]
+    assert all(f.rstrip().endswith("assistant") for f in formatted)  # the chat template applied
+    labels = LabelSet(LABELS, outlines_model.hf_tokenizer, leading_space=False)
+    expected = classify(
+        outlines_model.model, outlines_model.hf_tokenizer, formatted, labels, batch_size=1
+    )
+    for prompt, reference in zip(PROMPTS, expected, strict=True):
+        got = generator(prompt)
+        assert str(got) == reference.label
+        assert got.probs == pytest.approx(reference.probs, abs=1e-6)
+        assert got.constrained_probs == pytest.approx(reference.constrained_probs, abs=1e-6)
+        assert got.coverage == pytest.approx(reference.coverage, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_batch_equals_single_calls(generator):
+    together = generator.batch(PROMPTS)
+    assert len(together) == len(PROMPTS)
+    for prompt, scored in zip(PROMPTS, together, strict=True):
+        assert_same_scores(generator(prompt), scored, abs_tol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_backends_agree_with_outlines_core(outlines_model, generator, backend):
+    other = Generator(outlines_model, Emotion, backend)
+    for prompt in PROMPTS:
+        assert_same_scores(other(prompt), generator(prompt))
+    for a, b in zip(other.batch(PROMPTS), generator.batch(PROMPTS), strict=True):
+        assert_same_scores(a, b)
+
+
+@pytest.mark.slow
+def test_wrap_keeps_the_existing_generator_mask(outlines_model, generator):
+    existing = outlines.Generator(outlines_model, Emotion, "llguidance")
+    wrapped = wrap(existing, Emotion)
+    assert wrapped.processor.outlines_processor is existing.logits_processor
+    assert_same_scores(wrapped(PROMPTS[1]), generator(PROMPTS[1]))
+    with pytest.raises(ValueError, match="already wrapped"):
+        wrap(outlines.Generator(outlines_model, processor=wrapped.processor), LABELS)
+
+
+@pytest.mark.slow
+def test_wrap_with_labels_the_regex_forbids_raises_at_the_call(outlines_model):
+    existing = outlines.Generator(outlines_model, Literal["joy", "sadness"])
+    wrapped = wrap(existing, ["joy", "anger"])
+    with pytest.raises(RuntimeError, match="Outlines mask removed token"):
+        wrapped(PROMPTS[0])
+
+
+@pytest.mark.slow
+def test_inference_kwargs_pass_through(generator):
+    greedy = generator(PROMPTS[0])
+    sampled = generator(PROMPTS[0], do_sample=True, temperature=1.5, max_new_tokens=8)
+    assert sampled in LABELS
+    # The scores come from the raw logits: sampling settings do not change them.
+    assert sampled.probs == pytest.approx(greedy.probs, abs=1e-6)
+    several = generator(PROMPTS[0], do_sample=True, num_return_sequences=3)
+    assert len(several) == 3 and all(s in LABELS for s in several)
+    with pytest.raises(ValueError, match="max_new_tokens=1 is too short"):
+        generator(PROMPTS[0], max_new_tokens=1)
+    with pytest.raises(ValueError, match="logits_processor"):
+        generator(PROMPTS[0], logits_processor=[])
+
+
+@pytest.mark.slow
+def test_unsupported_types_and_ambiguous_choices_raise(outlines_model):
+    with pytest.raises(ValueError, match=r"not a finite choice.*supported: Literal"):
+        Generator(outlines_model, int)
+    with pytest.raises(ValueError, match="supported: Literal"):
+        Generator(outlines_model, json_schema({"type": "object"}))
+    # Without a leading space "sad" and "sadness" start with the same token.
+    with pytest.raises(ValueError, match="same token.*verbatim"):
+        Generator(outlines_model, Literal["sad", "sadness"])
+
+
+@pytest.mark.slow
+def test_leading_space_choices_are_scored_as_words(outlines_model):
+    spaced = Generator(outlines_model, Literal[" joy", " sadness"])
+    assert spaced.labels.leading_space
+    label = spaced(PROMPTS[1])
+    assert label in (" joy", " sadness") and set(label.probs) == {" joy", " sadness"}
