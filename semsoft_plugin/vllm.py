@@ -1,0 +1,1162 @@
+"""vLLM adapter: Semantic Softmax inside the engine, offline and behind the OpenAI server.
+
+One class, :class:`SemanticSoftmaxLogitsProcessor`, satisfies both of vLLM 0.32's
+logits-processor interfaces (the V1 model runner's, used on CPU, and Model Runner
+V2's, picked on most GPUs) and is loaded by class, by the string
+``"semsoft_plugin.vllm:SemanticSoftmaxLogitsProcessor"``, by the server's
+``--logits-processors`` flag or through the ``vllm.logits_processors`` entry point.
+Requests opt in through ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP);
+every other request is left untouched, bit for bit.
+
+How the scores come back (the mechanism, and why)
+-------------------------------------------------
+No vLLM API returns side data from a logits processor. This adapter returns the
+scores through the ordinary output: an opted-in request asks for the top-``k``
+*raw* log-probabilities (``logprobs=k``; ``top_logprobs=k`` over HTTP), which vLLM
+takes before any processor, penalty or temperature, and
+:func:`label_scores` / :func:`openai_label_scores` compute Semantic Softmax from them
+with the same core code and the model's output embeddings. Semantic Softmax only
+ever reads the top-``k`` probabilities and the embeddings, and it is a ratio, so the
+top-``k`` raw log-probabilities determine it exactly. Chosen over the alternatives
+because
+
+* it needs no engine-wide setting: ``logprobs_mode="processed_logprobs"`` (the
+  other working route) would change the log-probabilities of *every* request on the
+  engine, including those that never opted in, and would return values already
+  bent by temperature, top-p/top-k and min-p;
+* raw log-probabilities do not depend on the request's sampling settings, so the
+  scores are the model's, whatever the temperature;
+* it also yields the coverage and the top-``k`` mass, which a value written into
+  the label logits cannot carry;
+* the very same reader works against any OpenAI-compatible server that returns top
+  log-probabilities for an open-weights model, with no plugin on it (then without
+  the label constraint, and with ``k`` capped by the server's top-logprobs limit).
+
+Its price: the engine needs ``max_logprobs >= k`` (vLLM's default is 20, the
+method's ``k`` is 50: ``LLM(..., max_logprobs=50)`` / ``--max-logprobs 50``), and
+the reader needs the output embeddings (read once per model from the checkpoint).
+The constrained softmax (the baseline) needs every label's log-probability; when a
+label's answer token is outside the returned top-``k`` it is ``None`` (and so are
+the scores in the rare 0/0 case, whose defined result *is* the constrained
+softmax); :func:`classify_vllm` fetches those with one extra one-token request per
+affected prompt (``logprob_token_ids``), so it is always complete.
+
+The processor's own job is the label constraint (vLLM's guided choice masks the
+logits before any processor and before the raw log-probabilities, erasing the silent
+vote, so it is refused for opted-in requests). At the decision step it computes
+Semantic Softmax from the same logits and leaves only the label answer tokens, at
+``log P_sem``: greedy decoding emits the calibrated argmax, sampling draws from
+``P_sem`` (then shaped by temperature/top-p as usual). The rest of a multi-token
+label is forced, then EOS.
+
+The decision step
+-----------------
+The first generated token, or with ``trigger`` the step right after the generated
+text ends with the trigger (matched within generated text only). The V1 runner
+also shows the processor the rows of partial prefills under chunked prefill, whose
+samples are discarded; the processor keeps no record from those rows and derives
+everything from the request's output tokens on each step, so the last write at the
+decision step (the real one) is the one sampled. Model Runner V2 reports each row's
+position, and rows before the end of the prompt are skipped outright.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, process_dict_updates
+from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
+from vllm.v1.worker.gpu.sample.logits_processor.interface import (
+    LogitsContext,
+    LogitsProcRequestState,
+)
+from vllm.v1.worker.gpu.sample.logits_processor.interface import (
+    LogitsProcessor as V2LogitsProcessor,
+)
+
+from semsoft_plugin.config import SemsoftConfig
+from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax
+from semsoft_plugin.embeddings import from_checkpoint
+from semsoft_plugin.labels import LabelSet
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+__all__ = [
+    "ENTRY_POINT",
+    "LabelScores",
+    "MAX_K",
+    "MAX_LABELS",
+    "MAX_LABEL_BYTES",
+    "SemanticSoftmaxLogitsProcessor",
+    "SemsoftRequest",
+    "classify_vllm",
+    "label_probs",
+    "label_scores",
+    "openai_label_probs",
+    "openai_label_scores",
+    "openai_request",
+    "parse_request",
+    "sampling_params",
+    "validate_params",
+]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT = "semsoft_plugin.vllm:SemanticSoftmaxLogitsProcessor"
+Mode = Literal["constrain", "observe"]
+_MODES = ("constrain", "observe")
+
+# extra_args keys; flat values only so the same keys work in ``vllm_xargs``.
+KEY_LABELS = "semsoft_labels"
+KEY_MODE = "semsoft_mode"
+KEY_TRIGGER = "semsoft_trigger"
+KEY_LEADING_SPACE = "semsoft_leading_space"
+_CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftConfig)}
+_METHOD_KWARGS = ("k", "tau", "center", "own_vote", "normalize_votes")
+_KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, *_CONFIG_KEYS}
+
+# Server clients are untrusted: these bound the work and memory one request can ask
+# for. A label of at most MAX_LABEL_BYTES UTF-8 bytes is at most that many tokens (+1
+# for the leading space) on byte-level tokenizers.
+MAX_LABELS = 64
+MAX_LABEL_BYTES = 64
+MAX_TRIGGER_BYTES = 64
+MAX_K = 256
+# Distinct label sets (with their settings) kept resolved per engine.
+_CACHE_SIZE = 128
+
+
+# ---------------------------------------------------------------------------
+# Per-request options
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SemsoftRequest:
+    """The options of one opted-in request, parsed and checked.
+
+    Attributes
+    ----------
+    labels : label names, in the order results are reported
+    config : Semantic Softmax settings
+    mode : ``"constrain"`` (the emitted text is a label chosen from ``P_sem``) or
+        ``"observe"`` (generation untouched; scores only)
+    trigger : decide after this generated text instead of at the first token
+    leading_space : labels are scored as whole words after a space
+    """
+
+    labels: tuple[str, ...]
+    config: SemsoftConfig
+    mode: Mode = "constrain"
+    trigger: str | None = None
+    leading_space: bool = True
+
+    def to_extra_args(self) -> dict[str, Any]:
+        """Flat ``extra_args`` / ``vllm_xargs`` (str, int, float or lists of str)."""
+        args: dict[str, Any] = {KEY_LABELS: list(self.labels), KEY_MODE: self.mode}
+        for key, name in _CONFIG_KEYS.items():
+            value = getattr(self.config, name)
+            args[key] = int(value) if isinstance(value, bool) else value
+        args[KEY_LEADING_SPACE] = int(self.leading_space)
+        if self.trigger is not None:
+            args[KEY_TRIGGER] = self.trigger
+        return args
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What a resolved label set depends on (the trigger and mode do not)."""
+        return (self.labels, self.leading_space, self.config)
+
+
+def _flag(name: str, value: Any) -> bool:
+    # JSON has no guaranteed bool in vllm_xargs (str|int|float): accept 0/1 too.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "false", "0", "1"):
+        return value.lower() in ("true", "1")
+    raise ValueError(f"{name}={value!r} must be a boolean (true/false or 0/1)")
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name}={value!r} must be a number")
+    if kind is int:
+        if float(value) != int(value):
+            raise ValueError(f"{name}={value!r} must be an integer")
+        return int(value)
+    if not math.isfinite(float(value)):
+        raise ValueError(f"{name}={value!r} must be finite")
+    return float(value)
+
+
+def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None:
+    """The semsoft options in ``extra_args``, or None when the request did not opt in.
+
+    A request opts in by carrying ``semsoft_labels``. Raises ``ValueError`` naming the
+    bad key, value or limit (the server answers it with HTTP 400).
+    """
+    if not extra_args:
+        return None
+    present = {k for k in extra_args if k.startswith("semsoft_")}
+    if not present:
+        return None
+    if KEY_LABELS not in extra_args:
+        raise ValueError(
+            f"semsoft options {sorted(present)} given without {KEY_LABELS!r} (the label list)"
+        )
+    unknown = present - _KEYS
+    if unknown:
+        raise ValueError(f"unknown semsoft option(s) {sorted(unknown)}; known: {sorted(_KEYS)}")
+    labels = extra_args[KEY_LABELS]
+    if isinstance(labels, str) or not isinstance(labels, Sequence):
+        raise ValueError(f"{KEY_LABELS} must be a list of strings, got {labels!r}")
+    if not 2 <= len(labels) <= MAX_LABELS:
+        raise ValueError(f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to {MAX_LABELS}")
+    for label in labels:
+        if not isinstance(label, str) or not label.strip():
+            raise ValueError(f"{KEY_LABELS}: label {label!r} is not a non-empty string")
+        if len(label.encode("utf-8")) > MAX_LABEL_BYTES:
+            raise ValueError(
+                f"{KEY_LABELS}: label {label[:20]!r}... is longer than "
+                f"MAX_LABEL_BYTES={MAX_LABEL_BYTES} UTF-8 bytes"
+            )
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{KEY_LABELS} holds a label twice: {list(labels)!r}")
+
+    overrides: dict[str, Any] = {}
+    for key, name in _CONFIG_KEYS.items():
+        if key not in extra_args:
+            continue
+        value = extra_args[key]
+        if name in ("center", "own_vote", "normalize_votes"):
+            overrides[name] = _flag(key, value)
+        elif name == "k":
+            overrides[name] = _number(key, value, int)
+        else:
+            overrides[name] = _number(key, value, float)
+    if overrides.get("k", 1) > MAX_K:
+        raise ValueError(f"semsoft_k={overrides['k']} exceeds MAX_K={MAX_K}")
+    config = SemsoftConfig().replace(**overrides)  # ValueError names a bad value
+
+    mode = extra_args.get(KEY_MODE, "constrain")
+    if mode not in _MODES:
+        raise ValueError(f"{KEY_MODE}={mode!r} must be one of {_MODES}")
+    trigger = extra_args.get(KEY_TRIGGER)
+    if trigger is not None:
+        if not isinstance(trigger, str) or not trigger:
+            raise ValueError(f"{KEY_TRIGGER}={trigger!r} must be a non-empty string")
+        if len(trigger.encode("utf-8")) > MAX_TRIGGER_BYTES:
+            raise ValueError(f"{KEY_TRIGGER} is longer than {MAX_TRIGGER_BYTES} UTF-8 bytes")
+    leading_space = _flag(KEY_LEADING_SPACE, extra_args.get(KEY_LEADING_SPACE, True))
+    return SemsoftRequest(tuple(labels), config, mode, trigger, leading_space)
+
+
+def validate_params(params: SamplingParams) -> SemsoftRequest | None:
+    """Check an opted-in request's options and its compatibility with the method.
+
+    Returns the parsed options (None when the request did not opt in). Raises
+    ``ValueError`` with the reason; the server turns it into HTTP 400 and the other
+    requests are not affected.
+
+    Besides the options themselves it refuses, for opted-in requests, what would make
+    the emitted label or the returned scores disagree with Semantic Softmax on the
+    model's logits: fewer than ``k`` log-probabilities (the scores are read from
+    them), structured outputs / guided choice (they mask the logits before any
+    processor and before the raw log-probabilities), and, in constrain mode, token
+    edits that act before or after the processor at the decision step (logit bias,
+    allowed tokens, bad words, min_tokens, repetition/presence/frequency penalties).
+    """
+    request = parse_request(params.extra_args)
+    if request is None:
+        return None
+    k = request.config.k
+    if params.logprobs is None or (params.logprobs != -1 and params.logprobs < k):
+        raise ValueError(
+            f"semsoft reads its scores from the top-k raw log-probabilities: set "
+            f"logprobs (top_logprobs over HTTP) to at least k={k} (got {params.logprobs}); "
+            f"the engine needs max_logprobs >= {k} (LLM(..., max_logprobs={k}) or "
+            f"--max-logprobs {k})"
+        )
+    if params.logprob_token_ids:
+        raise ValueError("semsoft requests cannot use logprob_token_ids (it replaces the top-k)")
+    if params.structured_outputs is not None:
+        raise ValueError(
+            "semsoft requests do their own label constraint: drop structured outputs / "
+            "guided choice (they erase the silent vote before any processor sees it)"
+        )
+    if request.mode == "constrain":
+        edits = {
+            "logit_bias": bool(params.logit_bias),
+            "allowed_token_ids": bool(params.allowed_token_ids),
+            "bad_words": bool(params.bad_words),
+            "min_tokens": bool(params.min_tokens),
+            "repetition_penalty": params.repetition_penalty != 1.0,
+            "presence_penalty": params.presence_penalty != 0.0,
+            "frequency_penalty": params.frequency_penalty != 0.0,
+        }
+        used = [name for name, on in edits.items() if on]
+        if used:
+            raise ValueError(
+                f"semsoft constrain mode cannot be combined with {', '.join(used)}: they "
+                "change the decision-step logits, so the label would not follow P_sem "
+                f"(use {KEY_MODE}='observe' to keep them)"
+            )
+    return request
+
+
+def sampling_params(
+    labels: Sequence[str],
+    *,
+    config: SemsoftConfig | None = None,
+    mode: Mode = "constrain",
+    trigger: str | None = None,
+    leading_space: bool = True,
+    **kwargs: Any,
+) -> SamplingParams:
+    """Ordinary ``SamplingParams`` for a request that opts in to Semantic Softmax.
+
+    Parameters
+    ----------
+    labels : label names (whole words after a space unless ``leading_space=False``)
+    config : Semantic Softmax settings; ``k``, ``tau``, ``center``, ``own_vote`` and
+        ``normalize_votes`` given as keywords override it, and so does
+        ``method_temperature`` (the method's final temperature: ``temperature`` is
+        the ordinary sampling temperature)
+    mode : ``"constrain"`` (default) or ``"observe"``
+    trigger : decide after this generated text (e.g. ``"</think>"``)
+    leading_space : score labels as whole words after a space
+    **kwargs : any other ``SamplingParams`` argument. Defaults: greedy
+        (``temperature=0``), ``logprobs=k``, ``max_tokens`` = longest label in
+        characters + 2 without a trigger (EOS ends it earlier), 256 with one.
+    """
+    method = {name: kwargs.pop(name) for name in _METHOD_KWARGS if name in kwargs}
+    if "method_temperature" in kwargs:
+        method["temperature"] = kwargs.pop("method_temperature")
+    cfg = (config or SemsoftConfig()).replace(**method)
+    request = SemsoftRequest(tuple(labels), cfg, mode, trigger, leading_space)
+    extra = dict(kwargs.pop("extra_args", None) or {})
+    extra.update(request.to_extra_args())
+    kwargs.setdefault("temperature", 0.0)
+    kwargs.setdefault("logprobs", cfg.k)
+    if "max_tokens" not in kwargs:
+        kwargs["max_tokens"] = 256 if trigger else max(len(s) for s in labels) + 2
+    params = SamplingParams(extra_args=extra, **kwargs)
+    validate_params(params)
+    return params
+
+
+# ---------------------------------------------------------------------------
+# Resolved label sets: tokenizer, embeddings and scorers, shared per model
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Scoring:
+    """A label set bound to one model: its tokens and its scorer."""
+
+    labels: LabelSet
+    scorer: SemanticSoftmax
+    answer_ids: Tensor  # [L] on the embeddings' device
+    answer_to_label: dict[int, int]
+
+
+class _Model:
+    """Tokenizer, output embeddings and resolved label sets of one model.
+
+    Embeddings are read once from the checkpoint (safetensors; tied embeddings and
+    padded vocabularies are handled by :func:`~semsoft_plugin.embeddings.from_checkpoint`)
+    and shared by every request and label set. Label sets are cached per distinct
+    (labels, leading space, settings), least recently used first out.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        tokenizer: Any,
+        *,
+        vocab_size: int | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.checkpoint = str(checkpoint)
+        self.tokenizer = tokenizer
+        self.embeddings: OutputEmbeddings = from_checkpoint(
+            _local_checkpoint(checkpoint), vocab_size=vocab_size, device=device
+        )
+        self._cache: OrderedDict[tuple[Any, ...], _Scoring] = OrderedDict()
+        self._lock = threading.Lock()
+        self._text_to_id: dict[str, int] | None = None
+
+    def scoring(self, request: SemsoftRequest) -> _Scoring:
+        """The resolved label set; ``ValueError`` if the tokenizer cannot tell labels apart."""
+        with self._lock:
+            found = self._cache.get(request.key)
+            if found is not None:
+                self._cache.move_to_end(request.key)
+                return found
+        label_set = LabelSet(
+            list(request.labels), self.tokenizer, leading_space=request.leading_space
+        )
+        scorer = SemanticSoftmax(self.embeddings, label_set, request.config)
+        device = self.embeddings.weight.device
+        scoring = _Scoring(
+            label_set,
+            scorer,
+            torch.tensor(label_set.answer_token_ids, device=device),
+            {t: i for i, t in enumerate(label_set.answer_token_ids)},
+        )
+        with self._lock:
+            self._cache[request.key] = scoring
+            while len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return scoring
+
+    def token_id(self, text: str) -> int | None:
+        """The token whose decoded text is ``text`` (None if none or ambiguous)."""
+        if self._text_to_id is None:
+            table: dict[str, int] = {}
+            ambiguous: set[str] = set()
+            for token_id in range(len(self.tokenizer)):
+                piece = self.tokenizer.decode([token_id])
+                if piece in table:
+                    ambiguous.add(piece)
+                table.setdefault(piece, token_id)
+            self._text_to_id = {k: v for k, v in table.items() if k not in ambiguous}
+        return self._text_to_id.get(text)
+
+
+def _local_checkpoint(checkpoint: str | Path) -> Path:
+    path = Path(checkpoint).expanduser()
+    if path.is_dir():
+        return path
+    try:  # a hub name: vLLM has already downloaded the files
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(
+                str(checkpoint), allow_patterns=["*.json", "*.safetensors"], local_files_only=True
+            )
+        )
+    except Exception as error:
+        raise ValueError(
+            f"cannot find a local safetensors checkpoint for {checkpoint!r}: {error}"
+        ) from None
+
+
+_MODELS: dict[str, _Model] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def _client_model(model: Any) -> _Model:
+    """A cached :class:`_Model` for an ``LLM``, a checkpoint path or a known model name."""
+    if isinstance(model, _Model):
+        return model
+    tokenizer = None
+    engine = getattr(model, "llm_engine", None)
+    if engine is not None:  # a vllm.LLM
+        checkpoint = str(engine.model_config.model)
+        tokenizer = model.get_tokenizer()
+    elif isinstance(model, str | Path):
+        from semsoft_plugin import models
+
+        checkpoint = str(models.resolve(str(model)))
+    else:
+        raise ValueError(
+            f"model must be a vllm.LLM, a checkpoint directory or a model name, got "
+            f"{type(model).__name__}"
+        )
+    with _MODELS_LOCK:
+        found = _MODELS.get(checkpoint)
+        if found is None:
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+            found = _MODELS[checkpoint] = _Model(checkpoint, tokenizer)
+        return found
+
+
+def _trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, start: int) -> int:
+    """First ``j >= max(start, 1)`` where the generated text ``generated[:j]`` ends with
+    ``trigger`` (checked on a tail window of tokens), or -1."""
+    window = len(trigger) + 2
+    for j in range(max(start, 1), len(generated) + 1):
+        if tokenizer.decode(list(generated[max(0, j - window) : j])).endswith(trigger):
+            return j
+    return -1
+
+
+# ---------------------------------------------------------------------------
+# The processor
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Active:
+    """Engine-side state of one opted-in request (constrain mode)."""
+
+    request: SemsoftRequest
+    scoring: _Scoring
+    eos_token_id: int | None
+    output_ids: list[int] | None = None  # V1: the runner's live list
+    decided_at: int | None = None  # output index of the decision step
+    checked_upto: int = 0  # trigger search resumes here
+    label: int | None = None  # chosen label, once sampled
+
+
+class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
+    """Semantic Softmax label constraint for opted-in requests, for both vLLM runners.
+
+    Constructed by vLLM, never by hand: ``(vllm_config, device, is_pin_memory)`` by the
+    V1 model runner, ``(vllm_config, req_states)`` by Model Runner V2; the branch is
+    taken on those arguments. Requests without ``semsoft_labels`` in their
+    ``extra_args`` are never touched (their logits rows are not written).
+
+    What it does for an opted-in request in constrain mode: at the decision step,
+    only the labels' answer tokens keep a finite logit, set to ``log P_sem``; the
+    remaining tokens of the sampled label are then forced, then EOS. In observe mode
+    it does nothing in the engine (the scores are read from the output).
+
+    The embeddings and the tokenizer are loaded on the first opted-in request, so an
+    engine that merely has the plugin installed (entry point) pays nothing.
+    """
+
+    def __init__(self, vllm_config: VllmConfig, *args: Any) -> None:
+        if len(args) == 2:  # V1: (device, is_pin_memory)
+            self._runner = "v1"
+            self._device = torch.device(args[0])
+            self._req_states: LogitsProcRequestState | None = None
+        elif len(args) == 1:  # Model Runner V2: (req_states)
+            self._runner = "v2"
+            self._req_states = args[0]
+            self._device = torch.device(self._req_states.device)
+        else:
+            raise TypeError(
+                "SemanticSoftmaxLogitsProcessor(vllm_config, device, is_pin_memory) or "
+                "(vllm_config, req_states)"
+            )
+        self._config = vllm_config
+        self._model: _Model | None = None
+        self._model_lock = threading.Lock()
+        self._active: dict[int, _Active] = {}  # V1: batch index; V2: request slot
+        self._warned: set[str] = set()
+        max_logprobs = getattr(vllm_config.model_config, "max_logprobs", None)
+        default_k = SemsoftConfig().k
+        if max_logprobs is not None and max_logprobs != -1 and max_logprobs < default_k:
+            logger.info(
+                "semsoft: this engine has max_logprobs=%s < k=%s; opted-in requests with the "
+                "default k will be refused: set max_logprobs=%s (--max-logprobs %s)",
+                max_logprobs,
+                default_k,
+                default_k,
+                default_k,
+            )
+
+    # -- both interfaces -----------------------------------------------------
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        """Refuse malformed or oversized semsoft options (HTTP 400 on the server)."""
+        validate_params(sampling_params)
+
+    def is_argmax_invariant(self) -> bool:
+        """The label constraint changes greedy picks."""
+        return False
+
+    def _engine_model(self) -> _Model:
+        with self._model_lock:
+            if self._model is None:
+                from transformers import AutoTokenizer
+
+                model_config = self._config.model_config
+                tokenizer = AutoTokenizer.from_pretrained(
+                    model_config.tokenizer,
+                    trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
+                )
+                self._model = _Model(
+                    model_config.model,
+                    tokenizer,
+                    vocab_size=model_config.get_vocab_size(),
+                    device=self._device,
+                )
+            return self._model
+
+    def _activate(self, params: SamplingParams) -> _Active | None:
+        try:
+            request = parse_request(params.extra_args)
+        except ValueError:
+            return None  # refused at admission by validate_params; never reaches here
+        if request is None or request.mode != "constrain":
+            return None
+        model = self._engine_model()
+        try:
+            scoring = model.scoring(request)
+        except ValueError as error:
+            # Needs the tokenizer, so it cannot be a 400 at admission; the request runs
+            # unconstrained and the reader raises the same error on its output.
+            self._warn(str(error), f"semsoft: label set refused, request left as is: {error}")
+            return None
+        eos = params.eos_token_id
+        if eos is None:
+            eos = getattr(model.tokenizer, "eos_token_id", None)
+        return _Active(request, scoring, eos)
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)
+
+    # -- V1 --------------------------------------------------------------------
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """V1: follow requests through adds, removals and moves of the batch."""
+
+        def new_state(
+            params: SamplingParams, _prompt: list[int] | None, output_ids: list[int]
+        ) -> _Active | None:
+            state = self._activate(params)
+            if state is not None:
+                state.output_ids = output_ids  # live reference, grows each step
+            return state
+
+        process_dict_updates(self._active, batch_update, new_state)
+
+    # -- V2 --------------------------------------------------------------------
+    def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
+        """V2: (re)initialise a slot; True when this request is constrained."""
+        state = self._activate(sampling_params)
+        if state is None:
+            self._active.pop(req_idx, None)
+            return False
+        self._active[req_idx] = state
+        return True
+
+    def apply_staged_writes(self) -> None:
+        """V2: nothing is staged (state is host-side)."""
+
+    # -- the step ----------------------------------------------------------------
+    def apply(self, logits: Tensor, ctx: LogitsContext | None = None) -> Tensor:
+        """Constrain the opted-in rows; every other row is left as it is."""
+        if not self._active:
+            return logits
+        if self._runner == "v1":
+            rows = [
+                (index, state, state.output_ids or [], len(state.output_ids or []))
+                for index, state in self._active.items()
+                if index < logits.shape[0]
+            ]
+        else:
+            if ctx is None:
+                raise ValueError("Model Runner V2 passes a LogitsContext to apply()")
+            rows = self._v2_rows(logits, ctx)
+        decide: dict[int, list[tuple[int, _Active]]] = {}
+        force_rows: list[int] = []
+        force_tokens: list[int] = []
+        for row, state, generated, j in rows:
+            action = self._plan(state, generated, j)
+            if action == "decide":
+                decide.setdefault(id(state.scoring), []).append((row, state))
+            elif isinstance(action, int):
+                force_rows.append(row)
+                force_tokens.append(action)
+        for group in decide.values():
+            self._decide(logits, group)
+        if force_rows:
+            index = torch.tensor(force_rows, device=logits.device)
+            logits[index] = float("-inf")
+            logits[index, torch.tensor(force_tokens, device=logits.device)] = 0.0
+        return logits
+
+    def _plan(self, state: _Active, generated: Any, j: int) -> str | int | None:
+        """What to do to the row that samples output token ``j``: decide, force a
+        token (int) or nothing. Derived from the output tokens only, so rows whose
+        sample is discarded (partial prefills) leave no trace."""
+        if state.decided_at is None:
+            trigger = state.request.trigger
+            if trigger is None:
+                state.decided_at = 0
+            else:
+                if j < 1:
+                    return None
+                tokens = generated(j) if callable(generated) else generated[:j]
+                tokenizer = self._engine_model().tokenizer
+                found = _trigger_position(tokenizer, tokens, trigger, state.checked_upto)
+                state.checked_upto = j + 1
+                if found < 0:
+                    return None
+                state.decided_at = found
+        m = j - state.decided_at
+        if m == 0:
+            state.label = None
+            return "decide"
+        if m < 0:
+            return None
+        if state.label is None:
+            tokens = generated(state.decided_at + 1) if callable(generated) else generated
+            answer = int(tokens[state.decided_at])
+            state.label = state.scoring.answer_to_label.get(answer, -1)
+        if state.label < 0:
+            return None
+        sequence = state.scoring.labels.token_sequences[state.label]
+        if m < len(sequence):
+            return int(sequence[m])
+        if m == len(sequence) and state.eos_token_id is not None:
+            return int(state.eos_token_id)
+        return None
+
+    @staticmethod
+    def _decide(logits: Tensor, group: list[tuple[int, _Active]]) -> None:
+        scoring = group[0][1].scoring
+        rows = torch.tensor([row for row, _ in group], device=logits.device)
+        result = scoring.scorer(logits.index_select(0, rows))
+        log_p = result.semantic.clamp_min(1e-30).log().to(logits.device, logits.dtype)
+        answer = scoring.answer_ids.to(logits.device)
+        logits[rows] = float("-inf")
+        logits[rows.unsqueeze(1), answer.unsqueeze(0)] = log_p
+
+    def _v2_rows(self, logits: Tensor, ctx: LogitsContext) -> list[tuple[int, _Active, Any, int]]:
+        slots = ctx.idx_mapping_np
+        if logits.shape[0] != len(slots):
+            # One row per draft token (speculative decoding): the decision step is not
+            # one row. Leave the rows alone rather than constrain the wrong one.
+            self._warn("spec", "semsoft: speculative decoding rows are not constrained")
+            return []
+        assert self._req_states is not None
+        prompt_len = self._req_states.prompt_len.np
+        all_tokens = self._req_states.all_token_ids.gpu
+        rows = []
+        for row, slot in enumerate(slots.tolist()):
+            state = self._active.get(slot)
+            if state is None:
+                continue
+            start = int(prompt_len[slot])
+            # Tokens visible to the token sampled now (exact without spec decoding);
+            # below the prompt length the row is a partial prefill, its sample discarded.
+            j = int(ctx.seq_lens_upper_bound_np[row]) - start
+            if j < 0:
+                continue
+
+            def generated(n: int, slot: int = slot, start: int = start) -> list[int]:
+                return all_tokens[slot, start : start + n].tolist()
+
+            rows.append((row, state, generated, j))
+        return rows
+
+
+# ---------------------------------------------------------------------------
+# Reading the scores from the output
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LabelScores:
+    """Semantic Softmax scores read from one generated output.
+
+    Attributes
+    ----------
+    label : the label the text spells (constrain mode) or the calibrated argmax;
+        None if neither is known
+    probs : label -> calibrated probability; None only in the 0/0 case when the
+        constrained softmax it falls back to cannot be read (label tokens outside
+        the returned top-k)
+    constrained_probs : label -> softmax over the label tokens only; None when some
+        label's answer token is outside the returned top-k
+    fallback : no kept token voted for any label (``probs`` is the constrained softmax)
+    coverage : share of the top-k mass that voted for some label
+    top_k_mass : total probability of the k kept tokens
+    decision_step : index of the generated token that was the decision step
+    """
+
+    label: str | None
+    probs: dict[str, float] | None
+    constrained_probs: dict[str, float] | None
+    fallback: bool
+    coverage: float
+    top_k_mass: float
+    decision_step: int
+
+
+def _score_top_k(
+    model: _Model,
+    request: SemsoftRequest,
+    top: Mapping[int, float],
+    extra: Mapping[int, float],
+    emitted: Sequence[int],
+    decision_step: int,
+) -> LabelScores:
+    """Scores from the decision step's top-k raw log-probabilities ``top`` (token ->
+    log-prob) and any other known raw log-probabilities ``extra`` (e.g. the sampled
+    token's)."""
+    scoring = model.scoring(request)
+    names = scoring.labels.names
+    k = request.config.k
+    if len(top) < min(k, model.embeddings.vocab_size):
+        raise ValueError(
+            f"the decision step returned {len(top)} log-probabilities, fewer than k={k}: "
+            f"request logprobs >= {k} (engine max_logprobs >= {k})"
+        )
+    vocab = model.embeddings.vocab_size
+    sparse = torch.full((vocab,), float("-inf"))
+    ids = torch.tensor(list(top.keys()), dtype=torch.long)
+    values = torch.tensor(list(top.values()), dtype=torch.float32)
+    if bool((ids >= vocab).any()):
+        raise ValueError("a returned token id lies outside the model's vocabulary")
+    sparse[ids] = values
+    # Semantic Softmax and coverage are ratios of top-k probabilities: the missing
+    # normaliser cancels, so the sparse vector gives exactly the full-vocabulary result.
+    result = scoring.scorer(sparse)
+    known = {**extra, **top}
+    answer_ids = scoring.labels.answer_token_ids
+    constrained = None
+    if all(t in known for t in answer_ids):
+        label_logp = torch.tensor([known[t] for t in answer_ids], dtype=torch.float32)
+        constrained = torch.softmax(label_logp, dim=-1)
+    fallback = bool(result.fallback)
+    semantic: Tensor | None = constrained if fallback else result.semantic
+    probs = None if semantic is None else dict(zip(names, semantic.tolist(), strict=True))
+    label = None
+    if request.mode == "constrain" and len(emitted) > decision_step:
+        index = scoring.answer_to_label.get(int(emitted[decision_step]))
+        label = names[index] if index is not None else None
+    if label is None and semantic is not None:
+        label = names[int(semantic.argmax())]
+    return LabelScores(
+        label=label,
+        probs=probs,
+        constrained_probs=(
+            None if constrained is None else dict(zip(names, constrained.tolist(), strict=True))
+        ),
+        fallback=fallback,
+        coverage=float(result.coverage),
+        top_k_mass=float(values.exp().sum()),
+        decision_step=decision_step,
+    )
+
+
+def _request_of(params_or_labels: Any, options: Mapping[str, Any]) -> SemsoftRequest:
+    if isinstance(params_or_labels, SamplingParams):
+        request = parse_request(params_or_labels.extra_args)
+        if request is None:
+            raise ValueError("these SamplingParams did not opt in (no semsoft_labels)")
+        return request
+    if isinstance(params_or_labels, SemsoftRequest):
+        return params_or_labels
+    if isinstance(params_or_labels, str) or not isinstance(params_or_labels, Sequence):
+        raise ValueError(
+            "give the request's SamplingParams or its label list, got "
+            f"{type(params_or_labels).__name__}"
+        )
+    request = parse_request(
+        sampling_params(list(params_or_labels), **options).extra_args  # validates options
+    )
+    assert request is not None
+    return request
+
+
+def _decision_step(model: _Model, request: SemsoftRequest, generated: Sequence[int]) -> int:
+    if request.trigger is None:
+        return 0
+    found = _trigger_position(model.tokenizer, generated, request.trigger, 1)
+    if found < 0:
+        raise ValueError(f"the trigger {request.trigger!r} never appears in the generated text")
+    return found
+
+
+def label_scores(
+    request_output: Any,
+    params: SamplingParams | Sequence[str],
+    model: Any,
+    **options: Any,
+) -> LabelScores:
+    """Semantic Softmax scores of an offline ``RequestOutput``.
+
+    Parameters
+    ----------
+    request_output : what ``LLM.generate`` returned for the request (first completion)
+    params : the request's ``SamplingParams`` (from :func:`sampling_params`), or its
+        label list plus the same ``options``
+    model : the ``vllm.LLM`` (or its checkpoint directory / model name): the reader
+        needs the tokenizer and the output embeddings, loaded once per model
+    """
+    request = _request_of(params, options)
+    client = _client_model(model)
+    completion = request_output.outputs[0]
+    if not completion.logprobs:
+        raise ValueError(
+            "the output holds no log-probabilities: the request needs logprobs >= k "
+            "(use semsoft_plugin.vllm.sampling_params)"
+        )
+    generated = list(completion.token_ids)
+    step = _decision_step(client, request, generated)
+    if step >= len(completion.logprobs):
+        raise ValueError("generation ended before the decision step")
+    entries = completion.logprobs[step]
+    k = request.config.k
+    top = {
+        int(t): float(lp.logprob)
+        for t, lp in entries.items()
+        if lp.rank is not None and lp.rank <= k
+    }
+    extra = {int(t): float(lp.logprob) for t, lp in entries.items()}
+    return _score_top_k(client, request, top, extra, generated, step)
+
+
+def label_probs(
+    request_output: Any, params: SamplingParams | Sequence[str], model: Any, **options: Any
+) -> dict[str, float]:
+    """``{label: probability}`` (Semantic Softmax) of an offline ``RequestOutput``.
+
+    See :func:`label_scores`. Raises ``ValueError`` in the rare 0/0 case whose
+    fallback (the constrained softmax) cannot be read from the output because a label
+    token is outside the returned top-k; :func:`classify_vllm` handles that case.
+    """
+    scores = label_scores(request_output, params, model, **options)
+    if scores.probs is None:
+        raise ValueError(
+            "no top-k token voted for any label and the label tokens are outside the "
+            "returned top-k, so the constrained-softmax fallback cannot be read from this "
+            "output; use classify_vllm, or raise k"
+        )
+    return scores.probs
+
+
+# ---------------------------------------------------------------------------
+# OpenAI-compatible servers
+# ---------------------------------------------------------------------------
+
+
+def openai_request(
+    labels: Sequence[str],
+    *,
+    api: Literal["chat", "completions"] = "chat",
+    config: SemsoftConfig | None = None,
+    mode: Mode = "constrain",
+    trigger: str | None = None,
+    leading_space: bool = True,
+    plugin: bool = True,
+    **method: Any,
+) -> dict[str, Any]:
+    """Keyword arguments for the ``openai`` client's ``create`` call that opt in.
+
+    ``client.chat.completions.create(model=..., messages=..., **openai_request(labels))``.
+    With ``plugin=False`` (a server without the plugin) no ``vllm_xargs`` are sent:
+    the scores are still read from the top log-probabilities, but nothing constrains
+    the generated text, and ``k`` must fit the server's top-logprobs cap (OpenAI: 20).
+    """
+    cfg = (config or SemsoftConfig()).replace(**method)
+    request = SemsoftRequest(tuple(labels), cfg, mode, trigger, leading_space)
+    parse_request(request.to_extra_args())  # same checks as the server
+    max_tokens = 256 if trigger else max(len(s) for s in labels) + 2
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0}
+    if api == "chat":
+        kwargs.update(logprobs=True, top_logprobs=cfg.k)
+    elif api == "completions":
+        kwargs["logprobs"] = cfg.k
+    else:
+        raise ValueError(f"api={api!r} must be 'chat' or 'completions'")
+    if plugin:
+        kwargs["extra_body"] = {
+            "vllm_xargs": request.to_extra_args(),
+            "return_tokens_as_token_ids": True,
+        }
+    return kwargs
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _openai_token(model: _Model, token: str) -> int:
+    if token.startswith("token_id:"):
+        return int(token[len("token_id:") :])
+    token_id = model.token_id(token)
+    if token_id is None:
+        raise ValueError(
+            f"token {token!r} maps to no unique token id; ask the server for "
+            "return_tokens_as_token_ids (vLLM) or use the completions API"
+        )
+    return token_id
+
+
+def openai_label_scores(
+    response: Any,
+    labels: Sequence[str],
+    model: Any,
+    *,
+    choice: int = 0,
+    **options: Any,
+) -> LabelScores:
+    """Semantic Softmax scores of an ``openai`` chat or completion response.
+
+    Parameters
+    ----------
+    response : ``ChatCompletion`` / ``Completion`` (or their dict form) from a request
+        built with :func:`openai_request`
+    labels, **options : the same labels and options the request was sent with
+    model : checkpoint directory or model name of the served model (the reader needs
+        its tokenizer and output embeddings)
+    choice : which choice of the response
+    """
+    cfg_options = {k: v for k, v in options.items() if k != "plugin"}
+    request = _request_of(list(labels), cfg_options)
+    client = _client_model(model)
+    picked = _get(response, "choices")[choice]
+    logprobs = _get(picked, "logprobs")
+    if logprobs is None:
+        raise ValueError("the response holds no log-probabilities (see openai_request)")
+    content = _get(logprobs, "content")
+    steps: list[tuple[int, dict[int, float], dict[int, float]]] = []
+    if content is not None:  # chat
+        for entry in content:
+            top = {
+                _openai_token(client, _get(t, "token")): float(_get(t, "logprob"))
+                for t in _get(entry, "top_logprobs") or []
+            }
+            chosen = _openai_token(client, _get(entry, "token"))
+            steps.append((chosen, top, {chosen: float(_get(entry, "logprob"))}))
+    else:  # completions
+        tokens = _get(logprobs, "tokens") or []
+        token_logprobs = _get(logprobs, "token_logprobs") or []
+        tops = _get(logprobs, "top_logprobs") or []
+        for token, logprob, top in zip(tokens, token_logprobs, tops, strict=False):
+            chosen = _openai_token(client, token)
+            parsed = {_openai_token(client, t): float(v) for t, v in (top or {}).items()}
+            steps.append((chosen, parsed, {chosen: float(logprob)}))
+    generated = [chosen for chosen, _, _ in steps]
+    step = _decision_step(client, request, generated)
+    if step >= len(steps):
+        raise ValueError("generation ended before the decision step")
+    _, top, extra = steps[step]
+    return _score_top_k(client, request, top, extra, generated, step)
+
+
+def openai_label_probs(
+    response: Any, labels: Sequence[str], model: Any, **options: Any
+) -> dict[str, float]:
+    """``{label: probability}`` of an ``openai`` response; see :func:`openai_label_scores`."""
+    scores = openai_label_scores(response, labels, model, **options)
+    if scores.probs is None:
+        raise ValueError(
+            "no top-k token voted for any label and the label tokens are outside the "
+            "returned top-k: the constrained-softmax fallback cannot be read from this "
+            "response"
+        )
+    return scores.probs
+
+
+# ---------------------------------------------------------------------------
+# Batch classification (what `semsoft eval --backend vllm` runs)
+# ---------------------------------------------------------------------------
+
+
+def classify_vllm(
+    llm: Any,
+    prompts: Sequence[str | Sequence[Mapping[str, str]]],
+    labels: Sequence[str],
+    config: SemsoftConfig | None = None,
+    *,
+    mode: Mode = "constrain",
+    trigger: str | None = None,
+    constrained: bool = True,
+    use_tqdm: bool = False,
+    **overrides: Any,
+) -> list[dict[str, Any]]:
+    """Classify prompts on a vLLM engine; one dict per prompt, in order.
+
+    The engine must have the processor loaded (``logits_processors=[...]`` or the
+    installed entry point) for ``mode="constrain"``, and ``max_logprobs >= k``.
+
+    Parameters
+    ----------
+    llm : ``vllm.LLM``
+    prompts : strings (used as is) or chat message lists (chat template applied,
+        continuing a final assistant message), tokenised exactly as
+        :func:`semsoft_plugin.hf.classify` does
+    labels : label names
+    config, **overrides : Semantic Softmax settings
+    mode, trigger : see :func:`sampling_params`
+    constrained : also return the exact constrained softmax; prompts whose label
+        tokens were not all in the top-k get one extra one-token request
+        (``logprob_token_ids``), run after the main batch
+
+    Returns
+    -------
+    list of dict with ``label``, ``probs`` and ``constrained_probs`` (label -> p),
+    ``fallback``, ``coverage``, ``top_k_mass`` and ``text``.
+    """
+    from vllm.inputs import TokensPrompt
+
+    from semsoft_plugin.hf import format_prompt
+
+    cfg = (config or SemsoftConfig()).replace(**overrides)
+    max_logprobs = llm.llm_engine.model_config.max_logprobs
+    if max_logprobs != -1 and max_logprobs < cfg.k:
+        raise ValueError(
+            f"this engine has max_logprobs={max_logprobs} < k={cfg.k}: create it with "
+            f"LLM(..., max_logprobs={cfg.k}) (server: --max-logprobs {cfg.k})"
+        )
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise ValueError("prompts must be a list of strings or of chat message lists")
+    client = _client_model(llm)
+    tokenizer = client.tokenizer
+    token_prompts = []
+    for item in prompts:
+        text, special = format_prompt(tokenizer, item)
+        ids = tokenizer.encode(text, add_special_tokens=not special)
+        if not ids:
+            raise ValueError("a prompt tokenises to nothing: give a non-empty prompt")
+        token_prompts.append(TokensPrompt(prompt_token_ids=ids))
+    params = sampling_params(list(labels), config=cfg, mode=mode, trigger=trigger)
+    request = _request_of(params, {})
+    scoring = client.scoring(request)  # label-set errors surface here, before any work
+    outputs = llm.generate(token_prompts, params, use_tqdm=use_tqdm)
+    scores = [label_scores(out, params, client) for out in outputs]
+
+    missing = [
+        i
+        for i, s in enumerate(scores)
+        if s.constrained_probs is None and (constrained or s.fallback)
+    ]
+    if missing:
+        answer_ids = list(scoring.labels.answer_token_ids)
+        probe = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=answer_ids)
+        follow = []
+        for i in missing:
+            step = scores[i].decision_step
+            prefix = list(outputs[i].outputs[0].token_ids[:step])
+            follow.append(
+                TokensPrompt(prompt_token_ids=token_prompts[i]["prompt_token_ids"] + prefix)
+            )
+        for i, out in zip(missing, llm.generate(follow, probe, use_tqdm=use_tqdm), strict=True):
+            entries = out.outputs[0].logprobs[0]
+            label_logp = torch.tensor([float(entries[t].logprob) for t in answer_ids])
+            exact = dict(
+                zip(scoring.labels.names, torch.softmax(label_logp, -1).tolist(), strict=True)
+            )
+            s = scores[i]
+            probs = exact if s.fallback else s.probs
+            label = s.label if s.label is not None else max(exact, key=exact.__getitem__)
+            scores[i] = dataclasses.replace(s, constrained_probs=exact, probs=probs, label=label)
+    return [
+        {
+            "label": s.label,
+            "probs": s.probs,
+            "constrained_probs": s.constrained_probs,
+            "fallback": s.fallback,
+            "coverage": s.coverage,
+            "top_k_mass": s.top_k_mass,
+            "text": out.outputs[0].text,
+        }
+        for s, out in zip(scores, outputs, strict=True)
+    ]
