@@ -51,11 +51,10 @@ How it plugs in (transformers models, checked against Outlines 1.3.3):
   leading-space words. Verbalizers cannot be used: Outlines' regex only allows the
   choice text itself.
 
-vLLM models (``outlines.from_vllm_offline``): Outlines would send the regex through
-vLLM's structured outputs, which mask the logits before any logits processor runs,
-so the silent vote would be gone. Such models are served through the plugin's vLLM
-adapter instead (:mod:`semsoft_plugin.vllm`): its per-request options do the label
-constraint, and the result has the same type.
+vLLM models (``outlines.from_vllm_offline``) are refused with ``ValueError`` for now:
+Outlines sends the choice through vLLM's structured outputs, which mask the logits
+before any logits processor runs, so the silent vote is gone by then. They are to be
+served through the plugin's vLLM adapter (its own label constraint) instead.
 """
 
 from __future__ import annotations
@@ -327,15 +326,13 @@ class ChoiceLogitsProcessor:
     ----------
     semsoft : SemanticSoftmaxLogitsProcessor
         In ``"constrain"`` mode, with the tokenizer's EOS as ``eos_token_id``.
-    outlines_processor : an Outlines logits processor (any backend) or None
+    outlines_processor : an Outlines logits processor (any backend)
         Applied to what the semsoft processor returns. It only ever removes tokens;
         on a step where semsoft constrained a row, every token semsoft kept must
         survive it, else ``RuntimeError`` (the regex and the labels disagree).
     """
 
-    def __init__(
-        self, semsoft: SemanticSoftmaxLogitsProcessor, outlines_processor: Any = None
-    ) -> None:
+    def __init__(self, semsoft: SemanticSoftmaxLogitsProcessor, outlines_processor: Any) -> None:
         if semsoft.mode != "constrain":
             raise ValueError(
                 f"the semsoft processor must be in constrain mode, not {semsoft.mode!r}"
@@ -346,13 +343,10 @@ class ChoiceLogitsProcessor:
     def reset(self) -> None:
         """Start a new generation (Outlines calls this before every call)."""
         self.semsoft.reset()
-        if self.outlines_processor is not None:
-            self.outlines_processor.reset()
+        self.outlines_processor.reset()
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         scores = self.semsoft(input_ids, scores)
-        if self.outlines_processor is None:
-            return scores
         kept = torch.isfinite(scores)
         constrained_rows = ~kept.all(dim=-1)
         scores = self.outlines_processor(input_ids, scores)
@@ -384,30 +378,22 @@ class ChoiceGenerator:
     model : the Outlines model
     labels : LabelSet
         The choices, bound to the model's tokenizer as Outlines writes them.
-    processor : ChoiceLogitsProcessor or None
-        The processor handed to Outlines (transformers models).
+    processor : ChoiceLogitsProcessor
+        The one processor handed to Outlines (semsoft constraint, then its mask).
     """
 
     def __init__(
         self,
         model: Any,
         choices: Sequence[str],
+        outlines_processor: Any,
         *,
-        outlines_processor: Any = None,
         config: SemsoftConfig | None = None,
         variants: Mapping[str, Iterable[str]] | None = None,
         **overrides: Any,
     ) -> None:
+        _check_model(model)
         self.model = model
-        self._vllm = _is_vllm_offline(model)
-        if self._vllm:
-            self._init_vllm(model, choices, config, variants, overrides)
-            return
-        if not _is_transformers(model):
-            raise ValueError(
-                f"model of type {type(model).__name__} is not supported: give an Outlines "
-                "model from outlines.from_transformers or outlines.from_vllm_offline"
-            )
         from outlines.generator import SteerableGenerator
 
         tokenizer = model.hf_tokenizer
@@ -425,7 +411,6 @@ class ChoiceGenerator:
         # The label and EOS, nothing more; used when the caller sets no length.
         self._min_new_tokens = max(len(s) for s in self.labels.token_sequences) + 1
 
-    # -- transformers -----------------------------------------------------
     def _kwargs(self, inference_kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs = dict(inference_kwargs)
         if "logits_processor" in kwargs:
@@ -459,8 +444,6 @@ class ChoiceGenerator:
     def __call__(self, prompt: Any, **inference_kwargs: Any) -> ScoredLabel | list[ScoredLabel]:
         """Generate the label for one prompt (a list of labels when
         ``num_return_sequences`` > 1), as Outlines does."""
-        if self._vllm:
-            return self._vllm_generate([prompt], inference_kwargs, single=True)
         text = self._generator(prompt, **self._kwargs(inference_kwargs))
         texts = [text] if isinstance(text, str) else list(text)
         scored = self._scored(texts, _result_rows(self.semsoft))
@@ -473,8 +456,6 @@ class ChoiceGenerator:
         ``num_return_sequences`` > 1), as Outlines does."""
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
             raise ValueError("prompts must be a list of prompts")
-        if self._vllm:
-            return self._vllm_generate(list(prompts), inference_kwargs, single=False)
         texts = self._generator.batch(list(prompts), **self._kwargs(inference_kwargs))
         flat = [t for item in texts for t in ([item] if isinstance(item, str) else item)]
         scored = self._scored(flat, _result_rows(self.semsoft))
@@ -483,67 +464,24 @@ class ChoiceGenerator:
         samples = len(flat) // len(texts)
         return [scored[i : i + samples] for i in range(0, len(scored), samples)]
 
-    # -- vLLM offline -----------------------------------------------------
-    def _init_vllm(
-        self,
-        model: Any,
-        choices: Sequence[str],
-        config: SemsoftConfig | None,
-        variants: Mapping[str, Iterable[str]] | None,
-        overrides: dict[str, Any],
-    ) -> None:
-        try:
-            from semsoft_plugin import vllm as semsoft_vllm
-        except ImportError as error:
-            raise ValueError(
-                f"Outlines vLLM models need the semsoft vLLM adapter, which failed to import: {error}"
-            ) from None
-        self._semsoft_vllm = semsoft_vllm
-        self.labels = _label_set(choices, model.tokenizer, variants)
-        self.processor = None
-        self._vllm_options = {"config": config, **overrides}
 
-    def _vllm_generate(
-        self, prompts: list[Any], inference_kwargs: dict[str, Any], *, single: bool
-    ) -> Any:
-        kwargs = dict(inference_kwargs)
-        base = kwargs.pop("sampling_params", None)
-        params = self._semsoft_vllm.sampling_params(
-            labels=self.labels, base=base, **self._vllm_options
-        )
-        formatted = [self.model.type_adapter.format_input(p) for p in prompts]
-        llm = self.model.model
-        if formatted and isinstance(formatted[0], list):  # chat messages, as Outlines sends them
-            outputs = llm.chat(messages=formatted, sampling_params=params, **kwargs)
-        else:
-            outputs = llm.generate(prompts=formatted, sampling_params=params, **kwargs)
-        per_prompt = []
-        for output in outputs:
-            results = self._semsoft_vllm.label_probs(output)
-            scored = []
-            for completion, result in zip(output.outputs, results, strict=True):
-                if completion.text not in self.labels.names:
-                    raise RuntimeError(
-                        f"vLLM generated {completion.text!r}, which is not one of the "
-                        f"labels {list(self.labels.names)}"
-                    )
-                scored.append(ScoredLabel(completion.text, self.labels.names, result))
-            per_prompt.append(scored)
-        if single:
-            return per_prompt[0][0] if len(per_prompt[0]) == 1 else per_prompt[0]
-        return [p[0] if len(p) == 1 else p for p in per_prompt]
-
-
-def _is_transformers(model: Any) -> bool:
+def _check_model(model: Any) -> None:
     from outlines.models.transformers import Transformers
-
-    return isinstance(model, Transformers)
-
-
-def _is_vllm_offline(model: Any) -> bool:
     from outlines.models.vllm_offline import VLLMOffline
 
-    return isinstance(model, VLLMOffline)
+    if isinstance(model, VLLMOffline):
+        # Outlines sends the choice to vLLM's structured outputs, which mask the
+        # logits before any logits processor: the silent vote would be gone.
+        raise ValueError(
+            "Outlines vLLM-offline models are not supported yet: they need the label "
+            "constraint of the semsoft vLLM adapter instead of Outlines' regex. Use "
+            "outlines.from_transformers, or semsoft_plugin.vllm directly"
+        )
+    if not isinstance(model, Transformers):
+        raise ValueError(
+            f"model of type {type(model).__name__} is not supported: give an Outlines "
+            "model from outlines.from_transformers"
+        )
 
 
 def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function too
@@ -559,14 +497,13 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
 
     Parameters
     ----------
-    model : an Outlines model
-        From ``outlines.from_transformers`` or ``outlines.from_vllm_offline``.
+    model : an Outlines model from ``outlines.from_transformers``
     output_type : a choice
         ``Literal[...]`` of strings, an ``Enum`` with string values,
         ``outlines.types.Choice``, or a regex of literal alternatives.
     backend : {"outlines_core", "xgrammar", "llguidance"}, optional
         Outlines' structured-generation backend for the regex mask (default
-        outlines_core); transformers models only.
+        outlines_core).
     config, **overrides : Semantic Softmax settings
     variants : mapping label -> spellings that count as the label (see
         :class:`~semsoft_plugin.labels.LabelSet`)
@@ -579,28 +516,18 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
     Raises
     ------
     ValueError
-        For an output type that is not a choice, or choices that cannot be told
-        apart at their first token.
+        For an output type that is not a choice, choices that cannot be told
+        apart at their first token, or a model that is not a transformers model.
     """
     choices = choice_labels(output_type)
-    if _is_vllm_offline(model):
-        if backend is not None:
-            raise ValueError(f"backend={backend!r} applies to transformers models only")
-        return ChoiceGenerator(model, choices, config=config, variants=variants, **overrides)
-    if not _is_transformers(model):
-        raise ValueError(
-            f"model of type {type(model).__name__} is not supported: give an Outlines "
-            "model from outlines.from_transformers or outlines.from_vllm_offline"
-        )
+    _check_model(model)
     from outlines.backends import get_regex_logits_processor
     from outlines.types.dsl import python_types_to_terms, to_regex
 
     # Built exactly as outlines.Generator builds it: the mask is Outlines' own.
     regex = to_regex(python_types_to_terms(output_type))
     mask = get_regex_logits_processor(backend, model, regex)
-    return ChoiceGenerator(
-        model, choices, outlines_processor=mask, config=config, variants=variants, **overrides
-    )
+    return ChoiceGenerator(model, choices, mask, config=config, variants=variants, **overrides)
 
 
 def wrap(
@@ -640,19 +567,14 @@ def wrap(
         return ChoiceGenerator(
             generator.model,
             choices,
-            outlines_processor=mask,
+            mask,
             config=config,
             variants=variants,
             **overrides,
         )
-    if isinstance(generator, BlackBoxGenerator) and _is_vllm_offline(generator.model):
-        own = choice_labels(generator.output_type)
-        if set(own) != set(choices):
-            raise ValueError(f"labels {choices!r} differ from the generator's choices {own!r}")
-        return ChoiceGenerator(
-            generator.model, choices, config=config, variants=variants, **overrides
-        )
+    if isinstance(generator, BlackBoxGenerator):
+        _check_model(generator.model)  # raises: no local logits to score
     raise ValueError(
         f"cannot wrap {type(generator).__name__}: give an outlines.Generator built on a "
-        "transformers or vLLM-offline model"
+        "transformers model"
     )

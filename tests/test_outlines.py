@@ -219,3 +219,15 @@ def test_leading_space_choices_are_scored_as_words(outlines_model):
     assert spaced.labels.leading_space
     label = spaced(PROMPTS[1])
     assert label in (" joy", " sadness") and set(label.probs) == {" joy", " sadness"}
+
+
+def test_vllm_offline_models_are_refused_until_routed_through_the_vllm_adapter():
+    # Only the model's type is read before the refusal, so no engine is started here.
+    from outlines.generator import BlackBoxGenerator
+    from outlines.models.vllm_offline import VLLMOffline
+
+    model = VLLMOffline.__new__(VLLMOffline)
+    with pytest.raises(ValueError, match="vLLM-offline models are not supported yet"):
+        Generator(model, Emotion)
+    with pytest.raises(ValueError, match="vLLM-offline models are not supported yet"):
+        wrap(BlackBoxGenerator(model, Emotion), LABELS)
