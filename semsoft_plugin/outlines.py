@@ -51,10 +51,16 @@ How it plugs in (transformers models, checked against Outlines 1.3.3):
   leading-space words. Verbalizers cannot be used: Outlines' regex only allows the
   choice text itself.
 
-vLLM models (``outlines.from_vllm_offline``) are refused with ``ValueError`` for now:
-Outlines sends the choice through vLLM's structured outputs, which mask the logits
-before any logits processor runs, so the silent vote is gone by then. They are to be
-served through the plugin's vLLM adapter (its own label constraint) instead.
+vLLM models (``outlines.from_vllm_offline``): Outlines would send the regex through
+vLLM's structured outputs, which mask the logits before any logits processor runs,
+so the silent vote would be gone. The request goes through the plugin's vLLM adapter
+instead (:func:`semsoft_plugin.vllm.sampling_params`: its processor does the label
+constraint, the scores are read back with :func:`semsoft_plugin.vllm.label_scores`),
+with the prompt formatted as Outlines formats it. The engine needs the processor
+(``LLM(..., logits_processors=[semsoft_plugin.vllm.SemanticSoftmaxLogitsProcessor])``
+or the installed entry point) and ``max_logprobs >= k`` (50 by default).
+``constrained_probs`` is None there when a label's first token is outside the
+returned top-k.
 """
 
 from __future__ import annotations
@@ -108,17 +114,38 @@ class ScoredLabel(str):
     """
 
     probs: dict[str, float]
-    constrained_probs: dict[str, float]
+    constrained_probs: dict[str, float] | None
     fallback: bool
     coverage: float
 
-    def __new__(cls, text: str, names: Sequence[str], result: SemanticSoftmaxResult) -> ScoredLabel:
+    def __new__(
+        cls,
+        text: str,
+        probs: Mapping[str, float],
+        constrained_probs: Mapping[str, float] | None,
+        fallback: bool,
+        coverage: float,
+    ) -> ScoredLabel:
         self = super().__new__(cls, text)
-        self.probs = dict(zip(names, result.semantic.tolist(), strict=True))
-        self.constrained_probs = dict(zip(names, result.constrained.tolist(), strict=True))
-        self.fallback = bool(result.fallback)
-        self.coverage = float(result.coverage)
+        self.probs = dict(probs)
+        # None only from vLLM when a label's first token is outside the returned top-k.
+        self.constrained_probs = None if constrained_probs is None else dict(constrained_probs)
+        self.fallback = bool(fallback)
+        self.coverage = float(coverage)
         return self
+
+    @classmethod
+    def from_result(
+        cls, text: str, names: Sequence[str], result: SemanticSoftmaxResult
+    ) -> ScoredLabel:
+        """From an unbatched core result."""
+        return cls(
+            text,
+            dict(zip(names, result.semantic.tolist(), strict=True)),
+            dict(zip(names, result.constrained.tolist(), strict=True)),
+            bool(result.fallback),
+            float(result.coverage),
+        )
 
     @property
     def label(self) -> str:
@@ -392,8 +419,11 @@ class ChoiceGenerator:
         variants: Mapping[str, Iterable[str]] | None = None,
         **overrides: Any,
     ) -> None:
-        _check_model(model)
         self.model = model
+        self._vllm = _check_model(model) == "vllm"
+        if self._vllm:
+            self._init_vllm(choices, config, variants, overrides)
+            return
         from outlines.generator import SteerableGenerator
 
         tokenizer = model.hf_tokenizer
@@ -438,12 +468,14 @@ class ChoiceGenerator:
                 )
             if index is not None and index >= 0 and self.labels.names[index] != text:
                 raise RuntimeError(f"generated {text!r} but the constraint chose index {index}")
-            out.append(ScoredLabel(text, self.labels.names, result))
+            out.append(ScoredLabel.from_result(text, self.labels.names, result))
         return out
 
     def __call__(self, prompt: Any, **inference_kwargs: Any) -> ScoredLabel | list[ScoredLabel]:
         """Generate the label for one prompt (a list of labels when
         ``num_return_sequences`` > 1), as Outlines does."""
+        if self._vllm:
+            return self._vllm_generate([prompt], inference_kwargs)[0]
         text = self._generator(prompt, **self._kwargs(inference_kwargs))
         texts = [text] if isinstance(text, str) else list(text)
         scored = self._scored(texts, _result_rows(self.semsoft))
@@ -456,6 +488,8 @@ class ChoiceGenerator:
         ``num_return_sequences`` > 1), as Outlines does."""
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
             raise ValueError("prompts must be a list of prompts")
+        if self._vllm:
+            return self._vllm_generate(list(prompts), inference_kwargs)
         texts = self._generator.batch(list(prompts), **self._kwargs(inference_kwargs))
         flat = [t for item in texts for t in ([item] if isinstance(item, str) else item)]
         scored = self._scored(flat, _result_rows(self.semsoft))
@@ -464,24 +498,79 @@ class ChoiceGenerator:
         samples = len(flat) // len(texts)
         return [scored[i : i + samples] for i in range(0, len(scored), samples)]
 
+    # -- vLLM offline: the semsoft vLLM adapter's constraint instead of Outlines' regex
+    def _init_vllm(
+        self,
+        choices: Sequence[str],
+        config: SemsoftConfig | None,
+        variants: Mapping[str, Iterable[str]] | None,
+        overrides: dict[str, Any],
+    ) -> None:
+        from semsoft_plugin import vllm as semsoft_vllm
 
-def _check_model(model: Any) -> None:
+        if variants:
+            raise ValueError("variants are not supported for vLLM models")
+        self._semsoft_vllm = semsoft_vllm
+        # Checks the choices on the engine's tokenizer exactly as for transformers.
+        self.labels = _label_set(choices, self.model.model.get_tokenizer(), None)
+        self.processor = None
+        self._options = {"config": config, "leading_space": self.labels.leading_space}
+        self._options.update(overrides)
+
+    def _vllm_generate(self, prompts: list[Any], inference_kwargs: dict[str, Any]) -> Any:
+        kwargs = dict(inference_kwargs)
+        if kwargs.pop("sampling_params", None) is not None:
+            raise ValueError(
+                "sampling_params= is not supported with vLLM models: the choice needs the "
+                "semsoft request options; pass the SamplingParams fields as keywords"
+            )
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("use_tqdm", "lora_request")}
+        params = self._semsoft_vllm.sampling_params(
+            list(self.labels.names), **self._options, **sampling
+        )
+        # Formatted as Outlines formats it: a str becomes a user turn when there is a
+        # chat template, and goes through LLM.chat (generation prompt added).
+        formatted = [self.model.type_adapter.format_input(p) for p in prompts]
+        llm = self.model.model
+        if formatted and isinstance(formatted[0], list):
+            outputs = llm.chat(messages=formatted, sampling_params=params, **kwargs)
+        else:
+            outputs = llm.generate(prompts=formatted, sampling_params=params, **kwargs)
+        scored = []
+        for output in outputs:
+            text = output.outputs[0].text
+            if text not in self.labels.names:
+                raise RuntimeError(
+                    f"vLLM generated {text!r}, which is not one of the labels "
+                    f"{list(self.labels.names)}: is the semsoft processor loaded on the engine?"
+                )
+            result = self._semsoft_vllm.label_scores(output, params, llm)
+            if result.probs is None:
+                raise RuntimeError(
+                    "no top-k token voted for any label and the label tokens are outside "
+                    "the returned top-k: raise k"
+                )
+            scored.append(
+                ScoredLabel(
+                    text, result.probs, result.constrained_probs, result.fallback, result.coverage
+                )
+            )
+        return scored
+
+
+def _check_model(model: Any) -> str:
+    """``"transformers"`` or ``"vllm"``; ValueError for any other model."""
     from outlines.models.transformers import Transformers
     from outlines.models.vllm_offline import VLLMOffline
 
+    if isinstance(model, Transformers):
+        return "transformers"
     if isinstance(model, VLLMOffline):
-        # Outlines sends the choice to vLLM's structured outputs, which mask the
-        # logits before any logits processor: the silent vote would be gone.
-        raise ValueError(
-            "Outlines vLLM-offline models are not supported yet: they need the label "
-            "constraint of the semsoft vLLM adapter instead of Outlines' regex. Use "
-            "outlines.from_transformers, or semsoft_plugin.vllm directly"
-        )
-    if not isinstance(model, Transformers):
-        raise ValueError(
-            f"model of type {type(model).__name__} is not supported: give an Outlines "
-            "model from outlines.from_transformers"
-        )
+        return "vllm"
+    raise ValueError(
+        f"model of type {type(model).__name__} is not supported: give an Outlines model "
+        "from outlines.from_transformers or outlines.from_vllm_offline"
+    )
 
 
 def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function too
@@ -520,7 +609,12 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
         apart at their first token, or a model that is not a transformers model.
     """
     choices = choice_labels(output_type)
-    _check_model(model)
+    if _check_model(model) == "vllm":
+        if backend is not None:
+            raise ValueError(f"backend={backend!r} applies to transformers models only")
+        # Outlines would send the regex to vLLM's structured outputs, which mask the
+        # logits before any logits processor: the silent vote would be gone.
+        return ChoiceGenerator(model, choices, None, config=config, **overrides)
     from outlines.backends import get_regex_logits_processor
     from outlines.types.dsl import python_types_to_terms, to_regex
 
@@ -572,9 +666,12 @@ def wrap(
             variants=variants,
             **overrides,
         )
-    if isinstance(generator, BlackBoxGenerator):
-        _check_model(generator.model)  # raises: no local logits to score
+    if isinstance(generator, BlackBoxGenerator) and _check_model(generator.model) == "vllm":
+        own = choice_labels(generator.output_type)
+        if set(own) != set(choices):
+            raise ValueError(f"labels {choices!r} differ from the generator's choices {own!r}")
+        return ChoiceGenerator(generator.model, choices, None, config=config, **overrides)
     raise ValueError(
         f"cannot wrap {type(generator).__name__}: give an outlines.Generator built on a "
-        "transformers model"
+        "transformers or vLLM-offline model"
     )

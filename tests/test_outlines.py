@@ -221,13 +221,41 @@ def test_leading_space_choices_are_scored_as_words(outlines_model):
     assert label in (" joy", " sadness") and set(label.probs) == {" joy", " sadness"}
 
 
-def test_vllm_offline_models_are_refused_until_routed_through_the_vllm_adapter():
-    # Only the model's type is read before the refusal, so no engine is started here.
-    from outlines.generator import BlackBoxGenerator
-    from outlines.models.vllm_offline import VLLMOffline
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_offline_model_goes_through_the_vllm_adapter(default_checkpoint, monkeypatch):
+    pytest.importorskip("vllm")
+    for name, value in (
+        ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
+        ("VLLM_CPU_KVCACHE_SPACE", "1"),
+    ):
+        monkeypatch.setenv(name, value)
+    from vllm import LLM
 
-    model = VLLMOffline.__new__(VLLMOffline)
-    with pytest.raises(ValueError, match="vLLM-offline models are not supported yet"):
-        Generator(model, Emotion)
-    with pytest.raises(ValueError, match="vLLM-offline models are not supported yet"):
-        wrap(BlackBoxGenerator(model, Emotion), LABELS)
+    from semsoft_plugin import models
+    from semsoft_plugin.vllm import SemanticSoftmaxLogitsProcessor
+
+    llm = LLM(
+        str(default_checkpoint),
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=512,
+        max_logprobs=50,
+        logits_processors=[SemanticSoftmaxLogitsProcessor],
+    )
+    generator = Generator(outlines.from_vllm_offline(llm), Emotion)
+    got = generator.batch(PROMPTS[:2])
+    assert got[0].probs == generator(PROMPTS[0]).probs
+    model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
+    formatted = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+        )
+        for p in PROMPTS[:2]
+    ]
+    labels = LabelSet(LABELS, tokenizer, leading_space=False)
+    for scored, reference in zip(got, classify(model, tokenizer, formatted, labels), strict=True):
+        assert str(scored) == reference.label
+        assert scored.probs == pytest.approx(reference.probs, abs=1e-4)
+    with pytest.raises(ValueError, match="transformers models only"):
+        Generator(outlines.from_vllm_offline(llm), Emotion, "xgrammar")
