@@ -1,0 +1,288 @@
+"""semsoft eval / tune: metrics on hand-computed cases, data errors, the report, end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from semsoft_eval import calibrate, metrics
+from semsoft_eval.data import load_builtin, load_goemotions, load_table, sample
+from semsoft_eval.prompts import PromptTemplate, load_template
+
+# Four binary items; predictions 0, 1, 0, 1 against targets 0, 1, 1, 1.
+P = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
+Y = np.array([0, 1, 1, 1])
+
+
+def test_metrics_match_hand_computed_values() -> None:
+    m = metrics.classification_metrics(P, Y)
+    assert m["accuracy"] == pytest.approx(0.75)
+    # class 0: tp 1, fp 1, fn 0 -> 2/3; class 1: tp 2, fp 0, fn 1 -> 4/5
+    assert m["macro_f1"] == pytest.approx((2 / 3 + 4 / 5) / 2)
+    # squared errors summed over both classes: .02, .08, .72, .18
+    assert m["brier"] == pytest.approx(0.25)
+    assert m["nll"] == pytest.approx(
+        -(math.log(0.9) + math.log(0.8) + math.log(0.4) + math.log(0.7)) / 4
+    )
+    # each confidence in its own bin: |.9-1| + |.8-1| + |.6-0| + |.7-1|, over 4
+    assert m["ece"] == pytest.approx(0.3, abs=1e-6)
+    assert m["auroc"] == pytest.approx(1.0)  # every positive scores above the one negative
+    assert m["auroc2"] == pytest.approx(1.0)  # the wrong answer has the lowest confidence
+
+
+def test_multiclass_auroc_skips_absent_labels_and_ece_numpy_matches_torchmetrics() -> None:
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(4), size=200)
+    targets = rng.integers(0, 3, size=200)  # label 3 never occurs
+    value = metrics.auroc(probs, targets)
+    from sklearn.metrics import roc_auc_score
+
+    expected = np.mean([roc_auc_score(targets == k, probs[:, k]) for k in range(3)])
+    assert value == pytest.approx(expected)
+    hits = probs.argmax(1) == targets
+    assert float(metrics.ece_numpy(probs.max(1), hits)) == pytest.approx(
+        metrics.ece(probs, targets), abs=1e-6
+    )
+
+
+def test_undefined_metrics_are_none_not_nan() -> None:
+    assert metrics.auroc(P, np.ones(4, dtype=int)) is None
+    assert metrics.auroc2(P.max(1), np.ones(4, dtype=bool)) is None
+    soft = metrics.soft_label_metrics(np.full((3, 2), 0.5), np.array([0.0, 1.0, 1.0]))
+    assert soft["spearman_vs_raters"] is None
+    assert soft["share_over_0_9_on_ambiguous"] is None
+    report = metrics.classification_metrics(P, np.ones(4, dtype=int))
+    json.dumps(report, allow_nan=False)
+
+
+def test_soft_label_metrics_hand_computed() -> None:
+    probs = np.array([[0.8, 0.2], [0.3, 0.7], [0.05, 0.95]])
+    raters = np.array([0.0, 0.5, 2 / 3])
+    m = metrics.soft_label_metrics(probs, raters)
+    assert m["mae_vs_raters"] == pytest.approx((0.2 + 0.2 + (0.95 - 2 / 3)) / 3)
+    assert m["n_ambiguous"] == 2
+    assert m["share_over_0_9_on_ambiguous"] == pytest.approx(0.5)  # .95 is over, .7 is not
+    # agreement with the predicted label: 1.0, 0.5, 2/3; confidences .8, .7, .95 in separate bins
+    assert m["ece_vs_raters"] == pytest.approx((0.2 + 0.2 + (0.95 - 2 / 3)) / 3)
+    assert m["spearman_vs_raters"] == pytest.approx(1.0)
+
+
+def test_bootstrap_difference_is_zero_for_identical_methods_and_signed() -> None:
+    same = metrics.bootstrap_difference(P, P, Y, n_resamples=50)
+    assert all(v == {"diff": 0.0, "low": 0.0, "high": 0.0} for v in same.values())
+    flatter = np.full_like(P, 0.5)
+    diff = metrics.bootstrap_difference(flatter, P, Y, n_resamples=200)
+    assert diff["nll"]["diff"] == pytest.approx(math.log(2) - metrics.nll(P, Y))
+    assert diff["nll"]["low"] <= diff["nll"]["diff"] <= diff["nll"]["high"]
+
+
+def test_temperature_fit_recovers_the_generating_temperature() -> None:
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 3, size=(4000, 5))
+    true_probs = calibrate.apply_temperature(logits, 1.0)
+    targets = np.array([rng.choice(5, p=p) for p in true_probs])
+    # the model reports logits * 2.5: over-confident by a temperature of 2.5
+    fitted = calibrate.fit_temperature(logits * 2.5, targets)
+    assert fitted == pytest.approx(2.5, rel=0.1)
+
+
+def test_contextual_and_prior_hand_computed() -> None:
+    out = calibrate.contextual(np.array([[0.5, 0.5]]), np.array([[0.8, 0.2], [0.6, 0.4]]))
+    assert out[0] == pytest.approx([0.3 / 1.0, 0.7 / 1.0], abs=1e-9)  # 0.5/0.7 vs 0.5/0.3
+    folds = np.array([0, 0, 1, 1])
+    prior = calibrate.cross_fit_prior(np.array([0, 0, 1, 0]), 2, folds)
+    assert prior[0] == pytest.approx([2 / 4, 2 / 4])  # fold 1 holds labels 1, 0 -> (1+1, 1+1)
+    assert prior[2] == pytest.approx([3 / 4, 1 / 4])  # fold 0 holds 0, 0 -> (2+1, 0+1)
+
+
+# -- data ---------------------------------------------------------------------------
+
+
+def test_builtin_shortcuts_read_the_shared_data() -> None:
+    davidson = load_builtin("davidson")
+    assert davidson.labels == ["no", "yes"] and davidson.soft is not None
+    assert ((davidson.soft >= 0) & (davidson.soft <= 1)).all()
+    goemotions = load_builtin("goemotions")
+    assert len(goemotions.labels) == 28 and len(goemotions) == 4548
+    assert len(load_builtin("goemotions", any_gold=True)) == 5426
+    small = sample(load_builtin("sst2"), 10, seed=3)
+    assert small.texts == sample(load_builtin("sst2"), 10, seed=3).texts and len(small) == 10
+
+
+def test_bad_inputs_raise_one_line_errors(tmp_path) -> None:
+    good = tmp_path / "d.csv"
+    good.write_text("text,label\nhello,pos\nbye,neg\n")
+    with pytest.raises(ValueError, match="no column 'sentence'"):
+        load_table(good, text_column="sentence", label_column="label")
+    with pytest.raises(ValueError, match="label 'pos' .* is not one of the labels"):
+        load_table(good, label_column="label", labels=["negative", "neg"])
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="is empty"):
+        load_table(empty, label_column="label")
+    header_only = tmp_path / "h.tsv"
+    header_only.write_text("text\tlabel\n")
+    with pytest.raises(ValueError, match="is empty"):
+        load_table(header_only, label_column="label")
+    tsv = tmp_path / "g.tsv"
+    tsv.write_text("some text\t0,5\tid1\n")
+    labels = tmp_path / "labels.txt"
+    labels.write_text("a\nb\nc\n")
+    with pytest.raises(ValueError, match="label id 5 is outside the 3 labels.*does not match"):
+        load_goemotions(tsv, labels, any_gold=True)
+    soft = tmp_path / "s.jsonl"
+    soft.write_text('{"text": "x", "p": 1.5}\n')
+    with pytest.raises(ValueError, match=r"not in \[0, 1\]"):
+        load_table(soft, prob_column="p", labels=["no", "yes"])
+    with pytest.raises(ValueError, match="negative and the positive"):
+        load_table(soft, prob_column="p")
+    for error in (ValueError,):
+        with pytest.raises(error, match="unknown dataset"):
+            load_builtin("imdb")
+
+
+def test_generic_jsonl_soft_labels(tmp_path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"text": "a", "p": 0.25}\n{"text": "b", "p": 0.75}\n')
+    data = load_table(path, prob_column="p", labels=["no", "yes"])
+    assert data.targets.tolist() == [0, 1] and data.soft.tolist() == [0.25, 0.75]
+
+
+def test_prompt_templates(tmp_path) -> None:
+    with pytest.raises(ValueError, match="unknown placeholder"):
+        PromptTemplate(user="{text} {label}")
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"user": "Mood of: {text}? ({labels})", "answer_prefix": "Mood:"}))
+    template = load_template(path)
+    messages = template.messages("hi", ["joy", "anger"])
+    assert messages[-1] == {"role": "assistant", "content": "Mood:"}
+    assert messages[0]["content"] == "Mood of: hi? (joy, anger)"
+
+
+# -- end to end on the real default model -------------------------------------------
+
+
+@pytest.mark.slow
+def test_eval_end_to_end_report_schema_and_cache(tmp_path, capsys) -> None:
+    from semsoft_plugin.cli import main
+
+    out, plot = tmp_path / "r.json", tmp_path / "r.png"
+    argv = ["eval", "--dataset", "ekman", "--limit", "16", "--seed", "1", "--cache-dir", str(tmp_path / "c"),
+            "--bootstrap", "100", "--out", str(out), "--plot", str(plot)]  # fmt: skip
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| semantic |" in table and "| constrained |" in table
+    report = json.loads(out.read_text())
+    run = report["run"]
+    for key in ("model", "dataset", "n", "seed", "k", "tau", "center", "seconds_per_item"):
+        assert key in run
+    assert run["n"] == 16 and run["dataset"] == "ekman"
+    assert run["cache_check_max_abs_diff"] < 0.02  # rescoring the kept logits reproduces classify
+    from semsoft_eval.evaluate import DEFAULT_METHODS
+
+    assert list(report["methods"]) == list(DEFAULT_METHODS)
+    for row in report["methods"].values():
+        for key in (
+            "accuracy",
+            "macro_f1",
+            "ece",
+            "brier",
+            "nll",
+            "auroc",
+            "auroc2",
+            "fallback_rate",
+            "coverage",
+        ):
+            assert key in row
+        assert 0 <= row["accuracy"] <= 1 and row["nll"] > 0
+    assert (
+        report["methods"]["semantic"]["vs_constrained"]["ece"]["low"]
+        <= report["methods"]["semantic"]["vs_constrained"]["ece"]["high"]
+    )
+    assert plot.stat().st_size > 10_000
+    # a second run reads the kept forward passes and gives the same figures
+    assert main(argv) == 0
+
+    def figures(methods: dict) -> dict:
+        return {name: {k: v for k, v in row.items() if k != "seconds_per_item"} for name, row in methods.items()}
+
+    assert figures(json.loads(out.read_text())["methods"]) == figures(report["methods"])
+
+
+@pytest.mark.slow
+def test_eval_soft_labels_and_sequence(tmp_path, model_and_tokenizer) -> None:
+    from semsoft_eval.evaluate import evaluate
+
+    report = evaluate("default", "davidson", methods=["constrained", "semantic", "sequence"], limit=12,
+                      cache_dir="", n_bootstrap=0, progress=False, loaded=model_and_tokenizer)  # fmt: skip
+    row = report["methods"]["semantic"]
+    assert set(metrics.soft_label_metrics(np.full((2, 2), 0.5), np.array([0.2, 0.8]))) <= set(row)
+    # " no" / " yes" are single tokens: the sequence probability is the constrained one
+    assert report["methods"]["sequence"]["nll"] == pytest.approx(
+        report["methods"]["constrained"]["nll"]
+    )
+
+
+@pytest.mark.slow
+def test_sequence_probabilities_of_multi_token_labels() -> None:
+    from semsoft_eval.forward import sequence_logprobs
+    from semsoft_plugin import models
+    from semsoft_plugin.labels import LabelSet
+
+    # float32: in bf16 a KV-cached continuation and a full recomputation differ by ~0.2 nats
+    model, tokenizer = models.load("default", dtype="float32")
+    labels = LabelSet(["joy", "disapproval"], tokenizer)
+    assert labels.multi_token_labels == ("disapproval",)
+    prompts = ["I love it. Emotion:", "This is wrong and I object. Emotion:"]
+    batched = sequence_logprobs(model, tokenizer, prompts, labels, batch_size=2, progress=False)
+    # the same, one item at a time and without the cache: the full sequence scored directly
+    for row, prompt in enumerate(prompts):
+        for col, label in enumerate(labels.labels):
+            ids = tokenizer.encode(prompt + label.answer_text)
+            prompt_len = len(tokenizer.encode(prompt))
+            with torch.inference_mode():
+                log_p = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+            direct = sum(log_p[i - 1, ids[i]] for i in range(prompt_len, len(ids)))
+            assert float(batched[row, col]) == pytest.approx(float(direct), abs=1e-3)
+
+
+@pytest.mark.slow
+def test_tune_on_a_tiny_set_writes_a_config_eval_accepts(tmp_path, capsys) -> None:
+    from semsoft_plugin.cli import main
+    from semsoft_plugin.config import SemsoftConfig
+
+    config = tmp_path / "cfg.json"
+    cache = str(tmp_path / "c")
+    argv = ["tune", "--dataset", "sst2", "--limit", "20", "--k", "20,50", "--tau", "0.1,0.3", "--center", "true",
+            "--own-vote", "true,false", "--normalize-votes", "false", "--folds", "2", "--cache-dir", cache,
+            "--out", str(config), "--report", str(tmp_path / "t.json")]  # fmt: skip
+    assert main(argv) == 0
+    chosen = SemsoftConfig.load(config)
+    assert chosen.k in (20, 50) and chosen.tau in (0.1, 0.3) and chosen.center
+    tuned = json.loads((tmp_path / "t.json").read_text())
+    assert set(tuned["cross_validated"]) == {
+        "tuned",
+        "constrained",
+        "temperature",
+        "semantic-default",
+    }
+    assert "cross-validated" in capsys.readouterr().out
+    assert main(["eval", "--dataset", "sst2", "--limit", "20", "--config", str(config), "--methods",
+                 "constrained,semantic", "--cache-dir", cache, "--bootstrap", "0"]) == 0  # fmt: skip
+
+
+@pytest.mark.slow
+def test_cli_user_errors_are_one_line(tmp_path, capsys) -> None:
+    from semsoft_plugin.cli import main
+
+    missing = tmp_path / "d.csv"
+    missing.write_text("text,label\nhello,pos\nbye,neg\n")
+    assert main(["eval", "--data-file", str(missing), "--label-column", "gold", "--no-cache"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no column 'gold'" in err
+    assert main(["eval", "--dataset", "sst2", "--methods", "constrained,magic", "--no-cache"]) == 2
+    assert "unknown method 'magic'" in capsys.readouterr().err
