@@ -83,7 +83,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
     parser.add_argument("--split-seed", type=int, default=1)
     parser.add_argument("--out", default="defaults.json")
-    parser.add_argument("--k", default="20,50,100", help="k values of the grid (the rest is tune's grid)")
+    parser.add_argument(
+        "--k", default="20,50,100", help="k values of the grid (the rest is tune's grid)"
+    )
     args = parser.parse_args()
 
     configs = grid_configs({**DEFAULT_GRID, "k": tuple(int(k) for k in args.k.split(","))})

@@ -208,7 +208,10 @@ def test_eval_end_to_end_report_schema_and_cache(tmp_path, capsys) -> None:
     assert main(argv) == 0
 
     def figures(methods: dict) -> dict:
-        return {name: {k: v for k, v in row.items() if k != "seconds_per_item"} for name, row in methods.items()}
+        return {
+            name: {k: v for k, v in row.items() if k != "seconds_per_item"}
+            for name, row in methods.items()
+        }
 
     assert figures(json.loads(out.read_text())["methods"]) == figures(report["methods"])
 
