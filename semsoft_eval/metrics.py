@@ -167,11 +167,16 @@ def auroc(probs: np.ndarray, targets: np.ndarray) -> float | None:
 
 
 def auroc2(confidence: np.ndarray, is_correct: np.ndarray) -> float | None:
-    """ROC AUC of confidence for telling right from wrong answers; None with one class."""
-    is_correct = np.asarray(is_correct, dtype=bool)
-    if is_correct.all() or not is_correct.any():
-        return None
-    return float(roc_auc_score(is_correct, np.asarray(confidence, dtype=np.float64)))
+    """ROC AUC of confidence for telling right from wrong answers; None with one class.
+
+    The computation is the plugin's (:func:`semsoft_plugin.confidence.auroc2`), which
+    returns NaN where the AUC is undefined; reports say ``None`` instead.
+    """
+    from semsoft_plugin.confidence import auroc2 as _auroc2
+
+    return _finite_or_none(
+        _auroc2(np.asarray(is_correct, dtype=bool), np.asarray(confidence, dtype=np.float64))
+    )
 
 
 def classification_metrics(
