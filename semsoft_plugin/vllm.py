@@ -970,6 +970,7 @@ def openai_request(
     trigger: str | None = None,
     leading_space: bool = True,
     plugin: bool = True,
+    extra_body: Mapping[str, Any] | None = None,
     **method: Any,
 ) -> dict[str, Any]:
     """Keyword arguments for the ``openai`` client's ``create`` call that opt in.
@@ -978,6 +979,9 @@ def openai_request(
     With ``plugin=False`` (a server without the plugin) no ``vllm_xargs`` are sent:
     the scores are still read from the top log-probabilities, but nothing constrains
     the generated text, and ``k`` must fit the server's top-logprobs cap (OpenAI: 20).
+    ``extra_body`` adds server options, e.g. ``{"continue_final_message": True,
+    "add_generation_prompt": False}`` to continue a pre-filled assistant answer
+    (``"Sentiment:"``) the way :func:`semsoft_plugin.hf.classify` does.
     """
     cfg = (config or SemsoftConfig()).replace(**method)
     request = SemsoftRequest(tuple(labels), cfg, mode, trigger, leading_space)
@@ -990,11 +994,12 @@ def openai_request(
         kwargs["logprobs"] = cfg.k
     else:
         raise ValueError(f"api={api!r} must be 'chat' or 'completions'")
+    body = dict(extra_body or {})
     if plugin:
-        kwargs["extra_body"] = {
-            "vllm_xargs": request.to_extra_args(),
-            "return_tokens_as_token_ids": True,
-        }
+        body["vllm_xargs"] = request.to_extra_args()
+        body["return_tokens_as_token_ids"] = True
+    if body:
+        kwargs["extra_body"] = body
     return kwargs
 
 

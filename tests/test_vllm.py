@@ -636,6 +636,7 @@ def server(checkpoint, tmp_path_factory):
         "--host", "127.0.0.1", "--port", str(port),
         "--logits-processors", sv.ENTRY_POINT,
         "--max-logprobs", "50", "--max-model-len", "512", "--enforce-eager",
+        "--dtype", "float32", "--max-num-batched-tokens", "32",
     ]  # fmt: skip
     with open(log, "w") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
@@ -667,10 +668,14 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
     import openai
 
     client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
+    # continue the pre-filled "Sentiment:" answer, as hf.classify does
+    CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
 
     def ask(messages, labels, **options):
         return client.chat.completions.create(
-            model="smollm2", messages=messages, **sv.openai_request(labels, **options)
+            model="smollm2",
+            messages=messages,
+            **sv.openai_request(labels, extra_body=CONTINUE, **options),
         )
 
     good = ask(PROMPTS["review"], SENTIMENT)
