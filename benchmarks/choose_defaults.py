@@ -266,7 +266,10 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for key, pair in result["pairs"].items():
         b = pair["best_config_here"]
-        cc, cr = pair["label_cosines"]["centred"], pair["label_cosines"]["raw"]
+        cc, cr = (
+            pair["label_cosines"].get(k, pair["label_cosines"].get(str(k == "centred")))
+            for k in ("centred", "raw")
+        )
         lines.append(
             f"| {key} | k={b['k']} tau={b['tau']} center={b['center']} own={b['own_vote']} norm={b['normalize_votes']} | "
             f"{cc['mean']:.2f}/{cc['max']:.2f} | {cr['mean']:.2f}/{cr['max']:.2f} |"
