@@ -154,6 +154,17 @@ def check_label_entropy(
     stats = label_entropy(targets, bin_width=bin_width)
     collapsed = stats["entropy_bits"] < min_entropy_bits or stats["top_share"] > max_top_share
     if collapsed:
+        if stats["top_value"] >= 0.5:
+            remedy = (
+                "Train on all items instead of a filtered subset, or mix in items the model "
+                "gets wrong (the paper's rescue mix: 48% at 95, 37% at 5, the rest between)"
+            )
+        else:
+            remedy = (
+                "The model is rarely right on these questions: use a stronger model or easier "
+                "questions, so that the set holds items it gets right (the paper's rescue mix: "
+                "48% at 95, 37% at 5, the rest between)"
+            )
         raise ValueError(
             f"label entropy collapse in the {what}: {stats['top_share']:.1%} of "
             f"{stats['n']} confidence targets are {stats['top_value']:.0%}, entropy "
@@ -161,8 +172,7 @@ def check_label_entropy(
             f"top share <= {max_top_share:.0%}). A model fine-tuned on near-constant targets "
             "learns to state that one value whatever its answer (Cacioli 2026: training only "
             "on items whose modal answer was correct left verbal AUROC2 at 0.509, from "
-            "0.554). Train on all items instead of a filtered subset, or mix in items the "
-            "model gets wrong (the paper's rescue mix: 48% at 95, 37% at 5, the rest between)"
+            f"0.554). {remedy}"
         )
     return stats
 

@@ -234,3 +234,10 @@ def test_format_then_parse_round_trips(percent: int) -> None:
     text = format_confidence(percent / 100)
     assert text == f"Confidence: {percent}%"
     assert parse_confidence(text) == pytest.approx(percent / 100)
+
+
+def test_guard_names_the_remedy_for_each_end() -> None:
+    with pytest.raises(ValueError, match="filtered subset"):
+        check_label_entropy([0.95] * 20)
+    with pytest.raises(ValueError, match="rarely right"):
+        check_label_entropy([0.05] * 20)
