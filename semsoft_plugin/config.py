@@ -19,10 +19,10 @@ __all__ = ["SemsoftConfig", "DEFAULT_K", "DEFAULT_TAU", "DEFAULT_CENTER"]
 
 # Defaults chosen by measurement on the dev sets (README, "Choosing the defaults").
 DEFAULT_K = 50
-DEFAULT_TAU = 0.2
+DEFAULT_TAU = 0.0
 DEFAULT_CENTER = True
 DEFAULT_OWN_VOTE = True
-DEFAULT_NORMALIZE_VOTES = False
+DEFAULT_NORMALIZE_VOTES = True
 
 MAX_K = 4096
 
