@@ -171,7 +171,7 @@ def sequence_logprobs(
     from tqdm.auto import tqdm
 
     # The adapter's own prompt formatting and padding, so both passes see the same tokens.
-    from semsoft_plugin.hf import _left_padded, format_prompt
+    from semsoft_plugin.hf import format_prompt, left_padded
 
     sequences = labels.token_sequences
     multi = [i for i, s in enumerate(sequences) if len(s) > 1]
@@ -186,7 +186,7 @@ def sequence_logprobs(
     device = next(model.parameters()).device
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in tqdm(batches, desc="sequence", unit="batch", disable=not progress):
-        encoded = _left_padded(tokenizer, [prompts[i] for i in batch], pad_id)
+        encoded = left_padded(tokenizer, [prompts[i] for i in batch], pad_id)
         input_ids, mask = encoded["input_ids"], encoded["attention_mask"]
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
         with torch.inference_mode():

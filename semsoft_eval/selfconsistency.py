@@ -87,13 +87,6 @@ class _Batch:
     entropies: list[list[float]] | None  # per prompt and sample: entropy (nats) of each step
 
 
-def _encode(tokenizer: Any, prompts: Sequence[tuple[str, bool]]) -> list[list[int]]:
-    encoded = [tokenizer.encode(text, add_special_tokens=not special) for text, special in prompts]
-    if any(len(ids) == 0 for ids in encoded):
-        raise ValueError("a prompt tokenises to nothing: give a non-empty prompt")
-    return encoded
-
-
 def _generate_hf(
     model: Any,
     tokenizer: Any,
@@ -115,7 +108,9 @@ def _generate_hf(
     )
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token id")
-    encoded = _encode(tokenizer, prompts)
+    from semsoft_plugin.hf import encode_prompts
+
+    encoded = encode_prompts(tokenizer, prompts)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # less padding
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     texts: list[list[str]] = [[] for _ in prompts]
@@ -200,7 +195,9 @@ def _generate_vllm(
 ) -> _Batch:
     from vllm import SamplingParams
 
-    encoded = _encode(tokenizer, prompts)
+    from semsoft_plugin.hf import encode_prompts
+
+    encoded = encode_prompts(tokenizer, prompts)
     params = SamplingParams(
         n=n,
         temperature=temperature,

@@ -41,7 +41,14 @@ from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax, SemanticSoftm
 from semsoft_plugin.embeddings import from_model
 from semsoft_plugin.labels import LabelSet
 
-__all__ = ["Classification", "SemanticSoftmaxLogitsProcessor", "classify", "format_prompt"]
+__all__ = [
+    "Classification",
+    "SemanticSoftmaxLogitsProcessor",
+    "classify",
+    "encode_prompts",
+    "format_prompt",
+    "left_padded",
+]
 
 Mode = Literal["observe", "constrain"]
 _MODES = ("observe", "constrain")
@@ -289,10 +296,17 @@ def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tu
     return text, True
 
 
-def _left_padded(tokenizer: Any, texts: list[tuple[str, bool]], pad_id: int) -> dict[str, Tensor]:
+def encode_prompts(tokenizer: Any, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
+    """Token ids of :func:`format_prompt` outputs; special tokens are added only to plain text."""
     encoded = [tokenizer.encode(text, add_special_tokens=not special) for text, special in texts]
     if any(len(ids) == 0 for ids in encoded):
         raise ValueError("an input tokenises to nothing: give a non-empty prompt")
+    return encoded
+
+
+def left_padded(tokenizer: Any, texts: list[tuple[str, bool]], pad_id: int) -> dict[str, Tensor]:
+    """A left-padded batch (``input_ids``, ``attention_mask``) of :func:`format_prompt` outputs."""
+    encoded = encode_prompts(tokenizer, texts)
     width = max(len(ids) for ids in encoded)
     input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
@@ -376,7 +390,7 @@ def classify(
     results: list[Classification | None] = [None] * len(texts)
     device = next(model.parameters()).device
     for batch in tqdm(batches, desc="classify", unit="batch", disable=not show):
-        encoded = _left_padded(tokenizer, [texts[i] for i in batch], pad_id)
+        encoded = left_padded(tokenizer, [texts[i] for i in batch], pad_id)
         processor.reset()
         with torch.inference_mode():
             output = model.generate(
