@@ -52,6 +52,29 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-cache", action="store_true", help="neither read nor write kept forward passes"
     )
+    from semsoft_eval.evaluate import BACKENDS
+
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="hf",
+        help="engine that runs the forward passes: transformers or vLLM (with the plugin)",
+    )
+    parser.add_argument(
+        "--engine-args",
+        type=_json_object,
+        help="vLLM engine arguments as JSON, e.g. '{\"tensor_parallel_size\": 4}'",
+    )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {err.msg}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
+    return value
 
 
 def _data_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,7 +113,7 @@ def _cache_dir(args: argparse.Namespace) -> str | None:
 
 def add_eval_parser(subparsers: Any) -> None:
     """Register ``semsoft eval``."""
-    from semsoft_eval.evaluate import ALL_METHODS, BACKENDS, DEFAULT_METHODS
+    from semsoft_eval.evaluate import ALL_METHODS, DEFAULT_METHODS
 
     parser = subparsers.add_parser(
         "eval",
@@ -116,9 +139,6 @@ def add_eval_parser(subparsers: Any) -> None:
         "--folds", type=int, default=2, help="folds for the methods fitted on held data"
     )
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (0: none)")
-    parser.add_argument(
-        "--backend", choices=BACKENDS, default="hf", help="engine that runs the forward passes"
-    )
     parser.add_argument("--out", help="write the JSON report here")
     parser.add_argument("--plot", help="write reliability diagrams (PNG) here")
     parser.add_argument("--markdown", help="also write the Markdown table here")
@@ -144,6 +164,7 @@ def run_eval(args: argparse.Namespace) -> int:
         n_bootstrap=args.bootstrap,
         cache_dir=_cache_dir(args),
         backend=args.backend,
+        engine_args=args.engine_args,
         plot=args.plot,
         **_data_options(args),
     )
@@ -253,6 +274,8 @@ def run_tune(args: argparse.Namespace) -> int:
         template=_template(args),
         batch_size=args.batch_size,
         cache_dir=_cache_dir(args),
+        backend=args.backend,
+        engine_args=args.engine_args,
         **_data_options(args),
     )
     print(format_tune(result))

@@ -21,7 +21,8 @@ Methods (``--methods``, comma separated):
 * ``self-consistency`` and ``verbal``: from :mod:`semsoft_eval.selfconsistency`
   (sampling and a stated confidence; extra generations per item).
 
-The forward passes go through :func:`semsoft_plugin.hf.classify` (see
+The forward passes go through :func:`semsoft_plugin.hf.classify` or, with
+``backend="vllm"``, :func:`semsoft_plugin.vllm.classify_vllm` (see
 :mod:`semsoft_eval.forward`); the methods that need labels are cross-fitted over
 ``n_folds`` folds so every item is scored out of fold.
 """
@@ -43,7 +44,15 @@ import torch
 
 from semsoft_eval import calibrate, metrics
 from semsoft_eval.data import EvalData, load_builtin, sample
-from semsoft_eval.forward import CONTENT_FREE, STORE_K, Forward, cache_path, collect
+from semsoft_eval.forward import (
+    CONTENT_FREE,
+    STORE_K,
+    VLLM_STORE_K,
+    Forward,
+    cache_path,
+    collect,
+    collect_vllm,
+)
 from semsoft_eval.prompts import TEMPLATES, PromptTemplate, build_inputs
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.core import SemanticSoftmax
@@ -72,7 +81,7 @@ DEFAULT_METHODS = (
 )
 ALL_METHODS = (*DEFAULT_METHODS, "self-consistency", "verbal")
 METRIC_COLUMNS = ("accuracy", "macro_f1", "ece", "brier", "nll", "auroc", "auroc2")
-BACKENDS = ("hf",)
+BACKENDS = ("hf", "vllm")
 SOFT_COLUMNS = (
     "mae_vs_raters",
     "ece_vs_raters",
@@ -280,6 +289,41 @@ class Prepared:
     inputs: list[Any]
     forward: Forward
     cache_file: Path | None
+    backend: str = "hf"
+
+    @property
+    def embeddings(self) -> Any:
+        """The output embeddings the adapter of this backend scores with."""
+        if self.backend == "vllm":
+            from semsoft_plugin.vllm import output_embeddings
+
+            return output_embeddings(self.model)
+        from semsoft_plugin.embeddings import from_model
+
+        return from_model(self.model)
+
+
+def _vllm_engine(model_dir: Path, seed: int, engine_args: dict[str, Any]) -> Any:
+    """A ``vllm.LLM`` with the plugin, keeping enough log-probabilities per step."""
+    from vllm import LLM
+
+    from semsoft_plugin.vllm import ENTRY_POINT
+
+    # If the entry point is installed too, the second copy of the processor stands down.
+    args = {"max_logprobs": VLLM_STORE_K, "seed": seed, **engine_args}
+    return LLM(str(model_dir), logits_processors=[ENTRY_POINT], **args)
+
+
+def _vllm_store_k(llm: Any) -> int:
+    max_logprobs = int(llm.llm_engine.model_config.max_logprobs)
+    store_k = VLLM_STORE_K if max_logprobs == -1 else min(VLLM_STORE_K, max_logprobs)
+    if store_k < SemsoftConfig().k:
+        raise ValueError(
+            f"this engine keeps max_logprobs={max_logprobs} log-probabilities per step, "
+            f"fewer than k={SemsoftConfig().k}: create it with "
+            f"LLM(..., max_logprobs={VLLM_STORE_K})"
+        )
+    return store_k
 
 
 def prepare(
@@ -293,16 +337,24 @@ def prepare(
     cache_dir: str | Path | None = None,
     sequence: bool = False,
     backend: str = "hf",
+    engine_args: dict[str, Any] | None = None,
     progress: bool = True,
     loaded: tuple[Any, Any] | None = None,
     min_items: int = 2,
     **data_options: Any,
 ) -> Prepared:
-    """Load the data and the model, and run (or read back) one forward pass per item."""
+    """Load the data and the model, and run (or read back) one forward pass per item.
+
+    ``backend="vllm"`` builds a ``vllm.LLM`` with the plugin (``engine_args`` go to it,
+    e.g. ``{"tensor_parallel_size": 4}``) unless ``loaded`` gives one as
+    ``(llm, llm.get_tokenizer())``.
+    """
     from semsoft_plugin import models
 
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
+    if engine_args and backend != "vllm":
+        raise ValueError(f"engine_args {engine_args!r} apply only to backend='vllm'")
     data = sample(resolve_data(dataset, **data_options), limit, seed)
     if len(data) < min_items:
         raise ValueError(
@@ -310,30 +362,66 @@ def prepare(
         )
     template = template or TEMPLATES[data.task]
     model_dir = models.resolve(model)
-    model_obj, tokenizer = loaded if loaded is not None else models.load(str(model_dir))
+    if loaded is not None:
+        model_obj, tokenizer = loaded
+    elif backend == "vllm":
+        model_obj = _vllm_engine(model_dir, seed, dict(engine_args or {}))
+        tokenizer = model_obj.get_tokenizer()
+    else:
+        model_obj, tokenizer = models.load(str(model_dir))
+    store_k = STORE_K if backend == "hf" else _vllm_store_k(model_obj)
     label_set = LabelSet(data.labels, tokenizer)
     inputs = build_inputs(template, data.texts, data.labels, tokenizer)
     content_free = build_inputs(template, list(CONTENT_FREE), data.labels, tokenizer)
     if cache_dir is None:
         cache_dir = models.cache_dir() / "eval"
     cache_file = (
-        cache_path(Path(cache_dir), model_dir, data.texts, data.labels, template.to_dict(), STORE_K)
+        cache_path(
+            Path(cache_dir),
+            model_dir,
+            data.texts,
+            data.labels,
+            template.to_dict(),
+            store_k,
+            backend,
+        )
         if cache_dir != ""
         else None
     )
-    forward = collect(
+    if backend == "vllm":
+        forward = collect_vllm(
+            model_obj,
+            inputs,
+            content_free,
+            label_set,
+            store_k=store_k,
+            sequence=sequence,
+            progress=progress,
+            cache_file=cache_file,
+        )
+    else:
+        forward = collect(
+            model_obj,
+            tokenizer,
+            inputs,
+            content_free,
+            label_set,
+            batch_size=batch_size,
+            sequence=sequence,
+            progress=progress,
+            cache_file=cache_file,
+        )
+    return Prepared(
+        data,
+        template,
+        model_dir,
         model_obj,
         tokenizer,
-        inputs,
-        content_free,
         label_set,
-        batch_size=batch_size,
-        sequence=sequence,
-        progress=progress,
-        cache_file=cache_file,
-    )
-    return Prepared(
-        data, template, model_dir, model_obj, tokenizer, label_set, inputs, forward, cache_file
+        inputs,
+        forward,
+        cache_file,
+        backend,
     )
 
 
@@ -353,6 +441,7 @@ def evaluate(
     n_bootstrap: int = 1000,
     cache_dir: str | Path | None = None,
     backend: str = "hf",
+    engine_args: dict[str, Any] | None = None,
     progress: bool = True,
     loaded: tuple[Any, Any] | None = None,
     plot: str | Path | None = None,
@@ -373,14 +462,17 @@ def evaluate(
     n_bootstrap : resamples for the 95% intervals of differences against ``constrained``
     cache_dir : where forward passes are kept (default ``<semsoft cache>/eval``); None
         and ``cache_dir=""`` disables the cache
-    backend : ``"hf"`` (transformers, through ``semsoft_plugin.hf.classify``)
-    loaded : an already loaded ``(model, tokenizer)`` for ``model``
+    backend : ``"hf"`` (transformers, through ``semsoft_plugin.hf.classify``) or
+        ``"vllm"`` (through ``semsoft_plugin.vllm.classify_vllm``; every method, the
+        self-consistency and verbal ones included, runs on the engine)
+    engine_args : ``vllm.LLM`` arguments for ``backend="vllm"`` (e.g.
+        ``{"tensor_parallel_size": 4}``)
+    loaded : an already loaded ``(model, tokenizer)`` for ``model`` (for vLLM:
+        ``(llm, llm.get_tokenizer())``)
     plot : write reliability diagrams (PNG, one panel per method) to this path
     **data_options : ``data_file``, ``labels_file``, ``text_column``, ``label_column``,
         ``prob_column``, ``labels``, ``any_gold`` (see :func:`resolve_data`)
     """
-    from semsoft_plugin.embeddings import from_model
-
     methods = list(dict.fromkeys(methods))
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
@@ -399,6 +491,7 @@ def evaluate(
         cache_dir=cache_dir,
         sequence="sequence" in methods,
         backend=backend,
+        engine_args=engine_args,
         progress=progress,
         loaded=loaded,
         min_items=2 * n_folds,
@@ -407,7 +500,7 @@ def evaluate(
     data, forward, label_set = prepared.data, prepared.forward, prepared.labels
     model_obj, tokenizer, inputs = prepared.model, prepared.tokenizer, prepared.inputs
     template, model_dir, cache_file = prepared.template, prepared.model_dir, prepared.cache_file
-    embeddings = from_model(model_obj)
+    embeddings = prepared.embeddings
     fold_ids = calibrate.folds(len(data), n_folds, seed)
     external = _external_methods(methods, model_obj, tokenizer, inputs, data.labels, seed)
     results = score_methods(

@@ -12,8 +12,15 @@ cancels) and the logits of every label answer token and own-token variant (the
 constrained softmax, contextual calibration, temperature scaling). :meth:`Forward.logits`
 rebuilds ``[N, V]`` rows with ``-inf`` elsewhere, which the core treats as masked tokens.
 
+The vLLM backend (:func:`collect_vllm`) keeps the same things from
+:func:`semsoft_plugin.vllm.classify_vllm`: the decision step's raw top-``store_k``
+log-probabilities and the label tokens' raw log-probabilities. Log-probabilities are
+the logits minus one constant per row, and every method here is invariant to that
+constant (softmaxes over subsets of one row, and the temperature divides the
+difference), so the same :class:`Forward` serves both engines.
+
 The cache is a safetensors file (never pickle) named by a hash of everything that
-changes the logits: model directory, prompts, labels, ``store_k``.
+changes the logits: model directory, prompts, labels, ``store_k``, the backend.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +39,21 @@ from torch import Tensor
 
 from semsoft_plugin.labels import LabelSet
 
-__all__ = ["Forward", "collect", "sequence_logprobs", "CONTENT_FREE", "STORE_K"]
+__all__ = [
+    "CONTENT_FREE",
+    "STORE_K",
+    "VLLM_STORE_K",
+    "Forward",
+    "collect",
+    "collect_vllm",
+    "sequence_logprobs",
+    "sequence_logprobs_vllm",
+]
 
 STORE_K = 1024
+# vLLM returns each kept log-probability as a Python object; 256 covers the tune grid
+# (k <= 200) and the largest k a server request may ask (semsoft_plugin.vllm.MAX_K).
+VLLM_STORE_K = 256
 CONTENT_FREE = ("N/A", "", "[MASK]")  # Zhao et al. (2021)
 _FORMAT = 1  # bump when what is stored changes
 
@@ -147,6 +166,33 @@ def _compress(
     return ids, values, stacked.index_select(1, label_ids)
 
 
+def _timed_sequence(
+    labels: LabelSet, wanted: bool, run: Callable[[], Tensor]
+) -> tuple[Tensor | None, float]:
+    if not (wanted and labels.multi_token_labels):
+        return None, 0.0
+    start = time.perf_counter()
+    return run(), time.perf_counter() - start
+
+
+def _read_cache(
+    cache_file: Path | None,
+    labels: LabelSet,
+    sequence: bool,
+    run: Callable[[Forward], Tensor],
+) -> Forward | None:
+    """The kept passes, extended (and saved again) with the sequence pass if asked."""
+    if cache_file is None or not cache_file.is_file():
+        return None
+    forward = Forward.load(cache_file)
+    if forward.sequence_logprob is None:
+        seq, seconds = _timed_sequence(labels, sequence, lambda: run(forward))
+        if seq is not None:
+            forward.sequence_logprob, forward.sequence_seconds = seq, seconds
+            forward.save(cache_file)
+    return forward
+
+
 def cache_key(**parts: Any) -> str:
     blob = json.dumps({**parts, "format": _FORMAT}, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:20]
@@ -250,16 +296,14 @@ def collect(
     """
     from semsoft_plugin.hf import classify
 
-    if cache_file is not None and cache_file.is_file():
-        forward = Forward.load(cache_file)
-        if sequence and forward.sequence_logprob is None and labels.multi_token_labels:
-            start = time.perf_counter()
-            forward.sequence_logprob = sequence_logprobs(
-                model, tokenizer, inputs, labels, batch_size=batch_size, progress=progress
-            )
-            forward.sequence_seconds = time.perf_counter() - start
-            forward.save(cache_file)
-        return forward
+    def sequence_pass(_: Forward | None = None) -> Tensor:
+        return sequence_logprobs(
+            model, tokenizer, inputs, labels, batch_size=batch_size, progress=progress
+        )
+
+    cached = _read_cache(cache_file, labels, sequence, sequence_pass)
+    if cached is not None:
+        return cached
     label_ids = torch.tensor(_label_token_ids(labels))
     kwargs = {"mode": "observe", "keep_logits": True, "batch_size": batch_size, "max_new_tokens": 1}
     kwargs.update(classify_kwargs or {})
@@ -267,22 +311,33 @@ def collect(
     results = classify(model, tokenizer, list(inputs), labels, progress=progress, **kwargs)
     seconds = time.perf_counter() - start
     cf_results = classify(model, tokenizer, list(content_free), labels, progress=False, **kwargs)
-    ids, values, label_logits = _compress([r.logits for r in results], store_k, label_ids)
-    cf_ids, cf_values, cf_label_logits = _compress(
-        [r.logits for r in cf_results], store_k, label_ids
-    )
     check = torch.tensor(
         np.array([[r.probs[n] for n in labels.names] for r in results]), dtype=torch.float32
     )
-    seq = None
-    seq_seconds = 0.0
-    if sequence and labels.multi_token_labels:
-        start = time.perf_counter()
-        seq = sequence_logprobs(
-            model, tokenizer, inputs, labels, batch_size=batch_size, progress=progress
-        )
-        seq_seconds = time.perf_counter() - start
-    forward = Forward(
+    forward = _assemble(
+        _compress([r.logits for r in results], store_k, label_ids),
+        _compress([r.logits for r in cf_results], store_k, label_ids),
+        label_ids,
+        check,
+        vocab_size=int(results[0].logits.shape[-1]),
+        seconds=seconds,
+    )
+    return _finish(forward, labels, sequence, sequence_pass, cache_file)
+
+
+def _assemble(
+    kept: tuple[Tensor, Tensor, Tensor],
+    cf_kept: tuple[Tensor, Tensor, Tensor],
+    label_ids: Tensor,
+    check: Tensor,
+    *,
+    vocab_size: int,
+    seconds: float,
+) -> Forward:
+    """A :class:`Forward` from the ``(top_ids, top_values, label_values)`` of the items
+    and of the content-free inputs."""
+    (ids, values, label_logits), (cf_ids, cf_values, cf_label_logits) = kept, cf_kept
+    return Forward(
         top_ids=ids,
         top_logits=values,
         label_ids=label_ids,
@@ -290,11 +345,23 @@ def collect(
         cf_top_ids=cf_ids,
         cf_top_logits=cf_values,
         cf_label_logits=cf_label_logits,
-        vocab_size=int(results[0].logits.shape[-1]),
-        semantic_check=check,
-        sequence_logprob=seq,
+        vocab_size=vocab_size,
+        semantic_check=check.to(torch.float32),
+        sequence_logprob=None,
         seconds=seconds,
-        sequence_seconds=seq_seconds,
+    )
+
+
+def _finish(
+    forward: Forward,
+    labels: LabelSet,
+    sequence: bool,
+    run: Callable[[Forward], Tensor],
+    cache_file: Path | None,
+) -> Forward:
+    """Add the sequence pass if asked, and keep the result."""
+    forward.sequence_logprob, forward.sequence_seconds = _timed_sequence(
+        labels, sequence, lambda: run(forward)
     )
     if cache_file is not None:
         forward.save(cache_file)
@@ -308,14 +375,147 @@ def cache_path(
     label_names: Sequence[str],
     template: Mapping[str, Any],
     store_k: int,
+    backend: str = "hf",
 ) -> Path:
-    """Where the forward passes of this (model, items, labels, prompt) are kept."""
+    """Where the forward passes of this (model, items, labels, prompt, engine) are kept."""
     digest = hashlib.sha256("\x1f".join(texts).encode()).hexdigest()
+    # hf keys carry no backend, so caches written before the vLLM backend stay valid.
+    engine = {} if backend == "hf" else {"backend": backend}
     key = cache_key(
         model=str(Path(model_dir).resolve()),
         texts=digest,
         labels=list(label_names),
         template=dict(template),
         store_k=store_k,
+        **engine,
     )
     return Path(cache_dir) / f"{Path(model_dir).name}-{key}.safetensors"
+
+
+# ---------------------------------------------------------------------------
+# vLLM backend
+# ---------------------------------------------------------------------------
+
+
+def _vllm_token_prompts(llm: Any, inputs: Sequence[Any]) -> list[list[int]]:
+    from semsoft_plugin.hf import encode_prompts, format_prompt
+
+    tokenizer = llm.get_tokenizer()
+    return encode_prompts(tokenizer, [format_prompt(tokenizer, item) for item in inputs])
+
+
+def sequence_logprobs_vllm(
+    llm: Any,
+    inputs: Sequence[Any],
+    labels: LabelSet,
+    first: Tensor,
+    *,
+    progress: bool = True,
+) -> Tensor:
+    """``[N, L]`` log-probability of each label's whole answer token sequence, on vLLM.
+
+    ``first`` is ``[N, L]``, the raw log-probability of each label's first token at
+    the decision step (already kept by :func:`collect_vllm`). Every later token of a
+    multi-token label is one request ``prompt + label[:j]`` with ``max_tokens=1`` that
+    asks for exactly that token's log-probability (``logprob_token_ids``): the shared
+    prompt is served from vLLM's prefix cache, where ``prompt_logprobs`` would
+    re-run every prompt in full.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    encoded = _vllm_token_prompts(llm, inputs)
+    sequences = labels.token_sequences
+    out = first.to(torch.float32).clone()
+    places: list[tuple[int, int, int]] = []  # item, label, token
+    requests = []
+    params = []
+    for i, ids in enumerate(encoded):
+        for label, seq in enumerate(sequences):
+            for j in range(1, len(seq)):
+                places.append((i, label, seq[j]))
+                requests.append(TokensPrompt(prompt_token_ids=ids + list(seq[:j])))
+                params.append(
+                    SamplingParams(
+                        max_tokens=1, temperature=0.0, logprob_token_ids=[seq[j]], detokenize=False
+                    )
+                )
+    if requests:
+        outputs = llm.generate(requests, params, use_tqdm=progress)
+        for (i, label, token), output in zip(places, outputs, strict=True):
+            out[i, label] += float(output.outputs[0].logprobs[0][token].logprob)
+    return out
+
+
+def collect_vllm(
+    llm: Any,
+    inputs: Sequence[Any],
+    content_free: Sequence[Any],
+    labels: LabelSet,
+    *,
+    store_k: int = VLLM_STORE_K,
+    sequence: bool = False,
+    progress: bool = True,
+    cache_file: Path | None = None,
+) -> Forward:
+    """Forward passes through :func:`semsoft_plugin.vllm.classify_vllm` (one token each).
+
+    The engine needs ``max_logprobs >= store_k``. The kept values are raw
+    log-probabilities (see the module docstring for why that is lossless here).
+    """
+    from semsoft_plugin.vllm import classify_vllm, output_embeddings
+
+    label_ids = torch.tensor(_label_token_ids(labels))
+    first_columns = [_label_token_ids(labels).index(seq[0]) for seq in labels.token_sequences]
+
+    def sequence_pass(forward: Forward) -> Tensor:
+        first = forward.label_logits[:, first_columns]
+        return sequence_logprobs_vllm(llm, inputs, labels, first, progress=progress)
+
+    cached = _read_cache(cache_file, labels, sequence, sequence_pass)
+    if cached is not None:
+        return cached
+
+    def run(items: Sequence[Any], show: bool) -> list[dict[str, Any]]:
+        return classify_vllm(
+            llm,
+            list(items),
+            labels.names,
+            keep_logprobs=store_k,
+            token_ids=label_ids.tolist(),
+            max_tokens=1,
+            use_tqdm=show,
+        )
+
+    start = time.perf_counter()
+    results = run(inputs, progress)
+    seconds = time.perf_counter() - start
+    cf_results = run(content_free, False)
+    check = torch.tensor([[r["probs"][n] for n in labels.names] for r in results])
+    forward = _assemble(
+        _kept_logprobs(results, label_ids),
+        _kept_logprobs(cf_results, label_ids),
+        label_ids,
+        check,
+        vocab_size=output_embeddings(llm).vocab_size,
+        seconds=seconds,
+    )
+    return _finish(forward, labels, sequence, sequence_pass, cache_file)
+
+
+def _kept_logprobs(
+    results: Sequence[Mapping[str, Any]], label_ids: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``classify_vllm`` results as the ``top_ids``, ``top_logits``, ``label_logits`` of
+    :class:`Forward` (top rows sorted, highest first)."""
+    widths = {len(r["top_logprobs"]) for r in results}
+    if len(widths) != 1:
+        raise ValueError(f"the engine returned ragged top log-probabilities (widths {widths})")
+    ids = torch.tensor([list(r["top_logprobs"]) for r in results], dtype=torch.long)
+    values = torch.tensor([list(r["top_logprobs"].values()) for r in results], dtype=torch.float32)
+    values, order = values.sort(dim=1, descending=True)
+    labels = torch.tensor(
+        [[r["token_logprobs"][t] for t in label_ids.tolist()] for r in results],
+        dtype=torch.float32,
+    )
+    return ids.gather(1, order), values, labels

@@ -194,16 +194,21 @@ def _generate_vllm(
     stop: Sequence[str],
 ) -> _Batch:
     from vllm import SamplingParams
+    from vllm.platforms import current_platform
 
     from semsoft_plugin.hf import encode_prompts
 
     encoded = encode_prompts(tokenizer, prompts)
+    # vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") when a request
+    # with its own seed has a sample discarded under chunked prefill; on CPU the
+    # engine's seed (LLM(seed=...)) makes the sampling repeatable instead.
+    own_seed = {} if current_platform.is_cpu() else {"seed": seed}
     params = SamplingParams(
         n=n,
         temperature=temperature,
         top_k=0 if temperature > 0 else -1,
         top_p=1.0,
-        seed=seed,
+        **own_seed,
         max_tokens=max_new_tokens,
         stop=list(stop) or None,
     )

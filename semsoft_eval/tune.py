@@ -286,11 +286,15 @@ def tune_dataset(
     cache_dir: Any = None,
     progress: bool = True,
     loaded: tuple[Any, Any] | None = None,
+    backend: str = "hf",
+    engine_args: dict[str, Any] | None = None,
     **data_options: Any,
 ) -> TuneResult:
-    """Load data and model, run the forward passes (or read them back), then :func:`tune`."""
+    """Load data and model, run the forward passes (or read them back), then :func:`tune`.
+
+    ``backend``, ``engine_args`` and ``loaded`` as in :func:`semsoft_eval.evaluate.prepare`.
+    """
     from semsoft_eval.evaluate import prepare
-    from semsoft_plugin.embeddings import from_model
 
     prepared = prepare(
         model,
@@ -302,12 +306,14 @@ def tune_dataset(
         cache_dir=cache_dir,
         progress=progress,
         loaded=loaded,
+        backend=backend,
+        engine_args=engine_args,
         min_items=2 * n_folds,
         **data_options,
     )
     return tune(
         prepared.forward,
-        from_model(prepared.model),
+        prepared.embeddings,
         prepared.labels,
         prepared.data.targets,
         grid=grid,

@@ -108,6 +108,7 @@ __all__ = [
     "openai_label_probs",
     "openai_label_scores",
     "openai_request",
+    "output_embeddings",
     "parse_request",
     "sampling_params",
     "validate_params",
@@ -490,6 +491,16 @@ def _client_model(model: Any) -> _Model:
                 tokenizer = AutoTokenizer.from_pretrained(checkpoint)
             found = _MODELS[checkpoint] = _Model(checkpoint, tokenizer)
         return found
+
+
+def output_embeddings(model: Any) -> OutputEmbeddings:
+    """The output embeddings the scores use for an ``LLM``, checkpoint or model name.
+
+    Read once per checkpoint with safetensors and shared with every reader and
+    processor in this process (the matrix the transformers adapter takes from
+    ``lm_head``).
+    """
+    return _client_model(model).embeddings
 
 
 def _trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, start: int) -> int:
@@ -1099,6 +1110,9 @@ def classify_vllm(
     mode: Mode = "constrain",
     trigger: str | None = None,
     constrained: bool = True,
+    keep_logprobs: int = 0,
+    token_ids: Sequence[int] = (),
+    max_tokens: int | None = None,
     use_tqdm: bool = False,
     **overrides: Any,
 ) -> list[dict[str, Any]]:
@@ -1119,67 +1133,100 @@ def classify_vllm(
     constrained : also return the exact constrained softmax; prompts whose label
         tokens were not all in the top-k get one extra one-token request
         (``logprob_token_ids``), run after the main batch
+    keep_logprobs : also return the decision step's ``keep_logprobs`` highest raw
+        log-probabilities (``top_logprobs``: token id -> log-prob); the engine needs
+        ``max_logprobs >= max(k, keep_logprobs)``. ``semsoft eval --backend vllm``
+        keeps them to score every method from one pass.
+    token_ids : also return these tokens' raw decision-step log-probabilities
+        (``token_logprobs``), read from the top-k where they are in it and otherwise
+        from the same one-token follow-up request
+    max_tokens : generation length (default: the longest label in characters + 2,
+        256 with a trigger); 1 is enough when only the scores are wanted
 
     Returns
     -------
     list of dict with ``label``, ``probs`` and ``constrained_probs`` (label -> p),
-    ``fallback``, ``coverage``, ``top_k_mass`` and ``text``.
+    ``fallback``, ``coverage``, ``top_k_mass`` and ``text``, plus ``top_logprobs``
+    and ``token_logprobs`` when asked for.
     """
     from vllm.inputs import TokensPrompt
 
-    from semsoft_plugin.hf import format_prompt
+    from semsoft_plugin.hf import encode_prompts, format_prompt
 
     cfg = (config or SemsoftConfig()).replace(**overrides)
+    wanted = max(cfg.k, keep_logprobs)
     max_logprobs = llm.llm_engine.model_config.max_logprobs
-    if max_logprobs != -1 and max_logprobs < cfg.k:
+    if max_logprobs != -1 and max_logprobs < wanted:
+        name = "k" if wanted == cfg.k else "keep_logprobs"
         raise ValueError(
-            f"this engine has max_logprobs={max_logprobs} < k={cfg.k}: create it with "
-            f"LLM(..., max_logprobs={cfg.k}) (server: --max-logprobs {cfg.k})"
+            f"this engine has max_logprobs={max_logprobs} < {name}={wanted}: create it with "
+            f"LLM(..., max_logprobs={wanted}) (server: --max-logprobs {wanted})"
         )
+    if keep_logprobs < 0:
+        raise ValueError(f"keep_logprobs={keep_logprobs} must be >= 0")
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise ValueError("prompts must be a list of strings or of chat message lists")
     client = _client_model(llm)
-    tokenizer = client.tokenizer
-    token_prompts = []
-    for item in prompts:
-        text, special = format_prompt(tokenizer, item)
-        ids = tokenizer.encode(text, add_special_tokens=not special)
-        if not ids:
-            raise ValueError("a prompt tokenises to nothing: give a non-empty prompt")
-        token_prompts.append(TokensPrompt(prompt_token_ids=ids))
-    params = sampling_params(list(labels), config=cfg, mode=mode, trigger=trigger)
+    vocab = client.embeddings.vocab_size
+    extra_ids = [int(t) for t in dict.fromkeys(token_ids)]
+    bad = [t for t in extra_ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token_ids {bad[:5]} lie outside the vocabulary (size {vocab})")
+    encoded = encode_prompts(
+        client.tokenizer, [format_prompt(client.tokenizer, p) for p in prompts]
+    )
+    token_prompts = [TokensPrompt(prompt_token_ids=ids) for ids in encoded]
+    length = {} if max_tokens is None else {"max_tokens": max_tokens}
+    params = sampling_params(
+        list(labels), config=cfg, mode=mode, trigger=trigger, logprobs=wanted, **length
+    )
     request = _request_of(params, {})
     scoring = client.scoring(request)  # label-set errors surface here, before any work
     outputs = llm.generate(token_prompts, params, use_tqdm=use_tqdm)
     scores = [label_scores(out, params, client) for out in outputs]
-
+    answer_ids = list(scoring.labels.answer_token_ids)
+    steps = [
+        {int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[s.decision_step].items()}
+        for s, out in zip(scores, outputs, strict=True)
+    ]
+    probe_ids = list(dict.fromkeys(answer_ids + extra_ids))
     missing = [
         i
         for i, s in enumerate(scores)
-        if s.constrained_probs is None and (constrained or s.fallback)
+        if (s.constrained_probs is None and (constrained or s.fallback))
+        or any(t not in steps[i] for t in extra_ids)
     ]
     if missing:
-        answer_ids = list(scoring.labels.answer_token_ids)
-        probe = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=answer_ids)
-        follow = []
-        for i in missing:
-            step = scores[i].decision_step
-            prefix = list(outputs[i].outputs[0].token_ids[:step])
-            follow.append(
-                TokensPrompt(prompt_token_ids=token_prompts[i]["prompt_token_ids"] + prefix)
+        # One-token follow-ups at the decision step, at most MAX_LOGPROB_TOKEN_IDS ids each.
+        from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
+
+        follow = [
+            TokensPrompt(
+                prompt_token_ids=encoded[i]
+                + list(outputs[i].outputs[0].token_ids[: scores[i].decision_step])
             )
-        for i, out in zip(missing, llm.generate(follow, probe, use_tqdm=use_tqdm), strict=True):
-            entries = out.outputs[0].logprobs[0]
-            label_logp = torch.tensor([float(entries[t].logprob) for t in answer_ids])
+            for i in missing
+        ]
+        for start in range(0, len(probe_ids), MAX_LOGPROB_TOKEN_IDS):
+            chunk = probe_ids[start : start + MAX_LOGPROB_TOKEN_IDS]
+            probe = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=chunk)
+            for i, out in zip(missing, llm.generate(follow, probe, use_tqdm=use_tqdm), strict=True):
+                entries = out.outputs[0].logprobs[0]
+                steps[i].update({t: float(entries[t].logprob) for t in chunk})
+        for i in missing:
+            s = scores[i]
+            if s.constrained_probs is not None:
+                continue
+            label_logp = torch.tensor([steps[i][t] for t in answer_ids])
             exact = dict(
                 zip(scoring.labels.names, torch.softmax(label_logp, -1).tolist(), strict=True)
             )
-            s = scores[i]
             probs = exact if s.fallback else s.probs
             label = s.label if s.label is not None else max(exact, key=exact.__getitem__)
             scores[i] = dataclasses.replace(s, constrained_probs=exact, probs=probs, label=label)
-    return [
-        {
+    results = []
+    for s, out, step in zip(scores, outputs, steps, strict=True):
+        result = {
             "label": s.label,
             "probs": s.probs,
             "constrained_probs": s.constrained_probs,
@@ -1188,5 +1235,14 @@ def classify_vllm(
             "top_k_mass": s.top_k_mass,
             "text": out.outputs[0].text,
         }
-        for s, out in zip(scores, outputs, strict=True)
-    ]
+        if keep_logprobs:
+            ranked = out.outputs[0].logprobs[s.decision_step].items()
+            result["top_logprobs"] = {
+                int(t): float(lp.logprob)
+                for t, lp in ranked
+                if lp.rank is not None and lp.rank <= keep_logprobs
+            }
+        if extra_ids:
+            result["token_logprobs"] = {t: step[t] for t in extra_ids}
+        results.append(result)
+    return results

@@ -13,6 +13,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import json  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -493,6 +494,104 @@ def test_classify_vllm_fetches_missing_constrained_probs(llm, hf_model):
 def test_classify_vllm_names_max_logprobs_when_too_low(llm):
     with pytest.raises(ValueError, match="max_logprobs"):
         sv.classify_vllm(llm, ["x"], SENTIMENT, k=100)
+
+
+def test_classify_vllm_keeps_top_and_named_token_logprobs(llm, hf_model):
+    """What the eval keeps: the top log-probabilities and exact values for named
+    tokens, including tokens far outside the top-k (read by the follow-up request)."""
+    from semsoft_plugin import hf
+
+    model, tok = hf_model
+    prompt = [PROMPTS["dog"]]
+    rare = [tok.encode(" zebra")[0], tok.encode(" quartz")[0]]
+    got = sv.classify_vllm(llm, prompt, EMOTIONS, keep_logprobs=40, token_ids=rare, max_tokens=1)[0]
+    logits = hf.classify(model, tok, prompt, EMOTIONS, keep_logits=True, max_new_tokens=1)[0].logits
+    want = torch.log_softmax(logits.float(), -1)
+    top = torch.topk(want, 40)
+    assert len(got["top_logprobs"]) == 40
+    assert set(got["top_logprobs"]) == set(top.indices.tolist())
+    for token, value in got["top_logprobs"].items():
+        assert value == pytest.approx(float(want[token]), abs=ATOL)
+    assert not set(rare) & set(got["top_logprobs"])
+    for token in rare:
+        assert got["token_logprobs"][token] == pytest.approx(float(want[token]), abs=ATOL)
+    with pytest.raises(ValueError, match="keep_logprobs=100"):
+        sv.classify_vllm(llm, prompt, EMOTIONS, keep_logprobs=100)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        sv.classify_vllm(llm, prompt, EMOTIONS, token_ids=[10**9])
+
+
+def test_eval_backend_vllm_equals_the_transformers_backend(llm, tokenizer, hf_model, tmp_path):
+    """`semsoft eval --backend vllm`: the kept passes give every method the same
+    probabilities as the transformers backend, on GoEmotions' 28 labels (multi-token
+    ones included) with chunked prefill."""
+    from semsoft_eval.data import load_builtin, sample
+    from semsoft_eval.evaluate import (
+        DEFAULT_METHODS,
+        _constrained,
+        evaluate,
+        prepare,
+        semantic_probs,
+    )
+    from semsoft_plugin.config import SemsoftConfig
+
+    data = sample(load_builtin("goemotions"), 6, 0)
+    common = dict(sequence=True, progress=False)
+    vllm_run = prepare(
+        "default", data, backend="vllm", loaded=(llm, tokenizer), cache_dir=tmp_path, **common
+    )
+    hf_run = prepare("default", data, loaded=hf_model, cache_dir="", **common)
+    assert vllm_run.labels.multi_token_labels
+    assert vllm_run.forward.store_k == 50  # the engine's max_logprobs
+    for config in (SemsoftConfig(), SemsoftConfig.paper(k=20, tau=0.1)):
+        got = semantic_probs(vllm_run.forward, vllm_run.embeddings, vllm_run.labels, config)
+        want = semantic_probs(hf_run.forward, hf_run.embeddings, hf_run.labels, config)
+        np.testing.assert_allclose(got.probs, want.probs, atol=ATOL)
+    for content_free in (False, True):
+        np.testing.assert_allclose(
+            _constrained(vllm_run.forward, vllm_run.labels, content_free=content_free),
+            _constrained(hf_run.forward, hf_run.labels, content_free=content_free),
+            atol=ATOL,
+        )
+    np.testing.assert_allclose(
+        torch.softmax(vllm_run.forward.sequence_logprob.double(), -1),
+        torch.softmax(hf_run.forward.sequence_logprob.double(), -1),
+        atol=ATOL,
+    )
+    # The adapter's own scores equal the rescoring from the kept values.
+    np.testing.assert_allclose(
+        vllm_run.forward.semantic_check.numpy(),
+        semantic_probs(
+            vllm_run.forward, vllm_run.embeddings, vllm_run.labels, SemsoftConfig()
+        ).probs,
+        atol=1e-5,
+    )
+    # The whole report, from the vLLM cache written above.
+    assert vllm_run.cache_file is not None and vllm_run.cache_file.is_file()
+    report = evaluate(
+        "default",
+        data,
+        backend="vllm",
+        loaded=(llm, tokenizer),
+        cache_dir=tmp_path,
+        n_folds=2,
+        n_bootstrap=20,
+        progress=False,
+    )
+    assert report["run"]["backend"] == "vllm"
+    assert report["run"]["cache_file"] == str(vllm_run.cache_file)
+    assert report["run"]["cache_check_max_abs_diff"] < 1e-5
+    assert set(report["methods"]) == set(DEFAULT_METHODS)
+    json.dumps(report, allow_nan=False)
+
+
+def test_eval_backend_arguments_are_checked():
+    from semsoft_eval.evaluate import prepare
+
+    with pytest.raises(ValueError, match="backend='tpu'"):
+        prepare("default", "sst2", backend="tpu")
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        prepare("default", "sst2", engine_args={"tensor_parallel_size": 2})
 
 
 # ---------------------------------------------------------------------------
