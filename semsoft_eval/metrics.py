@@ -166,17 +166,16 @@ def auroc(probs: np.ndarray, targets: np.ndarray) -> float | None:
     return float(np.mean(scores)) if scores else None
 
 
-def auroc2(confidence: np.ndarray, is_correct: np.ndarray) -> float | None:
+def auroc2(is_correct: np.ndarray, confidence: np.ndarray) -> float | None:
     """ROC AUC of confidence for telling right from wrong answers; None with one class.
 
-    The computation is the plugin's (:func:`semsoft_plugin.confidence.auroc2`), which
-    returns NaN where the AUC is undefined; reports say ``None`` instead.
+    Arguments in scikit-learn's order (truth, score), as in the plugin's
+    :func:`semsoft_plugin.confidence.auroc2`, which computes it and returns NaN where
+    the AUC is undefined; reports say ``None`` instead.
     """
     from semsoft_plugin.confidence import auroc2 as _auroc2
 
-    return _finite_or_none(
-        _auroc2(np.asarray(is_correct, dtype=bool), np.asarray(confidence, dtype=np.float64))
-    )
+    return _finite_or_none(_auroc2(is_correct, confidence))
 
 
 def classification_metrics(
@@ -192,7 +191,7 @@ def classification_metrics(
         "brier": brier(probs, targets),
         "nll": nll(probs, targets),
         "auroc": auroc(probs, targets),
-        "auroc2": auroc2(probs.max(1), hits),
+        "auroc2": auroc2(hits, probs.max(1)),
     }
 
 

@@ -51,7 +51,7 @@ def test_multiclass_auroc_skips_absent_labels_and_ece_numpy_matches_torchmetrics
 
 def test_undefined_metrics_are_none_not_nan() -> None:
     assert metrics.auroc(P, np.ones(4, dtype=int)) is None
-    assert metrics.auroc2(P.max(1), np.ones(4, dtype=bool)) is None
+    assert metrics.auroc2(np.ones(4, dtype=bool), P.max(1)) is None
     soft = metrics.soft_label_metrics(np.full((3, 2), 0.5), np.array([0.0, 1.0, 1.0]))
     assert soft["spearman_vs_raters"] is None
     assert soft["share_over_0_9_on_ambiguous"] is None
