@@ -289,3 +289,26 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys) -> None:
     assert err.count("\n") == 0 and "no column 'gold'" in err
     assert main(["eval", "--dataset", "sst2", "--methods", "constrained,magic", "--no-cache"]) == 2
     assert "unknown method 'magic'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "engine_args, message",
+    [("[1]", "is not a JSON object"), ("{tensor", "is not JSON")],
+)
+def test_engine_args_must_be_a_json_object(engine_args, message, capsys) -> None:
+    from semsoft_plugin.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--dataset", "sst2", "--backend", "vllm", "--engine-args", engine_args])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_engine_args_without_the_vllm_backend_are_refused(capsys) -> None:
+    from semsoft_plugin.cli import main
+
+    argv = ["eval", "--dataset", "sst2", "--engine-args", '{"tensor_parallel_size": 2}']
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "tensor_parallel_size" in err and "backend='vllm'" in err
+    assert len(err.splitlines()) == 1
