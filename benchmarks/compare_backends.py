@@ -16,9 +16,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
+
+from _cli import report, sample_parser  # benchmarks/ is on sys.path when run as a script
 
 from semsoft_eval.evaluate import DEFAULT_METHODS, METRIC_COLUMNS, evaluate
 from semsoft_plugin import models
@@ -93,19 +93,11 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", default="sst2")
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--limit", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = sample_parser(__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--eager", action="store_true", help="enforce_eager on GPU too")
-    parser.add_argument("--out", help="write the JSON result here")
     args = parser.parse_args()
-    result = run(args)
-    print_table(result)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    report(run(args), args.out, print_table)
 
 
 if __name__ == "__main__":

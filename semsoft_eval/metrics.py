@@ -3,6 +3,9 @@
 Conventions (stated once, used everywhere):
 
 * ``probs`` is ``[N, L]``, rows summing to 1; ``targets`` is ``[N]`` label indices.
+  Rows are checked to sum to 1 within ``ROW_SUM_TOLERANCE`` (scores computed in float32
+  or bf16 are off by ~1e-7) and then divided by their sum, so scikit-learn sees exact
+  float64 distributions; a row further off is an error, not something to fix silently.
 * **accuracy**: argmax equals the target; with ``gold_sets`` (GoEmotions "any gold")
   a prediction is right when it is any of the item's gold labels.
 * **macro_f1**: scikit-learn's ``f1_score(average="macro")`` over the labels that occur
@@ -47,6 +50,7 @@ from torchmetrics.functional.classification import multiclass_calibration_error
 
 __all__ = [
     "N_BINS",
+    "ROW_SUM_TOLERANCE",
     "accuracy",
     "auroc",
     "auroc2",
@@ -62,6 +66,7 @@ __all__ = [
 ]
 
 N_BINS = 15
+ROW_SUM_TOLERANCE = 1e-3
 
 
 def _check(probs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,6 +78,13 @@ def _check(probs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarr
         raise ValueError("no items to score")
     if not np.isfinite(probs).all():
         raise ValueError("probs contain NaN or inf")
+    if (probs < 0).any():
+        raise ValueError(f"probs contain a negative value ({probs.min()})")
+    sums = probs.sum(1)
+    worst = int(np.abs(sums - 1.0).argmax())
+    if abs(sums[worst] - 1.0) > ROW_SUM_TOLERANCE:
+        raise ValueError(f"probs row {worst} sums to {sums[worst]:.6g}, not 1")
+    probs = probs / sums[:, None]
     if targets.min() < 0 or targets.max() >= probs.shape[1]:
         raise ValueError(f"a target is outside the {probs.shape[1]} labels")
     return probs, targets

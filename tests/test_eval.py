@@ -59,6 +59,23 @@ def test_undefined_metrics_are_none_not_nan() -> None:
     json.dumps(report, allow_nan=False)
 
 
+def test_single_precision_rows_score_like_exact_ones_and_non_distributions_fail() -> None:
+    import warnings
+
+    targets = np.array([0, 1, 1, 0])
+    rounded = P.astype(np.float32) * np.float32(1 + 3e-7)  # rows off by float32 rounding
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scikit-learn's "do not sum to one" must not fire
+        got = metrics.classification_metrics(rounded, targets)
+    want = metrics.classification_metrics(P, targets)
+    for name, value in want.items():
+        assert got[name] == pytest.approx(value, abs=1e-6), name
+    with pytest.raises(ValueError, match="row 2 sums to 1.2"):
+        metrics.nll(P + np.array([[0, 0], [0, 0], [0.2, 0], [0, 0]]), targets)
+    with pytest.raises(ValueError, match="negative"):
+        metrics.brier(np.array([[1.5, -0.5]]), np.array([0]))
+
+
 def test_soft_label_metrics_hand_computed() -> None:
     probs = np.array([[0.8, 0.2], [0.3, 0.7], [0.05, 0.95]])
     raters = np.array([0.0, 0.5, 2 / 3])

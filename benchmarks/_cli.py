@@ -1,0 +1,29 @@
+"""What the data-set benchmarks share on the command line: the sample and the JSON out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def sample_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with the sample every data-set benchmark takes and ``--out``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--dataset", default="sst2")
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--limit", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="write the JSON result here")
+    return parser
+
+
+def report(
+    result: dict[str, Any], out: str | None, print_table: Callable[[dict[str, Any]], None]
+) -> None:
+    """Print the table and, with ``--out``, write the result (strict JSON: no NaN)."""
+    print_table(result)
+    if out:
+        Path(out).write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
