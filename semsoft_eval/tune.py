@@ -81,17 +81,20 @@ def _compact(
     """Logits ``[N, U]`` over the union U of kept and label tokens, with matching rows."""
     full = _as_output_embeddings(embeddings)
     top_ids = forward.top_ids[:, :max_k].contiguous()
-    keep = torch.unique(torch.cat([top_ids.reshape(-1), forward.label_ids]))  # sorted
+    tokens = labels.label_tokens
+    # Anchors enter through their embedding rows only (their logits may stay -inf).
+    anchors = torch.tensor(tokens.anchors, dtype=forward.label_ids.dtype)
+    keep = torch.unique(torch.cat([top_ids.reshape(-1), forward.label_ids, anchors]))  # sorted
     logits = torch.full((forward.n, len(keep)), float("-inf"))
     logits.scatter_(
         1, torch.searchsorted(keep, forward.label_ids).expand(forward.n, -1), forward.label_logits
     )
     logits.scatter_(1, torch.searchsorted(keep, top_ids), forward.top_logits[:, :max_k])
     where = {int(t): i for i, t in enumerate(keep.tolist())}
-    tokens = labels.label_tokens
     remapped = LabelTokens(
         tuple(where[t] for t in tokens.answer_token_ids),
         tuple(tuple(where[t] for t in own) for own in tokens.own_token_ids),
+        None if tokens.anchor_token_ids is None else tuple(where[t] for t in tokens.anchors),
     )
     return logits, _SubsetEmbeddings(full.weight[keep], full.mean), remapped
 
@@ -130,9 +133,9 @@ def grid_probs(
 
 
 def label_cosines(embeddings: Any, labels: LabelSet, *, center: bool) -> dict[str, float]:
-    """Mean and largest cosine between different labels' answer-token embeddings."""
+    """Mean and largest cosine between different labels' embeddings (their anchors)."""
     rows = _as_output_embeddings(embeddings).unit_rows(
-        torch.tensor(labels.answer_token_ids), center=center
+        torch.tensor(labels.label_tokens.anchors), center=center
     )
     cos = (rows @ rows.T).numpy()
     off = cos[~np.eye(len(cos), dtype=bool)]

@@ -12,7 +12,8 @@ Notation (Badhe, Tiwari, Shah, 2026, "The Silent Vote"):
                       {\\sum_{l'} \\sum_{v \\in V_K} P(v)\\, w(v, l')}
 
 where :math:`E` are the model's *output* embeddings (lm_head rows) and :math:`E_l`
-the output embedding of label ``l``'s answer token.
+the output embedding of label ``l``'s anchor token: its answer token, unless the
+label set gives another (see ``anchor_token_ids`` in :class:`LabelTokens`).
 
 The paper leaves several things open; this module decides them and says so:
 
@@ -81,10 +82,17 @@ class LabelTokens:
         Per label, the tokens that are that label itself (its answer token and any
         declared spelling variants such as " Joy" for " joy"). With ``own_vote`` they
         vote for that label only. Must include ``answer_token_ids[l]``.
+    anchor_token_ids : tuple of int, length L, optional
+        The token whose output embedding is the label's :math:`E_l`. Default: the
+        answer token (the paper's rule). A label written without a leading space can
+        start with a word fragment ("s" of "sadness") whose embedding says nothing
+        about the label; its leading-space whole word (" sadness") is then a better
+        anchor, while the constrained softmax still uses the answer token.
     """
 
     answer_token_ids: tuple[int, ...]
     own_token_ids: tuple[tuple[int, ...], ...]
+    anchor_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.answer_token_ids) == 0:
@@ -104,6 +112,17 @@ class LabelTokens:
                     f"{token_id}: they cannot be told apart"
                 )
             seen[token_id] = index
+        if self.anchor_token_ids is not None:
+            if len(self.anchor_token_ids) != len(self.answer_token_ids):
+                raise ValueError(
+                    f"anchor_token_ids has {len(self.anchor_token_ids)} entries for "
+                    f"{len(self.answer_token_ids)} labels"
+                )
+            for index, token_id in enumerate(self.anchor_token_ids):
+                if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+                    raise ValueError(
+                        f"label {index}: anchor token id {token_id!r} is not a non-negative int"
+                    )
         owner: dict[int, int] = {}
         for index, own in enumerate(self.own_token_ids):
             if self.answer_token_ids[index] not in own:
@@ -130,6 +149,11 @@ class LabelTokens:
 
     def __len__(self) -> int:
         return len(self.answer_token_ids)
+
+    @property
+    def anchors(self) -> tuple[int, ...]:
+        """The token each label's embedding is read from (``anchor_token_ids`` or the answer)."""
+        return self.answer_token_ids if self.anchor_token_ids is None else self.anchor_token_ids
 
 
 def _as_label_tokens(labels: Any) -> LabelTokens:
@@ -242,7 +266,7 @@ def _check_logits(logits: Tensor) -> Tensor:
 
 def _check_label_ids(tokens: LabelTokens, vocab: int) -> None:
     for index, own in enumerate(tokens.own_token_ids):
-        for token_id in own:
+        for token_id in (*own, tokens.anchors[index]):
             if token_id >= vocab:
                 raise ValueError(
                     f"label {index}: token id {token_id} is outside the vocabulary of size {vocab}"
@@ -338,8 +362,8 @@ class SemanticSoftmax:
         self.labels = _as_label_tokens(labels)
         _check_label_ids(self.labels, self.embeddings.vocab_size)
         device = self.embeddings.weight.device
-        self._answer_ids = torch.tensor(self.labels.answer_token_ids, device=device)
-        self._label_rows = self.embeddings.unit_rows(self._answer_ids, center=self.config.center)
+        anchor_ids = torch.tensor(self.labels.anchors, device=device)
+        self._label_rows = self.embeddings.unit_rows(anchor_ids, center=self.config.center)
         own_ids = [t for own in self.labels.own_token_ids for t in own]
         own_label = [i for i, own in enumerate(self.labels.own_token_ids) for _ in own]
         self._own_ids = torch.tensor(own_ids, device=device)

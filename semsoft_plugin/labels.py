@@ -16,6 +16,12 @@ The rule (decided here, measured in the README):
   answer spelling; the constrained softmax is taken over these tokens and the label's
   embedding ``E_l`` is that token's output embedding (the paper's rule). For a
   multi-token label this is a prefix; :attr:`LabelSet.multi_token_labels` lists them.
+* **Anchor without the space.** With ``leading_space=False`` (Outlines writes choices
+  so) the answer token is often a fragment ("s" of "sadness") or a line-start form,
+  whose embedding says little about the label. ``E_l`` is then read from the first
+  token of the leading-space spelling (" sadness"), the word the embedding geometry
+  knows; labels whose spaced first tokens coincide keep their answer token. Measured
+  at Outlines' position (``benchmarks/outlines_position.py``, README).
 * **Spelling variants** (capitalised, upper case, user-given synonyms) whose first
   token belongs to no other label are the label's *own tokens*: with ``own_vote``
   they vote for that label alone. On Qwen2.5 such variants held 10-23% of the top-50
@@ -52,6 +58,7 @@ class Label:
     answer_text: str
     token_ids: tuple[int, ...]
     own_token_ids: tuple[int, ...] = field(default=())
+    anchor_token_id: int | None = None
 
     @property
     def answer_token_id(self) -> int:
@@ -149,18 +156,25 @@ class LabelSet:
                     continue
                 candidates[name].append(ids[0])
                 claimed.setdefault(ids[0], set()).add(name)
+        anchors = (
+            [ids[0] for _, _, ids in spelled]
+            if leading_space
+            else _spaced_anchors(tokenizer, [(text, ids[0]) for _, text, ids in spelled])
+        )
         self.labels: tuple[Label, ...] = tuple(
             Label(
                 name,
                 answer_text,
                 ids,
                 tuple(dict.fromkeys(t for t in candidates[name] if claimed[t] == {name})),
+                anchor,
             )
-            for name, answer_text, ids in spelled
+            for (name, answer_text, ids), anchor in zip(spelled, anchors, strict=True)
         )
         self.label_tokens = LabelTokens(
             tuple(label.answer_token_id for label in self.labels),
             tuple(label.own_token_ids for label in self.labels),
+            None if leading_space else tuple(anchors),
         )
 
     @staticmethod
@@ -218,7 +232,26 @@ class LabelSet:
             "multi_token_labels": list(self.multi_token_labels),
             "tokens_per_label": {label.name: len(label.token_ids) for label in self.labels},
             "own_tokens_per_label": {label.name: len(label.own_token_ids) for label in self.labels},
+            "anchor_differs_from_answer": [
+                label.name
+                for label in self.labels
+                if label.anchor_token_id != label.answer_token_id
+            ],
         }
+
+
+def _spaced_anchors(tokenizer: TokenizerLike, answers: list[tuple[str, int]]) -> list[int]:
+    """Per label, the first token of its leading-space spelling, or its answer token when
+    that spelling starts with whitespace only or with the same token as another label's."""
+    spaced = []
+    for text, answer in answers:
+        ids = _encode(tokenizer, " " + text.strip())
+        spaced.append(ids[0] if ids and _decodes_to_text(tokenizer, ids[0]) else answer)
+    shared = {t for t in spaced if spaced.count(t) > 1}
+    return [
+        answer if token in shared else token
+        for token, (_, answer) in zip(spaced, answers, strict=True)
+    ]
 
 
 def _decodes_to_text(tokenizer: Any, token_id: int) -> bool:

@@ -46,7 +46,9 @@ How it plugs in (transformers models, checked against Outlines 1.3.3):
   the start of the answer; the labels are scored exactly so
   (``LabelSet(..., leading_space=False)``). Some labels then start with a word
   fragment (SmolLM2 writes ``"sadness"`` as ``"s" "ad" "ness"``), whose output
-  embedding says little about the label; ``generator.labels.report()`` lists them.
+  embedding says little about the label, so each label's embedding is read from its
+  leading-space word (``" sadness"``) instead; ``generator.labels.report()`` lists
+  both.
   Choices that all start with one space (``Literal[" joy", " sad"]``) are scored as
   leading-space words. Verbalizers cannot be used: Outlines' regex only allows the
   choice text itself.

@@ -111,6 +111,40 @@ def test_own_vote_variants_count_for_their_label():
     assert p[0] > 0.9
 
 
+@pytest.mark.parametrize("own_vote", [True, False])
+def test_anchor_token_supplies_the_label_embedding(own_vote):
+    # The anchor's row stands in for the answer token's row as E_l; the answer token still
+    # carries the constrained softmax and (with own_vote) its own vote.
+    logits, emb, ids = random_case(7, labels=3)
+    anchors = (40, 41, 42) if 40 not in ids else (43, 44, 45)
+    tokens = LabelTokens(tuple(ids), tuple((t,) for t in ids), anchors)
+    got = semantic_softmax_details(logits, emb, tokens, k=20, center=False, own_vote=own_vote)
+    swapped = emb.clone()
+    swapped[ids] = emb[list(anchors)]
+    want = semantic_softmax_details(
+        logits, swapped, LabelTokens.from_ids(ids), k=20, center=False, own_vote=own_vote
+    )
+    if own_vote:  # the answer tokens' rows matter only through E_l then
+        torch.testing.assert_close(got.semantic, want.semantic)
+    torch.testing.assert_close(got.constrained, constrained_softmax(logits, ids))
+    plain = semantic_softmax(logits, emb, ids, k=20, center=False, own_vote=own_vote)
+    assert not torch.allclose(got.semantic, plain)
+
+
+@pytest.mark.parametrize(
+    "anchors, match",
+    [
+        ((1,), "anchor_token_ids has 1 entries for 2 labels"),
+        ((1, -3), "anchor token id -3"),
+        ((1, 999), "999 is outside the vocabulary"),
+    ],
+)
+def test_bad_anchor_ids_raise(anchors, match):
+    logits, emb, _ = random_case(6)
+    with pytest.raises(ValueError, match=match):
+        semantic_softmax(logits, emb, LabelTokens((2, 3), ((2,), (3,)), anchors))
+
+
 def test_normalize_votes_shares_each_token():
     emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
     logits = torch.tensor([-20.0, -20.0, 5.0])

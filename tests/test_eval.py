@@ -329,3 +329,28 @@ def test_engine_args_without_the_vllm_backend_are_refused(capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert "tensor_parallel_size" in err and "backend='vllm'" in err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("leading_space", [True, False])
+def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_tokenizer) -> None:
+    # The grid scores on a compact vocabulary; it must keep every anchor row too, or
+    # labels scored without a leading space (anchored on their spaced word) would differ.
+    from semsoft_eval.forward import _assemble, _compress, _label_token_ids
+    from semsoft_eval.tune import grid_probs
+    from semsoft_plugin import LabelSet, SemanticSoftmax, SemsoftConfig
+    from semsoft_plugin.embeddings import from_model
+
+    model, tokenizer = model_and_tokenizer
+    labels = LabelSet(["joy", "sadness", "anger"], tokenizer, leading_space=leading_space)
+    embeddings = from_model(model)
+    logits = torch.randn(5, embeddings.vocab_size, generator=torch.Generator().manual_seed(0)) * 4
+    label_ids = torch.tensor(_label_token_ids(labels))
+    kept = _compress(list(logits), 64, label_ids)
+    forward = _assemble(
+        kept, kept, label_ids, torch.zeros(5, 3), vocab_size=logits.shape[1], seconds=0.0
+    )
+    configs = [SemsoftConfig(k=20), SemsoftConfig(k=50, tau=0.1, normalize_votes=False)]
+    got, _ = grid_probs(forward, embeddings, labels, configs)
+    for c, config in enumerate(configs):
+        want = SemanticSoftmax(embeddings, labels, config)(forward.logits()).semantic.double()
+        np.testing.assert_allclose(got[c], want.numpy(), atol=1e-5)

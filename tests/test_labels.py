@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import string
+
 import pytest
 
 from semsoft_plugin import LabelSet
@@ -42,6 +44,50 @@ def test_capitalised_variants_are_own_tokens(tokenizer):
     positive = labels.labels[0]
     assert tokenizer.encode(" Positive", add_special_tokens=False)[0] in positive.own_token_ids
     assert not set(positive.own_token_ids) & set(labels.labels[1].own_token_ids)
+
+
+@pytest.mark.slow
+def test_without_space_the_embedding_is_read_from_the_spaced_word(tokenizer):
+    first = {w: tokenizer.encode(w, add_special_tokens=False)[0] for w in ("s", " sadness", " joy")}
+    labels = LabelSet(["joy", "sadness"], tokenizer, leading_space=False)
+    sadness = labels.labels[1]
+    assert sadness.answer_token_id == first["s"]  # the fragment Outlines writes
+    assert sadness.anchor_token_id == first[" sadness"]  # the word the embeddings know
+    assert labels.label_tokens.anchors == (first[" joy"], first[" sadness"])
+    assert labels.report()["anchor_differs_from_answer"] == ["joy", "sadness"]
+    spaced = LabelSet(["joy", "sadness"], tokenizer)
+    assert spaced.label_tokens.anchor_token_ids is None
+    assert spaced.label_tokens.anchors == spaced.answer_token_ids
+    assert spaced.report()["anchor_differs_from_answer"] == []
+
+
+class GreedyTokenizer:
+    """Longest-match tokenizer over a fixed vocabulary: lets a test pick the collisions."""
+
+    def __init__(self, vocab: list[str]) -> None:
+        self.vocab = vocab
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = []
+        while text:
+            piece = max((v for v in self.vocab if text.startswith(v)), key=len)
+            ids.append(self.vocab.index(piece))
+            text = text[len(piece) :]
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.vocab[i] for i in ids)
+
+
+def test_labels_whose_spaced_words_start_alike_keep_their_answer_anchor():
+    # Bare, "cat" / "cow" / "dog" start differently; spaced, " cat" and " cow" share " c".
+    tok = GreedyTokenizer(
+        [" c", "at", "ow", "cat", "cow", "dog", " dog", *" " + string.ascii_letters]
+    )
+    labels = LabelSet(["cat", "cow", "dog"], tok, leading_space=False)
+    answers = [label.answer_token_id for label in labels.labels]
+    assert answers == [tok.vocab.index(w) for w in ("cat", "cow", "dog")]
+    assert labels.label_tokens.anchors == (answers[0], answers[1], tok.vocab.index(" dog"))
 
 
 @pytest.mark.slow
