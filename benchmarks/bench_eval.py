@@ -17,6 +17,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -140,19 +141,17 @@ def label_scaling(model: Any, tokenizer: Any, counts: list[int], reps: int) -> d
     rows = []
     for count in counts:
         labels = LabelSet(words[:count], tokenizer)
-
-        def one_pass() -> None:
-            classify(
-                model,
-                tokenizer,
-                inputs,
-                labels,  # noqa: B023 (called inside this iteration only)
-                mode="observe",
-                max_new_tokens=1,
-                batch_size=len(TEXTS),
-                progress=False,
-            )
-
+        one_pass = functools.partial(
+            classify,
+            model,
+            tokenizer,
+            inputs,
+            labels,
+            mode="observe",
+            max_new_tokens=1,
+            batch_size=len(TEXTS),
+            progress=False,
+        )
         one_pass()  # warm-up
         start = time.perf_counter()
         for _ in range(reps):

@@ -97,15 +97,10 @@ class LabelTokens:
     def __post_init__(self) -> None:
         if len(self.answer_token_ids) == 0:
             raise ValueError("label set is empty: need at least one label token id")
-        if len(self.own_token_ids) != len(self.answer_token_ids):
-            raise ValueError(
-                f"own_token_ids has {len(self.own_token_ids)} entries for "
-                f"{len(self.answer_token_ids)} labels"
-            )
+        self._check_one_per_label("own_token_ids", self.own_token_ids)
         seen: dict[int, int] = {}
         for index, token_id in enumerate(self.answer_token_ids):
-            if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
-                raise ValueError(f"label {index}: token id {token_id!r} is not a non-negative int")
+            _check_token_id(index, token_id, "token id")
             if token_id in seen:
                 raise ValueError(
                     f"labels {seen[token_id]} and {index} have the same answer token id "
@@ -113,16 +108,9 @@ class LabelTokens:
                 )
             seen[token_id] = index
         if self.anchor_token_ids is not None:
-            if len(self.anchor_token_ids) != len(self.answer_token_ids):
-                raise ValueError(
-                    f"anchor_token_ids has {len(self.anchor_token_ids)} entries for "
-                    f"{len(self.answer_token_ids)} labels"
-                )
+            self._check_one_per_label("anchor_token_ids", self.anchor_token_ids)
             for index, token_id in enumerate(self.anchor_token_ids):
-                if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
-                    raise ValueError(
-                        f"label {index}: anchor token id {token_id!r} is not a non-negative int"
-                    )
+                _check_token_id(index, token_id, "anchor token id")
         owner: dict[int, int] = {}
         for index, own in enumerate(self.own_token_ids):
             if self.answer_token_ids[index] not in own:
@@ -147,6 +135,12 @@ class LabelTokens:
             ids = tuple(label_token_ids)
         return cls(ids, tuple((t,) for t in ids))
 
+    def _check_one_per_label(self, name: str, values: Sequence[Any]) -> None:
+        if len(values) != len(self.answer_token_ids):
+            raise ValueError(
+                f"{name} has {len(values)} entries for {len(self.answer_token_ids)} labels"
+            )
+
     def __len__(self) -> int:
         return len(self.answer_token_ids)
 
@@ -154,6 +148,11 @@ class LabelTokens:
     def anchors(self) -> tuple[int, ...]:
         """The token each label's embedding is read from (``anchor_token_ids`` or the answer)."""
         return self.answer_token_ids if self.anchor_token_ids is None else self.anchor_token_ids
+
+
+def _check_token_id(index: int, token_id: Any, what: str) -> None:
+    if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+        raise ValueError(f"label {index}: {what} {token_id!r} is not a non-negative int")
 
 
 def _as_label_tokens(labels: Any) -> LabelTokens:

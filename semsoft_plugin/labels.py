@@ -33,6 +33,7 @@ The rule (decided here, measured in the README):
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -245,9 +246,9 @@ def _spaced_anchors(tokenizer: TokenizerLike, answers: list[tuple[str, int]]) ->
     that spelling starts with whitespace only or with the same token as another label's."""
     spaced = []
     for text, answer in answers:
-        ids = _encode(tokenizer, " " + text.strip())
+        ids = _encode(tokenizer, " " + text)
         spaced.append(ids[0] if ids and _decodes_to_text(tokenizer, ids[0]) else answer)
-    shared = {t for t in spaced if spaced.count(t) > 1}
+    shared = {t for t, count in Counter(spaced).items() if count > 1}
     return [
         answer if token in shared else token
         for token, (_, answer) in zip(spaced, answers, strict=True)
