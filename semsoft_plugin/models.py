@@ -26,7 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["resolve", "cache_dir", "KNOWN_MODELS", "ModelSource", "load"]
+__all__ = ["resolve", "cache_dir", "default_dtype", "KNOWN_MODELS", "ModelSource", "load"]
 
 CACHE_ENV = "SEMSOFT_CACHE"
 
@@ -99,16 +99,36 @@ def resolve(name_or_path: str = "default") -> Path:
     )
 
 
-def load(name_or_path: str = "default", *, dtype: str = "bfloat16"):  # type: ignore[no-untyped-def]
-    """Load ``(model, tokenizer)`` with transformers from :func:`resolve`'s directory."""
+def load(name_or_path: str = "default", *, dtype: str = "auto"):  # type: ignore[no-untyped-def]
+    """Load ``(model, tokenizer)`` with transformers from :func:`resolve`'s directory.
+
+    ``dtype="auto"`` is :func:`default_dtype`: bf16 only where the CPU computes it
+    natively; elsewhere bf16 matrix products are emulated and several times slower.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    name = default_dtype() if dtype == "auto" else dtype
+    if not isinstance(getattr(torch, name, None), torch.dtype):
+        raise ValueError(f"dtype={dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16')")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, name))
     model.eval()
     return model, tokenizer
+
+
+def default_dtype() -> str:
+    """``"bfloat16"`` where the CPU has native bf16 (AVX512-BF16 or AMX), else ``"float32"``.
+
+    Measured on an AMD EPYC with AVX2 only (one thread, a 800x576 by 576x1536 product):
+    float32 0.11 s, bfloat16 0.80 s. On CPUs with bf16 units bf16 was 2.5-3.5x faster.
+    """
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "float32"
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
 def _ensure_converted(source: ModelSource) -> Path:

@@ -170,6 +170,8 @@ class SemsoftRequest:
         args: dict[str, Any] = {KEY_LABELS: list(self.labels), KEY_MODE: self.mode}
         for key, name in _CONFIG_KEYS.items():
             value = getattr(self.config, name)
+            if value is None:  # an unset option (tau_quantile): the default applies
+                continue
             args[key] = int(value) if isinstance(value, bool) else value
         args[KEY_LEADING_SPACE] = int(self.leading_space)
         if self.trigger is not None:
@@ -246,7 +248,7 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
         if key not in extra_args:
             continue
         value = extra_args[key]
-        if name in ("center", "own_vote", "normalize_votes"):
+        if name in ("center", "own_vote", "normalize_votes", "residual"):
             overrides[name] = _flag(key, value)
         elif name == "k":
             overrides[name] = _number(key, value, int)
