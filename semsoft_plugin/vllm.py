@@ -1073,7 +1073,7 @@ def label_probs(
 ) -> dict[str, float]:
     """``{label: probability}`` (Semantic Softmax) of an offline ``RequestOutput``.
 
-    See :func:`label_scores`. Raises ``ValueError`` in the rare 0/0 case whose
+    See :func:`label_scores` (``allow_download`` too). Raises ``ValueError`` in the rare 0/0 case whose
     fallback (the constrained softmax) cannot be read from the output because a label
     token is outside the returned top-k; :func:`classify_vllm` handles that case.
     """
@@ -1208,7 +1208,8 @@ def openai_label_scores(
 def openai_label_probs(
     response: Any, labels: Sequence[str], model: Any, **options: Any
 ) -> dict[str, float]:
-    """``{label: probability}`` of an ``openai`` response; see :func:`openai_label_scores`."""
+    """``{label: probability}`` of an ``openai`` response; see :func:`openai_label_scores`
+    (a model name not on this machine needs ``allow_download=True``)."""
     scores = openai_label_scores(response, labels, model, **options)
     if scores.probs is None:
         raise ValueError(
