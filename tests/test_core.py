@@ -442,3 +442,19 @@ def test_subnormal_vote_mass_still_sums_to_one(gap):
     result = semantic_softmax_details(logits, emb, [1, 2], k=2, tau=0.5, **PAPER)
     assert not bool(result.fallback)
     torch.testing.assert_close(result.semantic, torch.tensor([1.0, 0.0]))
+
+
+@pytest.mark.parametrize("k", [1, MAX_K])
+@pytest.mark.parametrize("tau", [-1.0, math.nextafter(1.0, 0.0)])
+@pytest.mark.parametrize("t", [5e-324, 1e-45, 1e300, 1.7976931348623157e308])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_every_option_at_its_bounds(k, tau, t, dtype_name):
+    """The corners of the allowed range, which random draws may miss."""
+    values = [[1e30, -1e30, MASK, 3.0, 0.0, -2.0, MASK, 1.0]] * 2
+    logits = _as_logits(values, dtype_name)
+    emb = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
+    for own_vote in (False, True):
+        cfg = SemsoftConfig(k=k, tau=tau, temperature=t, own_vote=own_vote)
+        p = semantic_softmax(logits, emb, [3, 5, 7], cfg)
+        assert torch.isfinite(p).all() and bool(((p >= 0) & (p <= 1)).all())
+        torch.testing.assert_close(p.sum(-1), torch.ones(2), atol=1e-5, rtol=0)
