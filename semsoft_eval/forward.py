@@ -26,7 +26,6 @@ changes the logits: model directory, prompts, labels, ``store_k``, the backend.
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import time

@@ -45,8 +45,10 @@ class SemsoftConfig:
         A label's own tokens vote for that label only (keeps antonym labels apart).
     normalize_votes : bool
         Share each token's vote out among the labels instead of counting it per label.
-    temperature : float > 0
-        Final temperature on ``log P_sem``; 1 leaves it unchanged.
+    temperature : float > 0, finite
+        Final temperature on ``log P_sem``; 1 leaves it unchanged. The whole range is
+        valid: toward 0 it becomes a hard argmax (ties split evenly), toward the
+        largest float the uniform distribution.
     residual : bool
         Graded votes with a residual: a kept token votes in proportion to how close it
         is to its nearest label (``max_l w(v, l) / (1 - tau_l)``, 1 for a label's own

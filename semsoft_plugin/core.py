@@ -34,7 +34,9 @@ The paper leaves several things open; this module decides them and says so:
   shared out among the labels (weights normalised per token), so a token close to
   every label is not counted once per label.
 * **Temperature.** An optional final temperature on ``log P_sem`` (fitted by
-  ``semsoft tune``); 1 leaves the distribution as is.
+  ``semsoft tune``); 1 leaves the distribution as is. Any finite ``T > 0`` is
+  allowed: it is applied in log space, so a tiny ``T`` is a hard argmax (ties split
+  evenly) and a huge one the uniform distribution, never NaN.
 * **Non-finite logits.** ``-inf`` is how every engine masks a token: it means
   probability 0 and is accepted. NaN and ``+inf`` raise ``ValueError``.
 
@@ -465,26 +467,43 @@ class SemanticSoftmax:
         constrained = _constrained(logits, self.labels).to(device)
         if cfg.residual:
             # Shares of the top-K mass (as the vLLM reader, which sees only the top-K, has it).
-            kept_p = top_p_dev / top_p_dev.sum(-1, keepdim=True).clamp_min(1e-30)
-            claimed = kept_p * closeness  # [B, K]
-            numerator = torch.einsum("bk,bkl->bl", claimed, weights)
+            kept_p = top_p_dev.double() / top_p_dev.double().sum(-1, keepdim=True).clamp_min(1e-300)
+            claimed = kept_p * closeness.double()  # [B, K]
+            numerator = torch.einsum("bk,bkl->bl", claimed, weights.double())
             unclaimed = (1.0 - claimed.sum(-1, keepdim=True)).clamp_min(0.0)
-            semantic = numerator + unclaimed * constrained
-            semantic = semantic / semantic.sum(-1, keepdim=True)
+            mixed = numerator + unclaimed * constrained.double()
+            semantic = (mixed / mixed.sum(-1, keepdim=True)).to(weights.dtype)
             fallback = claimed.sum(-1) <= 0
         else:
             numerator = torch.einsum("bk,bkl->bl", top_p_dev, weights)
             denominator = numerator.sum(-1, keepdim=True)
             fallback = denominator.squeeze(-1) <= 0
-            semantic = numerator / denominator.clamp_min(1e-30)
+            # Divided in float64 by the denominator itself, not by a floor: vote mass can be
+            # subnormal (kept tokens of probability ~1e-40) and must still sum to 1.
+            safe = torch.where(fallback.unsqueeze(-1), torch.ones_like(denominator), denominator)
+            semantic = (numerator.double() / safe.double()).to(numerator.dtype)
         if cfg.temperature != 1.0:
-            semantic = torch.softmax(semantic.clamp_min(1e-30).log() / cfg.temperature, dim=-1)
+            semantic = _tempered(semantic, cfg.temperature)
         semantic = torch.where(fallback.unsqueeze(-1), constrained, semantic)
 
         mass = top_p_dev.sum(-1)
         covered = (top_p_dev * (votes > 0)).sum(-1)
         coverage = covered / mass.clamp_min(1e-30)
         return SemanticSoftmaxResult(semantic, constrained, fallback, coverage, mass)
+
+
+def _tempered(probs: Tensor, temperature: float) -> Tensor:
+    """``softmax(log probs / T)`` for any finite ``T > 0``, never NaN.
+
+    In float64 and in log space with the row maximum subtracted first: the top label(s)
+    sit at exactly 0, so as ``T -> 0`` the result tends to a hard argmax (ties split
+    evenly) instead of ``0/0``, and a huge ``T`` gives the uniform distribution. Dividing
+    the float32 log-probabilities directly made every entry ``-inf`` (NaN after the
+    softmax) for ``T = 1e-45``.
+    """
+    log_p = probs.to(torch.float64).clamp_min(1e-30).log()
+    log_p = log_p - log_p.amax(dim=-1, keepdim=True)
+    return torch.softmax(log_p / temperature, dim=-1).to(probs.dtype)
 
 
 def semantic_softmax_details(

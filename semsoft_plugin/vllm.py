@@ -89,7 +89,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax
 from semsoft_plugin.embeddings import from_checkpoint
-from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.labels import LabelSet, label_names
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -337,7 +337,9 @@ def sampling_params(
 
     Parameters
     ----------
-    labels : label names (whole words after a space unless ``leading_space=False``)
+    labels : label names (whole words after a space unless ``leading_space=False``): a
+        list of at least two distinct strings (a ``str`` is refused, not split; a
+        LabelSet gives its names, which the engine binds to its own tokenizer)
     config : Semantic Softmax settings; ``k``, ``tau``, ``center``, ``own_vote`` and
         ``normalize_votes`` given as keywords override it, and so does
         ``method_temperature`` (the method's final temperature: ``temperature`` is
@@ -353,6 +355,7 @@ def sampling_params(
     if "method_temperature" in kwargs:
         method["temperature"] = kwargs.pop("method_temperature")
     cfg = (config or SemsoftConfig()).replace(**method)
+    labels = label_names(labels)
     request = SemsoftRequest(tuple(labels), cfg, mode, trigger, leading_space)
     extra = dict(kwargs.pop("extra_args", None) or {})
     extra.update(request.to_extra_args())
@@ -466,8 +469,13 @@ _MODELS: dict[str, _Model] = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def _client_model(model: Any) -> _Model:
-    """A cached :class:`_Model` for an ``LLM``, a checkpoint path or a known model name."""
+def _client_model(model: Any, *, allow_download: bool = False) -> _Model:
+    """A cached :class:`_Model` for an ``LLM``, a checkpoint path or a known model name.
+
+    A name that is not on this machine yet (a known name not cached, a hub name not in
+    the hub cache) is a ``ValueError`` unless ``allow_download``: a reader must not
+    start a download as a side effect of reading scores.
+    """
     if isinstance(model, _Model):
         return model
     tokenizer = None
@@ -478,7 +486,7 @@ def _client_model(model: Any) -> _Model:
     elif isinstance(model, str | Path):
         from semsoft_plugin import models
 
-        checkpoint = str(models.resolve(str(model)))
+        checkpoint = str(models.resolve(str(model), allow_download=allow_download))
     else:
         raise ValueError(
             f"model must be a vllm.LLM, a checkpoint directory or a model name, got "
@@ -495,14 +503,15 @@ def _client_model(model: Any) -> _Model:
         return found
 
 
-def output_embeddings(model: Any) -> OutputEmbeddings:
+def output_embeddings(model: Any, *, allow_download: bool = False) -> OutputEmbeddings:
     """The output embeddings the scores use for an ``LLM``, checkpoint or model name.
 
     Read once per checkpoint with safetensors and shared with every reader and
     processor in this process (the matrix the transformers adapter takes from
-    ``lm_head``).
+    ``lm_head``). A model name not on this machine is refused unless
+    ``allow_download=True``.
     """
-    return _client_model(model).embeddings
+    return _client_model(model, allow_download=allow_download).embeddings
 
 
 def _trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, start: int) -> int:
@@ -536,6 +545,41 @@ def _claim_engine(vllm_config: Any, runner: str, processor: Any) -> bool:
         return False
 
 
+# Requests the processor could not score, for the readers in this process: (prompt
+# token ids, output tokens before the decision step) -> the reason. Bounded like the
+# label-set cache. Only in-process readers see it (the engine process of a server
+# is another one); there a model-made NaN still shows in the raw log-probabilities.
+_UNSCORED: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], str] = OrderedDict()
+_UNSCORED_LOCK = threading.Lock()
+
+
+def _record_unscored(prompt: Sequence[int], before: Sequence[int], reason: str) -> None:
+    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in before))
+    with _UNSCORED_LOCK:
+        _UNSCORED[key] = reason
+        _UNSCORED.move_to_end(key)
+        while len(_UNSCORED) > _CACHE_SIZE:
+            _UNSCORED.popitem(last=False)
+
+
+def _unscored_reason(
+    model: _Model,
+    request: SemsoftRequest,
+    prompt: Sequence[int] | None,
+    generated: Sequence[int],
+    step: int,
+) -> str | None:
+    """Why the engine left this output unconstrained, if it recorded one: only when
+    the decision-step token is not a label (a constrained row always emits one)."""
+    if not _UNSCORED or request.mode != "constrain" or prompt is None:
+        return None
+    if len(generated) > step and int(generated[step]) in model.scoring(request).answer_to_label:
+        return None
+    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in generated[:step]))
+    with _UNSCORED_LOCK:
+        return _UNSCORED.get(key)
+
+
 @dataclass
 class _Active:
     """Engine-side state of one opted-in request (constrain mode)."""
@@ -547,6 +591,7 @@ class _Active:
     decided_at: int | None = None  # output index of the decision step
     checked_upto: int = 0  # trigger search resumes here
     label: int | None = None  # chosen label, once sampled
+    prompt_ids: Sequence[int] | None = None  # V1: the runner's prompt list (for _UNSCORED)
 
 
 class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
@@ -588,7 +633,9 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         self._model: _Model | None = None
         self._model_lock = threading.Lock()
         self._active: dict[int, _Active] = {}  # V1: batch index; V2: request slot
-        self._warned: set[str] = set()
+        # Bounded like the label-set cache: one entry per distinct refusal, so a stream
+        # of distinct refused label sets cannot grow it without end.
+        self._warned: OrderedDict[str, None] = OrderedDict()
         max_logprobs = getattr(vllm_config.model_config, "max_logprobs", None)
         default_k = SemsoftConfig().k
         if max_logprobs is not None and max_logprobs != -1 and max_logprobs < default_k:
@@ -652,9 +699,14 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         return _Active(request, scoring, eos)
 
     def _warn(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message)
+        """Log ``message`` once per ``key`` among the last ``_CACHE_SIZE`` distinct keys."""
+        if key in self._warned:
+            self._warned.move_to_end(key)
+            return
+        self._warned[key] = None
+        while len(self._warned) > _CACHE_SIZE:
+            self._warned.popitem(last=False)
+        logger.warning(message)
 
     # -- V1 --------------------------------------------------------------------
     def update_state(self, batch_update: BatchUpdate | None) -> None:
@@ -666,6 +718,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             state = self._activate(params)
             if state is not None:
                 state.output_ids = output_ids  # live reference, grows each step
+                state.prompt_ids = _prompt
             return state
 
         process_dict_updates(self._active, batch_update, new_state)
@@ -753,15 +806,58 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             return int(state.eos_token_id)
         return None
 
-    @staticmethod
-    def _decide(logits: Tensor, group: list[tuple[int, _Active]]) -> None:
+    def _decide(self, logits: Tensor, group: list[tuple[int, _Active]]) -> None:
+        """Write ``log P_sem`` into the label tokens of rows at their decision step.
+
+        A row it cannot score (NaN or +inf logits, every token masked), or every row of
+        a label set whose scoring fails, is left exactly as the engine had it, and so is
+        the rest of that request (no label is forced): one bad row must never fail the
+        batch, its neighbours go on. The request is recorded in ``_UNSCORED`` so that
+        the reader reports why instead of returning scores for text it did not choose.
+        """
         scoring = group[0][1].scoring
         rows = torch.tensor([row for row, _ in group], device=logits.device)
-        result = scoring.scorer(logits.index_select(0, rows))
+        picked = logits.index_select(0, rows)
+        nan = torch.isnan(picked).any(-1)
+        pos_inf = (picked == float("inf")).any(-1)
+        masked = (picked == float("-inf")).all(-1)
+        bad = nan | pos_inf | masked
+        if bool(bad.any()):
+            for (_, state), is_nan, is_inf, is_bad in zip(
+                group, nan.tolist(), pos_inf.tolist(), bad.tolist(), strict=True
+            ):
+                if is_bad:
+                    what = (
+                        "NaN" if is_nan else "+inf" if is_inf else "only -inf (every token masked)"
+                    )
+                    self._leave_unscored(state, f"its decision-step logits hold {what}")
+            keep = [i for i, is_bad in enumerate(bad.tolist()) if not is_bad]
+            if not keep:
+                return
+            group = [group[i] for i in keep]
+            rows = rows[keep]
+            picked = picked[keep]
+        try:
+            result = scoring.scorer(picked)
+        except Exception as error:  # never let one label set fail the engine's batch
+            logger.exception("semsoft: scoring failed; the rows are left as they are")
+            for _, state in group:
+                self._leave_unscored(state, f"scoring failed: {error}")
+            return
         log_p = result.semantic.clamp_min(1e-30).log().to(logits.device, logits.dtype)
         answer = scoring.answer_ids.to(logits.device)
         logits[rows] = float("-inf")
         logits[rows.unsqueeze(1), answer.unsqueeze(0)] = log_p
+
+    def _leave_unscored(self, state: _Active, reason: str) -> None:
+        state.label = -1  # nothing forced later: the request runs as the engine has it
+        self._warn(
+            f"unscored: {reason[:80]}",
+            f"semsoft: a request's row is left as the engine had it, {reason}; its reader "
+            "raises with this reason",
+        )
+        if state.prompt_ids is not None and state.output_ids is not None:
+            _record_unscored(state.prompt_ids, state.output_ids[: state.decided_at or 0], reason)
 
     def _v2_rows(self, logits: Tensor, ctx: LogitsContext) -> list[tuple[int, _Active, Any, int]]:
         slots = ctx.idx_mapping_np
@@ -839,6 +935,12 @@ def _score_top_k(
     scoring = model.scoring(request)
     names = scoring.labels.names
     k = request.config.k
+    if any(math.isnan(v) or v == math.inf for v in (*top.values(), *extra.values())):
+        raise ValueError(
+            "the decision step's log-probabilities hold NaN or +inf: the model's logits "
+            "for this request were not finite, so it cannot be scored (the engine left "
+            "its row as it was)"
+        )
     if len(top) < min(k, model.embeddings.vocab_size):
         raise ValueError(
             f"the decision step returned {len(top)} log-probabilities, fewer than k={k}: "
@@ -915,6 +1017,8 @@ def label_scores(
     request_output: Any,
     params: SamplingParams | Sequence[str],
     model: Any,
+    *,
+    allow_download: bool = False,
     **options: Any,
 ) -> LabelScores:
     """Semantic Softmax scores of an offline ``RequestOutput``.
@@ -926,9 +1030,16 @@ def label_scores(
         label list plus the same ``options``
     model : the ``vllm.LLM`` (or its checkpoint directory / model name): the reader
         needs the tokenizer and the output embeddings, loaded once per model
+    allow_download : a model name not on this machine yet (a known name not cached, a
+        hub ``owner/name`` not in the hub cache) is refused unless True: reading scores
+        never starts a download by itself
+
+    Raises ``ValueError`` for this request only when it cannot be scored: its
+    decision-step log-probabilities are NaN/inf, or the engine's processor could not
+    score its row and left it unconstrained (the reason is named).
     """
     request = _request_of(params, options)
-    client = _client_model(model)
+    client = _client_model(model, allow_download=allow_download)
     completion = request_output.outputs[0]
     if not completion.logprobs:
         raise ValueError(
@@ -939,6 +1050,15 @@ def label_scores(
     step = _decision_step(client, request, generated)
     if step >= len(completion.logprobs):
         raise ValueError("generation ended before the decision step")
+    reason = _unscored_reason(
+        client, request, getattr(request_output, "prompt_token_ids", None), generated, step
+    )
+    if reason is not None:
+        raise ValueError(
+            f"the engine could not score this request at its decision step ({reason}), so "
+            "it left the request's logits as they were: the text is not a chosen label "
+            "and no scores are given for it"
+        )
     entries = completion.logprobs[step]
     k = request.config.k
     top = {
@@ -955,7 +1075,7 @@ def label_probs(
 ) -> dict[str, float]:
     """``{label: probability}`` (Semantic Softmax) of an offline ``RequestOutput``.
 
-    See :func:`label_scores`. Raises ``ValueError`` in the rare 0/0 case whose
+    See :func:`label_scores` (``allow_download`` too). Raises ``ValueError`` in the rare 0/0 case whose
     fallback (the constrained softmax) cannot be read from the output because a label
     token is outside the returned top-k; :func:`classify_vllm` handles that case.
     """
@@ -997,6 +1117,7 @@ def openai_request(
     (``"Sentiment:"``) the way :func:`semsoft_plugin.hf.classify` does.
     """
     cfg = (config or SemsoftConfig()).replace(**method)
+    labels = label_names(labels)
     request = SemsoftRequest(tuple(labels), cfg, mode, trigger, leading_space)
     parse_request(request.to_extra_args())  # same checks as the server
     max_tokens = 256 if trigger else max(len(s) for s in labels) + 2
@@ -1038,6 +1159,7 @@ def openai_label_scores(
     model: Any,
     *,
     choice: int = 0,
+    allow_download: bool = False,
     **options: Any,
 ) -> LabelScores:
     """Semantic Softmax scores of an ``openai`` chat or completion response.
@@ -1048,12 +1170,13 @@ def openai_label_scores(
         built with :func:`openai_request`
     labels, **options : the same labels and options the request was sent with
     model : checkpoint directory or model name of the served model (the reader needs
-        its tokenizer and output embeddings)
+        its tokenizer and output embeddings); a name not on this machine yet is
+        refused unless ``allow_download=True`` (reading never downloads by itself)
     choice : which choice of the response
     """
     cfg_options = {k: v for k, v in options.items() if k != "plugin"}
-    request = _request_of(list(labels), cfg_options)
-    client = _client_model(model)
+    request = _request_of(label_names(labels), cfg_options)
+    client = _client_model(model, allow_download=allow_download)
     picked = _get(response, "choices")[choice]
     logprobs = _get(picked, "logprobs")
     if logprobs is None:
@@ -1087,7 +1210,8 @@ def openai_label_scores(
 def openai_label_probs(
     response: Any, labels: Sequence[str], model: Any, **options: Any
 ) -> dict[str, float]:
-    """``{label: probability}`` of an ``openai`` response; see :func:`openai_label_scores`."""
+    """``{label: probability}`` of an ``openai`` response; see :func:`openai_label_scores`
+    (a model name not on this machine needs ``allow_download=True``)."""
     scores = openai_label_scores(response, labels, model, **options)
     if scores.probs is None:
         raise ValueError(
@@ -1129,7 +1253,10 @@ def classify_vllm(
     prompts : strings (used as is) or chat message lists (chat template applied,
         continuing a final assistant message), tokenised exactly as
         :func:`semsoft_plugin.hf.classify` does
-    labels : label names
+    labels : label names (at least two; a ``str`` is refused), or a LabelSet built with
+        the engine's tokenizer (another tokenizer's is refused by name; its
+        ``leading_space`` is used; verbalizers and variants do not travel to the engine
+        and a set that has them is refused)
     config, **overrides : Semantic Softmax settings
     mode, trigger : see :func:`sampling_params`
     constrained : also return the exact constrained softmax; prompts whose label
@@ -1179,13 +1306,33 @@ def classify_vllm(
     )
     token_prompts = [TokensPrompt(prompt_token_ids=ids) for ids in encoded]
     length = {} if max_tokens is None else {"max_tokens": max_tokens}
+    leading_space = True
+    if isinstance(labels, LabelSet):
+        labels.check_tokenizer(client.tokenizer, where="classify_vllm")
+        leading_space = labels.leading_space
     params = sampling_params(
-        list(labels), config=cfg, mode=mode, trigger=trigger, logprobs=wanted, **length
+        label_names(labels),
+        config=cfg,
+        mode=mode,
+        trigger=trigger,
+        leading_space=leading_space,
+        logprobs=wanted,
+        **length,
     )
     request = _request_of(params, {})
     scoring = client.scoring(request)  # label-set errors surface here, before any work
+    if isinstance(labels, LabelSet) and labels.label_tokens != scoring.labels.label_tokens:
+        raise ValueError(
+            f"LabelSet {list(labels.names)!r} has verbalizers or variants the engine does "
+            "not know (it binds label names itself): pass the label names"
+        )
     outputs = llm.generate(token_prompts, params, use_tqdm=use_tqdm)
-    scores = [label_scores(out, params, client) for out in outputs]
+    scores = []
+    for i, out in enumerate(outputs):
+        try:
+            scores.append(label_scores(out, params, client))
+        except ValueError as error:
+            raise ValueError(f"prompt {i}: {error}") from None
     answer_ids = list(scoring.labels.answer_token_ids)
     steps = [
         {int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[s.decision_step].items()}
