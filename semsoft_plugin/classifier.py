@@ -44,7 +44,7 @@ class Predictions:
 
     Attributes
     ----------
-    labels : the label names (the classifier's ``classes_``)
+    labels : the label names in column order: the classifier's ``classes_`` (sorted)
     label : per text, the calibrated label (argmax of ``probs``)
     probs : ``[N, L]`` float64 Semantic Softmax probabilities, rows summing to 1
     constrained : ``[N, L]`` float64 softmax over the label tokens only (the baseline)
@@ -87,9 +87,12 @@ class Classifier:
         :func:`~semsoft_plugin.vllm.classify_vllm`; the engine needs
         ``max_logprobs >= k``)
     tokenizer : the model's tokenizer; ``None`` for a ``vllm.LLM`` (its own is used)
-    labels : label names in the order of ``classes_`` (scored as leading-space whole
-        words after the answer prefix); with transformers also a ready
-        :class:`~semsoft_plugin.labels.LabelSet`
+    labels : label names (scored as leading-space whole words after the answer
+        prefix; listed in this order in the prompt's ``{labels}``); with transformers
+        also a ready :class:`~semsoft_plugin.labels.LabelSet`. ``classes_`` holds them
+        sorted and every output's columns follow ``classes_``: scikit-learn's metrics
+        assume probability columns in sorted label order (``log_loss`` warns and
+        misreads them otherwise).
     prompt : a :class:`~semsoft_plugin.prompts.PromptTemplate`, or a user message with
         ``{text}`` (and optionally ``{labels}``) and the default answer prefix
         ``"Answer:"``; default: the prompt of ``semsoft classify``
@@ -139,6 +142,7 @@ class Classifier:
         self.config = (config or SemsoftConfig()).replace(**overrides)
         self.batch_size = batch_size
         self.progress = progress
+        self._classes = tuple(sorted(label_set.names))
 
     @classmethod
     def from_pretrained(
@@ -183,10 +187,11 @@ class Classifier:
     # -- scikit-learn surface -------------------------------------------------
     @property
     def classes_(self) -> np.ndarray:
-        """The label names, in the column order of :meth:`predict_proba`."""
+        """The label names sorted (as ``np.unique`` sorts them): the column order of
+        :meth:`predict_proba`, as scikit-learn expects."""
         import numpy as np
 
-        return np.array(self.labels.names)
+        return np.array(self._classes)
 
     def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
         """``[N, L]`` float64 calibrated probabilities (Semantic Softmax), rows sum to 1."""
@@ -213,10 +218,10 @@ class Classifier:
         import numpy as np
 
         inputs = self.inputs(texts)
-        names = self.labels.names
+        names, classes = self.labels.names, self._classes
         if not inputs:
             empty = np.zeros((0, len(names)))
-            return Predictions(names, [], empty, empty.copy(), np.zeros(0), np.zeros(0, bool))
+            return Predictions(classes, [], empty, empty.copy(), np.zeros(0), np.zeros(0, bool))
         if self.backend == "vllm":
             from semsoft_plugin.vllm import classify_vllm
 
@@ -251,12 +256,12 @@ class Classifier:
             constrained = [c.constrained_probs for c in classified]
             coverage = [c.coverage for c in classified]
             fallback = [c.fallback for c in classified]
-        p = _rows(probs, names)
+        p = _rows(probs, classes)
         return Predictions(
-            labels=names,
-            label=[names[i] for i in p.argmax(axis=1)],
+            labels=classes,
+            label=[classes[i] for i in p.argmax(axis=1)],
             probs=p,
-            constrained=_rows(constrained, names),
+            constrained=_rows(constrained, classes),
             coverage=np.array(coverage, dtype=np.float64),
             fallback=np.array(fallback, dtype=bool),
         )

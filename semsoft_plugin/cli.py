@@ -257,8 +257,8 @@ def _run_classify(args: argparse.Namespace) -> int:
     if args.output or args.resume:
         raise ValueError("--output and --resume go with --input FILE")
     details = _classifier(args, labels, template, config).predict_details([args.text])
-    probs = dict(zip(labels, details.probs[0].tolist(), strict=True))
-    constrained = dict(zip(labels, details.constrained[0].tolist(), strict=True))
+    probs = _by_label(details.labels, details.probs[0], labels)
+    constrained = _by_label(details.labels, details.constrained[0], labels)
     fallback, coverage = bool(details.fallback[0]), float(details.coverage[0])
     if args.json:
         print(
@@ -283,6 +283,13 @@ def _run_classify(args: argparse.Namespace) -> int:
         print(f"{label:{width}}  {probs[label]:8.3f}  {constrained[label]:11.3f}")
     print(f"coverage of the top-{config.k} mass by label neighbours: {coverage:.2f}")
     return 0
+
+
+def _by_label(columns: Sequence[str], row: Any, labels: Sequence[str]) -> dict[str, float]:
+    """One row of a :class:`~semsoft_plugin.classifier.Predictions` array (columns in
+    ``classes_`` order) as label -> probability in the user's label order."""
+    values = dict(zip(columns, row.tolist(), strict=True))
+    return {label: values[label] for label in labels}
 
 
 def _text_of(value: Any) -> str:
@@ -391,8 +398,10 @@ def _run_classify_file(
                 top = float(details.probs[j].max())
                 row = dict(records[index])
                 row[label_col] = details.label[j]
-                row.update(zip(p_cols, details.probs[j].tolist(), strict=True))
-                row.update(zip(c_cols, details.constrained[j].tolist(), strict=True))
+                probs = _by_label(details.labels, details.probs[j], labels)
+                constrained = _by_label(details.labels, details.constrained[j], labels)
+                row.update(zip(p_cols, probs.values(), strict=True))
+                row.update(zip(c_cols, constrained.values(), strict=True))
                 row[f"{prefix}coverage"] = float(details.coverage[j])
                 row[f"{prefix}fallback"] = bool(details.fallback[j])
                 row[f"{prefix}review"] = top < args.review_below

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -188,7 +189,8 @@ def test_csv_file_end_to_end(tmp_path, capsys, model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     clf = Classifier(model, tokenizer, LABELS, batch_size=3)
     expected = np.vstack([clf.predict_proba(TEXTS[:3]), clf.predict_proba(TEXTS[3:])])
-    np.testing.assert_array_equal(probs, expected)
+    assert list(clf.classes_) == sorted(LABELS)  # columns in sorted order, as sklearn's
+    np.testing.assert_array_equal(probs[:, ::-1], expected)
 
 
 @pytest.mark.slow
@@ -298,7 +300,11 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, extra, message):
     (tmp_path / "in.txt").write_text("text\nhello\n")
     (tmp_path / "exists.csv").write_text("id\n1\n")
     argv = ["classify", "--input", str(inp), "--labels", "positive,negative"]
-    argv += ["--output", str(tmp_path / "out.csv"), *[e.replace("{tmp}", str(tmp_path)) for e in extra]]
+    argv += [
+        "--output",
+        str(tmp_path / "out.csv"),
+        *[e.replace("{tmp}", str(tmp_path)) for e in extra],
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err, err
@@ -330,15 +336,22 @@ def test_classifier_outputs_go_into_sklearn_metrics_unchanged(model_and_tokenize
     proba = clf.predict_proba(TEXTS)
     assert proba.shape == (len(TEXTS), 2) and proba.dtype == np.float64
     np.testing.assert_allclose(proba.sum(1), 1.0, atol=1e-12)
-    assert list(clf.classes_) == LABELS
-    loss = log_loss(gold, proba, labels=clf.classes_)
-    assert np.isfinite(loss) and loss > 0
-    predicted = clf.predict(TEXTS)
+    assert list(clf.classes_) == list(np.unique(LABELS))  # sklearn's column order
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # sklearn warns when columns are not in its order
+        loss = log_loss(gold, proba, labels=clf.classes_)
+        assert loss == pytest.approx(log_loss(gold, proba))
+        predicted = clf.predict(TEXTS)
+        assert 0.0 <= accuracy_score(gold, predicted) <= 1.0
+        positive = np.array([g == "positive" for g in gold])
+        column = list(clf.classes_).index("positive")
+        assert 0.0 <= roc_auc_score(positive, proba[:, column]) <= 1.0
+        assert 0.0 <= brier_score_loss(positive, proba[:, column]) <= 1.0
+    # The hand-computed log loss: sklearn read the columns as labelled.
+    rows = np.arange(len(gold))
+    truth = [list(clf.classes_).index(g) for g in gold]
+    assert loss == pytest.approx(-np.log(proba[rows, truth]).mean())
     assert list(predicted) == list(clf.classes_[proba.argmax(1)])
-    assert 0.0 <= accuracy_score(gold, predicted) <= 1.0
-    positive = np.array([g == "positive" for g in gold])
-    assert 0.0 <= roc_auc_score(positive, proba[:, 0]) <= 1.0
-    assert 0.0 <= brier_score_loss(positive, proba[:, 0]) <= 1.0
     details = clf.predict_details(TEXTS)
     assert details.constrained.shape == proba.shape and details.fallback.dtype == bool
     assert details.coverage.shape == (len(TEXTS),)
@@ -353,9 +366,11 @@ def test_predict_proba_equals_classify(model_and_tokenizer):
     details = clf.predict_details(TEXTS)
     inputs = build_inputs(DEFAULT_TEMPLATE, TEXTS, LABELS, tokenizer)
     results = classify(model, tokenizer, inputs, LABELS, batch_size=4)
-    expected = np.array([[r.probs[x] for x in LABELS] for r in results])
+    classes = list(clf.classes_)
+    assert list(details.labels) == classes
+    expected = np.array([[r.probs[x] for x in classes] for r in results])
     np.testing.assert_allclose(details.probs, expected, atol=1e-6)
-    constrained = np.array([[r.constrained_probs[x] for x in LABELS] for r in results])
+    constrained = np.array([[r.constrained_probs[x] for x in classes] for r in results])
     np.testing.assert_allclose(details.constrained, constrained, atol=1e-6)
     np.testing.assert_allclose(details.coverage, [r.coverage for r in results], atol=1e-6)
     assert list(details.fallback) == [r.fallback for r in results]
@@ -391,6 +406,7 @@ def test_vllm_backend_file_matches_transformers_in_float32(tmp_path):
     written = [json.loads(line) for line in out.read_text().splitlines()]
     got = np.array([[w[f"p_{x}"] for x in LABELS] for w in written])
     model, tokenizer = models.load("default", dtype="float32")
-    expected = Classifier(model, tokenizer, LABELS).predict_proba(TEXTS)
+    clf = Classifier(model, tokenizer, LABELS)
+    expected = clf.predict_proba(TEXTS)[:, [list(clf.classes_).index(x) for x in LABELS]]
     np.testing.assert_allclose(got, expected, atol=1e-3)
     assert [w["label"] for w in written] == [LABELS[i] for i in expected.argmax(1)]
