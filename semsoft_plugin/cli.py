@@ -150,6 +150,12 @@ def _add_classify_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--model", default="default", help="'default', 'qwen2.5-coder-1.5b' or a checkpoint dir"
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="transformers weights dtype; float32 is faster on CPUs without native bf16",
+    )
     prompt = parser.add_argument_group("prompt")
     prompt.add_argument(
         "--prompt", help="user message; {text} and {labels} are filled in (default: a generic one)"
@@ -231,6 +237,7 @@ def _classifier(args: argparse.Namespace, labels: list[str], template: Any, conf
         labels,
         backend=args.backend,
         engine_args=args.engine_args,
+        dtype=args.dtype,
         prompt=template,
         config=config,
         batch_size=args.batch_size,
