@@ -46,7 +46,6 @@ from semsoft_eval.tune import grid_probs
 from semsoft_plugin import models
 from semsoft_plugin.calibration import batch_calibrate
 from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.core import OutputEmbeddings
 from semsoft_plugin.embeddings import from_checkpoint
 from semsoft_plugin.labels import LabelSet
 
@@ -89,7 +88,7 @@ def load_pair(model: str, dataset: str, limit: int, seed: int, collect: bool) ->
         prepare(model, dataset, limit=limit, seed=seed, sequence=False)
     return {
         "forward": Forward.load(path),
-        "embeddings": OutputEmbeddings(from_checkpoint(model_dir)),
+        "embeddings": from_checkpoint(model_dir),
         "labels": LabelSet(data.labels, AutoTokenizer.from_pretrained(model_dir)),
         "data": data,
     }
