@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from semsoft_plugin.calibration import CONTENT_FREE
 from semsoft_plugin.labels import LabelSet
 
 __all__ = [
@@ -55,7 +56,6 @@ STORE_K = 1024
 # vLLM returns each kept log-probability as a Python object; 256 covers the tune grid
 # (k <= 200) and the largest k a server request may ask (semsoft_plugin.vllm.MAX_K).
 VLLM_STORE_K = 256
-CONTENT_FREE = ("N/A", "", "[MASK]")  # Zhao et al. (2021)
 _FORMAT = 1  # bump when what is stored changes
 
 

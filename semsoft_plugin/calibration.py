@@ -27,7 +27,11 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["RunningBias", "batch_calibrate", "debias"]
+__all__ = ["CONTENT_FREE", "RunningBias", "batch_calibrate", "debias"]
+
+# Inputs that carry no content, scored in the user's prompt to read its label bias
+# (Zhao et al., 2021).
+CONTENT_FREE = ("N/A", "", "[MASK]")
 
 _EPS = 1e-12
 ArrayT = TypeVar("ArrayT")

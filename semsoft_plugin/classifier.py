@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from semsoft_plugin.calibration import CONTENT_FREE, debias
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.labels import LabelSet
 from semsoft_plugin.prompts import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["BACKENDS", "Classifier", "Predictions"]
 
 BACKENDS = ("hf", "vllm")
+CALIBRATIONS = (None, "contextual")
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,9 @@ class Classifier:
     batch_size : texts per forward pass (transformers; vLLM schedules its own)
     progress : show the adapter's progress bar (default: when there is more than one
         batch)
+    calibrate : ``None`` or ``"contextual"``: also divide out the prompt's label bias,
+        read from content-free inputs scored the same way (Zhao et al., 2021; see
+        :meth:`content_free_bias`): three forward passes per classifier, none per text
     """
 
     def __init__(
@@ -113,8 +118,11 @@ class Classifier:
         config: SemsoftConfig | None = None,
         batch_size: int = 8,
         progress: bool | None = False,
+        calibrate: str | None = None,
         **overrides: Any,
     ) -> None:
+        if calibrate not in CALIBRATIONS:
+            raise ValueError(f"calibrate={calibrate!r} must be one of {CALIBRATIONS}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a positive int")
         self.backend = "vllm" if _is_vllm(model) else "hf"
@@ -143,6 +151,8 @@ class Classifier:
         self.batch_size = batch_size
         self.progress = progress
         self._classes = tuple(sorted(label_set.names))
+        self.calibrate = calibrate
+        self._bias: np.ndarray | None = None
 
     @classmethod
     def from_pretrained(
@@ -219,45 +229,14 @@ class Classifier:
         import numpy as np
 
         inputs = self.inputs(texts)
-        names, classes = self.labels.names, self._classes
+        classes = self._classes
         if not inputs:
-            empty = np.zeros((0, len(names)))
+            empty = np.zeros((0, len(classes)))
             return Predictions(classes, [], empty, empty.copy(), np.zeros(0), np.zeros(0, bool))
-        if self.backend == "vllm":
-            from semsoft_plugin.vllm import classify_vllm
-
-            results = classify_vllm(
-                self.model,
-                inputs,
-                list(names),
-                self.config,
-                mode="observe",
-                max_tokens=1,
-                use_tqdm=bool(self.progress),
-            )
-            probs = [r["probs"] for r in results]
-            constrained = [r["constrained_probs"] for r in results]
-            coverage = [r["coverage"] for r in results]
-            fallback = [r["fallback"] for r in results]
-        else:
-            from semsoft_plugin.hf import classify
-
-            classified = classify(
-                self.model,
-                self.tokenizer,
-                inputs,
-                self.labels,
-                config=self.config,
-                mode="observe",
-                max_new_tokens=1,
-                batch_size=self.batch_size,
-                progress=self.progress,
-            )
-            probs = [c.probs for c in classified]
-            constrained = [c.constrained_probs for c in classified]
-            coverage = [c.coverage for c in classified]
-            fallback = [c.fallback for c in classified]
+        probs, constrained, coverage, fallback = self._score(inputs)
         p = _rows(probs, classes)
+        if self.calibrate == "contextual":
+            p = debias(p, self.content_free_bias())
         return Predictions(
             labels=classes,
             label=[classes[i] for i in p.argmax(axis=1)],
@@ -265,6 +244,59 @@ class Classifier:
             constrained=_rows(constrained, classes),
             coverage=np.array(coverage, dtype=np.float64),
             fallback=np.array(fallback, dtype=bool),
+        )
+
+    def content_free_bias(self) -> np.ndarray:
+        """``[L]`` (``classes_`` order): the mean Semantic Softmax distribution of the
+        content-free inputs ("N/A", "", "[MASK]") in this prompt, the label bias that
+        ``calibrate="contextual"`` divides out. Three forward passes, computed once."""
+        if self._bias is None:
+            inputs = build_inputs(
+                self.prompt, list(CONTENT_FREE), list(self.labels.names), self.tokenizer
+            )
+            probs = self._score(inputs)[0]
+            self._bias = _rows(probs, self._classes).mean(axis=0)
+        return self._bias
+
+    def _score(self, inputs: list[Any]) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+        """Per input: Semantic Softmax and constrained dicts, coverage, fallback."""
+        names = list(self.labels.names)
+        if self.backend == "vllm":
+            from semsoft_plugin.vllm import classify_vllm
+
+            results = classify_vllm(
+                self.model,
+                inputs,
+                names,
+                self.config,
+                mode="observe",
+                max_tokens=1,
+                use_tqdm=bool(self.progress),
+            )
+            return (
+                [r["probs"] for r in results],
+                [r["constrained_probs"] for r in results],
+                [r["coverage"] for r in results],
+                [r["fallback"] for r in results],
+            )
+        from semsoft_plugin.hf import classify
+
+        classified = classify(
+            self.model,
+            self.tokenizer,
+            inputs,
+            self.labels,
+            config=self.config,
+            mode="observe",
+            max_new_tokens=1,
+            batch_size=self.batch_size,
+            progress=self.progress,
+        )
+        return (
+            [c.probs for c in classified],
+            [c.constrained_probs for c in classified],
+            [c.coverage for c in classified],
+            [c.fallback for c in classified],
         )
 
     def __repr__(self) -> str:

@@ -25,7 +25,9 @@ The rule (decided here, measured in the README):
 * **Spelling variants** (capitalised, upper case, user-given synonyms) whose first
   token belongs to no other label are the label's *own tokens*: with ``own_vote``
   they vote for that label alone. On Qwen2.5 such variants held 10-23% of the top-50
-  mass: a real part of the silent vote.
+  mass: a real part of the silent vote. An automatic spelling that takes more tokens
+  than the label itself (" NEGATIVE" -> " N", "EG", "ATIVE") is skipped: its first
+  token is a fragment, not the label. Variants you pass are always taken.
 * **What a label list is** (:func:`label_names`, the one rule of every adapter:
   transformers, Outlines and vLLM): a list (or tuple) of at least two distinct,
   non-empty strings. A single label would always get probability 1, so it is refused;
@@ -160,16 +162,20 @@ class LabelSet:
         # Variant first tokens become own tokens unless another label claims them too.
         candidates: dict[str, list[int]] = {name: [ids[0]] for name, _, ids in spelled}
         claimed: dict[int, set[str]] = {ids[0]: {name} for name, _, ids in spelled}
-        for name, answer_text, _ in spelled:
+        for name, answer_text, label_ids in spelled:
             word = answer_text[len(prefix) :]
-            extra = list(variants.get(name, []))
-            if auto_variants:
-                extra = _auto_variants(word) + extra
-            for variant in extra:
+            given = list(variants.get(name, []))
+            automatic = _auto_variants(word) if auto_variants else []
+            for variant in automatic + given:
                 if not isinstance(variant, str) or not variant.strip():
                     raise ValueError(f"label {name!r}: empty variant {variant!r}")
                 ids = _encode(tokenizer, prefix + variant.strip())
                 if not ids or not _decodes_to_text(tokenizer, ids[0]):
+                    continue
+                # An automatic spelling that needs more tokens than the label starts with a
+                # fragment (" NEGATIVE" -> " N" "EG" "ATIVE"): " N" is not the label, and
+                # on SST-2 such fragments carried the model's label bias, not a vote.
+                if variant in automatic and variant not in given and len(ids) > len(label_ids):
                     continue
                 candidates[name].append(ids[0])
                 claimed.setdefault(ids[0], set()).add(name)

@@ -126,3 +126,49 @@ def test_batch_calibration_with_a_given_bias_and_bad_input():
         batch_calibrate(np.ones(3))
     with pytest.raises(ValueError, match="bias"):
         batch_calibrate(probs, bias=np.array([1.0, 0.0, 0.0]))
+
+
+# --- with the real default model ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_fragment_spellings_are_not_own_tokens(model_and_tokenizer):
+    from semsoft_plugin.labels import LabelSet
+
+    _, tokenizer = model_and_tokenizer
+    labels = LabelSet(["negative", "positive"], tokenizer)
+    upper = tokenizer.encode(" NEGATIVE", add_special_tokens=False)
+    assert len(upper) > 1  # a fragment first token (" N") on this tokenizer
+    assert upper[0] not in labels.labels[0].own_token_ids
+    capital = tokenizer.encode(" Negative", add_special_tokens=False)
+    assert len(capital) == 1 and capital[0] in labels.labels[0].own_token_ids
+    # A variant the user names is taken whatever its length.
+    given = LabelSet(["negative", "positive"], tokenizer, variants={"negative": ["NEGATIVE"]})
+    assert upper[0] in given.labels[0].own_token_ids
+
+
+@pytest.mark.slow
+def test_contextual_classifier_divides_out_the_content_free_bias(model_and_tokenizer):
+    from semsoft_plugin import Classifier
+    from semsoft_plugin.calibration import CONTENT_FREE, debias
+
+    model, tokenizer = model_and_tokenizer
+    texts = ["A wonderful, moving film.", "Dull and far too long.", "It was fine."]
+    plain = Classifier(model, tokenizer, ["positive", "negative"])
+    calibrated = Classifier(model, tokenizer, ["positive", "negative"], calibrate="contextual")
+    base = plain.predict_details(texts)
+    # The bias is the plain classifier's mean over the content-free inputs, by hand.
+    from semsoft_plugin.prompts import build_inputs
+
+    cf = plain._score(
+        build_inputs(plain.prompt, list(CONTENT_FREE), ["positive", "negative"], tokenizer)
+    )[0]
+    bias = np.array([[d[c] for c in plain.classes_] for d in cf]).mean(0)
+    np.testing.assert_allclose(calibrated.content_free_bias(), bias, atol=1e-6)
+    got = calibrated.predict_details(texts)
+    np.testing.assert_allclose(got.probs, debias(base.probs, bias), atol=1e-6)
+    np.testing.assert_allclose(got.probs.sum(1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(got.constrained, base.constrained)  # the baseline is reported as is
+    assert got.label == [calibrated.classes_[i] for i in got.probs.argmax(1)]
+    with pytest.raises(ValueError, match="calibrate='batch'"):
+        Classifier(model, tokenizer, ["positive", "negative"], calibrate="batch")
