@@ -58,6 +58,31 @@ samples are discarded; the processor keeps no record from those rows and derives
 everything from the request's output tokens on each step, so the last write at the
 decision step (the real one) is the one sampled. Model Runner V2 reports each row's
 position, and rows before the end of the prompt are skipped outright.
+
+Async scheduling (placeholder output tokens)
+--------------------------------------------
+With async scheduling (vLLM's default on GPUs) the V1 runner schedules step ``n + 1``
+before step ``n``'s sampled token has reached the host: its bookkeeping appends a
+``-1`` placeholder to the request's output-token list (the very list a processor was
+handed in ``BatchUpdate.added``) and repairs it in place, right before the sampler,
+only when ``InputBatch.logitsprocs_need_output_token_ids`` is set, i.e. when
+``model_config.logits_processors`` is non-empty (``LLM(logits_processors=[...])``,
+``--logits-processors``), or when some request in the batch uses penalties or bad
+words. A processor loaded *only* through the entry point sees ``-1`` for every
+generated token (vLLM issue 52461). Model Runner V2 has no placeholders: its
+``post_update`` writes each sampled token into ``req_states.all_token_ids`` on the
+device before the next step. The CPU platform turns async scheduling off
+(``CpuPlatform.check_and_update_config``), whatever the engine argument says.
+
+So the processor never acts on a placeholder: the trigger search stops at the first
+``-1`` (and resumes there once the token is known), and a row whose decision-step
+token is still ``-1`` is not forced. For greedy requests (the default) it does not
+need the list: greedy decoding takes the argmax of the logits this processor wrote,
+so the processor records that pick itself at the decision step and forces the rest
+of that label and EOS from it. A sampled (temperature > 0) multi-token label or a
+trigger on an engine whose output tokens are never repaired cannot be followed;
+the processor warns once, naming the fix (``--logits-processors ...`` or
+``--no-async-scheduling``).
 """
 
 from __future__ import annotations
@@ -76,6 +101,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 from vllm import SamplingParams
+from vllm.sampling_params import SamplingType
 from vllm.v1.sample.logits_processor import BatchUpdate, process_dict_updates
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor.interface import (
@@ -513,6 +539,48 @@ def _trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, st
     return -1
 
 
+def _known_length(tokens: Sequence[int], start: int) -> int:
+    """Length of the prefix of ``tokens`` free of async-scheduling placeholders
+    (``-1``), scanning from a little before ``start`` (earlier tokens were known)."""
+    for i in range(max(0, start - 1), len(tokens)):
+        if tokens[i] < 0:
+            return i
+    return len(tokens)
+
+
+def _unrepaired_output_tokens(vllm_config: Any, runner: str) -> bool:
+    """True when the V1 runner leaves ``-1`` placeholders in the output tokens this
+    processor reads: async scheduling on and no processor in
+    ``model_config.logits_processors`` (vLLM sets ``logitsprocs_need_output_token_ids``
+    from that list alone, not from entry-point plugins)."""
+    if runner != "v1":
+        return False  # Model Runner V2 writes sampled tokens on the device first
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    if not getattr(scheduler, "async_scheduling", False):
+        return False
+    return not getattr(vllm_config.model_config, "logits_processors", None)
+
+
+def _record_greedy_picks(logits: Tensor, rows: Tensor, group: list[tuple[int, Any]]) -> None:
+    """Remember, for greedy rows, the label the engine will sample from ``logits``.
+
+    vLLM's greedy sampler takes ``argmax`` of the processed logits, and only this
+    processor's label scores are finite in these rows, so the same ``argmax`` here is
+    the engine's pick (ties included). Used when async scheduling has not yet written
+    the sampled token back (module docstring). Overwritten on every decision, so a
+    discarded partial-prefill row never leaves a stale pick."""
+    greedy = [i for i, (_, state) in enumerate(group) if state.greedy]
+    for _, state in group:
+        state.predicted = None
+    if not greedy:
+        return
+    index = torch.tensor(greedy, device=logits.device)
+    picks = logits.index_select(0, rows.index_select(0, index)).argmax(-1).tolist()
+    for i, token in zip(greedy, picks, strict=True):
+        state = group[i][1]
+        state.predicted = state.scoring.answer_to_label.get(int(token))
+
+
 # ---------------------------------------------------------------------------
 # The processor
 # ---------------------------------------------------------------------------
@@ -545,6 +613,8 @@ class _Active:
     decided_at: int | None = None  # output index of the decision step
     checked_upto: int = 0  # trigger search resumes here
     label: int | None = None  # chosen label, once sampled
+    greedy: bool = True  # the engine samples the argmax of the written logits
+    predicted: int | None = None  # greedy: the label this processor's logits make it pick
 
 
 class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
@@ -598,6 +668,16 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
                 default_k,
                 default_k,
             )
+        self.placeholders = not self.inert and _unrepaired_output_tokens(vllm_config, self._runner)
+        if self.placeholders:
+            logger.warning(
+                "semsoft: this engine schedules asynchronously and no logits processor was "
+                "passed explicitly, so vLLM does not repair the placeholder (-1) output "
+                "tokens processors see; greedy label requests are still completed, sampled "
+                "multi-token labels and triggers are not: start it with --logits-processors "
+                "%s (LLM(logits_processors=[...])) or --no-async-scheduling",
+                ENTRY_POINT,
+            )
 
     # -- both interfaces -----------------------------------------------------
     @classmethod
@@ -647,7 +727,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         eos = params.eos_token_id
         if eos is None:
             eos = getattr(model.tokenizer, "eos_token_id", None)
-        return _Active(request, scoring, eos)
+        return _Active(request, scoring, eos, greedy=params.sampling_type == SamplingType.GREEDY)
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -717,7 +797,14 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
     def _plan(self, state: _Active, generated: Any, j: int) -> str | int | None:
         """What to do to the row that samples output token ``j``: decide, force a
         token (int) or nothing. Derived from the output tokens only, so rows whose
-        sample is discarded (partial prefills) leave no trace."""
+        sample is discarded (partial prefills) leave no trace.
+
+        A ``-1`` in the output tokens is an async-scheduling placeholder for a token
+        sampled but not yet copied to the host (module docstring): it is never read
+        as a token. The trigger search stops before it and resumes there on a later
+        step; a decision-step token that is still a placeholder is taken from the
+        processor's own greedy pick, and otherwise the row waits (nothing is forced
+        from a guess, and no label is cached from it)."""
         if state.decided_at is None:
             trigger = state.request.trigger
             if trigger is None:
@@ -725,10 +812,13 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             else:
                 if j < 1:
                     return None
-                tokens = generated(j) if callable(generated) else generated[:j]
+                tokens = list(generated(j) if callable(generated) else generated[:j])
+                known = _known_length(tokens, state.checked_upto)
+                if known < j:
+                    self._warn_placeholder()
                 tokenizer = self._engine_model().tokenizer
-                found = _trigger_position(tokenizer, tokens, trigger, state.checked_upto)
-                state.checked_upto = j + 1
+                found = _trigger_position(tokenizer, tokens[:known], trigger, state.checked_upto)
+                state.checked_upto = known + 1
                 if found < 0:
                     return None
                 state.decided_at = found
@@ -741,7 +831,20 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         if state.label is None:
             tokens = generated(state.decided_at + 1) if callable(generated) else generated
             answer = int(tokens[state.decided_at])
-            state.label = state.scoring.answer_to_label.get(answer, -1)
+            if answer >= 0:
+                state.label = state.scoring.answer_to_label.get(answer, -1)
+            elif state.predicted is not None:
+                state.label = state.predicted
+            else:
+                self._warn_placeholder()
+                sequences = state.scoring.labels.token_sequences
+                if (
+                    m == 1
+                    and state.eos_token_id is not None
+                    and all(len(q) == 1 for q in sequences)
+                ):
+                    return int(state.eos_token_id)  # one-token labels all end here
+                return None
         if state.label < 0:
             return None
         sequence = state.scoring.labels.token_sequences[state.label]
@@ -760,6 +863,16 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         answer = scoring.answer_ids.to(logits.device)
         logits[rows] = float("-inf")
         logits[rows.unsqueeze(1), answer.unsqueeze(0)] = log_p
+        _record_greedy_picks(logits, rows, group)
+
+    def _warn_placeholder(self) -> None:
+        self._warn(
+            "placeholder",
+            "semsoft: output tokens are still async-scheduling placeholders (-1) when the "
+            "processor runs, so a sampled label or a trigger cannot be followed; start the "
+            f"engine with --logits-processors {ENTRY_POINT} (LLM(logits_processors=[...])) "
+            "or --no-async-scheduling",
+        )
 
     def _v2_rows(self, logits: Tensor, ctx: LogitsContext) -> list[tuple[int, _Active, Any, int]]:
         slots = ctx.idx_mapping_np
