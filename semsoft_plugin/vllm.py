@@ -88,12 +88,14 @@ the processor warns once, naming the fix (``--logits-processors ...`` or
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
+import sys
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -128,6 +130,7 @@ __all__ = [
     "MAX_LABEL_BYTES",
     "SemanticSoftmaxLogitsProcessor",
     "SemsoftRequest",
+    "admission",
     "classify_vllm",
     "label_probs",
     "label_scores",
@@ -208,99 +211,152 @@ class SemsoftRequest:
         return (self.labels, self.leading_space, self.config)
 
 
-def _flag(name: str, value: Any) -> bool:
-    # JSON has no guaranteed bool in vllm_xargs (str|int|float): accept 0/1 too.
+_FLAG_RULE = "a boolean (true/false or 0/1)"
+_RULES = {
+    "k": f"an integer in [1, MAX_K={MAX_K}]",
+    "tau": "a finite number in [-1, 1)",
+    "temperature": "a finite number > 0",
+    "center": _FLAG_RULE,
+    "own_vote": _FLAG_RULE,
+    "normalize_votes": _FLAG_RULE,
+}
+
+
+def _show(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about client
+    values of any size."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long for str()
+        return "<an integer too long to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _refuse(key: str, value: Any, rule: str) -> ValueError:
+    return ValueError(f"{key}={_show(value)} must be {rule}")
+
+
+def _flag(key: str, value: Any) -> bool:
+    # vllm_xargs values are str|int|float (JSON booleans arrive as 0/1): accept 0/1 too.
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.lower() in ("true", "false", "0", "1"):
         return value.lower() in ("true", "1")
-    raise ValueError(f"{name}={value!r} must be a boolean (true/false or 0/1)")
+    raise _refuse(key, value, _FLAG_RULE)
 
 
-def _number(name: str, value: Any, kind: type) -> Any:
+def _utf8_bytes(text: str) -> int | None:
+    """UTF-8 length of ``text``; None for a lone surrogate (JSON allows ``"\\ud800"``,
+    no tokenizer does)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
+def _option(key: str, name: str, value: Any) -> Any:
+    """One method option, type-checked (a bool is not a number, NaN and inf are not
+    finite, a fraction is not an integer); ranges are left to :class:`SemsoftConfig`,
+    except the server's ``MAX_K``."""
+    rule = _RULES[name]
+    if rule == _FLAG_RULE:
+        return _flag(key, value)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name}={value!r} must be a number")
-    if kind is int:
-        if float(value) != int(value):
-            raise ValueError(f"{name}={value!r} must be an integer")
-        return int(value)
-    if not math.isfinite(float(value)):
-        raise ValueError(f"{name}={value!r} must be finite")
-    return float(value)
+        raise _refuse(key, value, rule)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _refuse(key, value, rule)
+    if name != "k":
+        return float(value)
+    if isinstance(value, float) and not value.is_integer():
+        raise _refuse(key, value, rule)
+    if not 1 <= value <= MAX_K:
+        raise _refuse(key, value, rule)
+    return int(value)
 
 
 def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None:
     """The semsoft options in ``extra_args``, or None when the request did not opt in.
 
-    A request opts in by carrying ``semsoft_labels``. Raises ``ValueError`` naming the
-    bad key, value or limit (the server answers it with HTTP 400).
+    A request opts in by carrying ``semsoft_labels``. Every option is checked here, once,
+    with the same rules as :class:`~semsoft_plugin.config.SemsoftConfig` (plus the
+    server's size limits). Raises ``ValueError`` naming the option, its value (cut to
+    a few characters) and what is allowed; the server answers it with HTTP 400.
     """
     if not extra_args:
         return None
-    present = {k for k in extra_args if k.startswith("semsoft_")}
+    present = {k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")}
     if not present:
         return None
     if KEY_LABELS not in extra_args:
         raise ValueError(
-            f"semsoft options {sorted(present)} given without {KEY_LABELS!r} (the label list)"
+            f"semsoft options {_show(sorted(present))} given without {KEY_LABELS!r} "
+            "(the label list)"
         )
     unknown = present - _KEYS
     if unknown:
-        raise ValueError(f"unknown semsoft option(s) {sorted(unknown)}; known: {sorted(_KEYS)}")
+        raise ValueError(
+            f"unknown semsoft option(s) {_show(sorted(unknown), 80)}; known: {sorted(_KEYS)}"
+        )
     labels = extra_args[KEY_LABELS]
     if isinstance(labels, str) or not isinstance(labels, Sequence):
-        raise ValueError(f"{KEY_LABELS} must be a list of strings, got {labels!r}")
+        raise ValueError(f"{KEY_LABELS} must be a list of strings, got {_show(labels)}")
     if not 2 <= len(labels) <= MAX_LABELS:
         raise ValueError(
             f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to MAX_LABELS={MAX_LABELS}"
         )
     for label in labels:
         if not isinstance(label, str) or not label.strip():
-            raise ValueError(f"{KEY_LABELS}: label {label!r} is not a non-empty string")
-        if len(label.encode("utf-8")) > MAX_LABEL_BYTES:
+            raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not a non-empty string")
+        if _utf8_bytes(label) is None:
+            raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not valid Unicode")
+        if _utf8_bytes(label) > MAX_LABEL_BYTES:
             raise ValueError(
-                f"{KEY_LABELS}: label {label[:20]!r}... is longer than "
+                f"{KEY_LABELS}: label {_show(label, 24)} is longer than "
                 f"MAX_LABEL_BYTES={MAX_LABEL_BYTES} UTF-8 bytes"
             )
     if len(set(labels)) != len(labels):
-        raise ValueError(f"{KEY_LABELS} holds a label twice: {list(labels)!r}")
+        twice = next(label for i, label in enumerate(labels) if label in labels[:i])
+        raise ValueError(f"{KEY_LABELS} holds the label {_show(twice)} twice")
 
     overrides: dict[str, Any] = {}
     for key, name in _CONFIG_KEYS.items():
-        if key not in extra_args:
-            continue
-        value = extra_args[key]
-        if name in ("center", "own_vote", "normalize_votes"):
-            overrides[name] = _flag(key, value)
-        elif name == "k":
-            overrides[name] = _number(key, value, int)
-        else:
-            overrides[name] = _number(key, value, float)
-    if overrides.get("k", 1) > MAX_K:
-        raise ValueError(f"semsoft_k={overrides['k']} exceeds MAX_K={MAX_K}")
-    config = SemsoftConfig().replace(**overrides)  # ValueError names a bad value
+        if key in extra_args:
+            overrides[name] = _option(key, name, extra_args[key])
+    try:
+        config = SemsoftConfig().replace(**overrides)
+    except ValueError as error:  # SemsoftConfig names the field: "tau=1.5 must be ..."
+        raise ValueError(f"semsoft_{error}") from None
 
     mode = extra_args.get(KEY_MODE, "constrain")
-    if mode not in _MODES:
-        raise ValueError(f"{KEY_MODE}={mode!r} must be one of {_MODES}")
+    if not isinstance(mode, str) or mode not in _MODES:
+        raise _refuse(KEY_MODE, mode, f"one of {_MODES}")
     trigger = extra_args.get(KEY_TRIGGER)
     if trigger is not None:
+        rule = f"a non-empty string of at most MAX_TRIGGER_BYTES={MAX_TRIGGER_BYTES} UTF-8 bytes"
         if not isinstance(trigger, str) or not trigger:
-            raise ValueError(f"{KEY_TRIGGER}={trigger!r} must be a non-empty string")
-        if len(trigger.encode("utf-8")) > MAX_TRIGGER_BYTES:
-            raise ValueError(f"{KEY_TRIGGER} is longer than {MAX_TRIGGER_BYTES} UTF-8 bytes")
+            raise _refuse(KEY_TRIGGER, trigger, rule)
+        size = _utf8_bytes(trigger)
+        if size is None or size > MAX_TRIGGER_BYTES:
+            raise _refuse(KEY_TRIGGER, trigger, rule)
     leading_space = _flag(KEY_LEADING_SPACE, extra_args.get(KEY_LEADING_SPACE, True))
     return SemsoftRequest(tuple(labels), config, mode, trigger, leading_space)
 
 
-def validate_params(params: SamplingParams) -> SemsoftRequest | None:
+def validate_params(
+    params: SamplingParams, *, vllm_config: VllmConfig | None = None
+) -> SemsoftRequest | None:
     """Check an opted-in request's options and its compatibility with the method.
 
     Returns the parsed options (None when the request did not opt in). Raises
     ``ValueError`` with the reason; the server turns it into HTTP 400 and the other
     requests are not affected.
+
+    With the engine's ``vllm_config`` (given, or found from vLLM's admission call, see
+    :func:`_admission_config`) it also resolves the labels with the engine's tokenizer
+    and refuses a label set the decision step cannot tell apart (two labels sharing a
+    first token), naming both labels, instead of letting it reach the engine.
 
     Besides the options themselves it refuses, for opted-in requests, what would make
     the emitted label or the returned scores disagree with Semantic Softmax on the
@@ -345,7 +401,119 @@ def validate_params(params: SamplingParams) -> SemsoftRequest | None:
                 "change the decision-step logits, so the label would not follow P_sem "
                 f"(use {KEY_MODE}='observe' to keep them)"
             )
+    config = vllm_config if vllm_config is not None else _admission_config()
+    if config is not None:
+        multi_token = _check_label_set(request, config.model_config)
+        _check_servable(request, params, config, multi_token)
     return request
+
+
+def _check_servable(
+    request: SemsoftRequest, params: SamplingParams, vllm_config: Any, multi_token: bool
+) -> None:
+    """Refuse what the engine's processor could not follow: on a V1 engine that leaves
+    async-scheduling placeholders in the output tokens (module docstring), a trigger
+    and a sampled multi-token label would otherwise run partly unconstrained."""
+    if request.mode != "constrain":
+        return
+    if not getattr(vllm_config.scheduler_config, "async_scheduling", False):
+        return
+    runner = "v2" if vllm_config.use_v2_model_runner else "v1"
+    if not _unrepaired_output_tokens(vllm_config, runner):
+        return
+    greedy = params.sampling_type == SamplingType.GREEDY
+    if request.trigger is not None or (multi_token and not greedy):
+        what = KEY_TRIGGER if request.trigger is not None else "sampled multi-token labels"
+        raise ValueError(
+            f"semsoft cannot follow {what} on this engine: it schedules asynchronously and "
+            "the processor was loaded only through the entry point, so vLLM does not repair "
+            f"the output tokens it reads; start it with --logits-processors {ENTRY_POINT} "
+            "or --no-async-scheduling"
+        )
+
+
+def _admission_config() -> Any | None:
+    """The engine's ``VllmConfig`` when called from vLLM's request admission, else None.
+
+    vLLM hands ``validate_params`` the ``SamplingParams`` only, but it calls it from
+    ``InputProcessor._validate_params`` (every request: ``LLM.generate``, the OpenAI
+    server, V1 and Model Runner V2 validators alike), in the frontend process, which
+    holds the engine's config. That caller is found a few frames up. The processor
+    itself cannot supply the tokenizer there: it is built in the engine-core process,
+    not in the server's frontend.
+    """
+    module = sys.modules.get("vllm.v1.engine.input_processor")
+    if module is None:
+        return None
+    frame = sys._getframe(1)
+    for _ in range(_ADMISSION_FRAMES):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, module.InputProcessor):
+            return owner.vllm_config
+    return None
+
+
+# How far up validate_params' callers the admission frame may be (vLLM 0.32: 3-4).
+_ADMISSION_FRAMES = 8
+_TOKENIZERS: dict[tuple[Any, ...], Any] = {}
+_TOKENIZERS_LOCK = threading.Lock()
+# (tokenizer, labels, leading space) -> (refusal or None, any multi-token label); LRU-bounded.
+_ADMITTED: OrderedDict[tuple[Any, ...], tuple[str | None, bool]] = OrderedDict()
+
+
+def _tokenizer_key(model_config: Any) -> tuple[Any, ...]:
+    return (
+        str(model_config.tokenizer),
+        getattr(model_config, "tokenizer_revision", None),
+        bool(getattr(model_config, "trust_remote_code", False)),
+    )
+
+
+def _load_tokenizer(model_config: Any) -> Any:
+    """The engine's tokenizer, loaded once per process (the processor, the admission
+    check and the server middleware share it)."""
+    key = _tokenizer_key(model_config)
+    with _TOKENIZERS_LOCK:
+        found = _TOKENIZERS.get(key)
+    if found is None:
+        from transformers import AutoTokenizer
+
+        loaded = AutoTokenizer.from_pretrained(key[0], revision=key[1], trust_remote_code=key[2])
+        with _TOKENIZERS_LOCK:
+            found = _TOKENIZERS.setdefault(key, loaded)
+    return found
+
+
+def _check_label_set(request: SemsoftRequest, model_config: Any) -> bool:
+    """Refuse labels the engine's tokenizer cannot tell apart (``ValueError`` naming
+    them); else whether some label takes several tokens. Outcomes are cached per
+    distinct label set, at most ``_CACHE_SIZE``."""
+    key = (_tokenizer_key(model_config), request.labels, request.leading_space)
+    with _TOKENIZERS_LOCK:
+        outcome = _ADMITTED.get(key)
+        if outcome is not None:
+            _ADMITTED.move_to_end(key)
+    if outcome is None:
+        try:
+            labels = LabelSet(
+                list(request.labels),
+                _load_tokenizer(model_config),
+                leading_space=request.leading_space,
+            )
+            outcome = (None, bool(labels.multi_token_labels))
+        except ValueError as error:
+            outcome = (str(error), False)
+        with _TOKENIZERS_LOCK:
+            _ADMITTED[key] = outcome
+            while len(_ADMITTED) > _CACHE_SIZE:
+                _ADMITTED.popitem(last=False)
+    refusal, multi_token = outcome
+    if refusal is not None:
+        raise ValueError(f"{KEY_LABELS}: {refusal}")
+    return multi_token
 
 
 def sampling_params(
@@ -607,7 +775,7 @@ class _Active:
     """Engine-side state of one opted-in request (constrain mode)."""
 
     request: SemsoftRequest
-    scoring: _Scoring
+    scoring: _Scoring | None  # None: the label set was refused; the request is ended
     eos_token_id: int | None
     output_ids: list[int] | None = None  # V1: the runner's live list
     decided_at: int | None = None  # output index of the decision step
@@ -692,16 +860,10 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
     def _engine_model(self) -> _Model:
         with self._model_lock:
             if self._model is None:
-                from transformers import AutoTokenizer
-
                 model_config = self._config.model_config
-                tokenizer = AutoTokenizer.from_pretrained(
-                    model_config.tokenizer,
-                    trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
-                )
                 self._model = _Model(
                     model_config.model,
-                    tokenizer,
+                    _load_tokenizer(model_config),
                     vocab_size=model_config.get_vocab_size(),
                     device=self._device,
                 )
@@ -717,17 +879,20 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         if request is None or request.mode != "constrain":
             return None
         model = self._engine_model()
-        try:
-            scoring = model.scoring(request)
-        except ValueError as error:
-            # Needs the tokenizer, so it cannot be a 400 at admission; the request runs
-            # unconstrained and the reader raises the same error on its output.
-            self._warn(str(error), f"semsoft: label set refused, request left as is: {error}")
-            return None
         eos = params.eos_token_id
         if eos is None:
             eos = getattr(model.tokenizer, "eos_token_id", None)
-        return _Active(request, scoring, eos, greedy=params.sampling_type == SamplingType.GREEDY)
+        greedy = params.sampling_type == SamplingType.GREEDY
+        try:
+            scoring = model.scoring(request)
+        except ValueError as error:
+            # Normally refused at admission (validate_params resolves the labels with
+            # the engine's tokenizer). Should a request get here without that check, it
+            # is ended at its first step (EOS), never run unconstrained; the reader
+            # raises the same error on its output.
+            self._warn(str(error), f"semsoft: label set refused, request ended: {error}")
+            return _Active(request, None, eos, greedy=greedy)
+        return _Active(request, scoring, eos, greedy=greedy)
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -805,6 +970,8 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         step; a decision-step token that is still a placeholder is taken from the
         processor's own greedy pick, and otherwise the row waits (nothing is forced
         from a guess, and no label is cached from it)."""
+        if state.scoring is None:  # refused label set: end the request now
+            return None if state.eos_token_id is None else int(state.eos_token_id)
         if state.decided_at is None:
             trigger = state.request.trigger
             if trigger is None:
@@ -1014,11 +1181,22 @@ def _request_of(params_or_labels: Any, options: Mapping[str, Any]) -> SemsoftReq
 
 
 def _decision_step(model: _Model, request: SemsoftRequest, generated: Sequence[int]) -> int:
+    """Index of the decision step among the generated tokens; ``ValueError`` when the
+    output carries none (nothing generated, or the trigger never written)."""
     if request.trigger is None:
+        if not generated:
+            raise ValueError(
+                "the output carries no decision step: it holds no generated token with "
+                "log-probabilities (max_tokens=0, or the request was cut before its first token)"
+            )
         return 0
     found = _trigger_position(model.tokenizer, generated, request.trigger, 1)
-    if found < 0:
-        raise ValueError(f"the trigger {request.trigger!r} never appears in the generated text")
+    if found < 0 or found >= len(generated):
+        raise ValueError(
+            f"the output carries no decision step: the trigger {request.trigger!r} "
+            f"{'never appears in' if found < 0 else 'ends'} the {len(generated)} generated "
+            "token(s) (raise max_tokens)"
+        )
     return found
 
 
@@ -1026,30 +1204,34 @@ def label_scores(
     request_output: Any,
     params: SamplingParams | Sequence[str],
     model: Any,
+    *,
+    choice: int = 0,
     **options: Any,
 ) -> LabelScores:
     """Semantic Softmax scores of an offline ``RequestOutput``.
 
     Parameters
     ----------
-    request_output : what ``LLM.generate`` returned for the request (first completion)
+    request_output : what ``LLM.generate`` returned for the request
     params : the request's ``SamplingParams`` (from :func:`sampling_params`), or its
         label list plus the same ``options``
     model : the ``vllm.LLM`` (or its checkpoint directory / model name): the reader
         needs the tokenizer and the output embeddings, loaded once per model
+    choice : which completion (``n > 1`` gives ``n``), in vLLM's order
     """
     request = _request_of(params, options)
     client = _client_model(model)
-    completion = request_output.outputs[0]
+    outputs = list(getattr(request_output, "outputs", None) or [])
+    if not -len(outputs) <= choice < len(outputs):
+        raise ValueError(f"choice={choice}: the output holds {len(outputs)} completion(s)")
+    completion = outputs[choice]
     if not completion.logprobs:
         raise ValueError(
             "the output holds no log-probabilities: the request needs logprobs >= k "
             "(use semsoft_plugin.vllm.sampling_params)"
         )
-    generated = list(completion.token_ids)
+    generated = list(completion.token_ids)[: len(completion.logprobs)]
     step = _decision_step(client, request, generated)
-    if step >= len(completion.logprobs):
-        raise ValueError("generation ended before the decision step")
     entries = completion.logprobs[step]
     k = request.config.k
     top = {
@@ -1062,7 +1244,12 @@ def label_scores(
 
 
 def label_probs(
-    request_output: Any, params: SamplingParams | Sequence[str], model: Any, **options: Any
+    request_output: Any,
+    params: SamplingParams | Sequence[str],
+    model: Any,
+    *,
+    choice: int = 0,
+    **options: Any,
 ) -> dict[str, float]:
     """``{label: probability}`` (Semantic Softmax) of an offline ``RequestOutput``.
 
@@ -1070,7 +1257,7 @@ def label_probs(
     fallback (the constrained softmax) cannot be read from the output because a label
     token is outside the returned top-k; :func:`classify_vllm` handles that case.
     """
-    scores = label_scores(request_output, params, model, **options)
+    scores = label_scores(request_output, params, model, choice=choice, **options)
     if scores.probs is None:
         raise ValueError(
             "no top-k token voted for any label and the label tokens are outside the "
@@ -1127,6 +1314,80 @@ def openai_request(
     return kwargs
 
 
+async def admission(request: Any, call_next: Any) -> Any:
+    """vLLM OpenAI-server middleware: semsoft's checks before any response starts.
+
+    ``python -m vllm.entrypoints.openai.api_server ... --middleware
+    semsoft_plugin.vllm.admission``. Why a middleware: vLLM admits a request (and calls
+    :meth:`SemanticSoftmaxLogitsProcessor.validate_params`) only when the serving layer
+    first reads the engine's result stream, and for ``stream: true`` that happens inside
+    an already-sent HTTP 200, so a refusal arrives as an error event (vLLM's own checks,
+    e.g. ``top_logprobs`` above ``--max-logprobs``, behave the same). Run on the request
+    body first, the same checks give streaming requests the same HTTP 400 as the
+    others. The body also shows what never reaches ``validate_params``: vLLM's removed
+    ``guided_*`` fields (ignored by vLLM 0.32, so they would not constrain anything) and
+    a JSON ``true`` given as a number (``vllm_xargs`` turns it into 1). Requests that
+    do not opt in pass untouched.
+    """
+    path = request.url.path.rstrip("/")
+    if request.method == "POST" and path.endswith("/completions"):
+        config = getattr(request.app.state, "vllm_config", None)
+        message = _check_http_body(await request.body(), path, config)
+        if message is not None:
+            from starlette.responses import JSONResponse
+
+            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return JSONResponse({"error": error}, status_code=400)
+    return await call_next(request)
+
+
+def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
+    """The refusal for an opted-in chat/completions body, or None (also for bodies
+    vLLM will refuse itself: malformed JSON, wrong field types)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    xargs = data.get("vllm_xargs")
+    if not isinstance(xargs, dict) or not any(
+        isinstance(k, str) and k.startswith("semsoft_") for k in xargs
+    ):
+        return None
+    try:
+        legacy = sorted(k for k, v in data.items() if k.startswith("guided_") and v is not None)
+        if legacy:
+            raise ValueError(
+                f"semsoft requests do their own label constraint: drop {_show(legacy, 80)} "
+                "(guided decoding erases the silent vote; vLLM no longer applies these fields)"
+            )
+        parse_request(xargs)  # the raw JSON values: a true is still a bool here
+        params = _body_sampling_params(data, path)
+        if params is not None:
+            validate_params(params, vllm_config=vllm_config)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _body_sampling_params(data: dict[str, Any], path: str) -> SamplingParams | None:
+    """The ``SamplingParams`` vLLM's serving layer will build from ``data`` (None if
+    vLLM's own request validation refuses the body: it answers that itself)."""
+    if path.endswith("/chat/completions"):
+        from vllm.entrypoints.openai.chat_completion.protocol import (
+            ChatCompletionRequest as Request,
+        )
+    else:
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Request
+    try:
+        parsed = Request.model_validate(data)
+        limit = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens or 16
+        return parsed.to_sampling_params(limit, {})
+    except (ValueError, TypeError):
+        return None
+
+
 def _get(obj: Any, name: str) -> Any:
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
@@ -1143,6 +1404,48 @@ def _openai_token(model: _Model, token: str) -> int:
     return token_id
 
 
+def _gather_chunks(chunks: Iterable[Any]) -> dict[str, Any]:
+    """Streaming chunks (``stream=True``), gathered by the caller, as one response:
+    per choice index, the log-probability entries of every chunk in order."""
+    choices: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for part in _get(chunk, "choices") or []:
+            index = int(_get(part, "index") or 0)
+            merged = choices.setdefault(index, {"index": index, "logprobs": None})
+            logprobs = _get(part, "logprobs")
+            if logprobs is None:
+                continue
+            content = _get(logprobs, "content")
+            if content is not None:  # chat
+                merged["logprobs"] = merged["logprobs"] or {"content": []}
+                merged["logprobs"]["content"].extend(content)
+                continue
+            target = merged["logprobs"] = merged["logprobs"] or {
+                "tokens": [],
+                "token_logprobs": [],
+                "top_logprobs": [],
+            }
+            for name in ("tokens", "token_logprobs", "top_logprobs"):
+                target[name].extend(_get(logprobs, name) or [])
+    return {"choices": [choices[i] for i in sorted(choices)]}
+
+
+def _generated_start(picked: Any, token_logprobs: Sequence[Any]) -> int:
+    """Where the generated tokens start in a completions choice: 0, or after the
+    prompt when the request echoed it (``echo: true``; the prompt's first token has no
+    log-probability, which is how an echo is recognised)."""
+    if not token_logprobs or token_logprobs[0] is not None:
+        return 0
+    for name in ("prompt_token_ids", "prompt_logprobs"):  # vLLM sends prompt_logprobs
+        prompt = _get(picked, name)
+        if prompt:
+            return len(prompt)
+    raise ValueError(
+        "the response echoes the prompt (echo: true) but does not say how long it is: "
+        "ask with return_token_ids (vLLM) or without echo"
+    )
+
+
 def openai_label_scores(
     response: Any,
     labels: Sequence[str],
@@ -1156,16 +1459,25 @@ def openai_label_scores(
     Parameters
     ----------
     response : ``ChatCompletion`` / ``Completion`` (or their dict form) from a request
-        built with :func:`openai_request`
+        built with :func:`openai_request`, or the list of chunks of a streaming one.
+        Completions with ``echo: true`` are read from the generated part only.
     labels, **options : the same labels and options the request was sent with
     model : checkpoint directory or model name of the served model (the reader needs
         its tokenizer and output embeddings)
-    choice : which choice of the response
+    choice : which choice (``n > 1`` gives ``n``; chunks are grouped by their index)
+
+    Raises ``ValueError`` when the choice carries no decision step (no generated token
+    with log-probabilities, or a trigger never written).
     """
     cfg_options = {k: v for k, v in options.items() if k != "plugin"}
     request = _request_of(list(labels), cfg_options)
     client = _client_model(model)
-    picked = _get(response, "choices")[choice]
+    if _get(response, "choices") is None and isinstance(response, Iterable):
+        response = _gather_chunks(response)
+    choices = list(_get(response, "choices") or [])
+    if not -len(choices) <= choice < len(choices):
+        raise ValueError(f"choice={choice}: the response holds {len(choices)} choice(s)")
+    picked = choices[choice]
     logprobs = _get(picked, "logprobs")
     if logprobs is None:
         raise ValueError("the response holds no log-probabilities (see openai_request)")
@@ -1183,23 +1495,22 @@ def openai_label_scores(
         tokens = _get(logprobs, "tokens") or []
         token_logprobs = _get(logprobs, "token_logprobs") or []
         tops = _get(logprobs, "top_logprobs") or []
-        for token, logprob, top in zip(tokens, token_logprobs, tops, strict=False):
+        start = _generated_start(picked, token_logprobs)
+        for token, logprob, top in list(zip(tokens, token_logprobs, tops, strict=False))[start:]:
             chosen = _openai_token(client, token)
             parsed = {_openai_token(client, t): float(v) for t, v in (top or {}).items()}
             steps.append((chosen, parsed, {chosen: float(logprob)}))
     generated = [chosen for chosen, _, _ in steps]
     step = _decision_step(client, request, generated)
-    if step >= len(steps):
-        raise ValueError("generation ended before the decision step")
     _, top, extra = steps[step]
     return _score_top_k(client, request, top, extra, generated, step)
 
 
 def openai_label_probs(
-    response: Any, labels: Sequence[str], model: Any, **options: Any
+    response: Any, labels: Sequence[str], model: Any, *, choice: int = 0, **options: Any
 ) -> dict[str, float]:
     """``{label: probability}`` of an ``openai`` response; see :func:`openai_label_scores`."""
-    scores = openai_label_scores(response, labels, model, **options)
+    scores = openai_label_scores(response, labels, model, choice=choice, **options)
     if scores.probs is None:
         raise ValueError(
             "no top-k token voted for any label and the label tokens are outside the "
