@@ -54,8 +54,9 @@ def label_words(tokenizer: Any, count: int) -> list[str]:
         text = tokenizer.decode([token_id])
         if text.startswith(" ") and text[1:].isalpha() and text[1:].islower() and len(text) > 4:
             word = text[1:]
-            try:
-                LabelSet([*words, word], tokenizer)
+            try:  # a set of one label is refused: the first word is checked with the second
+                if words:
+                    LabelSet([*words, word], tokenizer)
             except ValueError:
                 continue
             words.append(word)

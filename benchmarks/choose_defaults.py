@@ -1,23 +1,29 @@
-"""Choose the default SemsoftConfig by measurement (run on demand; reads kept forward passes).
+"""Choose the default Semantic Softmax method by measurement, do-no-harm first.
 
-For every (model, data set) pair whose forward passes ``semsoft eval`` has kept (run
-``semsoft eval --model M --dataset D --limit N`` first), the items are split in two
-fixed halves: a *tune* half, on which one configuration for all pairs is chosen, and a
-*report* half, on which everything printed is measured. The held-out splits the
-project is checked on are not available here; the report half stands in for them.
+Run on demand; reads the forward passes ``semsoft eval`` keeps (run ``semsoft eval
+--model M --dataset D --limit N`` first, or ``--collect`` here). For every (model, data
+set) pair the items are split in two fixed halves: a *tune* half, on which one method
+for all pairs is chosen, and a *report* half, on which everything printed is measured.
+The held-out splits the project is checked on are not available here; the report half
+stands in for them.
 
-Choice rule: among the grid, the configuration with the lowest mean NLL relative to
-``constrained`` over the tune halves, among those no worse than ``constrained`` in NLL
-and ECE on any tune half (do no harm); if none qualifies, the lowest mean relative NLL.
+Candidates are label-free: a :class:`SemsoftConfig` (the paper's formula, the previous
+default that shares every kept token's mass out, and the residual forms with a fixed
+or a model-derived threshold), each alone or followed by batch calibration (Zhou et
+al., 2024) or contextual calibration (Zhao et al., 2021) of its own scores.
 
-Also measured, on the report halves: each hypothesis (own_vote, center,
-normalize_votes) as the best configuration with that switch fixed; the best tau per
-pair beside the label-label cosines; and Semantic Softmax plus a temperature fitted on
-the tune half against temperature scaling fitted on the same half.
+Choice rule (the do-no-harm rule of the no-harm issue): on every tune half, against
+``constrained``, NLL and ECE at most +0.01 and macro-F1 at least -0.01; among the
+candidates that pass everywhere, the lowest mean NLL relative to ``constrained``. A
+candidate that wins on one pair and harms another is not a default.
+
+Also measured (the mechanism): the share of the top-K mass on tokens with no clear label
+neighbour (best centred cosine below 0.1 / 0.2, a label's own tokens excluded), and what
+each method does on the items where ``constrained`` was right and confident (p >= 0.9).
 
 Usage::
 
-    python benchmarks/choose_defaults.py --models default,qwen2.5-coder-1.5b \\
+    python benchmarks/choose_defaults.py --collect --models default,qwen2.5-coder-1.5b \\
         --sets goemotions:600,ekman:400,sst2:400,davidson:400 --out defaults.json
 """
 
@@ -36,44 +42,113 @@ from semsoft_eval import calibrate, metrics
 from semsoft_eval.data import load_builtin, sample
 from semsoft_eval.forward import STORE_K, Forward, cache_path
 from semsoft_eval.prompts import TEMPLATES
-from semsoft_eval.tune import DEFAULT_GRID, grid_configs, grid_probs, label_cosines
+from semsoft_eval.tune import grid_probs
 from semsoft_plugin import models
+from semsoft_plugin.calibration import batch_calibrate
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.embeddings import from_checkpoint
 from semsoft_plugin.labels import LabelSet
 
-EPS = 1e-12
+HARM = {"nll": 0.01, "ece": 0.01, "macro_f1": -0.01}  # allowed difference vs constrained
+K = 50
+
+CONFIGS: dict[str, SemsoftConfig] = {
+    "paper": SemsoftConfig.paper(k=K),
+    "shared": SemsoftConfig.shared_votes(k=K),
+    **{
+        f"residual tau={t}": SemsoftConfig(k=K, tau=t, residual=True, tau_quantile=None)
+        for t in (0.0, 0.1, 0.2, 0.3)
+    },
+    **{
+        f"residual q={q}": SemsoftConfig(k=K, residual=True, tau_quantile=q)
+        for q in (0.9, 0.99, 0.999)
+    },
+    **{
+        f"shared q={q}": SemsoftConfig(k=K, residual=False, tau_quantile=q)
+        for q in (0.9, 0.99, 0.999)
+    },
+}
+POSTS = ("", "batch", "contextual")
 
 
-def _nll(p: np.ndarray, y: np.ndarray) -> float:
-    return float(-np.log(np.clip(p[np.arange(len(y)), y], EPS, 1)).mean())
-
-
-def _ece(p: np.ndarray, y: np.ndarray) -> float:
-    return float(metrics.ece_numpy(p.max(1), p.argmax(1) == y))
-
-
-def load_pair(model: str, dataset: str, limit: int, seed: int) -> dict[str, Any]:
+def load_pair(model: str, dataset: str, limit: int, seed: int, collect: bool) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     model_dir = models.resolve(model)
     data = sample(load_builtin(dataset), limit, seed)
     template = TEMPLATES[data.task]
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    labels = LabelSet(data.labels, tokenizer)
     path = cache_path(
         models.cache_dir() / "eval", model_dir, data.texts, data.labels, template.to_dict(), STORE_K
     )
     if not path.is_file():
-        raise SystemExit(
-            f"no kept forward passes for {model} {dataset} {limit}: run semsoft eval first ({path})"
-        )
+        if not collect:
+            raise SystemExit(f"no kept forward passes for {model} {dataset} {limit} ({path})")
+        from semsoft_eval.evaluate import prepare
+
+        prepare(model, dataset, limit=limit, seed=seed, sequence=False)
     return {
         "forward": Forward.load(path),
         "embeddings": from_checkpoint(model_dir),
-        "labels": labels,
+        "labels": LabelSet(data.labels, AutoTokenizer.from_pretrained(model_dir)),
         "data": data,
     }
+
+
+def _constrained(values: torch.Tensor, n_labels: int) -> np.ndarray:
+    return torch.softmax(values[:, :n_labels].double(), -1).numpy()
+
+
+def candidate_probs(pair: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Every candidate's ``[N, L]`` probabilities, and the label-free baselines'."""
+    forward, labels = pair["forward"], pair["labels"]
+    names = list(CONFIGS)
+    configs = [CONFIGS[n] for n in names]
+    probs, _ = grid_probs(forward, pair["embeddings"], labels, configs)
+    cf_probs, _ = grid_probs(forward.content_free(), pair["embeddings"], labels, configs)
+    constrained = _constrained(forward.label_logits, len(labels))
+    out = {
+        "constrained": constrained,
+        "contextual": calibrate.contextual(
+            constrained, _constrained(forward.cf_label_logits, len(labels))
+        ),
+        "batch": batch_calibrate(constrained),
+    }
+    for i, name in enumerate(names):
+        out[name] = probs[i]
+        out[f"{name} + batch"] = batch_calibrate(probs[i])
+        out[f"{name} + contextual"] = calibrate.contextual(probs[i], cf_probs[i])
+    return out
+
+
+def mechanism(pair: dict[str, Any], probs: dict[str, np.ndarray], chosen: str) -> dict[str, Any]:
+    """Where the top-K mass goes, and what happens to right, confident items."""
+    forward, labels, emb = pair["forward"], pair["labels"], pair["embeddings"]
+    tokens = labels.label_tokens
+    top_ids = forward.top_ids[:, :K]
+    p = torch.softmax(forward.top_logits[:, :K].double(), -1)  # shares of the top-K mass
+    label_rows = emb.unit_rows(torch.tensor(tokens.anchors), center=True)
+    best = (emb.unit_rows(top_ids, center=True) @ label_rows.T).amax(-1).double()
+    own = torch.isin(top_ids, torch.tensor([t for o in tokens.own_token_ids for t in o]))
+    out: dict[str, Any] = {"own_token_share": float((p * own).sum(-1).mean())}
+    for cut in (0.1, 0.2):
+        far = (best < cut) & ~own
+        out[f"share_best_cos_below_{cut}"] = float((p * far).sum(-1).mean())
+    y = pair["data"].targets
+    rows = np.arange(len(y))
+    con = probs["constrained"]
+    sure = (con.argmax(1) == y) & (con[rows, y] >= 0.9)
+    out["n_right_and_confident"] = int(sure.sum())
+    if sure.any():
+        for name in ("constrained", "shared", chosen):
+            q = probs[name]
+            out[f"p_true_on_confident[{name}]"] = float(q[rows, y][sure].mean())
+            out[f"flipped_on_confident[{name}]"] = float((q.argmax(1) != y)[sure].mean())
+    return out
+
+
+def _scores(p: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    m = metrics.classification_metrics(p, y)
+    return {k: m[k] for k in ("accuracy", "macro_f1", "ece", "brier", "nll", "auroc")}
 
 
 def main() -> int:
@@ -82,140 +157,110 @@ def main() -> int:
     parser.add_argument("--sets", default="goemotions:600,ekman:400,sst2:400,davidson:400")
     parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
     parser.add_argument("--split-seed", type=int, default=1)
+    parser.add_argument("--collect", action="store_true", help="run missing forward passes")
+    parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--out", default="defaults.json")
-    parser.add_argument(
-        "--k", default="20,50,100", help="k values of the grid (the rest is tune's grid)"
-    )
     args = parser.parse_args()
 
-    configs = grid_configs({**DEFAULT_GRID, "k": tuple(int(k) for k in args.k.split(","))})
     pairs: dict[str, dict[str, Any]] = {}
     for model in args.models.split(","):
         for spec in args.sets.split(","):
             dataset, limit = spec.split(":")
             try:
-                pair = load_pair(model, dataset, int(limit), args.seed)
+                pair = load_pair(model, dataset, int(limit), args.seed, args.collect)
             except SystemExit as missing:
                 print(missing)
                 continue
             start = time.perf_counter()
-            probs, fallback = grid_probs(
-                pair["forward"], pair["embeddings"], pair["labels"], configs
-            )
-            pair["grid"], pair["fallback"] = probs, fallback
+            pair["probs"] = candidate_probs(pair)
             y = pair["data"].targets
             half = calibrate.folds(len(y), 2, args.split_seed)
             pair["tune"], pair["report"] = half == 0, half == 1
-            constrained = torch.softmax(
-                pair["forward"].label_logits[:, : len(pair["labels"])].double(), -1
-            ).numpy()
-            pair["constrained"] = constrained
-            pair["cos"] = {
-                c: label_cosines(pair["embeddings"], pair["labels"], center=c)
-                for c in (True, False)
-            }
-            key = f"{model}/{dataset}"
-            pairs[key] = pair
-            print(
-                f"{key}: grid of {len(configs)} scored in {time.perf_counter() - start:.0f} s",
-                flush=True,
-            )
+            pairs[f"{model}/{dataset}"] = pair
+            print(f"{model}/{dataset}: scored in {time.perf_counter() - start:.0f} s", flush=True)
 
-    # Relative NLL/ECE against constrained, per pair, per config, on each half.
-    rel: dict[str, dict[str, np.ndarray]] = {}
+    candidates = [n for n in next(iter(pairs.values()))["probs"] if n not in ("constrained",)]
+    label_free = [n for n in candidates if n not in ("contextual", "batch")]
+    # Tune halves: differences against constrained, per candidate and pair.
+    tune: dict[str, dict[str, dict[str, float]]] = {}
     for key, pair in pairs.items():
-        y = pair["data"].targets
-        rel[key] = {}
-        for part in ("tune", "report"):
-            m = pair[part]
-            base_nll, base_ece = (
-                _nll(pair["constrained"][m], y[m]),
-                _ece(pair["constrained"][m], y[m]),
-            )
-            rel[key][f"{part}_nll"] = np.array([_nll(p[m], y[m]) for p in pair["grid"]]) / base_nll
-            rel[key][f"{part}_ece_diff"] = (
-                np.array([_ece(p[m], y[m]) for p in pair["grid"]]) - base_ece
-            )
-    keys = list(pairs)
-    tune_nll = np.mean([rel[k]["tune_nll"] for k in keys], 0)
-    harmless = np.all(
-        [(rel[k]["tune_nll"] <= 1.0) & (rel[k]["tune_ece_diff"] <= 0.0) for k in keys], 0
-    )
-    candidates = np.flatnonzero(harmless) if harmless.any() else np.arange(len(configs))
-    chosen = int(candidates[np.argmin(tune_nll[candidates])])
-
-    def best_with(**fixed: Any) -> int:
-        ok = [i for i, c in enumerate(configs) if all(getattr(c, f) == v for f, v in fixed.items())]
-        return ok[int(np.argmin(tune_nll[ok]))]
-
-    hypotheses = {}
-    for switch in ("own_vote", "center", "normalize_votes"):
-        for value in (True, False):
-            i = best_with(**{switch: value})
-            hypotheses[f"{switch}={value}"] = {
-                "config": configs[i].to_dict(),
-                "tune_rel_nll": float(tune_nll[i]),
-                "report_rel_nll": float(np.mean([rel[k]["report_nll"][i] for k in keys])),
-                "report_rel_nll_per_pair": {k: float(rel[k]["report_nll"][i]) for k in keys},
+        m, y = pair["tune"], pair["data"].targets[pair["tune"]]
+        base = _scores(pair["probs"]["constrained"][m], y)
+        tune[key] = {}
+        for name in candidates:
+            s = _scores(pair["probs"][name][m], y)
+            tune[key][name] = {
+                **{f"d_{k}": s[k] - base[k] for k in HARM},
+                "rel_nll": s["nll"] / base["nll"],
             }
-    paper_i = [i for i, c in enumerate(configs) if c == SemsoftConfig.paper(k=50, tau=0.0)]
-    default_i = [i for i, c in enumerate(configs) if c == SemsoftConfig()]
 
-    per_pair = {}
+    def harmless(name: str) -> bool:
+        return all(
+            t[name]["d_nll"] <= HARM["nll"]
+            and t[name]["d_ece"] <= HARM["ece"]
+            and t[name]["d_macro_f1"] >= HARM["macro_f1"]
+            for t in tune.values()
+        )
+
+    mean_rel = {n: float(np.mean([t[n]["rel_nll"] for t in tune.values()])) for n in candidates}
+    passing = [n for n in label_free if harmless(n)]
+    pool = passing or label_free
+    chosen = min(pool, key=mean_rel.__getitem__)
+    # The best per-item method (what an engine applies to one request, with no batch).
+    per_item = [n for n in label_free if " + " not in n]
+    per_item_passing = [n for n in per_item if harmless(n)] or per_item
+    chosen_item = min(per_item_passing, key=mean_rel.__getitem__)
+
+    shown = list(
+        dict.fromkeys(
+            [
+                "constrained",
+                "prior",
+                "temperature",
+                "contextual",
+                "batch",
+                "paper",
+                "shared",
+                chosen_item,
+                f"{chosen_item} + batch",
+                f"{chosen_item} + contextual",
+                chosen,
+            ]
+        )
+    )
+    per_pair: dict[str, Any] = {}
     for key, pair in pairs.items():
         y, tune_m, rep_m = pair["data"].targets, pair["tune"], pair["report"]
-        best_here = int(np.argmin([_nll(p[tune_m], y[tune_m]) for p in pair["grid"]]))
-        log_sem = np.log(np.clip(pair["grid"][chosen], EPS, 1))
-        t_sem = calibrate.fit_temperature(log_sem[tune_m], y[tune_m])
-        log_con = np.log(np.clip(pair["constrained"], EPS, 1))
-        t_con = calibrate.fit_temperature(log_con[tune_m], y[tune_m])
-        # tune: config and temperature chosen on the tune half of this pair
-        log_best = np.log(np.clip(pair["grid"][best_here], EPS, 1))
-        t_best = calibrate.fit_temperature(log_best[tune_m], y[tune_m])
+        probs = dict(pair["probs"])
+        log_con = np.log(np.clip(probs["constrained"], 1e-12, 1))
+        probs["temperature"] = calibrate.apply_temperature(
+            log_con, calibrate.fit_temperature(log_con[tune_m], y[tune_m])
+        )
         prior = np.bincount(y[tune_m], minlength=len(pair["labels"])) + 1.0
-        methods = {
-            "constrained": pair["constrained"][rep_m],
-            "semantic (chosen default)": pair["grid"][chosen][rep_m],
-            "semantic (current default)": pair["grid"][default_i[0]][rep_m] if default_i else None,
-            "semantic-paper": pair["grid"][paper_i[0]][rep_m] if paper_i else None,
-            "temperature": calibrate.apply_temperature(log_con[rep_m], t_con),
-            "semantic + temperature": calibrate.apply_temperature(log_sem[rep_m], t_sem),
-            "tuned on this pair (config + temperature)": calibrate.apply_temperature(
-                log_best[rep_m], t_best
-            ),
-            "prior": np.tile(prior / prior.sum(), (int(rep_m.sum()), 1)),
-        }
+        probs["prior"] = np.tile(prior / prior.sum(), (len(y), 1))
         rows = {}
-        for name, p in methods.items():
-            if p is None:
-                continue
-            row: dict[str, Any] = metrics.classification_metrics(p, y[rep_m])
+        for name in shown:
+            p = probs[name][rep_m]
+            row: dict[str, Any] = _scores(p, y[rep_m])
             if pair["data"].soft is not None:
                 row.update(metrics.soft_label_metrics(p, pair["data"].soft[rep_m]))
             if name != "constrained":
                 row["vs_constrained"] = metrics.bootstrap_difference(
-                    p, methods["constrained"], y[rep_m]
+                    p, probs["constrained"][rep_m], y[rep_m], n_resamples=args.bootstrap
                 )
             rows[name] = row
         per_pair[key] = {
             "n_report": int(rep_m.sum()),
-            "n_tune": int(tune_m.sum()),
             "methods": rows,
-            "best_config_here": configs[best_here].to_dict(),
-            "label_cosines": pair["cos"],
-            "multi_token_labels": list(pair["labels"].multi_token_labels),
-            "chosen_fallback_rate": float(pair["fallback"][chosen]),
-            "temperature_on_chosen": t_sem,
+            "mechanism": mechanism(pair, pair["probs"], chosen_item),
         }
     result = {
-        "chosen": configs[chosen].to_dict(),
-        "chosen_is_harmless_on_tune_halves": bool(harmless[chosen]),
-        "n_harmless_configs": int(harmless.sum()),
-        "top10": [
-            {"config": configs[i].to_dict(), "tune_rel_nll": float(tune_nll[i])}
-            for i in np.argsort(tune_nll)[:10]
-        ],
-        "hypotheses": hypotheses,
+        "chosen": chosen,
+        "chosen_per_item": chosen_item,
+        "configs": {n: c.to_dict() for n, c in CONFIGS.items()},
+        "harmless_on_every_tune_half": passing,
+        "tune_mean_rel_nll": dict(sorted(mean_rel.items(), key=lambda kv: kv[1])),
+        "tune": tune,
         "pairs": per_pair,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
@@ -236,44 +281,32 @@ def _d(cmp: dict[str, Any], metric: str) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    c = result["chosen"]
     lines = [
-        f"chosen: k={c['k']} tau={c['tau']} center={c['center']} own_vote={c['own_vote']} "
-        f"normalize_votes={c['normalize_votes']} (harmless on every tune half: {result['chosen_is_harmless_on_tune_halves']})",
+        f"chosen (batch allowed): {result['chosen']}; chosen per item: {result['chosen_per_item']}",
+        f"harmless on every tune half: {', '.join(result['harmless_on_every_tune_half']) or 'none'}",
         "",
-        "| model / data | method | acc | macro-F1 | ECE | Brier | NLL | AUROC | ΔECE [95%] | ΔNLL [95%] |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model / data | method | acc | macro-F1 | ECE | Brier | NLL | AUROC | ΔNLL [95%] | ΔECE [95%] | ΔF1 [95%] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, pair in result["pairs"].items():
         for i, (name, row) in enumerate(pair["methods"].items()):
             cmp = row.get("vs_constrained", {})
             label = f"{key} (n={pair['n_report']})" if i == 0 else ""
             lines.append(
-                f"| {label} | {name} | {_f(row['accuracy'])} | {_f(row['macro_f1'])} | {_f(row['ece'])} | "
-                f"{_f(row['brier'])} | {_f(row['nll'])} | {_f(row['auroc'])} | {_d(cmp, 'ece')} | {_d(cmp, 'nll')} |"
+                f"| {label} | {name} | {_f(row['accuracy'])} | {_f(row['macro_f1'])} | "
+                f"{_f(row['ece'])} | {_f(row['brier'])} | {_f(row['nll'])} | {_f(row['auroc'])} | "
+                f"{_d(cmp, 'nll')} | {_d(cmp, 'ece')} | {_d(cmp, 'macro_f1')} |"
             )
-    lines += [
-        "",
-        "| hypothesis (best config with the switch fixed) | tune rel. NLL | report rel. NLL |",
-        "|---|---|---|",
-    ]
-    for name, h in result["hypotheses"].items():
-        lines.append(f"| {name} | {h['tune_rel_nll']:.3f} | {h['report_rel_nll']:.3f} |")
-    lines += [
-        "",
-        "| pair | best config on its tune half | label-label cos (centred mean/max) | (raw mean/max) |",
-        "|---|---|---|---|",
-    ]
+    lines += ["", "| pair | mechanism |", "|---|---|"]
     for key, pair in result["pairs"].items():
-        b = pair["best_config_here"]
-        cc, cr = (
-            pair["label_cosines"].get(k, pair["label_cosines"].get(str(k == "centred")))
-            for k in ("centred", "raw")
+        mech = ", ".join(
+            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in pair["mechanism"].items()
         )
-        lines.append(
-            f"| {key} | k={b['k']} tau={b['tau']} center={b['center']} own={b['own_vote']} norm={b['normalize_votes']} | "
-            f"{cc['mean']:.2f}/{cc['max']:.2f} | {cr['mean']:.2f}/{cr['max']:.2f} |"
-        )
+        lines.append(f"| {key} | {mech} |")
+    lines += ["", "| candidate | tune mean NLL / constrained |", "|---|---|"]
+    for name, value in list(result["tune_mean_rel_nll"].items())[:15]:
+        lines.append(f"| {name} | {value:.3f} |")
     return "\n".join(lines)
 
 

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from semsoft_plugin.cli import json_object as _json_object
+
 __all__ = ["add_eval_parser", "add_tune_parser", "run_eval", "run_tune"]
 
 
@@ -65,16 +67,6 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
         type=_json_object,
         help="vLLM engine arguments as JSON, e.g. '{\"tensor_parallel_size\": 4}'",
     )
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {err.msg}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
-    return value
 
 
 def _data_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -18,12 +18,14 @@ Built-in shortcuts read the files in the project's shared data folder, found as
 from __future__ import annotations
 
 import csv
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from semsoft_plugin.tables import read_lines as _read_lines
+from semsoft_plugin.tables import read_records as _read_records
 
 __all__ = [
     "EvalData",
@@ -88,15 +90,6 @@ def data_dir() -> Path:
     return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
-def _read_lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise ValueError(f"data file not found: {path}")
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not lines:
-        raise ValueError(f"data file {path} is empty")
-    return lines
-
-
 def load_goemotions(
     data_file: str | Path,
     labels_file: str | Path,
@@ -147,31 +140,6 @@ def load_goemotions(
         task="emotion",
         source={"data_file": str(data_file), "labels_file": str(labels_file)},
     )
-
-
-def _read_records(path: Path) -> list[dict[str, object]]:
-    if not path.is_file():
-        raise ValueError(f"data file not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        records = []
-        for number, line in enumerate(_read_lines(path), start=1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: each JSONL line must be an object")
-            records.append(record)
-        return records
-    if suffix not in (".csv", ".tsv", ".tab"):
-        raise ValueError(f"data file {path}: unknown format {suffix!r}; use .csv, .tsv or .jsonl")
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle, delimiter="," if suffix == ".csv" else "\t")
-        records = list(reader)
-    if not records:
-        raise ValueError(f"data file {path} is empty (no rows under the header)")
-    return records
 
 
 def _column(records: list[dict[str, object]], column: str, path: Path) -> list[object]:

@@ -7,6 +7,13 @@ Methods (``--methods``, comma separated):
 * ``semantic``: Semantic Softmax with the project's default :class:`SemsoftConfig`
   (or the ``--config`` file);
 * ``semantic-paper``: the paper's exact formula (``SemsoftConfig.paper(k, tau)``);
+* ``semantic-shared``: the previous default (``SemsoftConfig.shared_votes()``), every
+  kept token's whole mass shared out among the labels;
+* ``batch``: batch calibration (Zhou et al., 2024) of ``constrained``: divided by the
+  mean label distribution over the items being evaluated (label-free, no extra pass);
+* ``semantic-batch`` and ``semantic-contextual``: ``semantic`` followed by batch or
+  contextual calibration (the content-free inputs scored by the same method): the
+  silent vote and the prompt's label bias corrected together;
 * ``semantic-temperature``: ``semantic`` followed by a temperature fitted on held
   folds (what ``semsoft tune`` produces; needs labels);
 * ``contextual``: contextual calibration (Zhao et al., 2021) with the content-free
@@ -54,6 +61,7 @@ from semsoft_eval.forward import (
     collect_vllm,
 )
 from semsoft_eval.prompts import TEMPLATES, PromptTemplate, build_inputs
+from semsoft_plugin.calibration import batch_calibrate
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.core import SemanticSoftmax
 from semsoft_plugin.labels import LabelSet
@@ -73,8 +81,12 @@ DEFAULT_METHODS = (
     "constrained",
     "semantic",
     "semantic-paper",
+    "semantic-shared",
     "semantic-temperature",
+    "semantic-batch",
+    "semantic-contextual",
     "contextual",
+    "batch",
     "temperature",
     "prior",
     "sequence",
@@ -163,8 +175,30 @@ def score_methods(
                     semantic.coverage,
                     {"fold_temperatures": temps},
                 )
+        elif name in ("semantic-batch", "semantic-contextual"):
+            if semantic is None:
+                semantic = semantic_probs(forward, embeddings, labels, config)
+            if name == "semantic-batch":
+                probs = batch_calibrate(semantic.probs)
+            else:
+                cf = semantic_probs(forward.content_free(), embeddings, labels, config)
+                probs = calibrate.contextual(semantic.probs, cf.probs)
+            out[name] = MethodResult(
+                probs,
+                semantic.seconds + time.perf_counter() - start,
+                semantic.fallback_rate,
+                semantic.coverage,
+            )
         elif name == "semantic-paper":
             out[name] = semantic_probs(forward, embeddings, labels, paper)
+        elif name == "semantic-shared":
+            out[name] = semantic_probs(
+                forward, embeddings, labels, SemsoftConfig.shared_votes(k=config.k)
+            )
+        elif name == "batch":
+            out[name] = MethodResult(
+                batch_calibrate(constrained), constrained_seconds + time.perf_counter() - start
+            )
         elif name == "contextual":
             probs = calibrate.contextual(
                 constrained, _constrained(forward, labels, content_free=True)

@@ -25,6 +25,7 @@ changes the logits: model directory, prompts, labels, ``store_k``, the backend.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -110,6 +111,17 @@ class Forward:
         full.scatter_(1, self.label_ids.expand(ids.shape[0], -1), labels)
         full.scatter_(1, ids, values)
         return full
+
+    def content_free(self) -> Forward:
+        """The content-free inputs' passes as a :class:`Forward` of their own."""
+        return dataclasses.replace(
+            self,
+            top_ids=self.cf_top_ids,
+            top_logits=self.cf_top_logits,
+            label_logits=self.cf_label_logits,
+            semantic_check=self.semantic_check[:0],
+            sequence_logprob=None,
+        )
 
     def chunks(self, size: int = 256) -> Iterator[Tensor]:
         for start in range(0, self.n, size):

@@ -59,20 +59,24 @@ def grid_configs(grid: dict[str, Sequence[Any]] | None = None) -> list[SemsoftCo
 
 
 class _SubsetEmbeddings(OutputEmbeddings):
-    """Some rows of an output-embedding matrix, keeping the full matrix's mean row.
+    """Some rows of an output-embedding matrix, keeping the full matrix's statistics.
 
     A grid sweep only ever looks at the kept top tokens and the label tokens, so it
     scores a compact vocabulary (their union) instead of ~150k columns per config; the
-    centring must still subtract the mean of the *whole* vocabulary.
+    centring must still subtract the mean of the *whole* vocabulary, and thresholds
+    derived from the vocabulary (``tau_quantile``) must sample the whole of it.
     """
 
-    def __init__(self, weight: torch.Tensor, mean: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, full: OutputEmbeddings) -> None:
         super().__init__(weight)
-        self._full_mean = mean
+        self._full = full
 
     @property
     def mean(self) -> torch.Tensor:
-        return self._full_mean
+        return self._full.mean
+
+    def sample_rows(self, *, center: bool, size: int | None = None) -> torch.Tensor:
+        return self._full.sample_rows(center=center, size=size)
 
 
 def _compact(
@@ -96,7 +100,7 @@ def _compact(
         tuple(tuple(where[t] for t in own) for own in tokens.own_token_ids),
         None if tokens.anchor_token_ids is None else tuple(where[t] for t in tokens.anchors),
     )
-    return logits, _SubsetEmbeddings(full.weight[keep], full.mean), remapped
+    return logits, _SubsetEmbeddings(full.weight[keep], full), remapped
 
 
 def grid_probs(

@@ -23,6 +23,8 @@ DEFAULT_TAU = 0.0
 DEFAULT_CENTER = True
 DEFAULT_OWN_VOTE = True
 DEFAULT_NORMALIZE_VOTES = True
+DEFAULT_RESIDUAL = False
+DEFAULT_TAU_QUANTILE: float | None = None
 
 MAX_K = 4096
 
@@ -43,8 +45,22 @@ class SemsoftConfig:
         A label's own tokens vote for that label only (keeps antonym labels apart).
     normalize_votes : bool
         Share each token's vote out among the labels instead of counting it per label.
-    temperature : float > 0
-        Final temperature on ``log P_sem``; 1 leaves it unchanged.
+    temperature : float > 0, finite
+        Final temperature on ``log P_sem``; 1 leaves it unchanged. The whole range is
+        valid: toward 0 it becomes a hard argmax (ties split evenly), toward the
+        largest float the uniform distribution.
+    residual : bool
+        Graded votes with a residual: a kept token votes in proportion to how close it
+        is to its nearest label (``max_l w(v, l) / (1 - tau_l)``, 1 for a label's own
+        token), and the share of the top-K mass no label neighbour claims goes to the
+        constrained softmax instead of being renormalised away. With no neighbours the
+        result is exactly the constrained softmax. Implies per-token shares
+        (``normalize_votes`` must be True).
+    tau_quantile : float in (0, 1), optional
+        Derive each label's threshold from the model instead of using ``tau``:
+        ``tau_l`` is this quantile of the cosines between a fixed sample of vocabulary
+        rows and label ``l``'s embedding, so only tokens closer to the label than
+        almost all unrelated tokens vote. No labelled data is needed.
     """
 
     k: int = DEFAULT_K
@@ -53,25 +69,60 @@ class SemsoftConfig:
     own_vote: bool = DEFAULT_OWN_VOTE
     normalize_votes: bool = DEFAULT_NORMALIZE_VOTES
     temperature: float = 1.0
+    residual: bool = DEFAULT_RESIDUAL
+    tau_quantile: float | None = DEFAULT_TAU_QUANTILE
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
             raise ValueError(f"k={self.k!r} must be an int in [1, {MAX_K}]")
         if not isinstance(self.tau, int | float) or not -1.0 <= float(self.tau) < 1.0:
             raise ValueError(f"tau={self.tau!r} must be a float in [-1, 1)")
-        for name in ("center", "own_vote", "normalize_votes"):
+        for name in ("center", "own_vote", "normalize_votes", "residual"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         t = self.temperature
         if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
             raise ValueError(f"temperature={t!r} must be a finite float > 0")
+        if self.residual and not self.normalize_votes:
+            raise ValueError(
+                "residual=True shares each token's vote out: needs normalize_votes=True"
+            )
+        q = self.tau_quantile
+        if q is not None and (
+            isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 < float(q) < 1.0
+        ):
+            raise ValueError(f"tau_quantile={q!r} must be None or a float in (0, 1)")
+        if q is not None:
+            object.__setattr__(self, "tau_quantile", float(q))
         object.__setattr__(self, "tau", float(self.tau))
         object.__setattr__(self, "temperature", float(self.temperature))
 
     @classmethod
     def paper(cls, *, k: int = 50, tau: float = 0.0) -> SemsoftConfig:
         """The paper's exact formula: raw cosines, no own-vote rule, no temperature."""
-        return cls(k=k, tau=tau, center=False, own_vote=False, normalize_votes=False)
+        return cls(
+            k=k,
+            tau=tau,
+            center=False,
+            own_vote=False,
+            normalize_votes=False,
+            residual=False,
+            tau_quantile=None,
+        )
+
+    @classmethod
+    def shared_votes(cls, *, k: int = 50) -> SemsoftConfig:
+        """The project's first default (until 0.2): centred cosines at ``tau = 0``, own
+        votes, and every kept token's whole mass shared out among the labels."""
+        return cls(
+            k=k,
+            tau=0.0,
+            center=True,
+            own_vote=True,
+            normalize_votes=True,
+            residual=False,
+            tau_quantile=None,
+        )
 
     def replace(self, **changes: Any) -> SemsoftConfig:
         """A copy with some fields changed (``None`` values are ignored)."""

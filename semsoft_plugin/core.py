@@ -34,7 +34,9 @@ The paper leaves several things open; this module decides them and says so:
   shared out among the labels (weights normalised per token), so a token close to
   every label is not counted once per label.
 * **Temperature.** An optional final temperature on ``log P_sem`` (fitted by
-  ``semsoft tune``); 1 leaves the distribution as is.
+  ``semsoft tune``); 1 leaves the distribution as is. Any finite ``T > 0`` is
+  allowed: it is applied in log space, so a tiny ``T`` is a hard argmax (ties split
+  evenly) and a huge one the uniform distribution, never NaN.
 * **Non-finite logits.** ``-inf`` is how every engine masks a token: it means
   probability 0 and is accepted. NaN and ``+inf`` raise ``ValueError``.
 
@@ -67,6 +69,8 @@ __all__ = [
 # Rows of the embedding matrix are reduced to its mean in chunks of this many rows so
 # that a bf16 matrix is never copied whole to float32.
 _MEAN_CHUNK_ROWS = 16384
+# Vocabulary rows sampled to derive a label's threshold from the model (tau_quantile).
+_SAMPLE_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,17 @@ class OutputEmbeddings:
                 total += self.weight[start:stop].to(torch.float64).sum(0)
             self._mean = (total / self.vocab_size).to(torch.float32)
         return self._mean
+
+    def sample_rows(self, *, center: bool, size: int | None = None) -> Tensor:
+        """A fixed random sample of real vocabulary rows, as :meth:`unit_rows` gives them.
+
+        The sample (seed 0) is the same in every process, so thresholds derived from it
+        (``tau_quantile``) agree between the transformers and vLLM adapters.
+        """
+        generator = torch.Generator().manual_seed(0)
+        count = min(size or _SAMPLE_ROWS, self.vocab_size)
+        ids = torch.randperm(self.vocab_size, generator=generator)[:count]
+        return self.unit_rows(ids.to(self.weight.device), center=center)
 
     def unit_rows(self, token_ids: Tensor, *, center: bool) -> Tensor:
         """Gathered rows, optionally centred, L2-normalised, float32 ``[..., d]``."""
@@ -363,6 +378,7 @@ class SemanticSoftmax:
         device = self.embeddings.weight.device
         anchor_ids = torch.tensor(self.labels.anchors, device=device)
         self._label_rows = self.embeddings.unit_rows(anchor_ids, center=self.config.center)
+        self._tau = self._label_thresholds()  # [L]
         own_ids = [t for own in self.labels.own_token_ids for t in own]
         own_label = [i for i, own in enumerate(self.labels.own_token_ids) for _ in own]
         self._own_ids = torch.tensor(own_ids, device=device)
@@ -371,6 +387,28 @@ class SemanticSoftmax:
     @property
     def num_labels(self) -> int:
         return len(self.labels)
+
+    @property
+    def thresholds(self) -> Tensor:
+        """Each label's cosine threshold ``tau_l``, float32 ``[L]``."""
+        return self._tau
+
+    def _label_thresholds(self) -> Tensor:
+        """``tau`` for every label, or with ``tau_quantile`` the model's own cut-off.
+
+        The quantile is taken over the cosines between a fixed sample of vocabulary
+        rows and each label's embedding: how close an *unrelated* token typically is.
+        A fixed seed makes it the same in every process and engine.
+        """
+        cfg = self.config
+        device = self._label_rows.device
+        if cfg.tau_quantile is None:
+            return torch.full((self.num_labels,), cfg.tau, device=device)
+        sample = self.embeddings.sample_rows(center=cfg.center)  # [S, d]
+        cosine = sample.to(device) @ self._label_rows.T  # [S, L]
+        tau = torch.quantile(cosine, cfg.tau_quantile, dim=0)
+        # Bound away from 1 so the own-token weight 1 - tau_l stays positive.
+        return tau.clamp(-1.0, 0.99)
 
     def __call__(self, logits: Tensor) -> SemanticSoftmaxResult:
         """Score logits ``[V]`` or ``[B, V]``; see :class:`SemanticSoftmaxResult`."""
@@ -400,7 +438,8 @@ class SemanticSoftmax:
 
         token_rows = self.embeddings.unit_rows(top_ids_dev, center=cfg.center)  # [B, K, d]
         cosine = token_rows @ self._label_rows.T  # [B, K, L]
-        weights = (cosine - cfg.tau).clamp_min(0.0)
+        tau = self._tau  # [L]
+        weights = (cosine - tau).clamp_min(0.0)
 
         if cfg.own_vote:
             # A label's own token votes for that label alone, with the weight it gives itself.
@@ -414,27 +453,57 @@ class SemanticSoftmax:
                 self._own_label.expand(*match.shape),
                 match.to(weights.dtype),
             )
-            own_weight = owner * max(1.0 - cfg.tau, 0.0)
+            own_weight = owner * (1.0 - tau).clamp_min(0.0)
             weights = torch.where(is_own.unsqueeze(-1), own_weight, weights)
 
         votes = weights.sum(-1)  # [B, K]
+        if cfg.residual:
+            # How close each token is to its nearest label: 1 for a label's own token.
+            closeness = (weights / (1.0 - tau).clamp_min(1e-6)).amax(-1).clamp(0.0, 1.0)
         if cfg.normalize_votes:
             weights = weights / votes.clamp_min(1e-30).unsqueeze(-1)
 
         top_p_dev = top_p.to(device)
-        numerator = torch.einsum("bk,bkl->bl", top_p_dev, weights)
-        denominator = numerator.sum(-1, keepdim=True)
-        fallback = denominator.squeeze(-1) <= 0
         constrained = _constrained(logits, self.labels).to(device)
-        semantic = numerator / denominator.clamp_min(1e-30)
+        if cfg.residual:
+            # Shares of the top-K mass (as the vLLM reader, which sees only the top-K, has it).
+            kept_p = top_p_dev.double() / top_p_dev.double().sum(-1, keepdim=True).clamp_min(1e-300)
+            claimed = kept_p * closeness.double()  # [B, K]
+            numerator = torch.einsum("bk,bkl->bl", claimed, weights.double())
+            unclaimed = (1.0 - claimed.sum(-1, keepdim=True)).clamp_min(0.0)
+            mixed = numerator + unclaimed * constrained.double()
+            semantic = (mixed / mixed.sum(-1, keepdim=True)).to(weights.dtype)
+            fallback = claimed.sum(-1) <= 0
+        else:
+            numerator = torch.einsum("bk,bkl->bl", top_p_dev, weights)
+            denominator = numerator.sum(-1, keepdim=True)
+            fallback = denominator.squeeze(-1) <= 0
+            # Divided in float64 by the denominator itself, not by a floor: vote mass can be
+            # subnormal (kept tokens of probability ~1e-40) and must still sum to 1.
+            safe = torch.where(fallback.unsqueeze(-1), torch.ones_like(denominator), denominator)
+            semantic = (numerator.double() / safe.double()).to(numerator.dtype)
         if cfg.temperature != 1.0:
-            semantic = torch.softmax(semantic.clamp_min(1e-30).log() / cfg.temperature, dim=-1)
+            semantic = _tempered(semantic, cfg.temperature)
         semantic = torch.where(fallback.unsqueeze(-1), constrained, semantic)
 
         mass = top_p_dev.sum(-1)
         covered = (top_p_dev * (votes > 0)).sum(-1)
         coverage = covered / mass.clamp_min(1e-30)
         return SemanticSoftmaxResult(semantic, constrained, fallback, coverage, mass)
+
+
+def _tempered(probs: Tensor, temperature: float) -> Tensor:
+    """``softmax(log probs / T)`` for any finite ``T > 0``, never NaN.
+
+    In float64 and in log space with the row maximum subtracted first: the top label(s)
+    sit at exactly 0, so as ``T -> 0`` the result tends to a hard argmax (ties split
+    evenly) instead of ``0/0``, and a huge ``T`` gives the uniform distribution. Dividing
+    the float32 log-probabilities directly made every entry ``-inf`` (NaN after the
+    softmax) for ``T = 1e-45``.
+    """
+    log_p = probs.to(torch.float64).clamp_min(1e-30).log()
+    log_p = log_p - log_p.amax(dim=-1, keepdim=True)
+    return torch.softmax(log_p / temperature, dim=-1).to(probs.dtype)
 
 
 def semantic_softmax_details(

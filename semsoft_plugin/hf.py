@@ -27,6 +27,7 @@ sequential ``generate`` calls need no reset (``reset()`` exists to be explicit).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,7 +76,9 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
     embeddings : a transformers model, Tensor (V, d) or OutputEmbeddings
         Output embeddings; a model's lm_head weight is used without a copy.
     labels : LabelSet
-        Labels bound to the model's tokenizer.
+        Labels bound to the model's tokenizer. With ``tokenizer`` given, a LabelSet
+        built with another tokenizer is refused (``ValueError`` naming both); without
+        it, one whose tokenizer is larger than the embedding matrix is.
     config : SemsoftConfig, optional
         Method settings; keyword ``overrides`` change single fields.
     mode : {"observe", "constrain"}
@@ -90,7 +93,8 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         (e.g. ``"Answer:"`` or ``"</think>"``) instead of at the first generated token.
         Needs ``tokenizer``. The match must end in generated text (a trigger already
         complete at the end of the prompt is not a decision step: use the default).
-    tokenizer : the model's tokenizer, needed for ``trigger``
+    tokenizer : the model's tokenizer, needed for ``trigger``; when given, ``labels`` is
+        checked against it
     eos_token_id : int, optional
         In constrain mode, forced after the label so generation ends there.
     keep_logits : bool
@@ -122,6 +126,11 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
                 raise ValueError("trigger needs the tokenizer to read the generated text")
         if not isinstance(embeddings, Tensor | OutputEmbeddings):
             embeddings = from_model(embeddings)
+        if tokenizer is not None:
+            labels.check_tokenizer(tokenizer, where="the transformers processor")
+        else:
+            rows = embeddings.vocab_size if isinstance(embeddings, OutputEmbeddings) else None
+            labels.check_vocabulary(rows or embeddings.shape[0], where="the transformers processor")
         self.labels = labels
         self.scorer = SemanticSoftmax(embeddings, labels, config, **overrides)
         self.mode: Mode = mode
@@ -172,6 +181,7 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
             and torch.equal(input_ids[:, :-1], previous)
         )
         if not continues:
+            _refuse_beam_search(previous, input_ids)
             batch = input_ids.shape[0]
             run = self._local.run = _Run(
                 prompt_length=input_ids.shape[1],
@@ -241,6 +251,53 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         if self.eos_token_id is not None:
             remainder.append(int(self.eos_token_id))
         run.forced[b] = remainder
+
+
+_BEAM_LOOPS = frozenset({"_beam_search", "_group_beam_search", "_constrained_beam_search"})
+
+
+def _refuse_beam_search(previous: Tensor | None, input_ids: Tensor) -> None:
+    """Raise ``ValueError`` if this call is part of a beam search.
+
+    Beam search reorders (and duplicates) rows between steps, so a per-row record
+    would end up under another input's row: the scores of one input returned for
+    another, silently. transformers passes a processor no beam information, so two
+    signs are checked at the start of each generation: transformers' beam-search loop
+    on the call stack (the first step already has ``batch * num_beams`` rows), and
+    rows that continue the previous step's rows in another order (any other loop that
+    reorders).
+    """
+    frame = sys._getframe(1)
+    for _ in range(12):  # generate() -> _beam_search -> LogitsProcessorList -> here
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            break
+        if frame.f_code.co_name in _BEAM_LOOPS and "transformers" in frame.f_code.co_filename:
+            raise ValueError(_BEAM_MESSAGE)
+    if (
+        previous is not None
+        and previous.shape[0] == input_ids.shape[0] > 1
+        and input_ids.shape[1] == previous.shape[1] + 1
+    ):
+        prefix = input_ids[:, :-1]
+        same = (prefix.unsqueeze(1) == previous.unsqueeze(0)).all(-1)  # [B, B]
+        if bool(same.any(-1).all()):  # every row continues some previous row, reordered
+            raise ValueError(_BEAM_MESSAGE)
+
+
+_BEAM_MESSAGE = (
+    "num_beams > 1 (beam search) is not supported: it reorders rows between steps, so "
+    "a row's label probabilities would be recorded under another input; use greedy "
+    "decoding or sampling (num_return_sequences works)"
+)
+
+
+def _num_beams(model: Any, kwargs: Mapping[str, Any]) -> int:
+    """The ``num_beams`` a ``generate(**kwargs)`` call would use."""
+    if "num_beams" in kwargs and kwargs["num_beams"] is not None:
+        return int(kwargs["num_beams"])
+    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    return int(getattr(config, "num_beams", 1) or 1)
 
 
 # ---------------------------------------------------------------------------
@@ -357,7 +414,7 @@ def classify(
         raise ValueError("inputs must be a list of strings or of chat message lists")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive int")
-    label_set = labels if isinstance(labels, LabelSet) else LabelSet(list(labels), tokenizer)
+    label_set = labels if isinstance(labels, LabelSet) else LabelSet(labels, tokenizer)
     eos = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     if pad_id is None:
@@ -382,6 +439,9 @@ def classify(
         "pad_token_id": pad_id,
     }
     kwargs.update(generate_kwargs or {})
+    beams = _num_beams(model, kwargs)
+    if beams > 1:
+        raise ValueError(f"classify: num_beams={beams}: {_BEAM_MESSAGE}")
     texts = [format_prompt(tokenizer, item) for item in inputs]
     # Length-sorted batches waste less compute on padding; results keep input order.
     order = sorted(range(len(texts)), key=lambda i: len(texts[i][0]))

@@ -26,6 +26,21 @@ The rule (decided here, measured in the README):
   token belongs to no other label are the label's *own tokens*: with ``own_vote``
   they vote for that label alone. On Qwen2.5 such variants held 10-23% of the top-50
   mass: a real part of the silent vote.
+* **What a label list is** (:func:`label_names`, the one rule of every adapter:
+  transformers, Outlines and vLLM): a list (or tuple) of at least two distinct,
+  non-empty strings. A single label would always get probability 1, so it is refused;
+  a ``str`` is refused too rather than split (``"positive,negative"`` would otherwise
+  become characters, and a label may itself hold a comma): pass
+  ``"positive,negative".split(",")``. The ``semsoft`` command splits ``--labels`` on
+  commas itself.
+* **Bound to its tokenizer.** Token ids mean nothing without the tokenizer that made
+  them: a LabelSet used with another model would score unrelated tokens and return
+  normal-looking probabilities. So it keeps its tokenizer's identity (vocabulary size,
+  class and ``name_or_path``, and a fingerprint: a hash of that size, its token ids
+  with their token strings and the label encodings) and every adapter calls
+  :meth:`LabelSet.check_tokenizer` where a LabelSet meets a model's tokenizer; a
+  mismatch is a ``ValueError`` naming both tokenizers. The check compares what the
+  ids mean, not the name: a copy of the same tokenizer under another path passes.
 * **Errors.** An empty set, a non-string or empty label, duplicates, a label that
   tokenises to nothing, or two labels whose answer tokens are identical (they cannot
   be told apart at the decision step) raise ``ValueError`` naming the label.
@@ -33,6 +48,7 @@ The rule (decided here, measured in the README):
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +56,7 @@ from typing import Any, Protocol
 
 from semsoft_plugin.core import LabelTokens
 
-__all__ = ["Label", "LabelSet", "TokenizerLike"]
+__all__ = ["Label", "LabelSet", "TokenizerLike", "label_names"]
 
 # Labels a server or a user may pass are bounded so a request cannot blow up the
 # weight tensor; adapters may set stricter limits.
@@ -177,25 +193,65 @@ class LabelSet:
             tuple(label.own_token_ids for label in self.labels),
             None if leading_space else tuple(anchors),
         )
+        self.tokenizer_name: str = _tokenizer_name(tokenizer)
+        self.vocab_size: int | None = _tokenizer_size(tokenizer)
+        self.fingerprint: str = self._fingerprint_with(tokenizer)
+
+    def _fingerprint_with(self, tokenizer: Any) -> str:
+        """Hash of what this set's token ids mean under ``tokenizer``."""
+        ids = sorted(
+            {t for label in self.labels for t in label.token_ids}
+            | {t for own in self.label_tokens.own_token_ids for t in own}
+            | set(self.label_tokens.anchors)
+        )
+        try:
+            encodings = [_encode(tokenizer, label.answer_text) for label in self.labels]
+        except Exception as error:  # a foreign tokenizer may fail on them
+            encodings = [repr(error)]
+        state = (_tokenizer_size(tokenizer), ids, _token_strings(tokenizer, ids), encodings)
+        return hashlib.sha256(repr(state).encode("utf-8")).hexdigest()
+
+    def check_tokenizer(self, tokenizer: Any, *, where: str = "") -> None:
+        """Refuse a tokenizer other than the one this set was built with.
+
+        Parameters
+        ----------
+        tokenizer : the tokenizer of the model the set is about to score
+        where : what is checking, for the message (e.g. ``"classify"``)
+
+        Raises
+        ------
+        ValueError
+            Naming both tokenizers, when the vocabulary size, the token strings of
+            this set's ids or the labels' encodings differ: the ids would stand for
+            other tokens there.
+        """
+        if self._fingerprint_with(tokenizer) == self.fingerprint:
+            return
+        here = f" in {where}" if where else ""
+        raise ValueError(
+            f"LabelSet {list(self.names)!r} was built with tokenizer {self.tokenizer_name} "
+            f"({self.vocab_size} tokens) but is used{here} with tokenizer "
+            f"{_tokenizer_name(tokenizer)} ({_tokenizer_size(tokenizer)} tokens), whose "
+            "token ids stand for other tokens: build the LabelSet with this model's tokenizer"
+        )
+
+    def check_vocabulary(self, rows: int, *, where: str = "") -> None:
+        """Refuse output embeddings with fewer rows than this set's tokenizer has
+        tokens (the model is not the tokenizer's), when no tokenizer is at hand."""
+        if self.vocab_size is not None and self.vocab_size > rows:
+            here = f" in {where}" if where else ""
+            raise ValueError(
+                f"LabelSet {list(self.names)!r} was built with tokenizer "
+                f"{self.tokenizer_name} ({self.vocab_size} tokens) but is used{here} with "
+                f"output embeddings of {rows} rows: not that tokenizer's model"
+            )
 
     @staticmethod
     def _check_names(labels: Any) -> list[str]:
-        if isinstance(labels, str) or not isinstance(labels, Sequence):
-            raise ValueError(f"labels must be a list of strings, got {labels!r}")
-        if len(labels) == 0:
-            raise ValueError("label set is empty: give at least two labels")
-        if len(labels) > MAX_LABELS:
-            raise ValueError(f"{len(labels)} labels exceed the limit of {MAX_LABELS}")
-        seen: set[str] = set()
-        for label in labels:
-            if not isinstance(label, str):
-                raise ValueError(f"label {label!r} is not a string")
-            if not label.strip():
-                raise ValueError(f"label {label!r} is empty")
-            if label in seen:
-                raise ValueError(f"label {label!r} appears twice")
-            seen.add(label)
-        return list(labels)
+        if isinstance(labels, LabelSet):
+            raise ValueError("labels is already a LabelSet: use it as is")
+        return label_names(labels)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -241,6 +297,51 @@ class LabelSet:
         }
 
 
+def label_names(labels: Any) -> list[str]:
+    """The label names of a label list (or of a :class:`LabelSet`), checked.
+
+    The one rule of every adapter (``hf.classify``, the Outlines adapter, the vLLM
+    helpers): a list or tuple of at least two distinct, non-empty strings, at most
+    ``MAX_LABELS``. A ``str`` is refused, never split: iterating it would give its
+    characters, and a label may hold a comma.
+
+    Raises
+    ------
+    ValueError
+        Naming the bad value: a string, fewer than two labels, a non-string, empty or
+        repeated label.
+    """
+    if isinstance(labels, LabelSet):
+        return list(labels.names)
+    if isinstance(labels, str):
+        raise ValueError(
+            f"labels must be a list of strings, got the string {labels!r}; a string is "
+            f"not split (a label may hold a comma): pass {labels.split(',')!r} if that "
+            "is what you mean"
+        )
+    if not isinstance(labels, Sequence):
+        raise ValueError(f"labels must be a list of strings, got {labels!r}")
+    if len(labels) == 0:
+        raise ValueError("label set is empty: give at least two labels")
+    if len(labels) == 1:
+        raise ValueError(
+            f"label set {list(labels)!r} has one label: give at least two (a single "
+            "label always gets probability 1, whatever the input)"
+        )
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"{len(labels)} labels exceed the limit of {MAX_LABELS}")
+    seen: set[str] = set()
+    for label in labels:
+        if not isinstance(label, str):
+            raise ValueError(f"label {label!r} is not a string")
+        if not label.strip():
+            raise ValueError(f"label {label!r} is empty")
+        if label in seen:
+            raise ValueError(f"label {label!r} appears twice")
+        seen.add(label)
+    return list(labels)
+
+
 def _spaced_anchors(tokenizer: TokenizerLike, answers: list[tuple[str, int]]) -> list[int]:
     """Per label, the first token of its leading-space spelling, or its answer token when
     that spelling starts with whitespace only or with the same token as another label's."""
@@ -253,6 +354,32 @@ def _spaced_anchors(tokenizer: TokenizerLike, answers: list[tuple[str, int]]) ->
         answer if token in shared else token
         for token, (_, answer) in zip(spaced, answers, strict=True)
     ]
+
+
+def _tokenizer_name(tokenizer: Any) -> str:
+    name = getattr(tokenizer, "name_or_path", None)
+    return f"{type(tokenizer).__name__}({name!r})" if name else type(tokenizer).__name__
+
+
+def _tokenizer_size(tokenizer: Any) -> int | None:
+    """``len(tokenizer)`` (added tokens included), else its ``vocab_size``, else None."""
+    try:
+        return int(len(tokenizer))
+    except TypeError:
+        size = getattr(tokenizer, "vocab_size", None)
+        return int(size) if isinstance(size, int) else None
+
+
+def _token_strings(tokenizer: Any, ids: list[int]) -> list[Any] | None:
+    """Each id's token string (None where the tokenizer cannot say)."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    try:
+        if convert is not None:
+            return list(convert(ids))
+        decode = getattr(tokenizer, "decode", None)
+        return None if decode is None else [decode([t]) for t in ids]
+    except Exception as error:  # an id outside a foreign tokenizer's vocabulary
+        return [repr(error)]
 
 
 def _decodes_to_text(tokenizer: Any, token_id: int) -> bool:

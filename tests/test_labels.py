@@ -114,3 +114,54 @@ def test_verbalizer_changes_the_answer_word(tokenizer):
 def test_bad_label_sets_raise_naming_the_label(tokenizer, labels, kwargs, match):
     with pytest.raises(ValueError, match=match):
         LabelSet(labels, tokenizer, **kwargs)
+
+
+# --- one label-list rule, bound to the tokenizer (issue 17) ----------------------
+
+
+def test_a_string_is_refused_not_split_into_characters(tokenizer):
+    with pytest.raises(ValueError, match=r"string 'positive,negative'.*\['positive', 'negative'\]"):
+        LabelSet("positive,negative", tokenizer)
+
+
+def test_a_single_label_is_refused(tokenizer):
+    with pytest.raises(ValueError, match="one label"):
+        LabelSet(["positive"], tokenizer)
+
+
+def test_label_names_rule():
+    from semsoft_plugin.labels import label_names
+
+    assert label_names(("a", "b")) == ["a", "b"]
+    for bad in ("a,b", ["a"], [], ["a", "a"], ["a", 1], ["a", " "], 3):
+        with pytest.raises(ValueError):
+            label_names(bad)
+
+
+def test_label_set_is_bound_to_its_tokenizer(tokenizer, foreign_tokenizer):
+    from transformers import AutoTokenizer
+
+    labels = LabelSet(["positive", "negative"], tokenizer)
+    assert labels.vocab_size == len(tokenizer)
+    labels.check_tokenizer(tokenizer)
+    # the same tokenizer loaded again (another object) means the same ids
+    labels.check_tokenizer(AutoTokenizer.from_pretrained(tokenizer.name_or_path))
+    with pytest.raises(ValueError, match=r"built with tokenizer .*49152.*tiny-wordlevel"):
+        labels.check_tokenizer(foreign_tokenizer)
+    with pytest.raises(ValueError, match="tiny-wordlevel"):
+        LabelSet(["positive", "negative"], foreign_tokenizer).check_tokenizer(tokenizer)
+
+
+def test_a_tokenizer_of_the_same_size_with_other_tokens_is_refused(tokenizer):
+    """Same vocabulary size, other token strings: the fingerprint, not the size, decides."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    labels = LabelSet(["positive", "negative"], tokenizer)
+    words = {f"w{i}": i for i in range(len(tokenizer))}
+    raw = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    same_size = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="w0")
+    assert len(same_size) == len(tokenizer)
+    with pytest.raises(ValueError, match="stand for other tokens"):
+        labels.check_tokenizer(same_size)

@@ -259,3 +259,16 @@ def test_vllm_offline_model_goes_through_the_vllm_adapter(default_checkpoint, mo
         assert scored.probs == pytest.approx(reference.probs, abs=1e-4)
     with pytest.raises(ValueError, match="transformers models only"):
         Generator(outlines.from_vllm_offline(llm), Emotion, "xgrammar")
+
+
+@pytest.mark.slow
+def test_outlines_label_rules_and_foreign_label_sets(outlines_model, foreign_tokenizer):
+    with pytest.raises(ValueError, match="one label"):
+        Generator(outlines_model, Literal["joy"])
+    plain = outlines.Generator(outlines_model, Literal["joy", "sadness"])
+    with pytest.raises(ValueError, match="tiny-wordlevel.*outlines.wrap"):
+        wrap(plain, LabelSet(["joy", "sadness"], foreign_tokenizer))
+    with pytest.raises(ValueError, match="list of strings"):
+        wrap(plain, "joy,sadness")
+    own = wrap(plain, LabelSet(["joy", "sadness"], outlines_model.hf_tokenizer))
+    assert own.labels.names == ("joy", "sadness")

@@ -1,0 +1,274 @@
+"""``Classifier``: a scikit-learn-shaped estimator over a zero-shot LLM classifier.
+
+One object holds the model, the labels, the prompt and the Semantic Softmax settings;
+``predict_proba(texts)`` returns an ``[N, L]`` float64 array whose rows sum to one, in
+the order of ``classes_``, so scikit-learn's metrics take it unchanged::
+
+    clf = Classifier.from_pretrained("default", ["positive", "negative"])
+    log_loss(y, clf.predict_proba(texts), labels=clf.classes_)
+
+It is the one way the project scores texts: ``semsoft classify`` (one text or a whole
+file) goes through it, and it goes through the engine adapters' batch functions,
+:func:`semsoft_plugin.hf.classify` (transformers) and
+:func:`semsoft_plugin.vllm.classify_vllm` (a ``vllm.LLM``), so the batching, padding
+and scoring live in one place per engine. Both run the same forward pass as
+``semsoft eval``: the decision step is the first token after the prompt's answer
+prefix, and only that step is computed (observe mode, one new token), since the
+calibrated label is the argmax of the scores it yields.
+
+No engine is imported until a method needs it, nor numpy (which the estimator's
+outputs are): ``import semsoft_plugin`` stays torch-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from semsoft_plugin.config import SemsoftConfig
+from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.prompts import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["BACKENDS", "Classifier", "Predictions"]
+
+BACKENDS = ("hf", "vllm")
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """Everything scored for N texts, rows in input order, columns in ``labels`` order.
+
+    Attributes
+    ----------
+    labels : the label names in column order: the classifier's ``classes_`` (sorted)
+    label : per text, the calibrated label (argmax of ``probs``)
+    probs : ``[N, L]`` float64 Semantic Softmax probabilities, rows summing to 1
+    constrained : ``[N, L]`` float64 softmax over the label tokens only (the baseline)
+    coverage : ``[N]`` share of the top-K mass that voted for some label
+    fallback : ``[N]`` bool, True where no kept token voted for any label and
+        ``probs`` is the constrained softmax
+    """
+
+    labels: tuple[str, ...]
+    label: list[str]
+    probs: np.ndarray
+    constrained: np.ndarray
+    coverage: np.ndarray
+    fallback: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+
+def _rows(dicts: Sequence[Mapping[str, float]], names: Sequence[str]) -> np.ndarray:
+    """Label -> probability dicts as ``[N, L]`` float64 rows renormalised to sum to 1
+    (the engines compute in float32; scikit-learn checks the sums)."""
+    import numpy as np
+
+    rows = np.array([[d[n] for n in names] for d in dicts], dtype=np.float64)
+    rows = rows.reshape(len(dicts), len(names))
+    return rows / rows.sum(axis=1, keepdims=True)
+
+
+def _is_vllm(model: Any) -> bool:
+    return type(model).__module__.split(".")[0] == "vllm" and hasattr(model, "llm_engine")
+
+
+class Classifier:
+    """Calibrated zero-shot classification of texts by an LLM, scikit-learn style.
+
+    Parameters
+    ----------
+    model : a transformers causal LM, or a ``vllm.LLM`` (scored through
+        :func:`~semsoft_plugin.vllm.classify_vllm`; the engine needs
+        ``max_logprobs >= k``)
+    tokenizer : the model's tokenizer; ``None`` for a ``vllm.LLM`` (its own is used)
+    labels : label names (scored as leading-space whole words after the answer
+        prefix; listed in this order in the prompt's ``{labels}``); with transformers
+        also a ready :class:`~semsoft_plugin.labels.LabelSet`. ``classes_`` holds them
+        sorted and every output's columns follow ``classes_``: scikit-learn's metrics
+        assume probability columns in sorted label order (``log_loss`` warns and
+        misreads them otherwise).
+    prompt : a :class:`~semsoft_plugin.prompts.PromptTemplate`, or a user message with
+        ``{text}`` (and optionally ``{labels}``) and the default answer prefix
+        ``"Answer:"``; default: the prompt of ``semsoft classify``
+    config : Semantic Softmax settings (e.g. ``SemsoftConfig.load`` of a ``semsoft
+        tune`` file); keyword ``overrides`` change single fields
+    batch_size : texts per forward pass (transformers; vLLM schedules its own)
+    progress : show the adapter's progress bar (default: when there is more than one
+        batch)
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        labels: Sequence[str] | LabelSet,
+        *,
+        prompt: PromptTemplate | str | None = None,
+        config: SemsoftConfig | None = None,
+        batch_size: int = 8,
+        progress: bool | None = False,
+        **overrides: Any,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+        self.backend = "vllm" if _is_vllm(model) else "hf"
+        if tokenizer is None:
+            if self.backend != "vllm":
+                raise ValueError("tokenizer is None: give the model's tokenizer")
+            tokenizer = model.get_tokenizer()
+        if isinstance(labels, LabelSet):
+            if self.backend == "vllm":
+                raise ValueError("a vLLM Classifier takes label names, not a LabelSet")
+            label_set = labels
+        else:
+            # Built once here: bad labels fail now, and every batch reuses the set.
+            label_set = LabelSet(labels, tokenizer)
+        if isinstance(prompt, str):
+            prompt = PromptTemplate(user=prompt)
+        if prompt is not None and not isinstance(prompt, PromptTemplate):
+            raise ValueError(
+                f"prompt must be a PromptTemplate or a str, got {type(prompt).__name__}"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.labels = label_set
+        self.prompt: PromptTemplate = prompt or DEFAULT_TEMPLATE
+        self.config = (config or SemsoftConfig()).replace(**overrides)
+        self.batch_size = batch_size
+        self.progress = progress
+        self._classes = tuple(sorted(label_set.names))
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str = "default",
+        labels: Sequence[str] = (),
+        *,
+        backend: str = "hf",
+        engine_args: Mapping[str, Any] | None = None,
+        dtype: str = "auto",
+        **kwargs: Any,
+    ) -> Classifier:
+        """A classifier on a model by name (``"default"``, ``"qwen2.5-coder-1.5b"``) or
+        checkpoint directory, as :func:`semsoft_plugin.models.resolve` finds it.
+
+        Parameters
+        ----------
+        backend : ``"hf"`` (transformers; ``dtype`` of the weights, default
+            ``models.default_dtype()``: bf16 where the CPU has native bf16, else float32) or ``"vllm"`` (a ``vllm.LLM`` built
+            with the plugin and ``max_logprobs = k``; ``engine_args`` go to it, e.g.
+            ``{"tensor_parallel_size": 4}`` or ``{"dtype": "float32"}``)
+        **kwargs : the constructor's keywords (``prompt``, ``config``, ``batch_size``, ...)
+        """
+        from semsoft_plugin import models
+
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
+        if engine_args and backend != "vllm":
+            raise ValueError(f"engine_args {dict(engine_args)!r} apply only to backend='vllm'")
+        if backend == "hf":
+            loaded, tokenizer = models.load(model, dtype=dtype)
+            return cls(loaded, tokenizer, labels, **kwargs)
+        from vllm import LLM
+
+        from semsoft_plugin.vllm import ENTRY_POINT
+
+        k = (kwargs.get("config") or SemsoftConfig()).replace(k=kwargs.get("k")).k
+        args = {"max_logprobs": k, **dict(engine_args or {})}
+        # If the entry point is installed too, the second copy of the processor stands down.
+        llm = LLM(str(models.resolve(model)), logits_processors=[ENTRY_POINT], **args)
+        return cls(llm, None, labels, **kwargs)
+
+    # -- scikit-learn surface -------------------------------------------------
+    @property
+    def classes_(self) -> np.ndarray:
+        """The label names sorted (as ``np.unique`` sorts them): the column order of
+        :meth:`predict_proba`, as scikit-learn expects."""
+        import numpy as np
+
+        return np.array(self._classes)
+
+    def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
+        """``[N, L]`` float64 calibrated probabilities (Semantic Softmax), rows sum to 1."""
+        return self.predict_details(texts).probs
+
+    def predict(self, texts: Sequence[str]) -> np.ndarray:
+        """The calibrated label of each text (an element of ``classes_``)."""
+        import numpy as np
+
+        return np.array(self.predict_details(texts).label)
+
+    # -- everything ---------------------------------------------------------
+    def inputs(self, texts: Sequence[str]) -> list[Any]:
+        """The prompts (chat message lists, or strings without a chat template)."""
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise ValueError("texts must be a list of strings, not a single string")
+        for index, text in enumerate(texts):
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"texts[{index}] = {text!r} is not a non-empty string")
+        return build_inputs(self.prompt, list(texts), list(self.labels.names), self.tokenizer)
+
+    def predict_details(self, texts: Sequence[str]) -> Predictions:
+        """Labels, calibrated and constrained probabilities, coverage and fallback flags."""
+        import numpy as np
+
+        inputs = self.inputs(texts)
+        names, classes = self.labels.names, self._classes
+        if not inputs:
+            empty = np.zeros((0, len(names)))
+            return Predictions(classes, [], empty, empty.copy(), np.zeros(0), np.zeros(0, bool))
+        if self.backend == "vllm":
+            from semsoft_plugin.vllm import classify_vllm
+
+            results = classify_vllm(
+                self.model,
+                inputs,
+                list(names),
+                self.config,
+                mode="observe",
+                max_tokens=1,
+                use_tqdm=bool(self.progress),
+            )
+            probs = [r["probs"] for r in results]
+            constrained = [r["constrained_probs"] for r in results]
+            coverage = [r["coverage"] for r in results]
+            fallback = [r["fallback"] for r in results]
+        else:
+            from semsoft_plugin.hf import classify
+
+            classified = classify(
+                self.model,
+                self.tokenizer,
+                inputs,
+                self.labels,
+                config=self.config,
+                mode="observe",
+                max_new_tokens=1,
+                batch_size=self.batch_size,
+                progress=self.progress,
+            )
+            probs = [c.probs for c in classified]
+            constrained = [c.constrained_probs for c in classified]
+            coverage = [c.coverage for c in classified]
+            fallback = [c.fallback for c in classified]
+        p = _rows(probs, classes)
+        return Predictions(
+            labels=classes,
+            label=[classes[i] for i in p.argmax(axis=1)],
+            probs=p,
+            constrained=_rows(constrained, classes),
+            coverage=np.array(coverage, dtype=np.float64),
+            fallback=np.array(fallback, dtype=bool),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Classifier(backend={self.backend!r}, labels={list(self.labels.names)}, "
+            f"config={self.config})"
+        )

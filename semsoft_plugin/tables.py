@@ -1,0 +1,208 @@
+"""Reading and writing the tables ``semsoft classify --input`` works on (stdlib only).
+
+Input: CSV (``.csv``), TSV (``.tsv``/``.tab``) or JSON lines (``.jsonl``/``.ndjson``),
+one record per row; the evaluation package reads its data files with the same
+:func:`read_records`. Output: CSV, TSV or JSON lines, chosen by the suffix, written by
+:class:`TableWriter` one batch at a time (each batch is one ``write`` followed by a
+flush and ``fsync``), so an interrupted run keeps every finished batch and at most one
+partial record, which :func:`read_output` drops on ``--resume``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "INPUT_SUFFIXES",
+    "OUTPUT_SUFFIXES",
+    "TableWriter",
+    "cell",
+    "read_lines",
+    "read_output",
+    "read_records",
+    "table_format",
+]
+
+_FORMATS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+}
+INPUT_SUFFIXES = tuple(_FORMATS)
+OUTPUT_SUFFIXES = (".csv", ".tsv", ".jsonl")
+
+
+def table_format(path: str | Path, *, role: str = "data file") -> str:
+    """``"csv"``, ``"tsv"`` or ``"jsonl"`` from the suffix; ``ValueError`` naming it otherwise."""
+    suffix = Path(path).suffix.lower()
+    allowed = INPUT_SUFFIXES if role == "data file" else OUTPUT_SUFFIXES
+    if suffix not in allowed:
+        raise ValueError(f"{role} {path}: unknown format {suffix!r}; use .csv, .tsv or .jsonl")
+    return _FORMATS[suffix]
+
+
+def read_lines(path: Path) -> list[str]:
+    """The non-blank lines of a UTF-8 text file; ``ValueError`` if missing or empty."""
+    if not path.is_file():
+        raise ValueError(f"data file not found: {path}")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"data file {path} is empty")
+    return lines
+
+
+def read_records(path: Path) -> list[dict[str, object]]:
+    """The rows of a CSV, TSV or JSONL file as dicts (CSV values are strings)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"data file not found: {path}")
+    kind = table_format(path)
+    if kind == "jsonl":
+        records = []
+        for number, line in enumerate(read_lines(path), start=1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number}: each JSONL line must be an object")
+            records.append(record)
+        return records
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="," if kind == "csv" else "\t")
+        records = list(reader)
+    if not records:
+        raise ValueError(f"data file {path} is empty (no rows under the header)")
+    return records
+
+
+def cell(value: Any) -> str:
+    """A value as CSV text: strings as they are, JSON for everything else, '' for None."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+class TableWriter:
+    """Appends records to a CSV/TSV (fixed ``columns``) or JSONL file, one batch per call.
+
+    Parameters
+    ----------
+    path : the output file; its suffix picks the format
+    columns : the CSV/TSV header (JSONL records keep their own keys)
+    append : continue an existing file (``--resume``) instead of starting a new one
+    """
+
+    def __init__(self, path: str | Path, columns: Sequence[str], *, append: bool) -> None:
+        self.path = Path(path)
+        self.kind = table_format(self.path, role="output file")
+        self.columns = list(columns)
+        fresh = not append or not self.path.exists() or self.path.stat().st_size == 0
+        self._handle = self.path.open("w" if fresh else "a", encoding="utf-8", newline="")
+        if fresh and self.kind != "jsonl":
+            self._write_text(self._encode([dict(zip(self.columns, self.columns, strict=True))]))
+
+    def _encode(self, records: Sequence[Mapping[str, Any]]) -> str:
+        buffer = io.StringIO()
+        if self.kind == "jsonl":
+            for record in records:
+                buffer.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        else:
+            writer = csv.writer(
+                buffer, delimiter="," if self.kind == "csv" else "\t", lineterminator="\n"
+            )
+            writer.writerows([[cell(r.get(c)) for c in self.columns] for r in records])
+        return buffer.getvalue()
+
+    def _write_text(self, text: str) -> None:
+        self._handle.write(text)
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    def write(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Write a batch of records and make it durable before returning."""
+        if records:
+            self._write_text(self._encode(records))
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def read_output(
+    path: str | Path, columns: Sequence[str], *, required: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The complete records of an output file written by :class:`TableWriter`.
+
+    A record cut short by an interruption (the file does not end with a newline, or a
+    CSV row lacks fields) can only be the last one: it is dropped and the file is
+    rewritten without it, so appending continues on a clean record boundary.
+    ``ValueError`` when the file is not such an output (a CSV/TSV header other than
+    ``columns``, a JSONL record without the ``required`` keys, a bad line before the end).
+    """
+    path = Path(path)
+    kind = table_format(path, role="output file")
+    raw = path.read_text(encoding="utf-8")
+    if not raw:
+        return []
+    clean_end = raw.endswith("\n")
+    if kind == "jsonl":
+        lines = raw.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        records: list[dict[str, Any]] = []
+        for number, line in enumerate(lines, start=1):
+            last = number == len(lines)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if last:
+                    break
+                raise ValueError(f"--resume: {path}:{number} is not valid JSON") from None
+            if last and not clean_end:
+                break
+            keys = columns if required is None else required
+            missing = [c for c in keys if c not in record] if isinstance(record, dict) else keys
+            if missing:
+                raise ValueError(
+                    f"--resume: {path}:{number} lacks column(s) {missing}; it was not written "
+                    "by this command with these labels"
+                )
+            records.append(record)
+        complete = len(records) == len(lines) and clean_end
+    else:
+        reader = csv.DictReader(io.StringIO(raw), delimiter="," if kind == "csv" else "\t")
+        header = reader.fieldnames or []
+        if list(header) != list(columns):
+            raise ValueError(
+                f"--resume: {path} has columns {list(header)}, this run writes {list(columns)}"
+            )
+        rows = list(reader)
+        records = []
+        for number, row in enumerate(rows, start=1):
+            cut = None in row.values() or None in row
+            if number == len(rows) and (cut or not clean_end):
+                break
+            if cut:
+                raise ValueError(f"--resume: {path}: row {number} has a wrong number of fields")
+            records.append(row)
+        complete = len(records) == len(rows) and clean_end
+    if not complete:
+        with TableWriter(path, columns, append=False) as writer:
+            writer.write(records)
+    return records

@@ -1,0 +1,128 @@
+"""The do-no-harm options of the core (residual, tau_quantile) and batch calibration,
+each pinned by a small hand-computed case and its invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from semsoft_plugin import SemanticSoftmax, SemsoftConfig, constrained_softmax
+from semsoft_plugin.calibration import batch_calibrate
+
+# Four tokens in 4-D: two labels (a, b), a synonym of a, and a filler unrelated to both.
+A, B, SYN, FILLER = 0, 1, 2, 3
+EMB = torch.tensor(
+    [
+        [1.0, 0.0, 0.0, 0.0],  # a
+        [0.0, 1.0, 0.0, 0.0],  # b
+        [0.8, 0.0, 0.6, 0.0],  # synonym of a: cos 0.8 to a, 0 to b
+        [0.0, 0.0, 0.0, 1.0],  # filler: cos 0 to both
+    ]
+)
+
+
+def _logits(p: list[float]) -> torch.Tensor:
+    return torch.tensor(p, dtype=torch.float64).log().float()
+
+
+def test_residual_hand_computed():
+    p = [0.30, 0.10, 0.20, 0.40]  # a, b, synonym, filler
+    tau = 0.2
+    result = SemanticSoftmax(EMB, [A, B], k=4, tau=tau, center=False, residual=True)(_logits(p))
+    closeness_syn = (0.8 - tau) / (1 - tau)  # 0.75: the synonym votes with 3/4 of its mass
+    claimed = p[A] + p[B] + closeness_syn * p[SYN]
+    constrained = np.array([p[A], p[B]]) / (p[A] + p[B])
+    expected = np.array([p[A] + closeness_syn * p[SYN], p[B]]) + (1 - claimed) * constrained
+    np.testing.assert_allclose(result.semantic.numpy(), expected, atol=1e-6)
+    assert not bool(result.fallback)
+
+
+def test_residual_without_neighbours_is_exactly_constrained():
+    # Only the label tokens and the filler hold mass: nothing for the silent vote to add.
+    logits = _logits([0.05, 0.15, 1e-9, 0.80])
+    for tau in (0.0, 0.3, 0.9):
+        result = SemanticSoftmax(EMB, [A, B], k=4, tau=tau, center=False, residual=True)(logits)
+        torch.testing.assert_close(
+            result.semantic, constrained_softmax(logits, [A, B]), atol=1e-6, rtol=0
+        )
+
+
+def test_residual_when_no_token_votes_falls_back_to_constrained():
+    # k=1 keeps only the filler: no vote at all, flagged, the constrained softmax returned.
+    logits = _logits([0.05, 0.15, 0.0001, 0.7999])
+    result = SemanticSoftmax(EMB, [A, B], k=1, tau=0.1, center=False, residual=True)(logits)
+    assert bool(result.fallback)
+    torch.testing.assert_close(result.semantic, constrained_softmax(logits, [A, B]))
+
+
+def test_residual_needs_per_token_shares():
+    with pytest.raises(ValueError, match="normalize_votes"):
+        SemsoftConfig(residual=True, normalize_votes=False)
+
+
+@pytest.mark.parametrize("q", [0.5, 0.9, 0.99])
+def test_tau_quantile_is_the_quantile_of_vocabulary_cosines(q):
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(300, 16, generator=g)
+    scorer = SemanticSoftmax(emb, [3, 7, 11], tau_quantile=q, center=True)
+    # Fewer rows than the sample size: the sample is the whole vocabulary.
+    rows = emb - emb.double().mean(0).float()
+    rows = torch.nn.functional.normalize(rows, dim=-1)
+    cos = (rows @ rows[[3, 7, 11]].T).double().numpy()
+    np.testing.assert_allclose(scorer.thresholds.numpy(), np.quantile(cos, q, axis=0), atol=1e-5)
+
+
+def test_tau_quantile_is_the_same_on_every_construction():
+    emb = torch.randn(20000, 8, generator=torch.Generator().manual_seed(1))
+    first = SemanticSoftmax(emb, [1, 2], tau_quantile=0.99).thresholds
+    second = SemanticSoftmax(emb.clone(), [1, 2], tau_quantile=0.99).thresholds
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("q", [0.0, 1.0, 1.5, True, "0.9"])
+def test_bad_tau_quantile_raises_naming_the_value(q):
+    with pytest.raises(ValueError, match="tau_quantile"):
+        SemsoftConfig(tau_quantile=q)
+
+
+def test_paper_config_turns_the_new_options_off():
+    paper = SemsoftConfig.paper()
+    assert paper.residual is False and paper.tau_quantile is None
+
+
+# --- batch calibration (Zhou et al., 2024) ---------------------------------------
+
+
+def test_batch_calibration_hand_computed():
+    probs = np.array([[0.9, 0.1], [0.6, 0.4]])
+    mean = probs.mean(0)  # [0.75, 0.25]
+    scaled = probs / mean
+    np.testing.assert_allclose(
+        batch_calibrate(probs), scaled / scaled.sum(1, keepdims=True), atol=1e-12
+    )
+
+
+def test_batch_with_uniform_mean_is_unchanged():
+    probs = np.array([[0.8, 0.2], [0.2, 0.8], [0.5, 0.5]])
+    np.testing.assert_allclose(batch_calibrate(probs), probs, atol=1e-12)
+
+
+def test_batch_calibration_is_permutation_equivariant():
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(5), size=40)
+    order = rng.permutation(40)
+    np.testing.assert_allclose(
+        batch_calibrate(probs)[order], batch_calibrate(probs[order]), atol=1e-12
+    )
+
+
+def test_batch_calibration_with_a_given_bias_and_bad_input():
+    probs = np.array([[0.9, 0.1]])
+    np.testing.assert_allclose(batch_calibrate(probs, bias=np.array([0.5, 0.5])), probs, atol=1e-12)
+    with pytest.raises(ValueError, match="NaN"):
+        batch_calibrate(np.array([[np.nan, 1.0]]))
+    with pytest.raises(ValueError, match="shape"):
+        batch_calibrate(np.ones(3))
+    with pytest.raises(ValueError, match="bias"):
+        batch_calibrate(probs, bias=np.array([1.0, 0.0, 0.0]))
