@@ -272,7 +272,10 @@ def _option(key: str, name: str, value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise _refuse(key, value, rule)
     if name != "k":
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond the float range (JSON allows any size)
+            raise _refuse(key, value, rule) from None
     if isinstance(value, float) and not value.is_integer():
         raise _refuse(key, value, rule)
     if not 1 <= value <= MAX_K:

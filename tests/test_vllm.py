@@ -180,6 +180,11 @@ def test_options_roundtrip_and_flat_values():
         assert isinstance(value, str | int | float) or all(isinstance(v, str) for v in value)
     assert sv.parse_request({"other": 1}) is None
     assert sv.validate_params(SamplingParams(max_tokens=3)) is None
+    # the core's residual and tau_quantile options travel too (an unset quantile is omitted)
+    assert "semsoft_tau_quantile" not in params.extra_args
+    config = sv.SemsoftConfig(residual=True, tau_quantile=0.9)
+    extra = sv.SemsoftRequest(tuple(EMOTIONS), config, "constrain", None, True).to_extra_args()
+    assert sv.parse_request(extra).config == config
 
 
 @pytest.mark.parametrize(
@@ -223,6 +228,19 @@ def test_options_roundtrip_and_flat_values():
         ),
         ({"semsoft_labels": ["a", "b"], "semsoft_tau": 1.5}, r"semsoft_tau=1.5 .*\[-1, 1\)"),
         ({"semsoft_labels": ["a", "b"], "semsoft_temperature": 0}, "semsoft_temperature=0.0 .*> 0"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_tau_quantile": 1.5},
+            r"semsoft_tau_quantile=1.5 .*\(0, 1\)",
+        ),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_tau_quantile": float("nan")},
+            r"semsoft_tau_quantile=nan .*\(0, 1\)",
+        ),
+        ({"semsoft_labels": ["a", "b"], "semsoft_residual": "yes"}, "semsoft_residual='yes'"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_residual": 1, "semsoft_normalize_votes": 0},
+            "semsoft_residual=True .*normalize_votes=True",
+        ),
         ({"semsoft_labels": ["a", "b"], "semsoft_mode": ["x"]}, r"semsoft_mode=\['x'\]"),
         ({"semsoft_labels": ["a", "b"], "semsoft_trigger": "é" * 40}, "MAX_TRIGGER_BYTES=64"),
         ({"semsoft_labels": ["\ud800", "b"]}, "not valid Unicode"),
@@ -234,6 +252,17 @@ def test_bad_options_are_refused_with_the_limit_named(extra, message):
     params = SamplingParams(max_tokens=3, logprobs=20, extra_args=extra)
     with pytest.raises(ValueError, match=message):
         sv.SemanticSoftmaxLogitsProcessor.validate_params(params)
+
+
+def test_a_number_beyond_float_range_is_refused_not_raised():
+    """Raw JSON (what the admission middleware reads) holds integers of any size; vLLM
+    refuses them only later, in ``SamplingParams``. The check must answer with a
+    message (HTTP 400), never let ``OverflowError`` out (HTTP 500)."""
+    body = json.dumps(
+        {"prompt": "x", "vllm_xargs": {"semsoft_labels": ["a", "b"], "semsoft_tau": 10**400}}
+    )
+    message = sv._check_http_body(body.encode(), "/v1/completions", None)
+    assert message is not None and re.match(r"semsoft_tau=10{36}\.\.\. must be a finite", message)
 
 
 def test_incompatible_sampling_settings_are_refused():
