@@ -4,7 +4,8 @@ Run: python examples/vllm_server.py
 It starts the server on 127.0.0.1 (as you would from a shell)::
 
     python -m vllm.entrypoints.openai.api_server --model <checkpoint> \
-        --logits-processors semsoft_plugin.vllm:SemanticSoftmaxLogitsProcessor --max-logprobs 50
+        --logits-processors semsoft_plugin.vllm:SemanticSoftmaxLogitsProcessor --max-logprobs 50 \
+        --middleware semsoft_plugin.vllm.admission
 
 sends one opted-in and one ordinary request, and stops the server.
 """
@@ -36,6 +37,7 @@ def main() -> None:
         "--model", checkpoint, "--served-model-name", "smollm2",
         "--host", "127.0.0.1", "--port", str(port),
         "--logits-processors", semsoft.ENTRY_POINT, "--max-logprobs", "50",
+        "--middleware", "semsoft_plugin.vllm.admission",
         "--max-model-len", "512", "--enforce-eager",
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}

