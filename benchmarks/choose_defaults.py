@@ -14,8 +14,11 @@ al., 2024) or contextual calibration (Zhao et al., 2021) of its own scores.
 
 Choice rule (the do-no-harm rule of the no-harm issue): on every tune half, against
 ``constrained``, NLL and ECE at most +0.01 and macro-F1 at least -0.01; among the
-candidates that pass everywhere, the lowest mean NLL relative to ``constrained``. A
-candidate that wins on one pair and harms another is not a default.
+candidates that pass everywhere, the lowest mean NLL relative to ``constrained``; if
+none passes, the one whose worst overshoot of those bounds is smallest. A candidate
+that wins on one pair and harms another is not a default. Two choices are made: the
+best of all candidates, and the best *per item* (no batch, no content-free passes:
+what an engine can apply to a single request).
 
 Also measured (the mechanism): the share of the top-K mass on tokens with no clear label
 neighbour (best centred cosine below 0.1 / 0.2, a label's own tokens excluded), and what
@@ -194,22 +197,28 @@ def main() -> int:
                 "rel_nll": s["nll"] / base["nll"],
             }
 
-    def harmless(name: str) -> bool:
-        return all(
-            t[name]["d_nll"] <= HARM["nll"]
-            and t[name]["d_ece"] <= HARM["ece"]
-            and t[name]["d_macro_f1"] >= HARM["macro_f1"]
+    def excess(name: str) -> float:
+        """The worst overshoot of a harm bound over the tune halves (0: harmless)."""
+        return max(
+            max(
+                t[name]["d_nll"] - HARM["nll"],
+                t[name]["d_ece"] - HARM["ece"],
+                HARM["macro_f1"] - t[name]["d_macro_f1"],
+                0.0,
+            )
             for t in tune.values()
         )
 
     mean_rel = {n: float(np.mean([t[n]["rel_nll"] for t in tune.values()])) for n in candidates}
-    passing = [n for n in label_free if harmless(n)]
-    pool = passing or label_free
-    chosen = min(pool, key=mean_rel.__getitem__)
+    passing = [n for n in label_free if excess(n) == 0.0]
+
+    def pick(names: list[str]) -> str:
+        # Do no harm first: the least worst-case harm, then the lowest mean relative NLL.
+        return min(names, key=lambda n: (excess(n), mean_rel[n]))
+
+    chosen = pick(label_free)
     # The best per-item method (what an engine applies to one request, with no batch).
-    per_item = [n for n in label_free if " + " not in n]
-    per_item_passing = [n for n in per_item if harmless(n)] or per_item
-    chosen_item = min(per_item_passing, key=mean_rel.__getitem__)
+    chosen_item = pick([n for n in label_free if " + " not in n])
 
     shown = list(
         dict.fromkeys(
@@ -259,6 +268,7 @@ def main() -> int:
         "chosen_per_item": chosen_item,
         "configs": {n: c.to_dict() for n, c in CONFIGS.items()},
         "harmless_on_every_tune_half": passing,
+        "worst_excess": {n: excess(n) for n in label_free},
         "tune_mean_rel_nll": dict(sorted(mean_rel.items(), key=lambda kv: kv[1])),
         "tune": tune,
         "pairs": per_pair,
