@@ -158,6 +158,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="default,qwen2.5-coder-1.5b")
     parser.add_argument("--sets", default="goemotions:600,ekman:400,sst2:400,davidson:400")
+    parser.add_argument(
+        "--pairs",
+        help="model/dataset:limit,... instead of every --models x --sets pair "
+        "(e.g. default/sst2:400,qwen2.5-coder-1.5b/sst2:200)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
     parser.add_argument("--split-seed", type=int, default=1)
     parser.add_argument("--collect", action="store_true", help="run missing forward passes")
@@ -165,22 +170,25 @@ def main() -> int:
     parser.add_argument("--out", default="defaults.json")
     args = parser.parse_args()
 
+    wanted = (
+        [tuple(p.replace("/", ":").split(":")) for p in args.pairs.split(",")]
+        if args.pairs
+        else [(m, *s.split(":")) for m in args.models.split(",") for s in args.sets.split(",")]
+    )
     pairs: dict[str, dict[str, Any]] = {}
-    for model in args.models.split(","):
-        for spec in args.sets.split(","):
-            dataset, limit = spec.split(":")
-            try:
-                pair = load_pair(model, dataset, int(limit), args.seed, args.collect)
-            except SystemExit as missing:
-                print(missing)
-                continue
-            start = time.perf_counter()
-            pair["probs"] = candidate_probs(pair)
-            y = pair["data"].targets
-            half = calibrate.folds(len(y), 2, args.split_seed)
-            pair["tune"], pair["report"] = half == 0, half == 1
-            pairs[f"{model}/{dataset}"] = pair
-            print(f"{model}/{dataset}: scored in {time.perf_counter() - start:.0f} s", flush=True)
+    for model, dataset, limit in wanted:
+        try:
+            pair = load_pair(model, dataset, int(limit), args.seed, args.collect)
+        except SystemExit as missing:
+            print(missing)
+            continue
+        start = time.perf_counter()
+        pair["probs"] = candidate_probs(pair)
+        y = pair["data"].targets
+        half = calibrate.folds(len(y), 2, args.split_seed)
+        pair["tune"], pair["report"] = half == 0, half == 1
+        pairs[f"{model}/{dataset}"] = pair
+        print(f"{model}/{dataset}: scored in {time.perf_counter() - start:.0f} s", flush=True)
 
     candidates = [n for n in next(iter(pairs.values()))["probs"] if n not in ("constrained",)]
     label_free = [n for n in candidates if n not in ("contextual", "batch")]

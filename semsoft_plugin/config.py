@@ -23,7 +23,7 @@ DEFAULT_TAU = 0.0
 DEFAULT_CENTER = True
 DEFAULT_OWN_VOTE = True
 DEFAULT_NORMALIZE_VOTES = True
-DEFAULT_RESIDUAL = False
+DEFAULT_RESIDUAL = True
 DEFAULT_TAU_QUANTILE: float | None = None
 
 MAX_K = 4096
@@ -54,8 +54,9 @@ class SemsoftConfig:
         is to its nearest label (``max_l w(v, l) / (1 - tau_l)``, 1 for a label's own
         token), and the share of the top-K mass no label neighbour claims goes to the
         constrained softmax instead of being renormalised away. With no neighbours the
-        result is exactly the constrained softmax. Implies per-token shares
-        (``normalize_votes`` must be True).
+        result is exactly the constrained softmax. A token's claimed mass is always
+        shared out among the labels by its weights, so ``normalize_votes`` only acts
+        without the residual.
     tau_quantile : float in (0, 1), optional
         Derive each label's threshold from the model instead of using ``tau``:
         ``tau_l`` is this quantile of the cosines between a fixed sample of vocabulary
@@ -83,10 +84,6 @@ class SemsoftConfig:
         t = self.temperature
         if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
             raise ValueError(f"temperature={t!r} must be a finite float > 0")
-        if self.residual and not self.normalize_votes:
-            raise ValueError(
-                "residual=True shares each token's vote out: needs normalize_votes=True"
-            )
         q = self.tau_quantile
         if q is not None and (
             isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 < float(q) < 1.0

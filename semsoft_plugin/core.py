@@ -460,7 +460,7 @@ class SemanticSoftmax:
         if cfg.residual:
             # How close each token is to its nearest label: 1 for a label's own token.
             closeness = (weights / (1.0 - tau).clamp_min(1e-6)).amax(-1).clamp(0.0, 1.0)
-        if cfg.normalize_votes:
+        if cfg.normalize_votes or cfg.residual:
             weights = weights / votes.clamp_min(1e-30).unsqueeze(-1)
 
         top_p_dev = top_p.to(device)

@@ -22,7 +22,7 @@ from semsoft_plugin import (
 )
 from semsoft_plugin.config import MAX_K
 
-PAPER = dict(center=False, own_vote=False, normalize_votes=False)
+PAPER = dict(center=False, own_vote=False, normalize_votes=False, residual=False)
 
 
 def reference_paper(logits: np.ndarray, emb: np.ndarray, label_ids: list[int], k: int, tau: float):

@@ -56,9 +56,13 @@ def test_residual_when_no_token_votes_falls_back_to_constrained():
     torch.testing.assert_close(result.semantic, constrained_softmax(logits, [A, B]))
 
 
-def test_residual_needs_per_token_shares():
-    with pytest.raises(ValueError, match="normalize_votes"):
-        SemsoftConfig(residual=True, normalize_votes=False)
+def test_residual_always_shares_a_token_out():
+    logits = _logits([0.30, 0.10, 0.20, 0.40])
+    shared = SemanticSoftmax(EMB, [A, B], k=4, tau=0.2, center=False, residual=True)
+    counted = SemanticSoftmax(
+        EMB, [A, B], k=4, tau=0.2, center=False, residual=True, normalize_votes=False
+    )
+    torch.testing.assert_close(shared(logits).semantic, counted(logits).semantic)
 
 
 @pytest.mark.parametrize("q", [0.5, 0.9, 0.99])
