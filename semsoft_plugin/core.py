@@ -382,6 +382,7 @@ class SemanticSoftmax:
         own_ids = [t for own in self.labels.own_token_ids for t in own]
         own_label = [i for i, own in enumerate(self.labels.own_token_ids) for _ in own]
         self._own_ids = torch.tensor(own_ids, device=device)
+        self._answer_ids = torch.tensor(self.labels.answer_token_ids, device=device)
         self._own_label = torch.tensor(own_label, device=device)
 
     @property
@@ -471,9 +472,21 @@ class SemanticSoftmax:
             claimed = kept_p * closeness.double()  # [B, K]
             numerator = torch.einsum("bk,bkl->bl", claimed, weights.double())
             unclaimed = (1.0 - claimed.sum(-1, keepdim=True)).clamp_min(0.0)
-            mixed = numerator + unclaimed * constrained.double()
-            semantic = (mixed / mixed.sum(-1, keepdim=True)).to(weights.dtype)
-            fallback = claimed.sum(-1) <= 0
+            # The unclaimed mass follows the constrained softmax *of the top-K*: the
+            # answer tokens among the kept tokens. It equals the constrained softmax
+            # whenever every answer token is kept, and needs nothing outside the top-K,
+            # so a reader that sees only the top-K log-probs (vLLM, an OpenAI server)
+            # gets exactly what transformers gets.
+            is_answer = top_ids_dev.unsqueeze(-1) == self._answer_ids  # [B, K, L]
+            answer_p = (kept_p.unsqueeze(-1) * is_answer).sum(1)  # [B, L]
+            answer_total = answer_p.sum(-1, keepdim=True)
+            # No answer token kept: the claimed votes are all there is to go by.
+            share = torch.where(answer_total > 0, answer_p, numerator)
+            share = share / share.sum(-1, keepdim=True).clamp_min(1e-300)
+            mixed = numerator + unclaimed * share
+            total = mixed.sum(-1, keepdim=True)
+            fallback = total.squeeze(-1) <= 0
+            semantic = (mixed / torch.where(total > 0, total, 1.0)).to(weights.dtype)
         else:
             numerator = torch.einsum("bk,bkl->bl", top_p_dev, weights)
             denominator = numerator.sum(-1, keepdim=True)

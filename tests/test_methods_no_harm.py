@@ -185,3 +185,16 @@ def test_contextual_classifier_divides_out_the_content_free_bias(model_and_token
         batch_calibrate(plain.predict_proba(many)),
         atol=1e-6,
     )
+
+
+def test_residual_needs_only_the_top_k():
+    # A reader that sees only the top-K log-probs (vLLM, an OpenAI server) scores exactly
+    # what the full logits give, even with a label token outside the top-K.
+    g = torch.Generator().manual_seed(3)
+    emb = torch.randn(40, 8, generator=g)
+    logits = torch.randn(40, generator=g) * 2
+    labels = [int(logits.argsort()[-1]), int(logits.argsort()[5])]  # one kept, one far out
+    scorer = SemanticSoftmax(emb, labels, k=10, residual=True)
+    top = torch.topk(torch.log_softmax(logits, -1), 10)
+    sparse = torch.full_like(logits, float("-inf")).scatter(0, top.indices, top.values)
+    torch.testing.assert_close(scorer(logits).semantic, scorer(sparse).semantic)
