@@ -237,10 +237,6 @@ def test_options_roundtrip_and_flat_values():
             r"semsoft_tau_quantile=nan .*\(0, 1\)",
         ),
         ({"semsoft_labels": ["a", "b"], "semsoft_residual": "yes"}, "semsoft_residual='yes'"),
-        (
-            {"semsoft_labels": ["a", "b"], "semsoft_residual": 1, "semsoft_normalize_votes": 0},
-            "semsoft_residual=True .*normalize_votes=True",
-        ),
         ({"semsoft_labels": ["a", "b"], "semsoft_mode": ["x"]}, r"semsoft_mode=\['x'\]"),
         ({"semsoft_labels": ["a", "b"], "semsoft_trigger": "é" * 40}, "MAX_TRIGGER_BYTES=64"),
         ({"semsoft_labels": ["\ud800", "b"]}, "not valid Unicode"),
