@@ -155,7 +155,7 @@ KEY_MODE = "semsoft_mode"
 KEY_TRIGGER = "semsoft_trigger"
 KEY_LEADING_SPACE = "semsoft_leading_space"
 _CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftConfig)}
-_METHOD_KWARGS = ("k", "tau", "center", "own_vote", "normalize_votes")
+_METHOD_KWARGS = ("k", "tau", "center", "own_vote", "normalize_votes", "residual", "tau_quantile")
 _KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, *_CONFIG_KEYS}
 
 # Server clients are untrusted: these bound the work and memory one request can ask
@@ -539,8 +539,9 @@ def sampling_params(
     labels : label names (whole words after a space unless ``leading_space=False``): a
         list of at least two distinct strings (a ``str`` is refused, not split; a
         LabelSet gives its names, which the engine binds to its own tokenizer)
-    config : Semantic Softmax settings; ``k``, ``tau``, ``center``, ``own_vote`` and
-        ``normalize_votes`` given as keywords override it, and so does
+    config : Semantic Softmax settings; ``k``, ``tau``, ``center``, ``own_vote``,
+        ``normalize_votes``, ``residual`` and ``tau_quantile`` given as keywords
+        override it, and so does
         ``method_temperature`` (the method's final temperature: ``temperature`` is
         the ordinary sampling temperature)
     mode : ``"constrain"`` (default) or ``"observe"``

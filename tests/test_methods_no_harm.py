@@ -198,3 +198,16 @@ def test_residual_needs_only_the_top_k():
     top = torch.topk(torch.log_softmax(logits, -1), 10)
     sparse = torch.full_like(logits, float("-inf")).scatter(0, top.indices, top.values)
     torch.testing.assert_close(scorer(logits).semantic, scorer(sparse).semantic)
+
+
+def test_vllm_request_carries_the_new_options():
+    pytest.importorskip("vllm")
+    from semsoft_plugin import vllm as sv
+
+    params = sv.sampling_params(["a", "b"], residual=False, tau_quantile=0.9)
+    assert params.extra_args["semsoft_residual"] == 0
+    assert params.extra_args["semsoft_tau_quantile"] == 0.9
+    request = sv.parse_request(params.extra_args)
+    assert request.config.residual is False and request.config.tau_quantile == 0.9
+    default = sv.parse_request(sv.sampling_params(["a", "b"]).extra_args)
+    assert default.config == SemsoftConfig()
