@@ -12,6 +12,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from semsoft_eval.metrics import ece_numpy
+from semsoft_plugin.calibration import debias
 
 __all__ = [
     "folds",
@@ -99,7 +100,7 @@ def cross_fit_prior(targets: np.ndarray, n_labels: int, fold_ids: np.ndarray) ->
 
 def contextual(constrained: np.ndarray, content_free: np.ndarray) -> np.ndarray:
     """Contextual calibration (Zhao et al., 2021): divide the label probabilities by the
-    mean label probabilities of content-free inputs, then renormalise."""
-    reference = np.clip(np.asarray(content_free, dtype=np.float64).mean(0), _EPS, None)
-    scaled = np.asarray(constrained, dtype=np.float64) / reference
-    return scaled / scaled.sum(1, keepdims=True)
+    mean label probabilities of content-free inputs, then renormalise (the plugin's
+    :func:`~semsoft_plugin.calibration.debias`, which ``Classifier`` uses too)."""
+    reference = np.asarray(content_free, dtype=np.float64).mean(0)
+    return debias(np.asarray(constrained, dtype=np.float64), reference)
