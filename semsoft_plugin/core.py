@@ -33,6 +33,12 @@ The paper leaves several things open; this module decides them and says so:
 * **Per-token shares** (``normalize_votes``). Optionally each kept token's vote is
   shared out among the labels (weights normalised per token), so a token close to
   every label is not counted once per label.
+* **Pooling with the constrained softmax** (``semantic_weight``). The semantic
+  distribution is a noisy estimate (a few kept tokens, cosines as weights); the
+  result is the log-linear pool ``P ∝ P_con^(1-a) P_sem^a``. ``a = 1`` is the
+  semantic distribution alone, ``a = 0`` the constrained softmax of the top-K (an
+  answer token outside the top-K counts with the smallest kept probability, so every
+  engine, including readers that see only the top-K, pools the same way).
 * **Temperature.** An optional final temperature on ``log P_sem`` (fitted by
   ``semsoft tune``); 1 leaves the distribution as is. Any finite ``T > 0`` is
   allowed: it is applied in log space, so a tiny ``T`` is a hard argmax (ties split
@@ -40,8 +46,8 @@ The paper leaves several things open; this module decides them and says so:
 * **Non-finite logits.** ``-inf`` is how every engine masks a token: it means
   probability 0 and is accepted. NaN and ``+inf`` raise ``ValueError``.
 
-With ``center=False, own_vote=False, normalize_votes=False, temperature=1`` the
-result is exactly the paper's formula (see :meth:`SemsoftConfig.paper`).
+With ``center=False, own_vote=False, normalize_votes=False, residual=False,
+semantic_weight=1, temperature=1`` the result is exactly the paper's formula (see :meth:`SemsoftConfig.paper`).
 """
 
 from __future__ import annotations
@@ -495,6 +501,9 @@ class SemanticSoftmax:
             # subnormal (kept tokens of probability ~1e-40) and must still sum to 1.
             safe = torch.where(fallback.unsqueeze(-1), torch.ones_like(denominator), denominator)
             semantic = (numerator.double() / safe.double()).to(numerator.dtype)
+        if cfg.semantic_weight != 1.0:
+            kept = _kept_constrained(top_log_p.to(device), top_ids_dev, self._answer_ids)
+            semantic = _pooled(kept, semantic, cfg.semantic_weight)
         if cfg.temperature != 1.0:
             semantic = _tempered(semantic, cfg.temperature)
         semantic = torch.where(fallback.unsqueeze(-1), constrained, semantic)
@@ -503,6 +512,39 @@ class SemanticSoftmax:
         covered = (top_p_dev * (votes > 0)).sum(-1)
         coverage = covered / mass.clamp_min(1e-30)
         return SemanticSoftmaxResult(semantic, constrained, fallback, coverage, mass)
+
+
+def _kept_constrained(top_log_p: Tensor, top_ids: Tensor, answer_ids: Tensor) -> Tensor:
+    """The constrained softmax as the top-K alone tells it: ``[B, L]``.
+
+    An answer token among the kept tokens has its own log-probability; one outside the
+    top-K is given the smallest kept one, the most it can have. It is the constrained
+    softmax whenever every answer token is kept, and needs nothing outside the top-K, so
+    a reader that sees only the top-K log-probs (vLLM, an OpenAI server) pools exactly
+    as transformers does.
+    """
+    log_p = top_log_p.to(torch.float64)
+    is_answer = (top_ids.unsqueeze(-1) == answer_ids) & torch.isfinite(log_p).unsqueeze(-1)
+    # The smallest finite kept log-prob (K may exceed the unmasked tokens of a row).
+    floor = torch.where(torch.isfinite(log_p), log_p, torch.inf).amin(1, keepdim=True)
+    masked = torch.where(is_answer, log_p.unsqueeze(-1), -torch.inf)
+    found = masked.amax(1)  # [B, L]
+    log_c = torch.where(is_answer.any(1), found, floor)
+    return torch.softmax(log_c, dim=-1)
+
+
+def _pooled(constrained: Tensor, semantic: Tensor, weight: float) -> Tensor:
+    """Log-linear pool ``softmax((1 - a) log P_con + a log P_sem)``, never NaN.
+
+    In float64 with the row maximum subtracted. Probabilities are floored at 1e-30
+    before the log (as in :func:`_tempered`), so a label the semantic votes gave
+    exactly 0 keeps a tiny, finite share instead of making the pool 0 (an infinite
+    NLL if that label is the right one).
+    """
+    log_p = (1.0 - weight) * constrained.to(torch.float64).clamp_min(1e-30).log()
+    log_p = log_p + weight * semantic.to(torch.float64).clamp_min(1e-30).log()
+    log_p = log_p - log_p.amax(dim=-1, keepdim=True)
+    return torch.softmax(log_p, dim=-1).to(semantic.dtype)
 
 
 def _tempered(probs: Tensor, temperature: float) -> Tensor:

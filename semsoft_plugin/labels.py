@@ -22,10 +22,12 @@ The rule (decided here, measured in the README):
   token of the leading-space spelling (" sadness"), the word the embedding geometry
   knows; labels whose spaced first tokens coincide keep their answer token. Measured
   at Outlines' position (``benchmarks/outlines_position.py``, README).
-* **Spelling variants** (capitalised, upper case, user-given synonyms) whose first
-  token belongs to no other label are the label's *own tokens*: with ``own_vote``
-  they vote for that label alone. On Qwen2.5 such variants held 10-23% of the top-50
-  mass: a real part of the silent vote. An automatic spelling that takes more tokens
+* **Spelling variants** (user-given synonyms, and with ``auto_variants`` the
+  capitalised and upper-case spellings) whose first token belongs to no other label
+  are the label's *own tokens*: with ``own_vote`` they vote for that label alone. On
+  Qwen2.5 the capitalised spellings held 10-23% of the top-50 mass, but counted as
+  the label itself they carried the prompt's label bias (SST-2, Davidson), so they
+  are off by default and vote by cosine like any neighbour. An automatic spelling that takes more tokens
   than the label itself (" NEGATIVE" -> " N", "EG", "ATIVE") is skipped: its first
   token is a fragment, not the label. Variants you pass are always taken.
 * **What a label list is** (:func:`label_names`, the one rule of every adapter:
@@ -106,8 +108,11 @@ class LabelSet:
         The word the model should answer with for a label, when it is not the name.
     variants : mapping label -> iterable of str, optional
         Extra spellings or synonyms that count as the label itself.
-    auto_variants : bool, default True
-        Add lower/Capitalised/UPPER/Title-case spellings as variants.
+    auto_variants : bool, default False
+        Add lower/Capitalised/UPPER/Title-case spellings as own tokens. Off by default:
+        the capitalised forms (" Yes", " Positive") start sentences as well as answer
+        the question and carried the model's label bias on SST-2 and Davidson (README,
+        "Choosing the defaults"); without this they still vote, by their cosine.
     """
 
     def __init__(
@@ -118,7 +123,7 @@ class LabelSet:
         leading_space: bool = True,
         verbalizers: Mapping[str, str] | None = None,
         variants: Mapping[str, Iterable[str]] | None = None,
-        auto_variants: bool = True,
+        auto_variants: bool = False,
     ) -> None:
         names = self._check_names(labels)
         verbalizers = dict(verbalizers or {})

@@ -155,7 +155,16 @@ KEY_MODE = "semsoft_mode"
 KEY_TRIGGER = "semsoft_trigger"
 KEY_LEADING_SPACE = "semsoft_leading_space"
 _CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftConfig)}
-_METHOD_KWARGS = ("k", "tau", "center", "own_vote", "normalize_votes", "residual", "tau_quantile")
+_METHOD_KWARGS = (
+    "k",
+    "tau",
+    "center",
+    "own_vote",
+    "normalize_votes",
+    "residual",
+    "tau_quantile",
+    "semantic_weight",
+)
 _KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, *_CONFIG_KEYS}
 
 # Server clients are untrusted: these bound the work and memory one request can ask
@@ -223,6 +232,7 @@ _RULES = {
     "normalize_votes": _FLAG_RULE,
     "residual": _FLAG_RULE,
     "tau_quantile": "a finite number in (0, 1)",
+    "semantic_weight": "a finite number in [0, 1]",
 }
 
 

@@ -22,7 +22,7 @@ from semsoft_plugin import (
 )
 from semsoft_plugin.config import MAX_K
 
-PAPER = dict(center=False, own_vote=False, normalize_votes=False, residual=False)
+PAPER = dict(center=False, own_vote=False, normalize_votes=False, residual=False, semantic_weight=1.0)
 
 
 def reference_paper(logits: np.ndarray, emb: np.ndarray, label_ids: list[int], k: int, tau: float):
@@ -109,7 +109,8 @@ def test_own_vote_variants_count_for_their_label():
     emb = torch.eye(6)
     logits = torch.tensor([0.0, 0.0, 3.0, -9.0, -9.0, -9.0])
     labels = LabelTokens((0, 1), ((0, 2), (1,)))  # token 2 is a spelling variant of label 0
-    p = semantic_softmax(logits, emb, labels, k=6, tau=0.0, center=False)
+    # The semantic distribution alone (no pooling with the constrained 50/50).
+    p = semantic_softmax(logits, emb, labels, k=6, tau=0.0, center=False, semantic_weight=1.0)
     assert p[0] > 0.9
 
 

@@ -40,10 +40,15 @@ def test_without_space_labels_fragment_and_collide(tokenizer):
 
 @pytest.mark.slow
 def test_capitalised_variants_are_own_tokens(tokenizer):
-    labels = LabelSet(["positive", "negative"], tokenizer)
+    labels = LabelSet(["positive", "negative"], tokenizer, auto_variants=True)
     positive = labels.labels[0]
     assert tokenizer.encode(" Positive", add_special_tokens=False)[0] in positive.own_token_ids
     assert not set(positive.own_token_ids) & set(labels.labels[1].own_token_ids)
+    # Off by default: a label's own token is its answer token (and variants you pass).
+    plain = LabelSet(["positive", "negative"], tokenizer, variants={"negative": ["bad"]})
+    assert plain.labels[0].own_token_ids == (plain.labels[0].answer_token_id,)
+    bad = tokenizer.encode(" bad", add_special_tokens=False)[0]
+    assert plain.labels[1].own_token_ids == (plain.labels[1].answer_token_id, bad)
 
 
 @pytest.mark.slow

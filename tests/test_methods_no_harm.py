@@ -29,7 +29,9 @@ def _logits(p: list[float]) -> torch.Tensor:
 def test_residual_hand_computed():
     p = [0.30, 0.10, 0.20, 0.40]  # a, b, synonym, filler
     tau = 0.2
-    result = SemanticSoftmax(EMB, [A, B], k=4, tau=tau, center=False, residual=True)(_logits(p))
+    result = SemanticSoftmax(
+        EMB, [A, B], k=4, tau=tau, center=False, residual=True, semantic_weight=1.0
+    )(_logits(p))
     closeness_syn = (0.8 - tau) / (1 - tau)  # 0.75: the synonym votes with 3/4 of its mass
     claimed = p[A] + p[B] + closeness_syn * p[SYN]
     constrained = np.array([p[A], p[B]]) / (p[A] + p[B])
@@ -135,12 +137,72 @@ def test_batch_calibration_with_a_given_bias_and_bad_input():
 # --- with the real default model ---------------------------------------------------
 
 
+def test_semantic_weight_pools_with_the_constrained_hand_computed():
+    # P ∝ P_con^(1-a) P_sem^a, the residual semantic of the hand case above.
+    p = [0.30, 0.10, 0.20, 0.40]
+    tau, a = 0.2, 0.5
+    semantic = SemanticSoftmax(
+        EMB, [A, B], k=4, tau=tau, center=False, residual=True, semantic_weight=1.0
+    )(_logits(p)).semantic.double().numpy()
+    constrained = np.array([p[A], p[B]]) / (p[A] + p[B])
+    pooled = constrained ** (1 - a) * semantic**a
+    pooled /= pooled.sum()
+    got = SemanticSoftmax(
+        EMB, [A, B], k=4, tau=tau, center=False, residual=True, semantic_weight=a
+    )(_logits(p))
+    np.testing.assert_allclose(got.semantic.numpy(), pooled, atol=1e-6)
+    assert pooled[0] < semantic[0]  # halfway (in log space) back to the constrained 0.75
+    assert pooled[0] > constrained[0]
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_semantic_weight_limits(residual):
+    g = torch.Generator().manual_seed(5)
+    emb = torch.randn(30, 6, generator=g)
+    logits = torch.randn(4, 30, generator=g) * 2
+    ids = [int(i) for i in logits[0].argsort()[-3:]]  # kept in row 0 at least
+    alone = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=1.0)(logits)
+    none = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.0)(logits)
+    # k = V keeps every answer token: weight 0 is exactly the constrained softmax.
+    torch.testing.assert_close(none.semantic, constrained_softmax(logits, ids), atol=1e-6, rtol=0)
+    torch.testing.assert_close(alone.semantic, alone.semantic / alone.semantic.sum(-1, keepdim=True))
+    mid = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.5)(logits).semantic
+    # Log-linear: the log-ratio of two labels moves by exactly half.
+    ratio = lambda q: (q[:, 0] / q[:, 1]).double().log()  # noqa: E731
+    torch.testing.assert_close(
+        ratio(mid), 0.5 * ratio(alone.semantic) + 0.5 * ratio(none.semantic), atol=1e-4, rtol=0
+    )
+
+
+def test_pool_outside_the_top_k_uses_the_smallest_kept_probability():
+    g = torch.Generator().manual_seed(3)
+    emb = torch.randn(40, 8, generator=g)
+    logits = torch.randn(40, generator=g) * 2
+    order = logits.argsort()
+    labels = [int(order[-1]), int(order[5])]  # one kept, one far outside the top 10
+    scorer = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=1.0)
+    pooled = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=0.5)
+    log_p = torch.log_softmax(logits.double(), -1)
+    smallest_kept = log_p[order[-10]]
+    con = torch.softmax(torch.stack([log_p[labels[0]], smallest_kept]), -1)
+    sem = scorer(logits).semantic.double().clamp_min(1e-30)
+    want = con.sqrt() * sem.sqrt()
+    torch.testing.assert_close(pooled(logits).semantic.double(), want / want.sum(), atol=1e-6, rtol=0)
+
+
+def test_semantic_weight_is_checked():
+    for bad in (-0.1, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(ValueError, match="semantic_weight"):
+            SemsoftConfig(semantic_weight=bad)
+    assert SemsoftConfig.paper().semantic_weight == 1.0
+    assert SemsoftConfig.shared_votes().semantic_weight == 1.0
+
 @pytest.mark.slow
 def test_fragment_spellings_are_not_own_tokens(model_and_tokenizer):
     from semsoft_plugin.labels import LabelSet
 
     _, tokenizer = model_and_tokenizer
-    labels = LabelSet(["negative", "positive"], tokenizer)
+    labels = LabelSet(["negative", "positive"], tokenizer, auto_variants=True)
     upper = tokenizer.encode(" NEGATIVE", add_special_tokens=False)
     assert len(upper) > 1  # a fragment first token (" N") on this tokenizer
     assert upper[0] not in labels.labels[0].own_token_ids
@@ -204,7 +266,8 @@ def test_vllm_request_carries_the_new_options():
     pytest.importorskip("vllm")
     from semsoft_plugin import vllm as sv
 
-    params = sv.sampling_params(["a", "b"], residual=False, tau_quantile=0.9)
+    params = sv.sampling_params(["a", "b"], residual=False, tau_quantile=0.9, semantic_weight=0.3)
+    assert params.extra_args["semsoft_semantic_weight"] == 0.3
     assert params.extra_args["semsoft_residual"] == 0
     assert params.extra_args["semsoft_tau_quantile"] == 0.9
     request = sv.parse_request(params.extra_args)
