@@ -13,9 +13,10 @@ or a model-derived threshold), each alone or followed by batch calibration (Zhou
 al., 2024) or contextual calibration (Zhao et al., 2021) of its own scores.
 
 Choice rule (the do-no-harm rule of the no-harm issue): on every tune half, against
-``constrained``, NLL and ECE at most +0.01 and macro-F1 at least -0.01; among the
+``constrained``, NLL and ECE at most +0.01, macro-F1 and AUROC at least -0.01; among the
 candidates that pass everywhere, the lowest mean NLL relative to ``constrained``; if
-none passes, the one whose worst overshoot of those bounds is smallest. A candidate
+none passes, the one whose worst overshoot of those bounds is smallest (ties broken by
+the smallest total overshoot over all pairs and metrics, then by the mean NLL). A candidate
 that wins on one pair and harms another is not a default. Two choices are made: the
 best of all candidates, and the best *per item* (no batch, no content-free passes:
 what an engine can apply to a single request).
@@ -52,25 +53,33 @@ from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.embeddings import from_checkpoint
 from semsoft_plugin.labels import LabelSet
 
-HARM = {"nll": 0.01, "ece": 0.01, "macro_f1": -0.01}  # allowed difference vs constrained
+# Allowed difference vs constrained: the issue's bounds, and AUROC not lower (its
+# GoEmotions/Ekman target) by more than 0.01, so a default cannot buy NLL with ranking.
+HARM = {"nll": 0.01, "ece": 0.01, "macro_f1": -0.01, "auroc": -0.01}
 K = 50
 
-CONFIGS: dict[str, SemsoftConfig] = {
-    "paper": SemsoftConfig.paper(k=K),
-    "shared": SemsoftConfig.shared_votes(k=K),
+# name -> (config, auto_variants): the label set's automatic capitalised/upper-case
+# spellings as own tokens (on in the first releases, off now) is a candidate too.
+CANDIDATES: dict[str, tuple[SemsoftConfig, bool]] = {
+    "paper": (SemsoftConfig.paper(k=K), False),
+    "shared": (SemsoftConfig.shared_votes(k=K), True),  # the first default
     **{
-        f"residual tau={t}": SemsoftConfig(k=K, tau=t, residual=True, tau_quantile=None)
-        for t in (0.0, 0.1, 0.2, 0.3)
+        f"residual tau={t} a={a}{' +variants' if v else ''}": (
+            SemsoftConfig(k=K, tau=t, residual=True, semantic_weight=a), v
+        )
+        for t in (0.0, 0.2)
+        for a in (0.3, 0.5, 0.7, 1.0)
+        for v in (False, True)
     },
     **{
-        f"residual q={q}": SemsoftConfig(k=K, residual=True, tau_quantile=q)
-        for q in (0.9, 0.99, 0.999)
-    },
-    **{
-        f"shared q={q}": SemsoftConfig(k=K, residual=False, tau_quantile=q)
-        for q in (0.9, 0.99, 0.999)
+        f"residual q={q} a={a}": (
+            SemsoftConfig(k=K, residual=True, tau_quantile=q, semantic_weight=a), False
+        )
+        for q in (0.99,)
+        for a in (0.5, 1.0)
     },
 }
+CONFIGS = {name: config for name, (config, _) in CANDIDATES.items()}
 POSTS = ("", "batch", "contextual")
 
 
@@ -89,10 +98,12 @@ def load_pair(model: str, dataset: str, limit: int, seed: int, collect: bool) ->
         from semsoft_eval.evaluate import prepare
 
         prepare(model, dataset, limit=limit, seed=seed, sequence=False)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return {
         "forward": Forward.load(path),
         "embeddings": from_checkpoint(model_dir),
-        "labels": LabelSet(data.labels, AutoTokenizer.from_pretrained(model_dir)),
+        "labels": LabelSet(data.labels, tokenizer),
+        "tokenizer": tokenizer,
         "data": data,
     }
 
@@ -104,10 +115,6 @@ def _constrained(values: torch.Tensor, n_labels: int) -> np.ndarray:
 def candidate_probs(pair: dict[str, Any]) -> dict[str, np.ndarray]:
     """Every candidate's ``[N, L]`` probabilities, and the label-free baselines'."""
     forward, labels = pair["forward"], pair["labels"]
-    names = list(CONFIGS)
-    configs = [CONFIGS[n] for n in names]
-    probs, _ = grid_probs(forward, pair["embeddings"], labels, configs)
-    cf_probs, _ = grid_probs(forward.content_free(), pair["embeddings"], labels, configs)
     constrained = _constrained(forward.label_logits, len(labels))
     out = {
         "constrained": constrained,
@@ -116,10 +123,16 @@ def candidate_probs(pair: dict[str, Any]) -> dict[str, np.ndarray]:
         ),
         "batch": batch_calibrate(constrained),
     }
-    for i, name in enumerate(names):
-        out[name] = probs[i]
-        out[f"{name} + batch"] = batch_calibrate(probs[i])
-        out[f"{name} + contextual"] = calibrate.contextual(probs[i], cf_probs[i])
+    for variants in (False, True):
+        names = [n for n, (_, v) in CANDIDATES.items() if v == variants]
+        label_set = LabelSet(list(labels.names), pair["tokenizer"], auto_variants=variants)
+        configs = [CONFIGS[n] for n in names]
+        probs, _ = grid_probs(forward, pair["embeddings"], label_set, configs)
+        cf_probs, _ = grid_probs(forward.content_free(), pair["embeddings"], label_set, configs)
+        for i, name in enumerate(names):
+            out[name] = probs[i]
+            out[f"{name} + batch"] = batch_calibrate(probs[i])
+            out[f"{name} + contextual"] = calibrate.contextual(probs[i], cf_probs[i])
     return out
 
 
@@ -205,26 +218,36 @@ def main() -> int:
                 "rel_nll": s["nll"] / base["nll"],
             }
 
-    def excess(name: str) -> float:
-        """The worst overshoot of a harm bound over the tune halves (0: harmless)."""
-        return max(
+    def overshoots(name: str) -> list[float]:
+        """How far each tune half and metric exceeds its harm bound (0 where within)."""
+        return [
             max(
-                t[name]["d_nll"] - HARM["nll"],
-                t[name]["d_ece"] - HARM["ece"],
-                HARM["macro_f1"] - t[name]["d_macro_f1"],
                 0.0,
+                t[name][f"d_{metric}"] - bound if bound > 0 else bound - t[name][f"d_{metric}"],
             )
             for t in tune.values()
-        )
+            for metric, bound in HARM.items()
+        ]
+
+    def excess(name: str) -> float:
+        """The worst overshoot of a harm bound over the tune halves (0: harmless)."""
+        return max(overshoots(name))
+
+    def total_excess(name: str) -> float:
+        return float(sum(overshoots(name)))
 
     mean_rel = {n: float(np.mean([t[n]["rel_nll"] for t in tune.values()])) for n in candidates}
     passing = [n for n in label_free if excess(n) == 0.0]
 
     def pick(names: list[str]) -> str:
-        # Do no harm first: the least worst-case harm, then the lowest mean relative NLL.
-        # Overshoots within 0.001 of the least are a tie, broken by the mean relative NLL.
+        # Do no harm first: the least worst-case harm; overshoots within 0.001 of the least
+        # are a tie, broken by the least total harm over every pair and metric (so a harm
+        # all candidates share does not hide the others'), then the lowest mean relative NLL.
         least = min(excess(n) for n in names)
-        return min((n for n in names if excess(n) <= least + 1e-3), key=mean_rel.__getitem__)
+        tied = [n for n in names if excess(n) <= least + 1e-3]
+        fewest = min(total_excess(n) for n in tied)
+        tied = [n for n in tied if total_excess(n) <= fewest + 1e-3]
+        return min(tied, key=mean_rel.__getitem__)
 
     chosen = pick(label_free)
     # The best per-item method (what an engine applies to one request, with no batch).
@@ -276,9 +299,12 @@ def main() -> int:
     result = {
         "chosen": chosen,
         "chosen_per_item": chosen_item,
-        "configs": {n: c.to_dict() for n, c in CONFIGS.items()},
+        "configs": {
+            n: {**c.to_dict(), "auto_variants": v} for n, (c, v) in CANDIDATES.items()
+        },
         "harmless_on_every_tune_half": passing,
         "worst_excess": {n: excess(n) for n in label_free},
+        "total_excess": {n: total_excess(n) for n in label_free},
         "tune_mean_rel_nll": dict(sorted(mean_rel.items(), key=lambda kv: kv[1])),
         "tune": tune,
         "pairs": per_pair,

@@ -36,9 +36,10 @@ The paper leaves several things open; this module decides them and says so:
 * **Pooling with the constrained softmax** (``semantic_weight``). The semantic
   distribution is a noisy estimate (a few kept tokens, cosines as weights); the
   result is the log-linear pool ``P ∝ P_con^(1-a) P_sem^a``. ``a = 1`` is the
-  semantic distribution alone, ``a = 0`` the constrained softmax of the top-K (an
-  answer token outside the top-K counts with the smallest kept probability, so every
-  engine, including readers that see only the top-K, pools the same way).
+  semantic distribution alone, ``a = 0`` the constrained softmax. A reader that sees
+  only the top-K log-probs (vLLM, an OpenAI server) lacks the log-prob of an answer
+  token outside it: that token counts with the smallest kept probability, the most
+  it can have, unless the reader supplies its log-prob (``classify_vllm`` does).
 * **Temperature.** An optional final temperature on ``log P_sem`` (fitted by
   ``semsoft tune``); 1 leaves the distribution as is. Any finite ``T > 0`` is
   allowed: it is applied in log space, so a tiny ``T`` is a hard argmax (ties split
@@ -502,8 +503,8 @@ class SemanticSoftmax:
             safe = torch.where(fallback.unsqueeze(-1), torch.ones_like(denominator), denominator)
             semantic = (numerator.double() / safe.double()).to(numerator.dtype)
         if cfg.semantic_weight != 1.0:
-            kept = _kept_constrained(top_log_p.to(device), top_ids_dev, self._answer_ids)
-            semantic = _pooled(kept, semantic, cfg.semantic_weight)
+            pool_with = _pool_constrained(log_p, top_log_p, self._answer_ids.to(log_p.device))
+            semantic = _pooled(pool_with.to(device), semantic, cfg.semantic_weight)
         if cfg.temperature != 1.0:
             semantic = _tempered(semantic, cfg.temperature)
         semantic = torch.where(fallback.unsqueeze(-1), constrained, semantic)
@@ -514,35 +515,38 @@ class SemanticSoftmax:
         return SemanticSoftmaxResult(semantic, constrained, fallback, coverage, mass)
 
 
-def _kept_constrained(top_log_p: Tensor, top_ids: Tensor, answer_ids: Tensor) -> Tensor:
-    """The constrained softmax as the top-K alone tells it: ``[B, L]``.
+def _pool_constrained(log_p: Tensor, top_log_p: Tensor, answer_ids: Tensor) -> Tensor:
+    """The constrained softmax the pool uses: ``[B, L]``, from the row's log-probs.
 
-    An answer token among the kept tokens has its own log-probability; one outside the
-    top-K is given the smallest kept one, the most it can have. It is the constrained
-    softmax whenever every answer token is kept, and needs nothing outside the top-K, so
-    a reader that sees only the top-K log-probs (vLLM, an OpenAI server) pools exactly
-    as transformers does.
+    Each label's answer token has its own log-probability where the row holds a finite
+    one (transformers and the in-engine processor see the whole vocabulary). Where it is
+    ``-inf`` (a reader that got only the top-K log-probs, or an engine mask) it counts
+    with the smallest kept log-probability, the most a token outside the top-K can have:
+    a label is never pooled to 0 for want of its log-prob.
     """
-    log_p = top_log_p.to(torch.float64)
-    is_answer = (top_ids.unsqueeze(-1) == answer_ids) & torch.isfinite(log_p).unsqueeze(-1)
+    answer = log_p[:, answer_ids].to(torch.float64)  # [B, L]
+    kept = top_log_p.to(torch.float64)
     # The smallest finite kept log-prob (K may exceed the unmasked tokens of a row).
-    floor = torch.where(torch.isfinite(log_p), log_p, torch.inf).amin(1, keepdim=True)
-    masked = torch.where(is_answer, log_p.unsqueeze(-1), -torch.inf)
-    found = masked.amax(1)  # [B, L]
-    log_c = torch.where(is_answer.any(1), found, floor)
+    floor = torch.where(torch.isfinite(kept), kept, torch.inf).amin(1, keepdim=True)
+    log_c = torch.where(torch.isfinite(answer), answer, floor)
     return torch.softmax(log_c, dim=-1)
 
 
 def _pooled(constrained: Tensor, semantic: Tensor, weight: float) -> Tensor:
     """Log-linear pool ``softmax((1 - a) log P_con + a log P_sem)``, never NaN.
 
-    In float64 with the row maximum subtracted. Probabilities are floored at 1e-30
-    before the log (as in :func:`_tempered`), so a label the semantic votes gave
-    exactly 0 keeps a tiny, finite share instead of making the pool 0 (an infinite
-    NLL if that label is the right one).
+    In float64 with the row maximum subtracted. A label the semantic votes gave exactly
+    0 (no kept token near it, its answer token outside the top-K) has no semantic
+    evidence either way: it keeps its constrained probability in the pool instead of
+    being pooled to 0 (with ``tau = 0.2`` that zero made Qwen's GoEmotions NLL +4.6:
+    the right label was such a label). Probabilities are floored at 1e-30 before the
+    log, as in :func:`_tempered`.
     """
-    log_p = (1.0 - weight) * constrained.to(torch.float64).clamp_min(1e-30).log()
-    log_p = log_p + weight * semantic.to(torch.float64).clamp_min(1e-30).log()
+    con = constrained.to(torch.float64)
+    sem = semantic.to(torch.float64)
+    sem = torch.where(sem > 0, sem, con)
+    log_p = (1.0 - weight) * con.clamp_min(1e-30).log()
+    log_p = log_p + weight * sem.clamp_min(1e-30).log()
     log_p = log_p - log_p.amax(dim=-1, keepdim=True)
     return torch.softmax(log_p, dim=-1).to(semantic.dtype)
 

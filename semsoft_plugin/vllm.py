@@ -1249,11 +1249,17 @@ def _score_top_k(
     if bool((ids >= vocab).any()):
         raise ValueError("a returned token id lies outside the model's vocabulary")
     sparse[ids] = values
+    known = {**extra, **top}
+    answer_ids = scoring.labels.answer_token_ids
+    # Answer tokens outside the top-k whose log-probs are known (the sampled token, a
+    # follow-up) enter the row too: they rank below every kept token, so the top-k is
+    # unchanged, and the pool with the constrained softmax reads them exactly.
+    for t in answer_ids:
+        if t not in top and t in known and 0 <= t < vocab:
+            sparse[t] = known[t]
     # Semantic Softmax and coverage are ratios of top-k probabilities: the missing
     # normaliser cancels, so the sparse vector gives exactly the full-vocabulary result.
     result = scoring.scorer(sparse)
-    known = {**extra, **top}
-    answer_ids = scoring.labels.answer_token_ids
     constrained = None
     if all(t in known for t in answer_ids):
         label_logp = torch.tensor([known[t] for t in answer_ids], dtype=torch.float32)
@@ -1803,16 +1809,20 @@ def classify_vllm(
                 entries = out.outputs[0].logprobs[0]
                 steps[i].update({t: float(entries[t].logprob) for t in chunk})
         for i in missing:
-            s = scores[i]
-            if s.constrained_probs is not None:
+            if scores[i].constrained_probs is not None:
                 continue
-            label_logp = torch.tensor([steps[i][t] for t in answer_ids])
-            exact = dict(
-                zip(scoring.labels.names, torch.softmax(label_logp, -1).tolist(), strict=True)
+            # Scored again with every answer token's log-prob known: the constrained
+            # softmax (and the pool with it) is then exact, as transformers has it.
+            entries = outputs[i].outputs[0].logprobs[scores[i].decision_step]
+            top = {
+                int(t): float(lp.logprob)
+                for t, lp in entries.items()
+                if lp.rank is not None and lp.rank <= cfg.k
+            }
+            generated = list(outputs[i].outputs[0].token_ids)
+            scores[i] = _score_top_k(
+                client, request, top, steps[i], generated, scores[i].decision_step
             )
-            probs = exact if s.fallback else s.probs
-            label = s.label if s.label is not None else max(exact, key=exact.__getitem__)
-            scores[i] = dataclasses.replace(s, constrained_probs=exact, probs=probs, label=label)
     results = []
     for s, out, step in zip(scores, outputs, steps, strict=True):
         result = {

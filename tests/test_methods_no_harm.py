@@ -163,7 +163,7 @@ def test_semantic_weight_limits(residual):
     ids = [int(i) for i in logits[0].argsort()[-3:]]  # kept in row 0 at least
     alone = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=1.0)(logits)
     none = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.0)(logits)
-    # k = V keeps every answer token: weight 0 is exactly the constrained softmax.
+    # Weight 0 is exactly the constrained softmax.
     torch.testing.assert_close(none.semantic, constrained_softmax(logits, ids), atol=1e-6, rtol=0)
     torch.testing.assert_close(alone.semantic, alone.semantic / alone.semantic.sum(-1, keepdim=True))
     mid = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.5)(logits).semantic
@@ -174,21 +174,50 @@ def test_semantic_weight_limits(residual):
     )
 
 
-def test_pool_outside_the_top_k_uses_the_smallest_kept_probability():
+def test_pool_reads_answer_log_probs_and_bounds_the_missing_ones():
     g = torch.Generator().manual_seed(3)
     emb = torch.randn(40, 8, generator=g)
     logits = torch.randn(40, generator=g) * 2
     order = logits.argsort()
     labels = [int(order[-1]), int(order[5])]  # one kept, one far outside the top 10
-    scorer = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=1.0)
-    pooled = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=0.5)
+    scorer = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=0.5)
+    alone = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=1.0)
     log_p = torch.log_softmax(logits.double(), -1)
-    smallest_kept = log_p[order[-10]]
-    con = torch.softmax(torch.stack([log_p[labels[0]], smallest_kept]), -1)
-    sem = scorer(logits).semantic.double().clamp_min(1e-30)
-    want = con.sqrt() * sem.sqrt()
-    torch.testing.assert_close(pooled(logits).semantic.double(), want / want.sum(), atol=1e-6, rtol=0)
+    sem = alone(logits).semantic.double().clamp_min(1e-30)
 
+    def pool(con: torch.Tensor) -> torch.Tensor:
+        want = con.sqrt() * sem.sqrt()
+        return want / want.sum()
+
+    # Full logits: the exact constrained softmax.
+    exact = torch.softmax(log_p[labels], -1)
+    torch.testing.assert_close(scorer(logits).semantic.double(), pool(exact), atol=1e-6, rtol=0)
+    top = torch.topk(log_p.float(), 10)
+    sparse = torch.full_like(logits, float("-inf")).scatter(0, top.indices, top.values)
+    # Only the top-K: the missing answer token counts with the smallest kept probability.
+    bounded = torch.softmax(torch.stack([log_p[labels[0]], log_p[order[-10]]]), -1)
+    torch.testing.assert_close(scorer(sparse).semantic.double(), pool(bounded), atol=1e-6, rtol=0)
+    # The top-K plus the answer tokens' log-probs (what classify_vllm fetches): exact again.
+    sparse[labels[1]] = log_p[labels[1]].float()
+    torch.testing.assert_close(scorer(sparse).semantic, scorer(logits).semantic, atol=1e-6, rtol=0)
+
+
+def test_pool_keeps_the_constrained_where_the_votes_say_nothing():
+    # Label c: answer token outside the top-K, no kept token near it -> semantic 0. The
+    # pool gives it its constrained share instead of 0 (an infinite NLL if c is right).
+    emb = torch.eye(5)
+    p = [0.5, 0.3, 0.15, 0.04, 0.01]  # a, b, two fillers, c
+    scorer = SemanticSoftmax(emb, [0, 1, 4], k=4, tau=0.2, center=False, semantic_weight=1.0)
+    alone = scorer(_logits(p)).semantic.double()
+    assert float(alone[2]) == 0.0
+    pooled = SemanticSoftmax(emb, [0, 1, 4], k=4, tau=0.2, center=False, semantic_weight=0.5)
+    got = pooled(_logits(p)).semantic.double()
+    con = torch.tensor([p[0], p[1], p[4]], dtype=torch.float64)
+    con /= con.sum()
+    sem = torch.where(alone > 0, alone, con)
+    want = (con * sem).sqrt()
+    torch.testing.assert_close(got, want / want.sum(), atol=1e-6, rtol=0)
+    assert float(got[2]) > 0.01
 
 def test_semantic_weight_is_checked():
     for bad in (-0.1, 1.5, float("nan"), True, "0.5"):
@@ -256,7 +285,7 @@ def test_residual_needs_only_the_top_k():
     emb = torch.randn(40, 8, generator=g)
     logits = torch.randn(40, generator=g) * 2
     labels = [int(logits.argsort()[-1]), int(logits.argsort()[5])]  # one kept, one far out
-    scorer = SemanticSoftmax(emb, labels, k=10, residual=True)
+    scorer = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=1.0)
     top = torch.topk(torch.log_softmax(logits, -1), 10)
     sparse = torch.full_like(logits, float("-inf")).scatter(0, top.indices, top.values)
     torch.testing.assert_close(scorer(logits).semantic, scorer(sparse).semantic)
