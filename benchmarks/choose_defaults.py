@@ -65,7 +65,8 @@ CANDIDATES: dict[str, tuple[SemsoftConfig, bool]] = {
     "shared": (SemsoftConfig.shared_votes(k=K), True),  # the first default
     **{
         f"residual tau={t} a={a}{' +variants' if v else ''}": (
-            SemsoftConfig(k=K, tau=t, residual=True, semantic_weight=a), v
+            SemsoftConfig(k=K, tau=t, residual=True, semantic_weight=a),
+            v,
         )
         for t in (0.0, 0.2)
         for a in (0.3, 0.5, 0.7, 1.0)
@@ -73,7 +74,8 @@ CANDIDATES: dict[str, tuple[SemsoftConfig, bool]] = {
     },
     **{
         f"residual q={q} a={a}": (
-            SemsoftConfig(k=K, residual=True, tau_quantile=q, semantic_weight=a), False
+            SemsoftConfig(k=K, residual=True, tau_quantile=q, semantic_weight=a),
+            False,
         )
         for q in (0.99,)
         for a in (0.5, 1.0)
@@ -299,9 +301,7 @@ def main() -> int:
     result = {
         "chosen": chosen,
         "chosen_per_item": chosen_item,
-        "configs": {
-            n: {**c.to_dict(), "auto_variants": v} for n, (c, v) in CANDIDATES.items()
-        },
+        "configs": {n: {**c.to_dict(), "auto_variants": v} for n, (c, v) in CANDIDATES.items()},
         "harmless_on_every_tune_half": passing,
         "worst_excess": {n: excess(n) for n in label_free},
         "total_excess": {n: total_excess(n) for n in label_free},

@@ -1343,7 +1343,10 @@ def label_scores(
     params : the request's ``SamplingParams`` (from :func:`sampling_params`), or its
         label list plus the same ``options``
     model : the ``vllm.LLM`` (or its checkpoint directory / model name): the reader
-        needs the tokenizer and the output embeddings, loaded once per model
+        needs the tokenizer and the output embeddings, loaded once per model. Given the
+        ``LLM``, answer tokens outside the returned top-k are fetched with one
+        ``max_tokens=1`` request, so the scores equal transformers'; given a path or a
+        name, such a token counts with the smallest kept probability (an upper bound)
     choice : which completion (``n > 1`` gives ``n``), in vLLM's order
     allow_download : a model name not on this machine yet (a known name not cached, a
         hub ``owner/name`` not in the hub cache) is refused unless True: reading scores
@@ -1383,7 +1386,47 @@ def label_scores(
         if lp.rank is not None and lp.rank <= k
     }
     extra = {int(t): float(lp.logprob) for t, lp in entries.items()}
+    prompt_ids = getattr(request_output, "prompt_token_ids", None)
+    if getattr(model, "llm_engine", None) is not None and prompt_ids is not None:
+        extra.update(
+            _missing_answer_logprobs(model, client, request, prompt_ids, generated, step, extra)
+        )
     return _score_top_k(client, request, top, extra, generated, step)
+
+
+def _missing_answer_logprobs(
+    llm: Any,
+    client: _Model,
+    request: SemsoftRequest,
+    prompt_ids: Sequence[int],
+    generated: Sequence[int],
+    step: int,
+    known: Mapping[int, float],
+) -> dict[int, float]:
+    """The decision step's raw log-probs of answer tokens the output does not hold.
+
+    The default pools the semantic distribution with the constrained softmax, which
+    needs every answer token's log-prob; the output has only the top-k. One
+    ``max_tokens=1`` request on ``prompt + generated[:step]`` (the prefix cache serves
+    the prompt) fetches them, so the offline reader equals transformers. Not needed
+    (and not sent) with ``semantic_weight=1``, where the top-k is all there is to read.
+    """
+    answer_ids = client.scoring(request).labels.answer_token_ids
+    missing = [t for t in dict.fromkeys(answer_ids) if t not in known]
+    if not missing or request.config.semantic_weight == 1.0:
+        return {}
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
+
+    prompt = TokensPrompt(prompt_token_ids=list(prompt_ids) + list(generated[:step]))
+    found: dict[int, float] = {}
+    for start in range(0, len(missing), MAX_LOGPROB_TOKEN_IDS):
+        chunk = missing[start : start + MAX_LOGPROB_TOKEN_IDS]
+        probe = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=chunk)
+        out = llm.generate([prompt], probe, use_tqdm=False)[0]
+        entries = out.outputs[0].logprobs[0]
+        found.update({t: float(entries[t].logprob) for t in chunk})
+    return found
 
 
 def label_probs(

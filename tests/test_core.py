@@ -22,7 +22,9 @@ from semsoft_plugin import (
 )
 from semsoft_plugin.config import MAX_K
 
-PAPER = dict(center=False, own_vote=False, normalize_votes=False, residual=False, semantic_weight=1.0)
+PAPER = dict(
+    center=False, own_vote=False, normalize_votes=False, residual=False, semantic_weight=1.0
+)
 
 
 def reference_paper(logits: np.ndarray, emb: np.ndarray, label_ids: list[int], k: int, tau: float):

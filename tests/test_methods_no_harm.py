@@ -141,9 +141,13 @@ def test_semantic_weight_pools_with_the_constrained_hand_computed():
     # P ∝ P_con^(1-a) P_sem^a, the residual semantic of the hand case above.
     p = [0.30, 0.10, 0.20, 0.40]
     tau, a = 0.2, 0.5
-    semantic = SemanticSoftmax(
-        EMB, [A, B], k=4, tau=tau, center=False, residual=True, semantic_weight=1.0
-    )(_logits(p)).semantic.double().numpy()
+    semantic = (
+        SemanticSoftmax(
+            EMB, [A, B], k=4, tau=tau, center=False, residual=True, semantic_weight=1.0
+        )(_logits(p))
+        .semantic.double()
+        .numpy()
+    )
     constrained = np.array([p[A], p[B]]) / (p[A] + p[B])
     pooled = constrained ** (1 - a) * semantic**a
     pooled /= pooled.sum()
@@ -165,7 +169,9 @@ def test_semantic_weight_limits(residual):
     none = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.0)(logits)
     # Weight 0 is exactly the constrained softmax.
     torch.testing.assert_close(none.semantic, constrained_softmax(logits, ids), atol=1e-6, rtol=0)
-    torch.testing.assert_close(alone.semantic, alone.semantic / alone.semantic.sum(-1, keepdim=True))
+    torch.testing.assert_close(
+        alone.semantic, alone.semantic / alone.semantic.sum(-1, keepdim=True)
+    )
     mid = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.5)(logits).semantic
     # Log-linear: the log-ratio of two labels moves by exactly half.
     ratio = lambda q: (q[:, 0] / q[:, 1]).double().log()  # noqa: E731
@@ -219,12 +225,14 @@ def test_pool_keeps_the_constrained_where_the_votes_say_nothing():
     torch.testing.assert_close(got, want / want.sum(), atol=1e-6, rtol=0)
     assert float(got[2]) > 0.01
 
+
 def test_semantic_weight_is_checked():
     for bad in (-0.1, 1.5, float("nan"), True, "0.5"):
         with pytest.raises(ValueError, match="semantic_weight"):
             SemsoftConfig(semantic_weight=bad)
     assert SemsoftConfig.paper().semantic_weight == 1.0
     assert SemsoftConfig.shared_votes().semantic_weight == 1.0
+
 
 @pytest.mark.slow
 def test_fragment_spellings_are_not_own_tokens(model_and_tokenizer):
