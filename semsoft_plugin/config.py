@@ -69,8 +69,8 @@ class SemsoftConfig:
         distribution alone (the paper), ``0`` the constrained softmax. The semantic
         votes are a noisy estimate of the model's preference (a few kept tokens, a
         cosine as weight), so halving their pull is a shrinkage: on the dev sets
-        ``a = 0.5`` kept most of the NLL gain on over-confident models and did not
-        hurt accurate ones (README, "Choosing the defaults").
+        ``a = 0.5`` kept a third to a half of the NLL gain on over-confident models
+        and hurt no accurate one (README, "Choosing the defaults").
     """
 
     k: int = DEFAULT_K
