@@ -45,13 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from semsoft_eval.selfconsistency import (
-    VERBAL_INSTRUCTION,
-    consistency,
-    generate,
-    verbal_readings,
-)
-from semsoft_plugin.confidence import (
+from semsoft_eval.confidence import (
     auroc2,
     ceiling_rate,
     check_label_entropy,
@@ -59,6 +53,12 @@ from semsoft_plugin.confidence import (
     match_answer,
     split_answer_confidence,
     target_from_samples,
+)
+from semsoft_eval.selfconsistency import (
+    VERBAL_INSTRUCTION,
+    consistency,
+    generate,
+    verbal_readings,
 )
 from semsoft_plugin.hf import format_prompt
 

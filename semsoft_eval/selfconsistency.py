@@ -8,7 +8,7 @@ distillation recipe (:mod:`semsoft_eval.distill`) samples with:
   samples with ``num_return_sequences=n``, vLLM with ``SamplingParams(n=n)``; pass a
   ``vllm.LLM`` as ``model`` to use vLLM (imported lazily, only then).
 * **verbal confidence**: the model is asked for its answer and "Confidence: NN%" and the
-  statement is read with :func:`semsoft_plugin.confidence.parse_confidence`. Small models
+  statement is read with :func:`semsoft_eval.confidence.parse_confidence`. Small models
   often answer and stop; when the first greedy pass states no confidence, a second pass
   pre-fills ``"\\nConfidence:"`` after the answer line and reads the number that follows.
   Both passes are greedy. How many items needed the second pass is reported
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from semsoft_plugin.confidence import (
+from semsoft_eval.confidence import (
     match_answer,
     normalize_answer,
     split_answer_confidence,
@@ -331,7 +331,7 @@ def consistency(
 def match_label(text: str, labels: Sequence[str]) -> int | None:
     """Index of the label a generated answer names, or ``None`` when it names none.
 
-    Read from the answer line (:func:`~semsoft_plugin.confidence.split_answer_confidence`),
+    Read from the answer line (:func:`~semsoft_eval.confidence.split_answer_confidence`),
     compared after SQuAD normalisation: an exact match; else the label found as whole
     words earliest in the answer (the longest at the same place); else a unique prefix
     relation of at least 3 characters between the answer's first word and one label
