@@ -45,6 +45,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from semsoft_eval.selfconsistency import (
+    VERBAL_INSTRUCTION,
+    consistency,
+    generate,
+    verbal_readings,
+)
 from semsoft_eval.confidence import (
     auroc2,
     ceiling_rate,
@@ -53,12 +59,6 @@ from semsoft_eval.confidence import (
     match_answer,
     split_answer_confidence,
     target_from_samples,
-)
-from semsoft_eval.selfconsistency import (
-    VERBAL_INSTRUCTION,
-    consistency,
-    generate,
-    verbal_readings,
 )
 from semsoft_plugin.hf import format_prompt
 
