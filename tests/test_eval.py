@@ -249,7 +249,7 @@ def test_eval_soft_labels_and_sequence(tmp_path, model_and_tokenizer) -> None:
 
 @pytest.mark.slow
 def test_sequence_probabilities_of_multi_token_labels() -> None:
-    from semsoft_eval.forward import sequence_logprobs
+    from semsoft_eval.backend_transformers import TransformersBackend
     from semsoft_plugin import models
     from semsoft_plugin.labels import LabelSet
 
@@ -258,7 +258,9 @@ def test_sequence_probabilities_of_multi_token_labels() -> None:
     labels = LabelSet(["joy", "disapproval"], tokenizer)
     assert labels.multi_token_labels == ("disapproval",)
     prompts = ["I love it. Emotion:", "This is wrong and I object. Emotion:"]
-    batched = sequence_logprobs(model, tokenizer, prompts, labels, batch_size=2, progress=False)
+    batched = TransformersBackend(model, tokenizer).sequence_logprobs(
+        prompts, labels, batch_size=2, progress=False
+    )
     # the same, one item at a time and without the cache: the full sequence scored directly
     for row, prompt in enumerate(prompts):
         for col, label in enumerate(labels.labels):
@@ -335,7 +337,7 @@ def test_engine_args_without_the_vllm_backend_are_refused(capsys) -> None:
 def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_tokenizer) -> None:
     # The grid scores on a compact vocabulary; it must keep every anchor row too, or
     # labels scored without a leading space (anchored on their spaced word) would differ.
-    from semsoft_eval.forward import _assemble, _compress, _label_token_ids
+    from semsoft_eval.forward import assemble, compress, label_token_ids
     from semsoft_eval.tune import grid_probs
     from semsoft_plugin import LabelSet, SemanticSoftmax, SemsoftConfig
     from semsoft_plugin.embeddings import from_model
@@ -344,9 +346,9 @@ def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_token
     labels = LabelSet(["joy", "sadness", "anger"], tokenizer, leading_space=leading_space)
     embeddings = from_model(model)
     logits = torch.randn(5, embeddings.vocab_size, generator=torch.Generator().manual_seed(0)) * 4
-    label_ids = torch.tensor(_label_token_ids(labels))
-    kept = _compress(list(logits), 64, label_ids)
-    forward = _assemble(
+    label_ids = torch.tensor(label_token_ids(labels))
+    kept = compress(logits, 64, label_ids)
+    forward = assemble(
         kept, kept, label_ids, torch.zeros(5, 3), vocab_size=logits.shape[1], seconds=0.0
     )
     configs = [SemsoftConfig(k=20), SemsoftConfig(k=50, tau=0.1, normalize_votes=False)]
