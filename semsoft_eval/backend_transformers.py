@@ -9,6 +9,7 @@ so every pass here sees the tokens the adapter sees.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,7 +80,10 @@ class TransformersBackend:
             self.model, self.tokenizer, list(inputs), labels, mode="observe", keep_logits=True,
             batch_size=batch_size, max_new_tokens=1, progress=progress,
         )  # fmt: skip
-        rows = torch.stack([r.logits for r in results])
+        kept = [r.logits for r in results]
+        if any(row is None for row in kept):
+            raise ValueError("the adapter kept no decision-step logits (keep_logits=True)")
+        rows = torch.stack(typing.cast(list[Tensor], kept))
         ids, values, label_values = compress(rows, store_k, torch.tensor(list(token_ids)))
         check = np.array([[r.probs[n] for n in labels.names] for r in results])
         return DecisionStep(

@@ -168,13 +168,12 @@ class VLLMBackend:
         # vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") when a request
         # with its own seed has a sample discarded under chunked prefill; on CPU the
         # engine's seed (LLM(seed=...)) makes the sampling repeatable instead.
-        own_seed = {} if current_platform.is_cpu() else {"seed": seed}
         params = SamplingParams(
             n=n,
             temperature=temperature,
             top_k=0 if temperature > 0 else -1,
             top_p=1.0,
-            **own_seed,
+            seed=None if current_platform.is_cpu() else seed,
             max_tokens=max_new_tokens,
             stop=list(stop) or None,
         )
