@@ -8,6 +8,8 @@ the data it was fitted to.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from scipy.optimize import minimize_scalar
 
@@ -16,6 +18,7 @@ from semsoft_plugin.calibration import debias
 
 __all__ = [
     "folds",
+    "stratified_folds",
     "fit_temperature",
     "apply_temperature",
     "cross_fit_temperature",
@@ -34,6 +37,38 @@ def folds(n: int, n_folds: int, seed: int = 0) -> np.ndarray:
         raise ValueError(f"need at least {n_folds} items for {n_folds} folds, got {n}")
     ids = np.arange(n) % n_folds
     return np.random.default_rng(seed).permutation(ids)
+
+
+def stratified_folds(targets: np.ndarray, n_folds: int, seed: int = 0) -> np.ndarray:
+    """A fold id per item with each label's share kept in every fold (scikit-learn's
+    ``StratifiedKFold``, shuffled by ``seed``).
+
+    With an imbalanced label set a plain split can leave a rare label out of a training
+    part altogether, and what is fitted there never sees it. When some label has fewer
+    items than folds no split can hold it in every fold: ``KFold`` is used instead,
+    with a warning naming the label counts.
+    """
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    targets = np.asarray(targets)
+    n = len(targets)
+    if n_folds < 2 or n < n_folds:
+        raise ValueError(f"need at least {n_folds} items for {n_folds} folds, got {n}")
+    counts = np.unique(targets, return_counts=True)[1]
+    splitter: KFold | StratifiedKFold
+    if counts.min() < n_folds:
+        warnings.warn(
+            f"a label has {counts.min()} items, fewer than the {n_folds} folds: "
+            "the folds are not stratified (KFold)",
+            stacklevel=2,
+        )
+        splitter = KFold(n_folds, shuffle=True, random_state=seed)
+    else:
+        splitter = StratifiedKFold(n_folds, shuffle=True, random_state=seed)
+    ids = np.empty(n, dtype=np.int64)
+    for fold, (_, held) in enumerate(splitter.split(np.zeros(n), targets)):
+        ids[held] = fold
+    return ids
 
 
 def apply_temperature(log_probs: np.ndarray, temperature: float) -> np.ndarray:

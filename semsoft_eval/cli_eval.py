@@ -1,19 +1,33 @@
 """``semsoft eval`` and ``semsoft tune`` subcommands (registered by ``semsoft_plugin.cli``).
 
-User errors raise ``ValueError``; the ``semsoft`` command prints them as one line.
+The Semantic Softmax flags are generated from :class:`~semsoft_plugin.config.SemsoftConfig`'s
+fields (``own_vote`` is ``--own-vote``, in ``eval`` an override of ``--config``, in ``tune``
+a grid axis of :data:`~semsoft_eval.tune.DEFAULT_GRID`), so a flag and the field it sets
+cannot drift apart. User errors raise ``ValueError``; the ``semsoft`` command prints them
+as one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from semsoft_plugin.cli import json_object as _json_object
 
-__all__ = ["add_eval_parser", "add_tune_parser", "run_eval", "run_tune"]
+__all__ = [
+    "add_eval_parser",
+    "add_tune_parser",
+    "config_fields",
+    "flag",
+    "run_eval",
+    "run_tune",
+]
 
 
 def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,19 +68,57 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-cache", action="store_true", help="neither read nor write kept forward passes"
     )
-    from semsoft_eval.evaluate import BACKENDS
+    from semsoft_eval.backends import ENGINES
 
     parser.add_argument(
         "--backend",
-        choices=BACKENDS,
-        default="hf",
-        help="engine that runs the forward passes: transformers or vLLM (with the plugin)",
+        type=_engine,
+        choices=ENGINES,
+        default="transformers",
+        help="engine that runs the forward passes: transformers ('hf' too) or vLLM (with "
+        "the plugin)",
     )
     parser.add_argument(
         "--engine-args",
         type=_json_object,
         help="vLLM engine arguments as JSON, e.g. '{\"tensor_parallel_size\": 4}'",
     )
+
+
+def _engine(text: str) -> str:
+    from semsoft_eval.backends import engine_name
+
+    try:
+        return engine_name(text, "--backend")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def flag(field: str) -> str:
+    """The command-line spelling of a dataclass field: ``own_vote`` -> ``--own-vote``."""
+    return "--" + field.replace("_", "-")
+
+
+def config_fields() -> dict[str, type]:
+    """:class:`SemsoftConfig`'s fields and their value types (``float | None`` -> float)."""
+    from semsoft_plugin.config import SemsoftConfig
+
+    hints = typing.get_type_hints(SemsoftConfig)
+    out: dict[str, type] = {}
+    for field in dataclasses.fields(SemsoftConfig):
+        kinds = [t for t in typing.get_args(hints[field.name]) if t is not type(None)]
+        out[field.name] = kinds[0] if kinds else hints[field.name]
+    return out
+
+
+_BOOLS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def _bool(text: str) -> bool:
+    try:
+        return _BOOLS[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false") from None
 
 
 def _data_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -93,10 +145,11 @@ def _template(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The ``--config`` file (or the default), with every field flag given applied."""
     from semsoft_plugin.config import SemsoftConfig
 
     config = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
-    return config.replace(k=args.k, tau=args.tau)
+    return config.replace(**{name: getattr(args, name) for name in config_fields()})
 
 
 def _cache_dir(args: argparse.Namespace) -> str | None:
@@ -123,8 +176,15 @@ def add_eval_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--config", help="SemsoftConfig JSON for 'semantic' (e.g. from semsoft tune)"
     )
-    parser.add_argument("--k", type=int, help="override the config's k")
-    parser.add_argument("--tau", type=float, help="override the config's tau")
+    overrides = parser.add_argument_group("Semantic Softmax settings (override --config)")
+    for name, kind in config_fields().items():
+        overrides.add_argument(
+            flag(name),
+            dest=name,
+            type=_bool if kind is bool else kind,
+            metavar="true|false" if kind is bool else kind.__name__.upper(),
+            help=f"the config's {name}",
+        )
     parser.add_argument("--paper-k", type=int, default=50, help="k of semantic-paper")
     parser.add_argument("--paper-tau", type=float, default=0.0, help="tau of semantic-paper")
     parser.add_argument(
@@ -189,9 +249,8 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _bool_list(text: str) -> tuple[bool, ...]:
-    values = {"true": True, "false": False, "1": True, "0": False}
     try:
-        return tuple(values[x.strip().lower()] for x in text.split(","))
+        return tuple(_BOOLS[x.strip().lower()] for x in text.split(","))
     except KeyError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of true/false"
@@ -210,28 +269,22 @@ def add_tune_parser(subparsers: Any) -> None:
     )
     _add_data_arguments(parser)
     grid = parser.add_argument_group("grid (comma-separated values)")
-    fmt = lambda values: ",".join(str(v).lower() for v in values)  # noqa: E731
-    grid.add_argument(
-        "--k", type=_int_list, default=DEFAULT_GRID["k"], help=f"default {fmt(DEFAULT_GRID['k'])}"
-    )
-    grid.add_argument(
-        "--tau",
-        type=_float_list,
-        default=DEFAULT_GRID["tau"],
-        help=f"default {fmt(DEFAULT_GRID['tau'])}",
-    )
-    grid.add_argument(
-        "--center", type=_bool_list, default=DEFAULT_GRID["center"], help="default true,false"
-    )
-    grid.add_argument(
-        "--own-vote", type=_bool_list, default=DEFAULT_GRID["own_vote"], help="default true,false"
-    )
-    grid.add_argument(
-        "--normalize-votes",
-        type=_bool_list,
-        default=DEFAULT_GRID["normalize_votes"],
-        help="default false,true",
-    )
+    kinds = config_fields()
+    lists: dict[type, Callable[[str], tuple[Any, ...]]] = {
+        int: _int_list,
+        float: _float_list,
+        bool: _bool_list,
+    }
+    for name, values in DEFAULT_GRID.items():
+        if name not in kinds:
+            raise ValueError(f"DEFAULT_GRID axis {name!r} is not a SemsoftConfig field")
+        grid.add_argument(
+            flag(name),
+            dest=name,
+            type=lists[kinds[name]],
+            default=tuple(values),
+            help="default " + ",".join(str(v).lower() for v in values),
+        )
     parser.add_argument(
         "--objective", choices=("nll", "ece"), default="nll", help="what the choice minimises"
     )
@@ -245,15 +298,9 @@ def add_tune_parser(subparsers: Any) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from semsoft_eval.tune import format_tune, tune_dataset
+    from semsoft_eval.tune import DEFAULT_GRID, format_tune, tune_dataset
 
-    grid = {
-        "k": args.k,
-        "tau": args.tau,
-        "center": args.center,
-        "own_vote": args.own_vote,
-        "normalize_votes": args.normalize_votes,
-    }
+    grid = {name: getattr(args, name) for name in DEFAULT_GRID}
     result = tune_dataset(
         args.model,
         args.dataset,

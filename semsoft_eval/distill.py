@@ -51,7 +51,7 @@ from semsoft_eval.selfconsistency import (
     generate,
     verbal_readings,
 )
-from semsoft_plugin.confidence import (
+from semsoft_eval.confidence import (
     auroc2,
     ceiling_rate,
     check_label_entropy,

@@ -1,26 +1,25 @@
 """One forward pass per item through the user code path, kept on disk for method sweeps.
 
 ``semsoft eval`` and ``semsoft tune`` never score items with a second implementation:
-the decision-step logits come from :func:`semsoft_plugin.hf.classify` with
-``keep_logits=True`` (the transformers adapter users call), and every method is then
-computed from those logits with :class:`semsoft_plugin.core.SemanticSoftmax`.
+the decision step comes from the engine's own adapter through a
+:class:`~semsoft_eval.backends.Backend` (``semsoft_plugin.hf.classify`` with
+``keep_logits=True`` on transformers, ``semsoft_plugin.vllm.classify_vllm`` on vLLM), and
+every method is then computed from the kept values with
+:class:`semsoft_plugin.core.SemanticSoftmax`.
 
-What is kept per item is lossless for every method here: the top ``store_k`` logits
+What is kept per item is lossless for every method here: the top ``store_k`` values
 (Semantic Softmax with any ``k <= store_k`` sees exactly the same kept tokens, and
 ``P_sem`` is a ratio, so the softmax normaliser over the rest of the vocabulary
-cancels) and the logits of every label answer token and own-token variant (the
+cancels) and the values of every label answer token and own-token variant (the
 constrained softmax, contextual calibration, temperature scaling). :meth:`Forward.logits`
 rebuilds ``[N, V]`` rows with ``-inf`` elsewhere, which the core treats as masked tokens.
-
-The vLLM backend (:func:`collect_vllm`) keeps the same things from
-:func:`semsoft_plugin.vllm.classify_vllm`: the decision step's raw top-``store_k``
-log-probabilities and the label tokens' raw log-probabilities. Log-probabilities are
-the logits minus one constant per row, and every method here is invariant to that
-constant (softmaxes over subsets of one row, and the temperature divides the
-difference), so the same :class:`Forward` serves both engines.
+transformers gives raw logits, vLLM raw log-probabilities: they differ by one constant
+per row and every method here is invariant to that constant (softmaxes over subsets of
+one row, and the temperature divides the difference), so one :class:`Forward` serves
+both engines.
 
 The cache is a safetensors file (never pickle) named by a hash of everything that
-changes the logits: model directory, prompts, labels, ``store_k``, the backend.
+changes the logits: model directory, prompts, labels, ``store_k``, the engine.
 """
 
 from __future__ import annotations
@@ -34,28 +33,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from semsoft_eval.backends import Backend, engine_name
 from semsoft_plugin.calibration import CONTENT_FREE
 from semsoft_plugin.labels import LabelSet
 
 __all__ = [
     "CONTENT_FREE",
     "STORE_K",
-    "VLLM_STORE_K",
     "Forward",
+    "assemble",
+    "cache_path",
     "collect",
-    "collect_vllm",
-    "sequence_logprobs",
-    "sequence_logprobs_vllm",
+    "compress",
+    "label_token_ids",
 ]
 
-STORE_K = 1024
-# vLLM returns each kept log-probability as a Python object; 256 covers the tune grid
-# (k <= 200) and the largest k a server request may ask (semsoft_plugin.vllm.MAX_K).
-VLLM_STORE_K = 256
+STORE_K = 1024  # transformers: top logits kept per item (the tune grid has k <= 200)
 _FORMAT = 1  # bump when what is stored changes
 
 
@@ -164,180 +160,22 @@ class Forward:
         )
 
 
-def _label_token_ids(labels: LabelSet) -> list[int]:
+def label_token_ids(labels: LabelSet) -> list[int]:
+    """Every label's answer token, then the own-token variants not already listed
+    (:attr:`Forward.label_ids`; the answer tokens come first)."""
     ids = list(labels.answer_token_ids)
     ids += [t for label in labels.labels for t in label.own_token_ids if t not in ids]
     return ids
 
 
-def _compress(
-    logits: Sequence[Tensor], store_k: int, label_ids: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    stacked = torch.stack([row.to(torch.float32) for row in logits])
-    values, ids = torch.topk(stacked, min(store_k, stacked.shape[1]), dim=-1)
-    return ids, values, stacked.index_select(1, label_ids)
+def compress(rows: Tensor, store_k: int, label_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(top_ids, top_values, label_values)`` of ``[N, V]`` decision-step rows."""
+    rows = rows.to(torch.float32)
+    values, ids = torch.topk(rows, min(store_k, rows.shape[1]), dim=-1)
+    return ids, values, rows.index_select(1, label_ids)
 
 
-def _timed_sequence(
-    labels: LabelSet, wanted: bool, run: Callable[[], Tensor]
-) -> tuple[Tensor | None, float]:
-    if not (wanted and labels.multi_token_labels):
-        return None, 0.0
-    start = time.perf_counter()
-    return run(), time.perf_counter() - start
-
-
-def _read_cache(
-    cache_file: Path | None,
-    labels: LabelSet,
-    sequence: bool,
-    run: Callable[[Forward], Tensor],
-) -> Forward | None:
-    """The kept passes, extended (and saved again) with the sequence pass if asked."""
-    if cache_file is None or not cache_file.is_file():
-        return None
-    forward = Forward.load(cache_file)
-    if forward.sequence_logprob is None:
-        seq, seconds = _timed_sequence(labels, sequence, lambda: run(forward))
-        if seq is not None:
-            forward.sequence_logprob, forward.sequence_seconds = seq, seconds
-            forward.save(cache_file)
-    return forward
-
-
-def cache_key(**parts: Any) -> str:
-    blob = json.dumps({**parts, "format": _FORMAT}, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:20]
-
-
-def sequence_logprobs(
-    model: Any,
-    tokenizer: Any,
-    inputs: Sequence[Any],
-    labels: LabelSet,
-    *,
-    batch_size: int = 8,
-    progress: bool = True,
-) -> Tensor:
-    """``[N, L]`` log-probability of each label's whole answer token sequence.
-
-    One prompt pass per item (batched, with the KV cache), then all multi-token labels'
-    continuations in one batched pass on copies of that cache. Only called when some
-    label is multi-token; otherwise the sequence probability is the first-token one and
-    the normalised result equals the constrained softmax.
-    """
-    from tqdm.auto import tqdm
-
-    # The adapter's own prompt formatting and padding, so both passes see the same tokens.
-    from semsoft_plugin.hf import format_prompt, left_padded
-
-    sequences = labels.token_sequences
-    multi = [i for i, s in enumerate(sequences) if len(s) > 1]
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
-    first_ids = torch.tensor([s[0] for s in sequences])
-    prompts = [format_prompt(tokenizer, item) for item in inputs]
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i][0]))
-    out = torch.zeros((len(prompts), len(sequences)), dtype=torch.float32)
-    width = max((len(sequences[i]) - 1 for i in multi), default=0)
-    device = next(model.parameters()).device
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    for batch in tqdm(batches, desc="sequence", unit="batch", disable=not progress):
-        encoded = left_padded(tokenizer, [prompts[i] for i in batch], pad_id)
-        input_ids, mask = encoded["input_ids"], encoded["attention_mask"]
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        with torch.inference_mode():
-            first = model(
-                input_ids=input_ids.to(device),
-                attention_mask=mask.to(device),
-                position_ids=positions.to(device),
-                use_cache=bool(multi),
-                logits_to_keep=1,
-            )
-            log_p = torch.log_softmax(first.logits[:, -1].float().cpu(), dim=-1)
-            scores = log_p.index_select(1, first_ids)
-            if multi:
-                rows = len(batch) * len(multi)
-                cache = first.past_key_values
-                cache.batch_repeat_interleave(len(multi))
-                cont = torch.full((rows, width), pad_id, dtype=torch.long)
-                cont_mask = torch.zeros((rows, width), dtype=torch.long)
-                for r in range(rows):
-                    seq = sequences[multi[r % len(multi)]]
-                    cont[r, : len(seq) - 1] = torch.tensor(seq[:-1])
-                    cont_mask[r, : len(seq) - 1] = 1
-                full_mask = torch.cat([mask.repeat_interleave(len(multi), 0), cont_mask], dim=1)
-                start = positions[:, -1:].repeat_interleave(len(multi), 0) + 1
-                second = model(
-                    input_ids=cont.to(device),
-                    attention_mask=full_mask.to(device),
-                    position_ids=(start + torch.arange(width)).to(device),
-                    past_key_values=cache,
-                )
-                step_log_p = torch.log_softmax(second.logits.float().cpu(), dim=-1)  # [rows, W, V]
-                for r in range(rows):
-                    label = multi[r % len(multi)]
-                    seq = sequences[label]
-                    rest = torch.tensor(seq[1:])
-                    scores[r // len(multi), label] += step_log_p[
-                        r, torch.arange(len(rest)), rest
-                    ].sum()
-        out[batch] = scores
-    return out
-
-
-def collect(
-    model: Any,
-    tokenizer: Any,
-    inputs: Sequence[Any],
-    content_free: Sequence[Any],
-    labels: LabelSet,
-    *,
-    store_k: int = STORE_K,
-    batch_size: int = 8,
-    sequence: bool = False,
-    progress: bool = True,
-    cache_file: Path | None = None,
-    classify_kwargs: Mapping[str, Any] | None = None,
-) -> Forward:
-    """Forward passes through ``semsoft_plugin.hf.classify`` (observe mode, one new token).
-
-    With ``cache_file`` an existing cache is read instead (and a new one written);
-    a cache without the sequence log-probabilities is extended when ``sequence`` asks.
-    """
-    from semsoft_plugin.hf import classify
-
-    def sequence_pass(_: Forward | None = None) -> Tensor:
-        return sequence_logprobs(
-            model, tokenizer, inputs, labels, batch_size=batch_size, progress=progress
-        )
-
-    cached = _read_cache(cache_file, labels, sequence, sequence_pass)
-    if cached is not None:
-        return cached
-    label_ids = torch.tensor(_label_token_ids(labels))
-    kwargs = {"mode": "observe", "keep_logits": True, "batch_size": batch_size, "max_new_tokens": 1}
-    kwargs.update(classify_kwargs or {})
-    start = time.perf_counter()
-    results = classify(model, tokenizer, list(inputs), labels, progress=progress, **kwargs)
-    seconds = time.perf_counter() - start
-    cf_results = classify(model, tokenizer, list(content_free), labels, progress=False, **kwargs)
-    check = torch.tensor(
-        np.array([[r.probs[n] for n in labels.names] for r in results]), dtype=torch.float32
-    )
-    forward = _assemble(
-        _compress([r.logits for r in results], store_k, label_ids),
-        _compress([r.logits for r in cf_results], store_k, label_ids),
-        label_ids,
-        check,
-        vocab_size=int(results[0].logits.shape[-1]),
-        seconds=seconds,
-    )
-    return _finish(forward, labels, sequence, sequence_pass, cache_file)
-
-
-def _assemble(
+def assemble(
     kept: tuple[Tensor, Tensor, Tensor],
     cf_kept: tuple[Tensor, Tensor, Tensor],
     label_ids: Tensor,
@@ -364,20 +202,71 @@ def _assemble(
     )
 
 
-def _finish(
-    forward: Forward,
+def _timed_sequence(
+    labels: LabelSet, wanted: bool, run: Callable[[], Tensor]
+) -> tuple[Tensor | None, float]:
+    if not (wanted and labels.multi_token_labels):
+        return None, 0.0
+    start = time.perf_counter()
+    return run(), time.perf_counter() - start
+
+
+def collect(
+    backend: Backend,
+    inputs: Sequence[Any],
+    content_free: Sequence[Any],
     labels: LabelSet,
-    sequence: bool,
-    run: Callable[[Forward], Tensor],
-    cache_file: Path | None,
+    *,
+    store_k: int | None = None,
+    batch_size: int = 8,
+    sequence: bool = False,
+    progress: bool = True,
+    cache_file: Path | None = None,
 ) -> Forward:
-    """Add the sequence pass if asked, and keep the result."""
+    """The decision step of the items and the content-free inputs on ``backend``.
+
+    ``store_k`` defaults to what the backend can keep (``backend.max_store_k()``). With
+    ``cache_file`` an existing cache is read instead (and a new one written); a cache
+    without the sequence log-probabilities is extended when ``sequence`` asks.
+    """
+
+    def sequence_pass() -> Tensor:
+        return backend.sequence_logprobs(inputs, labels, batch_size=batch_size, progress=progress)
+
+    if cache_file is not None and cache_file.is_file():
+        forward = Forward.load(cache_file)
+        if forward.sequence_logprob is None:
+            seq, seconds = _timed_sequence(labels, sequence, sequence_pass)
+            if seq is not None:
+                forward.sequence_logprob, forward.sequence_seconds = seq, seconds
+                forward.save(cache_file)
+        return forward
+    store_k = backend.max_store_k() if store_k is None else store_k
+    label_ids = torch.tensor(label_token_ids(labels))
+    common = {"store_k": store_k, "batch_size": batch_size}
+    start = time.perf_counter()
+    items = backend.decision_step(inputs, labels, label_ids.tolist(), progress=progress, **common)
+    seconds = time.perf_counter() - start
+    cf = backend.decision_step(content_free, labels, label_ids.tolist(), progress=False, **common)
+    forward = assemble(
+        (items.top_ids, items.top_values, items.label_values),
+        (cf.top_ids, cf.top_values, cf.label_values),
+        label_ids,
+        items.check,
+        vocab_size=items.vocab_size,
+        seconds=seconds,
+    )
     forward.sequence_logprob, forward.sequence_seconds = _timed_sequence(
-        labels, sequence, lambda: run(forward)
+        labels, sequence, sequence_pass
     )
     if cache_file is not None:
         forward.save(cache_file)
     return forward
+
+
+def cache_key(**parts: Any) -> str:
+    blob = json.dumps({**parts, "format": _FORMAT}, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:20]
 
 
 def cache_path(
@@ -387,12 +276,14 @@ def cache_path(
     label_names: Sequence[str],
     template: Mapping[str, Any],
     store_k: int,
-    backend: str = "hf",
+    backend: str = "transformers",
 ) -> Path:
     """Where the forward passes of this (model, items, labels, prompt, engine) are kept."""
     digest = hashlib.sha256("\x1f".join(texts).encode()).hexdigest()
-    # hf keys carry no backend, so caches written before the vLLM backend stay valid.
-    engine = {} if backend == "hf" else {"backend": backend}
+    # transformers keys carry no engine, so caches written before the vLLM backend (and
+    # read by benchmarks/choose_defaults.py) stay valid.
+    backend = engine_name(backend)
+    engine = {} if backend == "transformers" else {"backend": backend}
     key = cache_key(
         model=str(Path(model_dir).resolve()),
         texts=digest,
@@ -402,132 +293,3 @@ def cache_path(
         **engine,
     )
     return Path(cache_dir) / f"{Path(model_dir).name}-{key}.safetensors"
-
-
-# ---------------------------------------------------------------------------
-# vLLM backend
-# ---------------------------------------------------------------------------
-
-
-def _vllm_token_prompts(llm: Any, inputs: Sequence[Any]) -> list[list[int]]:
-    from semsoft_plugin.hf import encode_prompts, format_prompt
-
-    tokenizer = llm.get_tokenizer()
-    return encode_prompts(tokenizer, [format_prompt(tokenizer, item) for item in inputs])
-
-
-def sequence_logprobs_vllm(
-    llm: Any,
-    inputs: Sequence[Any],
-    labels: LabelSet,
-    first: Tensor,
-    *,
-    progress: bool = True,
-) -> Tensor:
-    """``[N, L]`` log-probability of each label's whole answer token sequence, on vLLM.
-
-    ``first`` is ``[N, L]``, the raw log-probability of each label's first token at
-    the decision step (already kept by :func:`collect_vllm`). Every later token of a
-    multi-token label is one request ``prompt + label[:j]`` with ``max_tokens=1`` that
-    asks for exactly that token's log-probability (``logprob_token_ids``): the shared
-    prompt is served from vLLM's prefix cache, where ``prompt_logprobs`` would
-    re-run every prompt in full.
-    """
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    encoded = _vllm_token_prompts(llm, inputs)
-    sequences = labels.token_sequences
-    out = first.to(torch.float32).clone()
-    places: list[tuple[int, int, int]] = []  # item, label, token
-    requests = []
-    params = []
-    for i, ids in enumerate(encoded):
-        for label, seq in enumerate(sequences):
-            for j in range(1, len(seq)):
-                places.append((i, label, seq[j]))
-                requests.append(TokensPrompt(prompt_token_ids=ids + list(seq[:j])))
-                params.append(
-                    SamplingParams(
-                        max_tokens=1, temperature=0.0, logprob_token_ids=[seq[j]], detokenize=False
-                    )
-                )
-    if requests:
-        outputs = llm.generate(requests, params, use_tqdm=progress)
-        for (i, label, token), output in zip(places, outputs, strict=True):
-            out[i, label] += float(output.outputs[0].logprobs[0][token].logprob)
-    return out
-
-
-def collect_vllm(
-    llm: Any,
-    inputs: Sequence[Any],
-    content_free: Sequence[Any],
-    labels: LabelSet,
-    *,
-    store_k: int = VLLM_STORE_K,
-    sequence: bool = False,
-    progress: bool = True,
-    cache_file: Path | None = None,
-) -> Forward:
-    """Forward passes through :func:`semsoft_plugin.vllm.classify_vllm` (one token each).
-
-    The engine needs ``max_logprobs >= store_k``. The kept values are raw
-    log-probabilities (see the module docstring for why that is lossless here).
-    """
-    from semsoft_plugin.vllm import classify_vllm, output_embeddings
-
-    label_ids = torch.tensor(_label_token_ids(labels))
-    first_columns = [_label_token_ids(labels).index(seq[0]) for seq in labels.token_sequences]
-
-    def sequence_pass(forward: Forward) -> Tensor:
-        first = forward.label_logits[:, first_columns]
-        return sequence_logprobs_vllm(llm, inputs, labels, first, progress=progress)
-
-    cached = _read_cache(cache_file, labels, sequence, sequence_pass)
-    if cached is not None:
-        return cached
-
-    def run(items: Sequence[Any], show: bool) -> list[dict[str, Any]]:
-        return classify_vllm(
-            llm,
-            list(items),
-            labels.names,
-            keep_logprobs=store_k,
-            token_ids=label_ids.tolist(),
-            max_tokens=1,
-            use_tqdm=show,
-        )
-
-    start = time.perf_counter()
-    results = run(inputs, progress)
-    seconds = time.perf_counter() - start
-    cf_results = run(content_free, False)
-    check = torch.tensor([[r["probs"][n] for n in labels.names] for r in results])
-    forward = _assemble(
-        _kept_logprobs(results, label_ids),
-        _kept_logprobs(cf_results, label_ids),
-        label_ids,
-        check,
-        vocab_size=output_embeddings(llm).vocab_size,
-        seconds=seconds,
-    )
-    return _finish(forward, labels, sequence, sequence_pass, cache_file)
-
-
-def _kept_logprobs(
-    results: Sequence[Mapping[str, Any]], label_ids: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``classify_vllm`` results as the ``top_ids``, ``top_logits``, ``label_logits`` of
-    :class:`Forward` (top rows sorted, highest first)."""
-    widths = {len(r["top_logprobs"]) for r in results}
-    if len(widths) != 1:
-        raise ValueError(f"the engine returned ragged top log-probabilities (widths {widths})")
-    ids = torch.tensor([list(r["top_logprobs"]) for r in results], dtype=torch.long)
-    values = torch.tensor([list(r["top_logprobs"].values()) for r in results], dtype=torch.float32)
-    values, order = values.sort(dim=1, descending=True)
-    labels = torch.tensor(
-        [[r["token_logprobs"][t] for t in label_ids.tolist()] for r in results],
-        dtype=torch.float32,
-    )
-    return ids.gather(1, order), values, labels

@@ -182,10 +182,10 @@ def auroc2(is_correct: np.ndarray, confidence: np.ndarray) -> float | None:
     """ROC AUC of confidence for telling right from wrong answers; None with one class.
 
     Arguments in scikit-learn's order (truth, score), as in the plugin's
-    :func:`semsoft_plugin.confidence.auroc2`, which computes it and returns NaN where
+    :func:`semsoft_eval.confidence.auroc2`, which computes it and returns NaN where
     the AUC is undefined; reports say ``None`` instead.
     """
-    from semsoft_plugin.confidence import auroc2 as _auroc2
+    from semsoft_eval.confidence import auroc2 as _auroc2
 
     return _finite_or_none(_auroc2(is_correct, confidence))
 

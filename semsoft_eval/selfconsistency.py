@@ -4,11 +4,11 @@ Two baselines from Cacioli (2026) beside Semantic Softmax, and the generation co
 distillation recipe (:mod:`semsoft_eval.distill`) samples with:
 
 * **self-consistency**: ``n`` answers sampled at ``T = 0.7`` (paper: ``n = 10``); the
-  confidence in an answer is the share of samples that agree with it. transformers
-  samples with ``num_return_sequences=n``, vLLM with ``SamplingParams(n=n)``; pass a
-  ``vllm.LLM`` as ``model`` to use vLLM (imported lazily, only then).
+  confidence in an answer is the share of samples that agree with it. The sampling is
+  the engine's (:class:`~semsoft_eval.backends.Backend`): ``model`` is a backend, a
+  transformers model or a ``vllm.LLM`` (vLLM is imported lazily, only then).
 * **verbal confidence**: the model is asked for its answer and "Confidence: NN%" and the
-  statement is read with :func:`semsoft_plugin.confidence.parse_confidence`. Small models
+  statement is read with :func:`semsoft_eval.confidence.parse_confidence`. Small models
   often answer and stop; when the first greedy pass states no confidence, a second pass
   pre-fills ``"\\nConfidence:"`` after the answer line and reads the number that follows.
   Both passes are greedy. How many items needed the second pass is reported
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from semsoft_plugin.confidence import (
+from semsoft_eval.backends import Backend, Generations, as_backend
+from semsoft_eval.confidence import (
     match_answer,
     normalize_answer,
     split_answer_confidence,
@@ -46,6 +46,7 @@ __all__ = [
     "VERBAL_INSTRUCTION",
     "CONFIDENCE_PREFILL",
     "Consistency",
+    "Generations",
     "SelfConsistencyResult",
     "VerbalReading",
     "generate",
@@ -71,149 +72,10 @@ VERBAL_INSTRUCTION = (
 CONFIDENCE_PREFILL = "\nConfidence:"
 
 
-def _is_vllm(model: Any) -> bool:
-    return type(model).__module__.split(".")[0] == "vllm"
-
-
 def _check_positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive int")
     return value
-
-
-@dataclass
-class _Batch:
-    texts: list[list[str]]
-    entropies: list[list[float]] | None  # per prompt and sample: entropy (nats) of each step
-
-
-def _generate_hf(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[tuple[str, bool]],
-    *,
-    n: int,
-    temperature: float,
-    seed: int,
-    max_new_tokens: int,
-    batch_size: int,
-    stop: Sequence[str],
-    keep_entropy: bool,
-    progress: bool | None,
-) -> _Batch:
-    from tqdm.auto import tqdm
-
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
-    if pad_id is None:
-        raise ValueError("the tokenizer has neither a pad nor an eos token id")
-    from semsoft_plugin.hf import encode_prompts
-
-    encoded = encode_prompts(tokenizer, prompts)
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # less padding
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    texts: list[list[str]] = [[] for _ in prompts]
-    entropies: list[list[list[float]]] = [[] for _ in prompts]
-    sample = temperature > 0
-    kwargs: dict[str, Any] = {
-        "max_new_tokens": max_new_tokens,
-        "pad_token_id": pad_id,
-        "do_sample": sample,
-        "num_return_sequences": n,
-        "return_dict_in_generate": True,
-        "output_logits": keep_entropy,
-    }
-    if sample:
-        # Plain temperature sampling, as in the paper: no top-k/top-p truncation from
-        # the checkpoint's generation config.
-        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-    if stop:
-        kwargs.update(stop_strings=list(stop), tokenizer=tokenizer)
-    device = next(model.parameters()).device
-    show = progress if progress is not None else len(batches) > 1
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for batch in tqdm(batches, desc="generate", unit="batch", disable=not show):
-            width = max(len(encoded[i]) for i in batch)
-            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            attention = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, index in enumerate(batch):
-                input_ids[row, width - len(encoded[index]) :] = torch.tensor(encoded[index])
-                attention[row, width - len(encoded[index]) :] = 1
-            with torch.inference_mode():
-                out = model.generate(
-                    input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs
-                )
-            generated = out.sequences[:, width:]
-            decoded = tokenizer.batch_decode(generated, skip_special_tokens=True)
-            step_entropy = None
-            if keep_entropy:
-                logits = torch.stack(out.logits, 1).float()  # [B*n, steps, V], raw
-                step_entropy = torch.distributions.Categorical(logits=logits).entropy()
-            for row, index in enumerate(batch):
-                for j in range(row * n, (row + 1) * n):
-                    texts[index].append(decoded[j])
-                    if step_entropy is not None:
-                        entropies[index].append(
-                            _answer_line_entropy(tokenizer, generated[j], step_entropy[j], pad_id)
-                        )
-    return _Batch(texts, entropies if keep_entropy else None)
-
-
-def _answer_line_entropy(
-    tokenizer: Any, token_ids: torch.Tensor, entropy: torch.Tensor, pad_id: int
-) -> list[float]:
-    """Step entropies of the first answer line (up to a newline or the end of the text)."""
-    kept: list[float] = []
-    special = set(tokenizer.all_special_ids) | {pad_id}
-    for step, token in enumerate(token_ids.tolist()):
-        if token in special:
-            break
-        piece = tokenizer.decode([token])
-        if "\n" not in piece:
-            kept.append(float(entropy[step]))
-            continue
-        if piece.split("\n")[0].strip():
-            kept.append(float(entropy[step]))  # this token ends the answer line
-        if kept:
-            break
-        # a newline before any answer text: the answer line has not started yet
-    return kept
-
-
-def _generate_vllm(
-    llm: Any,
-    tokenizer: Any,
-    prompts: Sequence[tuple[str, bool]],
-    *,
-    n: int,
-    temperature: float,
-    seed: int,
-    max_new_tokens: int,
-    stop: Sequence[str],
-) -> _Batch:
-    from vllm import SamplingParams
-    from vllm.platforms import current_platform
-
-    from semsoft_plugin.hf import encode_prompts
-
-    encoded = encode_prompts(tokenizer, prompts)
-    # vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") when a request
-    # with its own seed has a sample discarded under chunked prefill; on CPU the
-    # engine's seed (LLM(seed=...)) makes the sampling repeatable instead.
-    own_seed = {} if current_platform.is_cpu() else {"seed": seed}
-    params = SamplingParams(
-        n=n,
-        temperature=temperature,
-        top_k=0 if temperature > 0 else -1,
-        top_p=1.0,
-        **own_seed,
-        max_tokens=max_new_tokens,
-        stop=list(stop) or None,
-    )
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids in encoded], params, use_tqdm=False)
-    return _Batch([[o.text for o in out.outputs] for out in outputs], None)
 
 
 def generate(
@@ -229,13 +91,18 @@ def generate(
     stop: Sequence[str] = (),
     keep_entropy: bool = False,
     progress: bool | None = None,
-) -> _Batch:
+) -> Generations:
     """``n`` generated texts per prompt (greedy at ``temperature=0``), in prompt order.
+
+    The sampling entry point of the evaluation (self-consistency, verbal confidence and
+    the distillation recipe): the prompts are formatted here, once, and generated by
+    the engine's :class:`~semsoft_eval.backends.Backend`.
 
     Parameters
     ----------
-    model : a transformers causal LM or a ``vllm.LLM``
-    tokenizer : its tokenizer (for vLLM, ``None`` takes ``llm.get_tokenizer()``)
+    model : a :class:`~semsoft_eval.backends.Backend`, a transformers causal LM or a
+        ``vllm.LLM`` (see :func:`~semsoft_eval.backends.as_backend`)
+    tokenizer : its tokenizer (``None`` for a backend or a ``vllm.LLM``: its own)
     prompts : strings or chat message lists
     n : samples per prompt (``num_return_sequences`` / ``SamplingParams(n=...)``)
     temperature : ``0`` is greedy and needs ``n == 1``
@@ -255,22 +122,13 @@ def generate(
         raise ValueError(f"temperature={temperature!r} must be >= 0")
     if temperature == 0 and n > 1:
         raise ValueError(f"n={n} greedy generations would be identical: give a temperature > 0")
-    if _is_vllm(model):
-        if keep_entropy:
-            raise ValueError("keep_entropy needs a transformers model, not vLLM")
-        tokenizer = tokenizer if tokenizer is not None else model.get_tokenizer()
-    formatted = [format_prompt(tokenizer, p) for p in prompts]
+    backend = as_backend(model, tokenizer)
+    formatted = [format_prompt(backend.tokenizer, p) for p in prompts]
     if not formatted:
-        return _Batch([], [] if keep_entropy else None)
-    if _is_vllm(model):
-        return _generate_vllm(
-            model, tokenizer, formatted, n=n, temperature=temperature, seed=seed,
-            max_new_tokens=max_new_tokens, stop=stop,
-        )  # fmt: skip
-    return _generate_hf(
-        model, tokenizer, formatted, n=n, temperature=temperature, seed=seed,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, stop=stop,
-        keep_entropy=keep_entropy, progress=progress,
+        return Generations([], [] if keep_entropy else None)
+    return backend.generate(
+        formatted, n=n, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
+        stop=stop, batch_size=batch_size, keep_entropy=keep_entropy, progress=progress,
     )  # fmt: skip
 
 
@@ -331,7 +189,7 @@ def consistency(
 def match_label(text: str, labels: Sequence[str]) -> int | None:
     """Index of the label a generated answer names, or ``None`` when it names none.
 
-    Read from the answer line (:func:`~semsoft_plugin.confidence.split_answer_confidence`),
+    Read from the answer line (:func:`~semsoft_eval.confidence.split_answer_confidence`),
     compared after SQuAD normalisation: an exact match; else the label found as whole
     words earliest in the answer (the longest at the same place); else a unique prefix
     relation of at least 3 characters between the answer's first word and one label
@@ -398,8 +256,8 @@ def self_consistency(
 ) -> SelfConsistencyResult:
     """Sample ``n`` answers per prompt and return each label's share of the readable votes."""
     labels = _check_labels(labels)
-    if _is_vllm(model) and tokenizer is None:
-        tokenizer = model.get_tokenizer()
+    backend = as_backend(model, tokenizer)
+    model, tokenizer = backend, backend.tokenizer
     if max_new_tokens is None:
         max_new_tokens = _label_tokens(tokenizer, labels) + 4
     out = generate(
@@ -501,8 +359,8 @@ def verbal_readings(
     confidence). Items whose first pass states none get a second greedy pass with
     ``"\\nConfidence:"`` pre-filled after the answer line (``prefill=False`` skips it).
     """
-    if _is_vllm(model) and tokenizer is None:
-        tokenizer = model.get_tokenizer()
+    backend = as_backend(model, tokenizer)
+    model, tokenizer = backend, backend.tokenizer
     first = generate(
         model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
         keep_entropy=keep_entropy, progress=progress,
@@ -518,7 +376,7 @@ def verbal_readings(
             for i in missing
         ]
         special = [format_prompt(tokenizer, prompts[i])[1] for i in missing]
-        out = _continue(model, tokenizer, continued, special, batch_size, progress)
+        out = _continue(backend, continued, special, batch_size, progress)
         for i, text in zip(missing, out, strict=True):
             second[i] = split_answer_confidence("Confidence:" + text)[1]
     readings = []
@@ -539,24 +397,17 @@ def verbal_readings(
 
 
 def _continue(
-    model: Any,
-    tokenizer: Any,
+    backend: Backend,
     texts: list[str],
     special: list[bool],
     batch_size: int,
     progress: bool | None,
 ) -> list[str]:
     """Greedy continuations of already formatted prompt texts (the pre-filled pass)."""
-    pairs = list(zip(texts, special, strict=True))
-    if _is_vllm(model):
-        out = _generate_vllm(
-            model, tokenizer, pairs, n=1, temperature=0.0, seed=0, max_new_tokens=6, stop=("\n",)
-        )
-    else:
-        out = _generate_hf(
-            model, tokenizer, pairs, n=1, temperature=0.0, seed=0, max_new_tokens=6,
-            batch_size=batch_size, stop=("\n",), keep_entropy=False, progress=progress,
-        )  # fmt: skip
+    out = backend.generate(
+        list(zip(texts, special, strict=True)), n=1, temperature=0.0, seed=0, max_new_tokens=6,
+        stop=("\n",), batch_size=batch_size, progress=progress,
+    )  # fmt: skip
     return [t[0] for t in out.texts]
 
 
@@ -576,8 +427,8 @@ def verbal_probs(
     the pre-filled pass, gets the uniform distribution and is counted.
     """
     labels = _check_labels(labels)
-    if _is_vllm(model) and tokenizer is None:
-        tokenizer = model.get_tokenizer()
+    backend = as_backend(model, tokenizer)
+    model, tokenizer = backend, backend.tokenizer
     readings = verbal_readings(
         model, tokenizer, [verbal_prompt(p) for p in prompts], batch_size=batch_size,
         max_new_tokens=_label_tokens(tokenizer, labels) + 12,

@@ -5,7 +5,7 @@ optional final temperature, is scored on the kept logits of one forward pass per
 (:mod:`semsoft_eval.forward`), so a sweep costs no new forward passes.
 
 Honest figures: the choice is *nested* in cross-validation. For each of ``n_folds``
-folds the best setting is chosen (and its temperature fitted) on the other folds and
+stratified folds (:func:`~semsoft_eval.calibrate.stratified_folds`) the best setting is chosen (and its temperature fitted) on the other folds and
 applied to the held fold; the figures printed are those out-of-fold predictions. The
 configuration written to ``--out`` is then chosen on all items. The objective is mean
 NLL (default) or ECE (``--objective ece``); ties go to the earlier grid entry.
@@ -29,7 +29,7 @@ from semsoft_plugin.core import (
     LabelTokens,
     OutputEmbeddings,
     SemanticSoftmax,
-    _as_output_embeddings,
+    as_output_embeddings,
 )
 from semsoft_plugin.labels import LabelSet
 
@@ -58,32 +58,17 @@ def grid_configs(grid: dict[str, Sequence[Any]] | None = None) -> list[SemsoftCo
     ]
 
 
-class _SubsetEmbeddings(OutputEmbeddings):
-    """Some rows of an output-embedding matrix, keeping the full matrix's statistics.
-
-    A grid sweep only ever looks at the kept top tokens and the label tokens, so it
-    scores a compact vocabulary (their union) instead of ~150k columns per config; the
-    centring must still subtract the mean of the *whole* vocabulary, and thresholds
-    derived from the vocabulary (``tau_quantile``) must sample the whole of it.
-    """
-
-    def __init__(self, weight: torch.Tensor, full: OutputEmbeddings) -> None:
-        super().__init__(weight)
-        self._full = full
-
-    @property
-    def mean(self) -> torch.Tensor:
-        return self._full.mean
-
-    def sample_rows(self, *, center: bool, size: int | None = None) -> torch.Tensor:
-        return self._full.sample_rows(center=center, size=size)
-
-
 def _compact(
     forward: Forward, embeddings: Any, labels: LabelSet, max_k: int
-) -> tuple[torch.Tensor, _SubsetEmbeddings, LabelTokens]:
-    """Logits ``[N, U]`` over the union U of kept and label tokens, with matching rows."""
-    full = _as_output_embeddings(embeddings)
+) -> tuple[torch.Tensor, OutputEmbeddings, LabelTokens]:
+    """Logits ``[N, U]`` over the union U of kept and label tokens, with matching rows.
+
+    A grid sweep only ever looks at the kept top tokens and the label tokens, so it
+    scores this compact vocabulary instead of ~150k columns per config; the rows come
+    from :meth:`OutputEmbeddings.subset`, which keeps the whole vocabulary's mean row
+    (centring) and sample (``tau_quantile``).
+    """
+    full = as_output_embeddings(embeddings)
     top_ids = forward.top_ids[:, :max_k].contiguous()
     tokens = labels.label_tokens
     # Anchors enter through their embedding rows only (their logits may stay -inf).
@@ -100,7 +85,7 @@ def _compact(
         tuple(tuple(where[t] for t in own) for own in tokens.own_token_ids),
         None if tokens.anchor_token_ids is None else tuple(where[t] for t in tokens.anchors),
     )
-    return logits, _SubsetEmbeddings(full.weight[keep], full), remapped
+    return logits, full.subset(keep), remapped
 
 
 def grid_probs(
@@ -138,7 +123,7 @@ def grid_probs(
 
 def label_cosines(embeddings: Any, labels: LabelSet, *, center: bool) -> dict[str, float]:
     """Mean and largest cosine between different labels' embeddings (their anchors)."""
-    rows = _as_output_embeddings(embeddings).unit_rows(
+    rows = as_output_embeddings(embeddings).unit_rows(
         torch.tensor(labels.label_tokens.anchors), center=center
     )
     cos = (rows @ rows.T).numpy()
@@ -229,7 +214,7 @@ def tune(
     start = time.perf_counter()
     configs = grid_configs(grid)
     all_probs, _ = grid_probs(forward, embeddings, labels, configs, progress=progress)
-    fold_ids = calibrate.folds(len(targets), n_folds, seed)
+    fold_ids = calibrate.stratified_folds(targets, n_folds, seed)
     tuned = np.empty_like(all_probs[0])
     fold_choices = []
     for fold in range(n_folds):

@@ -68,6 +68,7 @@ __all__ = [
     "OutputEmbeddings",
     "SemanticSoftmax",
     "SemanticSoftmaxResult",
+    "as_output_embeddings",
     "constrained_softmax",
     "semantic_softmax",
     "semantic_softmax_details",
@@ -213,6 +214,8 @@ class OutputEmbeddings:
     @property
     def mean(self) -> Tensor:
         """Mean output embedding over the real vocabulary, float32 ``[d]``."""
+        if self._source is not None:
+            return self._source.mean
         if self._mean is None:
             total = torch.zeros(self.dim, dtype=torch.float64, device=self.weight.device)
             for start in range(0, self.vocab_size, _MEAN_CHUNK_ROWS):
@@ -227,6 +230,8 @@ class OutputEmbeddings:
         The sample (seed 0) is the same in every process, so thresholds derived from it
         (``tau_quantile``) agree between the transformers and vLLM adapters.
         """
+        if self._source is not None:
+            return self._source.sample_rows(center=center, size=size)
         generator = torch.Generator().manual_seed(0)
         count = min(size or _SAMPLE_ROWS, self.vocab_size)
         ids = torch.randperm(self.vocab_size, generator=generator)[:count]
@@ -238,6 +243,21 @@ class OutputEmbeddings:
         if center:
             rows = rows - self.mean.to(rows.device)
         return torch.nn.functional.normalize(rows, dim=-1, eps=1e-12)
+
+    # Set by subset(): the whole matrix, whose mean and vocabulary sample a subset keeps.
+    _source: OutputEmbeddings | None = None
+
+    def subset(self, token_ids: Tensor) -> OutputEmbeddings:
+        """The rows ``token_ids`` as a matrix of their own, with this matrix's statistics.
+
+        Row ``i`` of the result is token ``token_ids[i]``; the mean row (centring) and the
+        vocabulary sample (``tau_quantile``) stay the whole vocabulary's, so scoring logits
+        restricted to these columns (label ids remapped) equals scoring the full rows.
+        ``semsoft tune`` sweeps its grid this way over the kept and label tokens only.
+        """
+        part = OutputEmbeddings(self.weight[token_ids])
+        part._source = self._source or self
+        return part
 
 
 # Wrapping a raw tensor caches its OutputEmbeddings so the mean is computed once per
@@ -263,6 +283,12 @@ def _as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbedd
         wrapped,
     )
     return wrapped
+
+
+def as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbeddings:
+    """``embeddings`` as an :class:`OutputEmbeddings` (a raw matrix is wrapped once, so
+    its mean row is computed once however often it is passed)."""
+    return _as_output_embeddings(embeddings)
 
 
 def _check_logits(logits: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""semsoft_plugin.confidence: the target map, the entropy guard, AUROC2, answer matching, parsing."""
+"""semsoft_eval.confidence: the target map, the entropy guard, AUROC2, answer matching, parsing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from semsoft_plugin.confidence import (
+from semsoft_eval.confidence import (
     PAPER_TARGETS,
     auroc2,
     ceiling_rate,

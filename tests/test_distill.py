@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from semsoft_eval.confidence import target_from_samples
 from semsoft_eval.distill import (
     QAItem,
     SampledItem,
@@ -20,7 +21,6 @@ from semsoft_eval.distill import (
     split_items,
     train_lora,
 )
-from semsoft_plugin.confidence import target_from_samples
 
 
 def _item(n_correct: int, modal_correct: bool, k: int = 0) -> SampledItem:

@@ -249,7 +249,7 @@ def test_eval_soft_labels_and_sequence(tmp_path, model_and_tokenizer) -> None:
 
 @pytest.mark.slow
 def test_sequence_probabilities_of_multi_token_labels() -> None:
-    from semsoft_eval.forward import sequence_logprobs
+    from semsoft_eval.backend_transformers import TransformersBackend
     from semsoft_plugin import models
     from semsoft_plugin.labels import LabelSet
 
@@ -258,7 +258,9 @@ def test_sequence_probabilities_of_multi_token_labels() -> None:
     labels = LabelSet(["joy", "disapproval"], tokenizer)
     assert labels.multi_token_labels == ("disapproval",)
     prompts = ["I love it. Emotion:", "This is wrong and I object. Emotion:"]
-    batched = sequence_logprobs(model, tokenizer, prompts, labels, batch_size=2, progress=False)
+    batched = TransformersBackend(model, tokenizer).sequence_logprobs(
+        prompts, labels, batch_size=2, progress=False
+    )
     # the same, one item at a time and without the cache: the full sequence scored directly
     for row, prompt in enumerate(prompts):
         for col, label in enumerate(labels.labels):
@@ -335,7 +337,7 @@ def test_engine_args_without_the_vllm_backend_are_refused(capsys) -> None:
 def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_tokenizer) -> None:
     # The grid scores on a compact vocabulary; it must keep every anchor row too, or
     # labels scored without a leading space (anchored on their spaced word) would differ.
-    from semsoft_eval.forward import _assemble, _compress, _label_token_ids
+    from semsoft_eval.forward import assemble, compress, label_token_ids
     from semsoft_eval.tune import grid_probs
     from semsoft_plugin import LabelSet, SemanticSoftmax, SemsoftConfig
     from semsoft_plugin.embeddings import from_model
@@ -344,9 +346,9 @@ def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_token
     labels = LabelSet(["joy", "sadness", "anger"], tokenizer, leading_space=leading_space)
     embeddings = from_model(model)
     logits = torch.randn(5, embeddings.vocab_size, generator=torch.Generator().manual_seed(0)) * 4
-    label_ids = torch.tensor(_label_token_ids(labels))
-    kept = _compress(list(logits), 64, label_ids)
-    forward = _assemble(
+    label_ids = torch.tensor(label_token_ids(labels))
+    kept = compress(logits, 64, label_ids)
+    forward = assemble(
         kept, kept, label_ids, torch.zeros(5, 3), vocab_size=logits.shape[1], seconds=0.0
     )
     configs = [SemsoftConfig(k=20), SemsoftConfig(k=50, tau=0.1, normalize_votes=False)]
@@ -354,3 +356,132 @@ def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_token
     for c, config in enumerate(configs):
         want = SemanticSoftmax(embeddings, labels, config)(forward.logits()).semantic.double()
         np.testing.assert_allclose(got[c], want.numpy(), atol=1e-5)
+
+
+# -- the seams of the evaluation: folds, registry, CLI flags, plots ------------------
+
+
+def test_stratified_folds_keep_every_label_in_every_fold() -> None:
+    targets = np.array([0] * 40 + [1] * 8 + [2] * 4)
+    ids = calibrate.stratified_folds(targets, 4, seed=0)
+    assert sorted(np.bincount(ids).tolist()) == [13, 13, 13, 13]
+    for fold in range(4):
+        assert np.bincount(targets[ids == fold], minlength=3).tolist() == [10, 2, 1]
+    assert (calibrate.stratified_folds(targets, 4, seed=0) == ids).all()
+    rare = np.array([0] * 10 + [1])
+    with pytest.warns(UserWarning, match="a label has 1 items, fewer than the 3 folds"):
+        fallback = calibrate.stratified_folds(rare, 3, seed=0)
+    assert sorted(np.bincount(fallback).tolist()) == [3, 4, 4]
+    with pytest.raises(ValueError, match="need at least 5 items for 5 folds, got 4"):
+        calibrate.stratified_folds(np.array([0, 1, 0, 1]), 5)
+
+
+def test_reliability_bins_are_the_ece_bins() -> None:
+    from sklearn.calibration import calibration_curve
+
+    rng = np.random.default_rng(0)
+    conf = np.concatenate([rng.uniform(0.2, 1.0, 200), np.arange(3, 16) / 15])  # edges too
+    hit = rng.uniform(size=conf.shape) < conf
+    accuracy, mean_conf = calibration_curve(hit, conf, n_bins=metrics.N_BINS, pos_label=True)
+    bins = np.clip(np.ceil(conf * metrics.N_BINS).astype(int) - 1, 0, metrics.N_BINS - 1)
+    count = np.bincount(bins, minlength=metrics.N_BINS)
+    filled = count > 0
+    np.testing.assert_allclose(mean_conf, (np.bincount(bins, conf) / np.maximum(count, 1))[filled])
+    weights = count[filled] / len(conf)
+    assert float((weights * np.abs(accuracy - mean_conf)).sum()) == pytest.approx(
+        float(metrics.ece_numpy(conf, hit))
+    )
+
+
+def _synthetic_inputs(n: int = 12):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from semsoft_eval.forward import assemble, compress, label_token_ids
+    from semsoft_eval.methods import MethodInputs
+    from semsoft_plugin import LabelSet, SemsoftConfig, models
+
+    tokenizer = AutoTokenizer.from_pretrained(models.resolve("default"))
+    labels = LabelSet(["joy", "sadness", "anger"], tokenizer)
+    generator = torch.Generator().manual_seed(0)
+    vocab = len(tokenizer)
+    logits = torch.randn(n, vocab, generator=generator) * 3
+    embeddings = torch.randn(vocab, 16, generator=generator)
+    label_ids = torch.tensor(label_token_ids(labels))
+    kept = compress(logits, 64, label_ids)
+    forward = assemble(kept, kept, label_ids, torch.zeros(n, 3), vocab_size=vocab, seconds=0.0)
+    targets = np.arange(n) % 3
+    return MethodInputs(
+        forward,
+        embeddings,
+        labels,
+        targets,
+        config=SemsoftConfig(),
+        paper=SemsoftConfig.paper(),
+        fold_ids=calibrate.folds(n, 2, 0),
+    )
+
+
+def test_methods_registry_runs_each_default_method_and_takes_new_ones() -> None:
+    from semsoft_eval import methods
+    from semsoft_eval.evaluate import ALL_METHODS, DEFAULT_METHODS
+
+    assert DEFAULT_METHODS[:2] == ("constrained", "semantic") and "verbal" not in DEFAULT_METHODS
+    assert set(ALL_METHODS) == set(methods.METHODS) >= {"self-consistency", "verbal"}
+    inputs = _synthetic_inputs()
+    out = methods.score_methods(DEFAULT_METHODS, inputs)
+    assert list(out) == list(DEFAULT_METHODS)
+    for result in out.values():
+        assert np.isfinite(result.probs).all()
+        np.testing.assert_allclose(result.probs.sum(1), 1.0)
+    want = torch.softmax(inputs.forward.label_logits[:, :3].double(), -1).numpy()
+    np.testing.assert_allclose(out["constrained"].probs, want)
+    np.testing.assert_allclose(out["sequence"].probs, want)  # single-token labels
+    with pytest.raises(ValueError, match="unknown method 'magic'"):
+        methods.score_methods(["constrained", "magic"], inputs)
+    with pytest.raises(ValueError, match="this method generates text"):
+        methods.score_methods(["verbal"], inputs)
+
+    @methods.method("test-half", "mean of constrained and semantic", default=False)
+    def _half(m: methods.MethodInputs) -> methods.MethodResult:
+        return m.derived(m.semantic(), (m.semantic().probs + m.constrained().probs) / 2)
+
+    try:
+        got = methods.score_methods(["test-half"], inputs)["test-half"]
+        np.testing.assert_allclose(got.probs, (out["semantic"].probs + want) / 2)
+        assert got.fallback_rate == out["semantic"].fallback_rate
+        with pytest.raises(ValueError, match="registered twice"):
+            methods.method("test-half", "again")(_half)
+    finally:
+        methods.METHODS.pop("test-half")
+
+
+def test_cli_flags_are_the_config_fields_and_hf_is_an_alias() -> None:
+    import argparse
+    import dataclasses
+
+    from semsoft_eval import cli_eval
+    from semsoft_eval.tune import DEFAULT_GRID
+    from semsoft_plugin import SemsoftConfig
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    cli_eval.add_eval_parser(sub)
+    cli_eval.add_tune_parser(sub)
+    fields = [f.name for f in dataclasses.fields(SemsoftConfig)]
+    argv = ["eval", "--backend", "hf", "--own-vote", "false", "--k", "30", "--tau-quantile", "0.9"]
+    args = parser.parse_args(argv)
+    assert args.backend == "transformers"
+    config = cli_eval._config(args)
+    assert (config.own_vote, config.k, config.tau_quantile) == (False, 30, 0.9)
+    assert config.center == SemsoftConfig().center  # not given: the config's own
+    for name in fields:  # every field has its flag, spelled from its name
+        assert hasattr(parser.parse_args(["eval", cli_eval.flag(name), "1"]), name)
+    tune = parser.parse_args(["tune", "--normalize-votes", "true,false", "--k", "20,50"])
+    assert {name: getattr(tune, name) for name in DEFAULT_GRID} == {
+        **DEFAULT_GRID,
+        "normalize_votes": (True, False),
+        "k": (20, 50),
+    }
+    assert set(DEFAULT_GRID) <= set(fields)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval", "--backend", "tpu"])

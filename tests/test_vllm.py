@@ -688,6 +688,30 @@ def test_eval_backend_vllm_equals_the_transformers_backend(llm, tokenizer, hf_mo
     json.dumps(report, allow_nan=False)
 
 
+def test_backend_protocol_gives_the_same_decision_step_on_both_engines(llm, hf_model):
+    """The eval's seam: both Backend implementations give the same top-k (ids, in
+    order, for the top few; values as log-probabilities within 1e-3) and the same
+    label-token values, on one real model in float32."""
+    from semsoft_eval.backends import Backend, as_backend
+
+    model, tok = hf_model
+    engines = [as_backend(llm), as_backend(model, tok)]
+    assert [e.name for e in engines] == ["vllm", "transformers"]
+    assert all(isinstance(e, Backend) for e in engines)
+    labels = LabelSet(EMOTIONS, tok)
+    token_ids = list(labels.answer_token_ids)
+    prompts = [PROMPTS["dog"], PROMPTS["review"]]
+    got, want = (
+        e.decision_step(prompts, labels, token_ids, store_k=20, progress=False) for e in engines
+    )
+    np.testing.assert_array_equal(got.top_ids[:, :5], want.top_ids[:, :5])
+    # transformers keeps raw logits, vLLM log-probabilities: one constant per row apart
+    shift = want.top_values[:, :1] - got.top_values[:, :1]
+    np.testing.assert_allclose(got.top_values[:, :5] + shift, want.top_values[:, :5], atol=1e-3)
+    np.testing.assert_allclose(got.label_values + shift, want.label_values, atol=1e-3)
+    assert got.vocab_size == want.vocab_size
+
+
 def test_eval_backend_arguments_are_checked():
     from semsoft_eval.evaluate import prepare
 

@@ -1,0 +1,183 @@
+"""The vLLM :class:`~semsoft_eval.backends.Backend` (a ``vllm.LLM`` with the plugin).
+
+The decision step goes through :func:`semsoft_plugin.vllm.classify_vllm`, which keeps
+the raw top-``k`` log-probabilities and the label tokens' raw log-probabilities. vLLM is
+imported only when a method here runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from semsoft_eval.backends import DecisionStep, Generations, Prompt
+from semsoft_plugin.core import OutputEmbeddings
+from semsoft_plugin.labels import LabelSet
+
+__all__ = ["VLLM_STORE_K", "VLLMBackend"]
+
+# vLLM returns each kept log-probability as a Python object; 256 covers the tune grid
+# (k <= 200) and the largest k a server request may ask (semsoft_plugin.vllm.MAX_K).
+VLLM_STORE_K = 256
+
+
+class VLLMBackend:
+    """A ``vllm.LLM`` (built with the plugin's logits processor) and its tokenizer."""
+
+    name = "vllm"
+
+    def __init__(self, llm: Any, tokenizer: Any = None) -> None:
+        self.model = llm
+        self.tokenizer = tokenizer if tokenizer is not None else llm.get_tokenizer()
+
+    @classmethod
+    def load(
+        cls, model_dir: Path, *, seed: int = 0, engine_args: Mapping[str, Any] | None = None
+    ) -> VLLMBackend:
+        """A ``vllm.LLM`` with the plugin, keeping enough log-probabilities per step."""
+        from vllm import LLM
+
+        from semsoft_plugin.vllm import ENTRY_POINT
+
+        # If the entry point is installed too, the second copy of the processor stands down.
+        args = {"max_logprobs": VLLM_STORE_K, "seed": seed, **dict(engine_args or {})}
+        return cls(LLM(str(model_dir), logits_processors=[ENTRY_POINT], **args))
+
+    def embeddings(self) -> OutputEmbeddings:
+        from semsoft_plugin.vllm import output_embeddings
+
+        return output_embeddings(self.model)
+
+    def max_store_k(self) -> int:
+        from semsoft_plugin.config import SemsoftConfig
+
+        max_logprobs = int(self.model.llm_engine.model_config.max_logprobs)
+        store_k = VLLM_STORE_K if max_logprobs == -1 else min(VLLM_STORE_K, max_logprobs)
+        if store_k < SemsoftConfig().k:
+            raise ValueError(
+                f"this engine keeps max_logprobs={max_logprobs} log-probabilities per step, "
+                f"fewer than k={SemsoftConfig().k}: create it with "
+                f"LLM(..., max_logprobs={VLLM_STORE_K})"
+            )
+        return store_k
+
+    def decision_step(
+        self,
+        inputs: Sequence[Any],
+        labels: LabelSet,
+        token_ids: Sequence[int],
+        *,
+        store_k: int,
+        batch_size: int = 8,
+        progress: bool = True,
+    ) -> DecisionStep:
+        """``batch_size`` is unused: the engine schedules its own batches."""
+        from semsoft_plugin.vllm import classify_vllm
+
+        results = classify_vllm(
+            self.model, list(inputs), labels.names, keep_logprobs=store_k,
+            token_ids=list(token_ids), max_tokens=1, use_tqdm=progress,
+        )  # fmt: skip
+        widths = {len(r["top_logprobs"]) for r in results}
+        if len(widths) != 1:
+            raise ValueError(f"the engine returned ragged top log-probabilities (widths {widths})")
+        ids = torch.tensor([list(r["top_logprobs"]) for r in results], dtype=torch.long)
+        values = torch.tensor(
+            [list(r["top_logprobs"].values()) for r in results], dtype=torch.float32
+        )
+        values, order = values.sort(dim=1, descending=True)
+        label_values = torch.tensor(
+            [[r["token_logprobs"][t] for t in token_ids] for r in results], dtype=torch.float32
+        )
+        return DecisionStep(
+            top_ids=ids.gather(1, order),
+            top_values=values,
+            label_values=label_values,
+            check=torch.tensor([[r["probs"][n] for n in labels.names] for r in results]),
+            vocab_size=self.embeddings().vocab_size,
+        )
+
+    def sequence_logprobs(
+        self, inputs: Sequence[Any], labels: LabelSet, *, batch_size: int = 8, progress: bool = True
+    ) -> Tensor:
+        """Token ``j`` of a label is one request ``prompt + label[:j]`` with
+        ``max_tokens=1`` asking for exactly that token's log-probability
+        (``logprob_token_ids``): the shared prompt is served from vLLM's prefix cache,
+        where ``prompt_logprobs`` would re-run every prompt in full."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        encoded = self._encode(inputs)
+        sequences = labels.token_sequences
+        out = torch.zeros((len(encoded), len(sequences)), dtype=torch.float32)
+        places: list[tuple[int, list[tuple[int, int]]]] = []  # item, [(label, token)]
+        requests, params = [], []
+        for i, ids in enumerate(encoded):
+            # The first tokens of every label share one request on the bare prompt.
+            wanted: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+            for label, seq in enumerate(sequences):
+                for j in range(len(seq)):
+                    wanted.setdefault(tuple(seq[:j]), []).append((label, seq[j]))
+            for prefix, asked in wanted.items():
+                places.append((i, asked))
+                requests.append(TokensPrompt(prompt_token_ids=ids + list(prefix)))
+                tokens = list(dict.fromkeys(t for _, t in asked))
+                params.append(
+                    SamplingParams(
+                        max_tokens=1, temperature=0.0, logprob_token_ids=tokens, detokenize=False
+                    )
+                )
+        outputs = self.model.generate(requests, params, use_tqdm=progress)
+        for (i, asked), output in zip(places, outputs, strict=True):
+            logprobs = output.outputs[0].logprobs[0]
+            for label, token in asked:
+                out[i, label] += float(logprobs[token].logprob)
+        return out
+
+    def _encode(self, inputs: Sequence[Any]) -> list[list[int]]:
+        from semsoft_plugin.hf import encode_prompts, format_prompt
+
+        return encode_prompts(self.tokenizer, [format_prompt(self.tokenizer, p) for p in inputs])
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        n: int,
+        temperature: float,
+        seed: int,
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+        batch_size: int = 4,
+        keep_entropy: bool = False,
+        progress: bool | None = None,
+    ) -> Generations:
+        """``SamplingParams(n=n)``; ``batch_size`` is unused (the engine schedules)."""
+        if keep_entropy:
+            raise ValueError("keep_entropy needs a transformers model, not vLLM")
+        from vllm import SamplingParams
+        from vllm.platforms import current_platform
+
+        from semsoft_plugin.hf import encode_prompts
+
+        encoded = encode_prompts(self.tokenizer, prompts)
+        # vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") when a request
+        # with its own seed has a sample discarded under chunked prefill; on CPU the
+        # engine's seed (LLM(seed=...)) makes the sampling repeatable instead.
+        params = SamplingParams(
+            n=n,
+            temperature=temperature,
+            top_k=0 if temperature > 0 else -1,
+            top_p=1.0,
+            seed=None if current_platform.is_cpu() else seed,
+            max_tokens=max_new_tokens,
+            stop=list(stop) or None,
+        )
+        outputs = self.model.generate(
+            [{"prompt_token_ids": ids} for ids in encoded], params, use_tqdm=bool(progress)
+        )
+        return Generations([[o.text for o in out.outputs] for out in outputs], None)
