@@ -37,9 +37,12 @@ from vllm.inputs import TokensPrompt  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, process_dict_updates  # noqa: E402
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor  # noqa: E402
 
-from semsoft_plugin import SemanticSoftmax  # noqa: E402
+from semsoft_plugin import SemanticSoftmax, scoring  # noqa: E402
+from semsoft_plugin import request as sreq  # noqa: E402
 from semsoft_plugin import vllm as sv  # noqa: E402
 from semsoft_plugin.labels import LabelSet  # noqa: E402
+from semsoft_plugin.vllm import middleware as sadm  # noqa: E402
+from semsoft_plugin.vllm import params as sparams  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -257,7 +260,7 @@ def test_a_number_beyond_float_range_is_refused_not_raised():
     body = json.dumps(
         {"prompt": "x", "vllm_xargs": {"semsoft_labels": ["a", "b"], "semsoft_tau": 10**400}}
     )
-    message = sv._check_http_body(body.encode(), "/v1/completions", None)
+    message = sadm._check_http_body(body.encode(), "/v1/completions", None)
     assert message is not None and re.match(r"semsoft_tau=10{36}\.\.\. must be a finite", message)
 
 
@@ -403,7 +406,7 @@ def test_top_k_logprobs_determine_the_scores_exactly(model_and_tokenizer, checkp
         answer = LabelSet(labels, tok).answer_token_ids
         extra = {t: float(logp[t]) for t in answer}
         request = sv.parse_request(sv.sampling_params(labels).extra_args)
-        got = sv._score_top_k(sv._client_model(checkpoint), request, top, extra, [], 0)
+        got = scoring._score_top_k(scoring._client_model(checkpoint), request, top, extra, [], 0)
         for label in labels:
             assert got.probs[label] == pytest.approx(want.probs[label], abs=1e-5)
             assert got.constrained_probs[label] == pytest.approx(
@@ -549,9 +552,9 @@ def test_admission_label_check_is_bounded(llm):
     """Whatever label sets clients send, the admission cache holds at most its size,
     and refusals come from it as from a fresh check."""
     config = llm.llm_engine.vllm_config
-    for i in range(sv._CACHE_SIZE + 40):
+    for i in range(scoring._CACHE_SIZE + 40):
         sv.validate_params(sv.sampling_params([f"alpha{i}", f"beta{i}"]), vllm_config=config)
-    assert len(sv._ADMITTED) <= sv._CACHE_SIZE
+    assert len(sparams._ADMITTED) <= scoring._CACHE_SIZE
     for _ in range(2):
         with pytest.raises(ValueError, match="same token"):
             sv.validate_params(sv.sampling_params(CLASH), vllm_config=config)
@@ -802,7 +805,9 @@ def test_model_runner_v2_code_path(llm, tokenizer, checkpoint):
     out = proc.apply(logits, ctx)
     assert torch.equal(out[0], original[0])  # partial prefill: untouched
     assert torch.equal(out[3], original[3])  # opted out: untouched
-    want = SemanticSoftmax(sv._client_model(checkpoint).embeddings, labels)(original[1]).semantic
+    want = SemanticSoftmax(scoring._client_model(checkpoint).embeddings, labels)(
+        original[1]
+    ).semantic
     answer = list(labels.answer_token_ids)
     finite = torch.isfinite(out[1]).nonzero().flatten().tolist()
     assert sorted(finite) == sorted(answer)
@@ -1114,10 +1119,10 @@ def test_cpu_platform_turns_async_scheduling_off(checkpoint):
         model=str(checkpoint), async_scheduling=True, enforce_eager=True, max_model_len=512
     ).create_engine_config()
     assert config.scheduler_config.async_scheduling is False
-    assert not sv._unrepaired_output_tokens(config, "v1")
+    assert not sparams._unrepaired_output_tokens(config, "v1")
     config.scheduler_config.async_scheduling = True  # what a GPU engine would hold
-    assert sv._unrepaired_output_tokens(config, "v1")  # entry point only
-    assert not sv._unrepaired_output_tokens(config, "v2")
+    assert sparams._unrepaired_output_tokens(config, "v1")  # entry point only
+    assert not sparams._unrepaired_output_tokens(config, "v2")
     # what such an engine could not follow is refused at admission, naming the fix
     for params in (
         sv.sampling_params(MULTI, trigger="Answer:"),
@@ -1128,7 +1133,7 @@ def test_cpu_platform_turns_async_scheduling_off(checkpoint):
     for params in (sv.sampling_params(MULTI), sv.sampling_params(SENTIMENT, temperature=1.0)):
         sv.validate_params(params, vllm_config=config)  # greedy / one-token labels: served
     config.model_config.logits_processors = [sv.ENTRY_POINT]
-    assert not sv._unrepaired_output_tokens(config, "v1")
+    assert not sparams._unrepaired_output_tokens(config, "v1")
     sv.validate_params(sv.sampling_params(MULTI, trigger="Answer:"), vllm_config=config)
 
 
@@ -1312,7 +1317,7 @@ def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokeniz
         st.dictionaries(st.text(max_size=4), scalars, max_size=3),
     )
     keys = st.one_of(
-        st.sampled_from(sorted(sv._KEYS)), st.text(max_size=20).map("semsoft_".__add__)
+        st.sampled_from(sorted(sreq._KEYS)), st.text(max_size=20).map("semsoft_".__add__)
     )
 
     def refused_here(xargs: dict) -> bool:
@@ -1487,17 +1492,17 @@ def test_refused_label_sets_keep_the_warning_record_bounded(poison_llm, caplog):
     proc = sv.SemanticSoftmaxLogitsProcessor(config, torch.device("cpu"), False)
     # " annoy0" and " annoy0x" start with the same token: each set is refused by the
     # tokenizer, each with its own message.
-    count = 3 * sv._CACHE_SIZE
+    count = 3 * scoring._CACHE_SIZE
     for i in range(count):
         params = sv.sampling_params([f"annoy{i}", f"annoy{i}x"])
         proc.update_state(
             BatchUpdate(batch_size=1, removed=[], added=[(0, params, [1], [])], moved=[])
         )
         proc.update_state(BatchUpdate(batch_size=0, removed=[0], added=[], moved=[]))
-    assert len(proc._warned) <= sv._CACHE_SIZE
+    assert len(proc._warned) <= scoring._CACHE_SIZE
     assert any("annoy" in key and f"annoy{count - 1}" in key for key in proc._warned)
     caplog.clear()
-    with caplog.at_level("WARNING", logger=sv.logger.name):
+    with caplog.at_level("WARNING", logger=sv.__name__):
         again = sv.sampling_params([f"annoy{count - 1}", f"annoy{count - 1}x"])
         proc.update_state(
             BatchUpdate(batch_size=1, removed=[], added=[(0, again, [1], [])], moved=[])
