@@ -426,6 +426,42 @@ class SemanticSoftmax:
         result = self._score(rows)
         return result.squeeze() if single else result
 
+    def score_top_k(self, top_ids: Tensor, top_log_probs: Tensor) -> SemanticSoftmaxResult:
+        """Score sparse rows: the ids and log-probabilities of each row's kept tokens.
+
+        What an engine returns instead of logits (vLLM's ``logprobs=k``, an OpenAI
+        server's ``top_logprobs``). Semantic Softmax, the coverage and the constrained
+        softmax of the kept label tokens are ratios of kept probabilities, so the missing
+        normaliser cancels and this equals :meth:`__call__` on the full logits whenever
+        the row holds its ``k`` most likely tokens. A label token outside the kept ones
+        counts as probability 0 (only the constrained softmax can differ then).
+
+        Parameters
+        ----------
+        top_ids : integer token ids ``[K]`` or ``[B, K]`` (distinct within a row)
+        top_log_probs : their log-probabilities, same shape (any common offset)
+        """
+        ids = torch.as_tensor(top_ids)
+        values = torch.as_tensor(top_log_probs, dtype=torch.float32)
+        if ids.shape != values.shape or ids.dim() not in (1, 2) or ids.shape[-1] == 0:
+            raise ValueError(
+                f"top_ids {tuple(ids.shape)} and top_log_probs {tuple(values.shape)} must "
+                "have one same non-empty shape [K] or [B, K]"
+            )
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise ValueError(f"top_ids must be integer token ids, got dtype {ids.dtype}")
+        vocab = self.embeddings.vocab_size
+        if bool(((ids < 0) | (ids >= vocab)).any()):
+            bad = ids[(ids < 0) | (ids >= vocab)].flatten()[0].item()
+            raise ValueError(f"top_ids holds token id {bad} outside the vocabulary [0, {vocab})")
+        single = ids.dim() == 1
+        rows_ids = ids.reshape(-1, ids.shape[-1]).long()
+        if bool((rows_ids.sort(-1).values.diff(dim=-1) == 0).any()):
+            raise ValueError("top_ids repeats a token id within a row")
+        rows = torch.full((rows_ids.shape[0], vocab), float("-inf"))
+        rows.scatter_(1, rows_ids, values.reshape(rows_ids.shape))
+        return self(rows[0] if single else rows)
+
     def _score(self, logits: Tensor) -> SemanticSoftmaxResult:
         cfg = self.config
         # Padded-vocabulary columns (if any) never hold real tokens.

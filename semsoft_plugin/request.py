@@ -9,7 +9,7 @@ server, so it parses the same keys there once per request: the object does not
 cross the process boundary, the keys do.)
 
 No engine import here, so the OpenAI client helpers work without vLLM installed.
-The limits (``MAX_K``, ``MAX_LABELS``, ...) are defined here only: server clients
+The limits (``SERVER_MAX_K``, ``SERVER_MAX_LABELS``, ...) are defined here only: server clients
 are untrusted and these bound the work one request can ask for.
 """
 
@@ -26,10 +26,10 @@ from semsoft_plugin.labels import label_names
 
 __all__ = [
     "ENTRY_POINT",
-    "MAX_K",
-    "MAX_LABELS",
-    "MAX_LABEL_BYTES",
-    "MAX_TRIGGER_BYTES",
+    "SERVER_MAX_K",
+    "SERVER_MAX_LABELS",
+    "SERVER_MAX_LABEL_BYTES",
+    "SERVER_MAX_TRIGGER_BYTES",
     "Mode",
     "SemsoftRequest",
     "build_request",
@@ -49,12 +49,14 @@ _CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftC
 _KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, *_CONFIG_KEYS}
 
 # Server clients are untrusted: these bound the work and memory one request can ask
-# for. A label of at most MAX_LABEL_BYTES UTF-8 bytes is at most that many tokens (+1
-# for the leading space) on byte-level tokenizers.
-MAX_LABELS = 64
-MAX_LABEL_BYTES = 64
-MAX_TRIGGER_BYTES = 64
-MAX_K = 256
+# for. Named SERVER_* because they are tighter than the method's own ranges
+# (config.MAX_K, labels.MAX_LABELS), which apply to local use. A label of at most
+# SERVER_MAX_LABEL_BYTES UTF-8 bytes is at most that many tokens (+1 for the leading
+# space) on byte-level tokenizers.
+SERVER_MAX_LABELS = 64
+SERVER_MAX_LABEL_BYTES = 64
+SERVER_MAX_TRIGGER_BYTES = 64
+SERVER_MAX_K = 256
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class SemsoftRequest:
 
 _FLAG_RULE = "a boolean (true/false or 0/1)"
 _RULES = {
-    "k": f"an integer in [1, MAX_K={MAX_K}]",
+    "k": f"an integer in [1, SERVER_MAX_K={SERVER_MAX_K}]",
     "tau": "a finite number in [-1, 1)",
     "temperature": "a finite number > 0",
     "center": _FLAG_RULE,
@@ -146,7 +148,7 @@ def _utf8_bytes(text: str) -> int | None:
 def _option(key: str, name: str, value: Any) -> Any:
     """One method option, type-checked (a bool is not a number, NaN and inf are not
     finite, a fraction is not an integer); ranges are left to :class:`SemsoftConfig`,
-    except the server's ``MAX_K``."""
+    except the server's ``SERVER_MAX_K``."""
     rule = _RULES[name]
     if rule == _FLAG_RULE:
         return _flag(key, value)
@@ -161,7 +163,7 @@ def _option(key: str, name: str, value: Any) -> Any:
             raise _refuse(key, value, rule) from None
     if isinstance(value, float) and not value.is_integer():
         raise _refuse(key, value, rule)
-    if not 1 <= value <= MAX_K:
+    if not 1 <= value <= SERVER_MAX_K:
         raise _refuse(key, value, rule)
     return int(value)
 
@@ -192,19 +194,19 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
     labels = extra_args[KEY_LABELS]
     if isinstance(labels, str) or not isinstance(labels, Sequence):
         raise ValueError(f"{KEY_LABELS} must be a list of strings, got {_show(labels)}")
-    if not 2 <= len(labels) <= MAX_LABELS:
+    if not 2 <= len(labels) <= SERVER_MAX_LABELS:
         raise ValueError(
-            f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to MAX_LABELS={MAX_LABELS}"
+            f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to SERVER_MAX_LABELS={SERVER_MAX_LABELS}"
         )
     for label in labels:
         if not isinstance(label, str) or not label.strip():
             raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not a non-empty string")
         if _utf8_bytes(label) is None:
             raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not valid Unicode")
-        if _utf8_bytes(label) > MAX_LABEL_BYTES:
+        if _utf8_bytes(label) > SERVER_MAX_LABEL_BYTES:
             raise ValueError(
                 f"{KEY_LABELS}: label {_show(label, 24)} is longer than "
-                f"MAX_LABEL_BYTES={MAX_LABEL_BYTES} UTF-8 bytes"
+                f"SERVER_MAX_LABEL_BYTES={SERVER_MAX_LABEL_BYTES} UTF-8 bytes"
             )
     if len(set(labels)) != len(labels):
         twice = next(label for i, label in enumerate(labels) if label in labels[:i])
@@ -224,11 +226,11 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
         raise _refuse(KEY_MODE, mode, f"one of {_MODES}")
     trigger = extra_args.get(KEY_TRIGGER)
     if trigger is not None:
-        rule = f"a non-empty string of at most MAX_TRIGGER_BYTES={MAX_TRIGGER_BYTES} UTF-8 bytes"
+        rule = f"a non-empty string of at most SERVER_MAX_TRIGGER_BYTES={SERVER_MAX_TRIGGER_BYTES} UTF-8 bytes"
         if not isinstance(trigger, str) or not trigger:
             raise _refuse(KEY_TRIGGER, trigger, rule)
         size = _utf8_bytes(trigger)
-        if size is None or size > MAX_TRIGGER_BYTES:
+        if size is None or size > SERVER_MAX_TRIGGER_BYTES:
             raise _refuse(KEY_TRIGGER, trigger, rule)
     leading_space = _flag(KEY_LEADING_SPACE, extra_args.get(KEY_LEADING_SPACE, True))
     return SemsoftRequest(tuple(labels), config, mode, trigger, leading_space)

@@ -235,16 +235,12 @@ def _score_top_k(
             f"the decision step returned {len(top)} log-probabilities, fewer than k={k}: "
             f"request logprobs >= {k} (engine max_logprobs >= {k})"
         )
-    vocab = model.embeddings.vocab_size
-    sparse = torch.full((vocab,), float("-inf"))
     ids = torch.tensor(list(top.keys()), dtype=torch.long)
     values = torch.tensor(list(top.values()), dtype=torch.float32)
-    if bool((ids >= vocab).any()):
+    if bool((ids >= model.embeddings.vocab_size).any()):
         raise ValueError("a returned token id lies outside the model's vocabulary")
-    sparse[ids] = values
-    # Semantic Softmax and coverage are ratios of top-k probabilities: the missing
-    # normaliser cancels, so the sparse vector gives exactly the full-vocabulary result.
-    result = scoring.scorer(sparse)
+    # Ratios of top-k probabilities: exactly the full-vocabulary result (core.py).
+    result = scoring.scorer.score_top_k(ids, values)
     known = {**extra, **top}
     answer_ids = scoring.labels.answer_token_ids
     constrained = None

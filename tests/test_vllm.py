@@ -193,9 +193,15 @@ def test_options_roundtrip_and_flat_values():
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"semsoft_labels": [f"l{i}" for i in range(sv.MAX_LABELS + 1)]}, "MAX_LABELS=64"),
-        ({"semsoft_labels": ["a" * (sv.MAX_LABEL_BYTES + 1), "b"]}, "MAX_LABEL_BYTES"),
-        ({"semsoft_labels": ["a", "b"], "semsoft_k": sv.MAX_K + 1}, "MAX_K"),
+        (
+            {"semsoft_labels": [f"l{i}" for i in range(sv.SERVER_MAX_LABELS + 1)]},
+            "SERVER_MAX_LABELS=64",
+        ),
+        (
+            {"semsoft_labels": ["a" * (sv.SERVER_MAX_LABEL_BYTES + 1), "b"]},
+            "SERVER_MAX_LABEL_BYTES",
+        ),
+        ({"semsoft_labels": ["a", "b"], "semsoft_k": sv.SERVER_MAX_K + 1}, "SERVER_MAX_K"),
         ({"semsoft_labels": ["a", "b"], "semsoft_k": 0}, "k=0"),
         ({"semsoft_labels": ["a", "b"], "semsoft_tau": "high"}, "semsoft_tau"),
         ({"semsoft_labels": ["a", "b"], "semsoft_center": 2}, "semsoft_center"),
@@ -208,13 +214,16 @@ def test_options_roundtrip_and_flat_values():
         # the server's hostile-input table: each names the option, its value and range
         (
             {"semsoft_labels": ["a", "b"], "semsoft_k": float("inf")},
-            r"semsoft_k=inf .*\[1, MAX_K=256\]",
+            r"semsoft_k=inf .*\[1, SERVER_MAX_K=256\]",
         ),
         (
             {"semsoft_labels": ["a", "b"], "semsoft_k": float("nan")},
-            r"semsoft_k=nan .*\[1, MAX_K=256\]",
+            r"semsoft_k=nan .*\[1, SERVER_MAX_K=256\]",
         ),
-        ({"semsoft_labels": ["a", "b"], "semsoft_k": True}, r"semsoft_k=True .*\[1, MAX_K=256\]"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_k": True},
+            r"semsoft_k=True .*\[1, SERVER_MAX_K=256\]",
+        ),
         (
             {"semsoft_labels": ["a", "b"], "semsoft_k": 10**19},
             "semsoft_k=10000000000000000000 must",
@@ -241,9 +250,12 @@ def test_options_roundtrip_and_flat_values():
         ),
         ({"semsoft_labels": ["a", "b"], "semsoft_residual": "yes"}, "semsoft_residual='yes'"),
         ({"semsoft_labels": ["a", "b"], "semsoft_mode": ["x"]}, r"semsoft_mode=\['x'\]"),
-        ({"semsoft_labels": ["a", "b"], "semsoft_trigger": "é" * 40}, "MAX_TRIGGER_BYTES=64"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_trigger": "é" * 40},
+            "SERVER_MAX_TRIGGER_BYTES=64",
+        ),
         ({"semsoft_labels": ["\ud800", "b"]}, "not valid Unicode"),
-        ({"semsoft_labels": ["é" * 33, "b"]}, "MAX_LABEL_BYTES=64"),
+        ({"semsoft_labels": ["é" * 33, "b"]}, "SERVER_MAX_LABEL_BYTES=64"),
         ({"semsoft_labels": ["a", 3]}, "label 3 is not a non-empty string"),
     ],
 )
@@ -522,7 +534,7 @@ def test_unresolvable_label_set_is_refused_at_admission(llm, tokenizer, mixed_ba
     ):
         llm.generate([prompt], params, use_tqdm=False)
     # 64 labels of 64 bytes that share a prefix: the first two are named
-    shared = ["x" * 60 + f"{i:04d}" for i in range(sv.MAX_LABELS)]
+    shared = ["x" * 60 + f"{i:04d}" for i in range(sv.SERVER_MAX_LABELS)]
     with pytest.raises(VLLMValidationError, match=f"'{shared[0]}' and '{shared[1]}'"):
         llm.generate([prompt], sv.sampling_params(shared, max_tokens=2), use_tqdm=False)
     batch, _ = mixed_batch
@@ -754,7 +766,7 @@ def test_model_runner_v2_code_path(llm, tokenizer, checkpoint):
         == [sv.SemanticSoftmaxLogitsProcessor] * 2
     )
     validate = build_custom_logits_processors_params_validator([sv.ENTRY_POINT])
-    with pytest.raises(VLLMValidationError, match="MAX_LABELS"):
+    with pytest.raises(VLLMValidationError, match="SERVER_MAX_LABELS"):
         validate(SamplingParams(logprobs=50, extra_args={"semsoft_labels": ["a"] * 100}))
 
     config = llm.llm_engine.vllm_config
@@ -892,12 +904,12 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
     for label, p in hf_results["review"].probs.items():
         assert probs[label] == pytest.approx(p, abs=ATOL)
 
-    too_many = [f"label{i}" for i in range(sv.MAX_LABELS + 1)]
+    too_many = [f"label{i}" for i in range(sv.SERVER_MAX_LABELS + 1)]
     oversized = sv.openai_request(SENTIMENT)
     oversized["extra_body"]["vllm_xargs"]["semsoft_labels"] = too_many
-    with pytest.raises(openai.BadRequestError, match="MAX_LABELS"):
+    with pytest.raises(openai.BadRequestError, match="SERVER_MAX_LABELS"):
         client.chat.completions.create(model="smollm2", messages=PROMPTS["review"], **oversized)
-    with pytest.raises(openai.BadRequestError, match="MAX_K"):
+    with pytest.raises(openai.BadRequestError, match="SERVER_MAX_K"):
         client.chat.completions.create(
             model="smollm2",
             messages=PROMPTS["review"],
@@ -1184,9 +1196,18 @@ def test_server_refuses_the_hostile_table_with_400(server):
     good = sv.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
     text = json.dumps(_chat_body(SENTIMENT, {**good, "semsoft_k": 7}))
     cases = {
-        "k=1e999": (text.replace('"semsoft_k": 7', '"semsoft_k": 1e999'), r"semsoft_k=inf .*MAX_K"),
-        "k=NaN": (text.replace('"semsoft_k": 7', '"semsoft_k": NaN'), r"semsoft_k=nan .*MAX_K"),
-        "k=true": (text.replace('"semsoft_k": 7', '"semsoft_k": true'), r"semsoft_k=True .*MAX_K"),
+        "k=1e999": (
+            text.replace('"semsoft_k": 7', '"semsoft_k": 1e999'),
+            r"semsoft_k=inf .*SERVER_MAX_K",
+        ),
+        "k=NaN": (
+            text.replace('"semsoft_k": 7', '"semsoft_k": NaN'),
+            r"semsoft_k=nan .*SERVER_MAX_K",
+        ),
+        "k=true": (
+            text.replace('"semsoft_k": 7', '"semsoft_k": true'),
+            r"semsoft_k=True .*SERVER_MAX_K",
+        ),
         "guided_choice": (_chat_body(SENTIMENT, guided_choice=SENTIMENT), "guided_choice"),
         "response_format": (
             _chat_body(SENTIMENT, response_format={"type": "json_object"}),
@@ -1194,7 +1215,7 @@ def test_server_refuses_the_hostile_table_with_400(server):
         ),
         "clash": (_chat_body(CLASH), "'annoy' and 'annoyance'"),
         "shared prefix": (
-            _chat_body(["x" * 60 + f"{i:04d}" for i in range(sv.MAX_LABELS)], max_tokens=2),
+            _chat_body(["x" * 60 + f"{i:04d}" for i in range(sv.SERVER_MAX_LABELS)], max_tokens=2),
             "x0000' and 'x",
         ),
         "stream, bad mode": (

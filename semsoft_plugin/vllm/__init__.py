@@ -18,6 +18,7 @@ helpers (no vLLM needed) in :mod:`semsoft_plugin.openai`; they are re-exported h
 so ``from semsoft_plugin import vllm as semsoft`` keeps offering every name.
 """
 
+from semsoft_plugin.config import SemsoftConfig  # as the single module offered it
 from semsoft_plugin.openai import (
     OpenAIRequest,
     openai_label_probs,
@@ -26,10 +27,10 @@ from semsoft_plugin.openai import (
 )
 from semsoft_plugin.request import (
     ENTRY_POINT,
-    MAX_K,
-    MAX_LABEL_BYTES,
-    MAX_LABELS,
-    MAX_TRIGGER_BYTES,
+    SERVER_MAX_K,
+    SERVER_MAX_LABEL_BYTES,
+    SERVER_MAX_LABELS,
+    SERVER_MAX_TRIGGER_BYTES,
     SemsoftRequest,
     parse_request,
 )
@@ -43,12 +44,13 @@ from semsoft_plugin.vllm.reader import label_probs, label_scores
 __all__ = [
     "ENTRY_POINT",
     "LabelScores",
-    "MAX_K",
-    "MAX_LABELS",
-    "MAX_LABEL_BYTES",
-    "MAX_TRIGGER_BYTES",
+    "SERVER_MAX_K",
+    "SERVER_MAX_LABELS",
+    "SERVER_MAX_LABEL_BYTES",
+    "SERVER_MAX_TRIGGER_BYTES",
     "OpenAIRequest",
     "SemanticSoftmaxLogitsProcessor",
+    "SemsoftConfig",
     "SemsoftRequest",
     "admission",
     "classify_vllm",
