@@ -251,10 +251,11 @@ def _as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbedd
     if cached is not None and cached[0]() is embeddings:
         return cached[1]
     wrapped = OutputEmbeddings(embeddings)
-    _WRAPPED[key] = (
-        weakref.ref(embeddings, lambda _ref, key=key: _WRAPPED.pop(key, None)),
-        wrapped,
-    )
+
+    def forget(_ref: weakref.ref[Tensor]) -> None:
+        _WRAPPED.pop(key, None)
+
+    _WRAPPED[key] = (weakref.ref(embeddings, forget), wrapped)
     return wrapped
 
 

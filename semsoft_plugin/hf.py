@@ -343,7 +343,8 @@ def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tu
         raise ValueError(f"input {item!r} is neither a string nor a list of chat messages")
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("chat messages given but the tokenizer has no chat template")
-    continue_last = item[-1].get("role") == "assistant"
+    last: Mapping[str, str] = item[-1]  # type: ignore[assignment]  # checked: all Mappings
+    continue_last = last.get("role") == "assistant"
     text = tokenizer.apply_chat_template(
         list(item),
         tokenize=False,

@@ -440,7 +440,9 @@ class ChoiceGenerator:
             eos_token_id=tokenizer.eos_token_id,
             **overrides,
         )
-        self.processor = ChoiceLogitsProcessor(self.semsoft, outlines_processor)
+        self.processor: ChoiceLogitsProcessor | None = ChoiceLogitsProcessor(
+            self.semsoft, outlines_processor
+        )
         self._generator = SteerableGenerator.from_processor(model, self.processor)
         # The label and EOS, nothing more; used when the caller sets no length.
         self._min_new_tokens = max(len(s) for s in self.labels.token_sequences) + 1
@@ -518,7 +520,10 @@ class ChoiceGenerator:
         # Checks the choices on the engine's tokenizer exactly as for transformers.
         self.labels = _label_set(choices, self.model.model.get_tokenizer(), None)
         self.processor = None
-        self._options = {"config": config, "leading_space": self.labels.leading_space}
+        self._options: dict[str, Any] = {
+            "config": config,
+            "leading_space": self.labels.leading_space,
+        }
         self._options.update(overrides)
 
     def _vllm_generate(self, prompts: list[Any], inference_kwargs: dict[str, Any]) -> Any:

@@ -19,7 +19,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.labels import label_names
@@ -201,9 +201,10 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
     for label in labels:
         if not isinstance(label, str) or not label.strip():
             raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not a non-empty string")
-        if _utf8_bytes(label) is None:
+        size = _utf8_bytes(label)
+        if size is None:
             raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not valid Unicode")
-        if _utf8_bytes(label) > SERVER_MAX_LABEL_BYTES:
+        if size > SERVER_MAX_LABEL_BYTES:
             raise ValueError(
                 f"{KEY_LABELS}: label {_show(label, 24)} is longer than "
                 f"SERVER_MAX_LABEL_BYTES={SERVER_MAX_LABEL_BYTES} UTF-8 bytes"
@@ -233,7 +234,7 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
         if size is None or size > SERVER_MAX_TRIGGER_BYTES:
             raise _refuse(KEY_TRIGGER, trigger, rule)
     leading_space = _flag(KEY_LEADING_SPACE, extra_args.get(KEY_LEADING_SPACE, True))
-    return SemsoftRequest(tuple(labels), config, mode, trigger, leading_space)
+    return SemsoftRequest(tuple(labels), config, cast(Mode, mode), trigger, leading_space)
 
 
 def build_request(

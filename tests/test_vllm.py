@@ -884,6 +884,46 @@ def server(checkpoint, tmp_path_factory):
             process.wait()
 
 
+ROUND_TRIP = [
+    {},
+    {"k": 30, "tau": 0.1, "center": False, "own_vote": False},
+    {"residual": True, "tau_quantile": 0.9, "mode": "observe", "leading_space": False},
+    {"normalize_votes": True, "trigger": "Answer:", "config": sv.SemsoftConfig(k=12)},
+]
+
+
+@pytest.mark.parametrize("options", ROUND_TRIP)
+def test_request_round_trips_through_extra_args_and_the_openai_body(options):
+    """One parsed object: what sampling_params puts in extra_args and what openai_request
+    puts in vllm_xargs (sent as JSON) parse to the request that was built."""
+    built = sreq.build_request(EMOTIONS, **options)
+    offline = sv.parse_request(sv.sampling_params(EMOTIONS, **options).extra_args)
+    body = json.loads(json.dumps(sv.openai_request(EMOTIONS, **options)["extra_body"]))
+    assert offline == built
+    assert sv.parse_request(body["vllm_xargs"]) == built
+    assert sv.openai_request(EMOTIONS, **options).semsoft == built
+
+
+def test_request_round_trips_through_http(server, checkpoint):
+    """Options sent over HTTP are the ones the server applied: with non-default options
+    the constrained answer is the argmax of P_sem under those options, read back from
+    the response with the request object alone (no labels passed again)."""
+    import openai
+
+    client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
+    CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
+    for options in ({"k": 30, "tau": 0.1, "own_vote": False}, {"residual": True, "k": 8}):
+        request = sv.openai_request(SENTIMENT, extra_body=CONTINUE, **options)
+        response = client.chat.completions.create(
+            model="smollm2", messages=PROMPTS["review"], **request
+        )
+        scores = sv.openai_label_scores(response, request, checkpoint)
+        assert scores == sv.openai_label_scores(response, SENTIMENT, checkpoint, **options)
+        assert response.choices[0].message.content.strip() == scores.label
+        assert scores.label == max(scores.probs, key=scores.probs.__getitem__)
+        assert len(response.choices[0].logprobs.content[0].top_logprobs) == options["k"]
+
+
 def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_results):
     import openai
 

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from vllm import SamplingParams
@@ -141,14 +142,14 @@ def _admission_config() -> Any | None:
     module = sys.modules.get("vllm.v1.engine.input_processor")
     if module is None:
         return None
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1).f_back
     for _ in range(_ADMISSION_FRAMES):
-        frame = frame.f_back
         if frame is None:
             return None
         owner = frame.f_locals.get("self")
         if isinstance(owner, module.InputProcessor):
             return owner.vllm_config
+        frame = frame.f_back
     return None
 
 

@@ -475,6 +475,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         the reader reports why instead of returning scores for text it did not choose.
         """
         scoring = group[0][1].scoring
+        assert scoring is not None  # _plan never groups a refused label set for a decision
         rows = torch.tensor([row for row, _ in group], device=logits.device)
         picked = logits.index_select(0, rows)
         nan = torch.isnan(picked).any(-1)
