@@ -31,7 +31,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,6 +41,7 @@ from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax, SemanticSoftmaxResult
 from semsoft_plugin.embeddings import from_model
 from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.request import _MODES, Mode
 
 __all__ = [
     "Classification",
@@ -50,9 +51,6 @@ __all__ = [
     "format_prompt",
     "left_padded",
 ]
-
-Mode = Literal["observe", "constrain"]
-_MODES = ("observe", "constrain")
 
 
 @dataclass
@@ -81,8 +79,9 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         it, one whose tokenizer is larger than the embedding matrix is.
     config : SemsoftConfig, optional
         Method settings; keyword ``overrides`` change single fields.
-    mode : {"observe", "constrain"}
-        ``"observe"`` leaves the scores untouched: generation is bit-identical to a
+    mode : {"constrain", "observe"}
+        ``"constrain"`` (default, as on every engine: a classifier is asked for a label)
+        or ``"observe"``. ``"observe"`` leaves the scores untouched: generation is bit-identical to a
         run without the processor. ``"constrain"`` replaces the decision-step scores
         by ``log P_sem`` on the label answer tokens (``-inf`` elsewhere), so greedy
         decoding emits the calibrated argmax and sampling draws from ``P_sem`` (then
@@ -108,7 +107,7 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         labels: LabelSet,
         config: SemsoftConfig | None = None,
         *,
-        mode: Mode = "observe",
+        mode: Mode = "constrain",
         trigger: str | None = None,
         tokenizer: Any = None,
         eos_token_id: int | None = None,

@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 ENTRY_POINT = "semsoft_plugin.vllm:SemanticSoftmaxLogitsProcessor"
+# One default mode on every engine: "constrain" (a classifier is asked for a label).
 Mode = Literal["constrain", "observe"]
 _MODES = ("constrain", "observe")
 
