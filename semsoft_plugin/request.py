@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -169,6 +171,28 @@ def _option(key: str, name: str, value: Any) -> Any:
     return int(value)
 
 
+def _frozen(extra_args: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """A hashable, type-exact form of the semsoft keys (``True`` and ``1`` differ: one
+    is refused as ``k``, the other is not); None when a value cannot be hashed."""
+    try:
+        items = []
+        for key in sorted(k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")):
+            value = extra_args[key]
+            if isinstance(value, list | tuple):
+                value = tuple((type(v), v) for v in value)
+            items.append((key, type(value), value))
+        frozen = tuple(items)
+        hash(frozen)
+        return frozen
+    except TypeError:
+        return None
+
+
+_PARSED: OrderedDict[tuple[Any, ...], SemsoftRequest] = OrderedDict()
+_PARSED_LOCK = threading.Lock()
+_PARSED_SIZE = 128
+
+
 def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None:
     """The semsoft options in ``extra_args``, or None when the request did not opt in.
 
@@ -176,12 +200,33 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
     with the same rules as :class:`~semsoft_plugin.config.SemsoftConfig` (plus the
     server's size limits). Raises ``ValueError`` naming the option, its value (cut to
     a few characters) and what is allowed; the server answers it with HTTP 400.
+
+    Parsed once per distinct options in a process: admission, the engine processor
+    (in the same process offline) and the reader all call this on the same
+    ``extra_args`` and get the one cached object back (the last 128 kept).
     """
     if not extra_args:
         return None
     present = {k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")}
     if not present:
         return None
+    key = _frozen(extra_args)
+    if key is not None:
+        with _PARSED_LOCK:
+            found = _PARSED.get(key)
+            if found is not None:
+                _PARSED.move_to_end(key)
+                return found
+    request = _parse(extra_args, present)
+    if key is not None:
+        with _PARSED_LOCK:
+            _PARSED[key] = request
+            while len(_PARSED) > _PARSED_SIZE:
+                _PARSED.popitem(last=False)
+    return request
+
+
+def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:
     if KEY_LABELS not in extra_args:
         raise ValueError(
             f"semsoft options {_show(sorted(present))} given without {KEY_LABELS!r} "
