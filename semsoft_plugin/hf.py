@@ -42,6 +42,7 @@ from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax, SemanticSoftm
 from semsoft_plugin.embeddings import from_model
 from semsoft_plugin.labels import LabelSet
 from semsoft_plugin.request import _MODES, Mode
+from semsoft_plugin.result import LabelResult
 
 __all__ = [
     "Classification",
@@ -304,29 +305,8 @@ def _num_beams(model: Any, kwargs: Mapping[str, Any]) -> int:
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Classification:
-    """One input's result.
-
-    Attributes
-    ----------
-    label : the label generated (constrain mode) or the calibrated argmax (observe)
-    probs : label -> calibrated probability (Semantic Softmax)
-    constrained_probs : label -> softmax over the label tokens only (the baseline)
-    fallback : True when no kept token voted for any label and ``probs`` is the
-        constrained softmax
-    coverage : share of the top-K mass that voted for some label
-    text : the generated text
-    logits : raw decision-step scores, float32 ``[V]`` (``keep_logits=True`` only)
-    """
-
-    label: str
-    probs: dict[str, float]
-    constrained_probs: dict[str, float]
-    fallback: bool
-    coverage: float
-    text: str
-    logits: Tensor | None = None
+# One input's result (an alias of the one result type, kept for one release).
+Classification = LabelResult
 
 
 def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tuple[str, bool]:

@@ -23,7 +23,8 @@ from semsoft_plugin.request import (
     default_max_tokens,
     parse_request,
 )
-from semsoft_plugin.scoring import LabelScores, _client_model, _decision_step, _Model, _score_top_k
+from semsoft_plugin.result import LabelResult
+from semsoft_plugin.scoring import _client_model, _decision_step, _Model, _score_top_k
 
 __all__ = ["OpenAIRequest", "openai_label_probs", "openai_label_scores", "openai_request"]
 
@@ -175,7 +176,7 @@ def openai_label_scores(
     choice: int = 0,
     allow_download: bool = False,
     **options: Any,
-) -> LabelScores:
+) -> LabelResult:
     """Semantic Softmax scores of an ``openai`` chat or completion response.
 
     Parameters

@@ -25,6 +25,7 @@ from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax
 from semsoft_plugin.embeddings import from_checkpoint
 from semsoft_plugin.labels import LabelSet
 from semsoft_plugin.request import SemsoftRequest
+from semsoft_plugin.result import LabelResult
 
 # Distinct label sets (with their settings) kept resolved per model, and the bound of
 # every other per-request cache of the plugin.
@@ -182,32 +183,8 @@ def _trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, st
     return -1
 
 
-@dataclass(frozen=True)
-class LabelScores:
-    """Semantic Softmax scores read from one generated output.
-
-    Attributes
-    ----------
-    label : the label the text spells (constrain mode) or the calibrated argmax;
-        None if neither is known
-    probs : label -> calibrated probability; None only in the 0/0 case when the
-        constrained softmax it falls back to cannot be read (label tokens outside
-        the returned top-k)
-    constrained_probs : label -> softmax over the label tokens only; None when some
-        label's answer token is outside the returned top-k
-    fallback : no kept token voted for any label (``probs`` is the constrained softmax)
-    coverage : share of the top-k mass that voted for some label
-    top_k_mass : total probability of the k kept tokens
-    decision_step : index of the generated token that was the decision step
-    """
-
-    label: str | None
-    probs: dict[str, float] | None
-    constrained_probs: dict[str, float] | None
-    fallback: bool
-    coverage: float
-    top_k_mass: float
-    decision_step: int
+# The readers' result (an alias of the one result type, kept for one release).
+LabelScores = LabelResult
 
 
 def _score_top_k(
@@ -217,7 +194,7 @@ def _score_top_k(
     extra: Mapping[int, float],
     emitted: Sequence[int],
     decision_step: int,
-) -> LabelScores:
+) -> LabelResult:
     """Scores from the decision step's top-k raw log-probabilities ``top`` (token ->
     log-prob) and any other known raw log-probabilities ``extra`` (e.g. the sampled
     token's)."""
@@ -256,7 +233,7 @@ def _score_top_k(
         label = names[index] if index is not None else None
     if label is None and semantic is not None:
         label = names[int(semantic.argmax())]
-    return LabelScores(
+    return LabelResult(
         label=label,
         probs=probs,
         constrained_probs=(

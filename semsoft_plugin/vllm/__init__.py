@@ -34,6 +34,7 @@ from semsoft_plugin.request import (
     SemsoftRequest,
     parse_request,
 )
+from semsoft_plugin.result import LabelResult
 from semsoft_plugin.scoring import LabelScores, output_embeddings
 from semsoft_plugin.vllm.batch import classify_vllm
 from semsoft_plugin.vllm.middleware import admission
@@ -43,6 +44,7 @@ from semsoft_plugin.vllm.reader import label_probs, label_scores
 
 __all__ = [
     "ENTRY_POINT",
+    "LabelResult",
     "LabelScores",
     "SERVER_MAX_K",
     "SERVER_MAX_LABELS",

@@ -13,7 +13,8 @@ from typing import Any
 from vllm import SamplingParams
 
 from semsoft_plugin.request import SemsoftRequest, parse_request
-from semsoft_plugin.scoring import LabelScores, _client_model, _decision_step, _score_top_k
+from semsoft_plugin.result import LabelResult
+from semsoft_plugin.scoring import _client_model, _decision_step, _score_top_k
 from semsoft_plugin.vllm.params import sampling_params
 from semsoft_plugin.vllm.processor import _unscored_reason
 
@@ -48,7 +49,7 @@ def label_scores(
     choice: int = 0,
     allow_download: bool = False,
     **options: Any,
-) -> LabelScores:
+) -> LabelResult:
     """Semantic Softmax scores of an offline ``RequestOutput``.
 
     Parameters
