@@ -41,6 +41,7 @@ from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax, SemanticSoftmaxResult
 from semsoft_plugin.embeddings import from_model
 from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.prompting import encode_prompts, format_prompt, left_padded, pad_token_id
 from semsoft_plugin.request import _MODES, Mode
 from semsoft_plugin.result import LabelResult
 
@@ -309,50 +310,6 @@ def _num_beams(model: Any, kwargs: Mapping[str, Any]) -> int:
 Classification = LabelResult
 
 
-def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tuple[str, bool]:
-    """The prompt text for one input, and whether it already holds special tokens.
-
-    A string is used as is. A chat message list goes through the chat template: with
-    a generation prompt, or, when the last message is the assistant's, continuing
-    that message (how an answer prefix like ``"Emotion:"`` is pre-filled).
-    """
-    if isinstance(item, str):
-        return item, False
-    if not isinstance(item, Sequence) or not item or not all(isinstance(m, Mapping) for m in item):
-        raise ValueError(f"input {item!r} is neither a string nor a list of chat messages")
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("chat messages given but the tokenizer has no chat template")
-    last: Mapping[str, str] = item[-1]  # type: ignore[assignment]  # checked: all Mappings
-    continue_last = last.get("role") == "assistant"
-    text = tokenizer.apply_chat_template(
-        list(item),
-        tokenize=False,
-        add_generation_prompt=not continue_last,
-        continue_final_message=continue_last,
-    )
-    return text, True
-
-
-def encode_prompts(tokenizer: Any, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
-    """Token ids of :func:`format_prompt` outputs; special tokens are added only to plain text."""
-    encoded = [tokenizer.encode(text, add_special_tokens=not special) for text, special in texts]
-    if any(len(ids) == 0 for ids in encoded):
-        raise ValueError("an input tokenises to nothing: give a non-empty prompt")
-    return encoded
-
-
-def left_padded(tokenizer: Any, texts: list[tuple[str, bool]], pad_id: int) -> dict[str, Tensor]:
-    """A left-padded batch (``input_ids``, ``attention_mask``) of :func:`format_prompt` outputs."""
-    encoded = encode_prompts(tokenizer, texts)
-    width = max(len(ids) for ids in encoded)
-    input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for row, ids in enumerate(encoded):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[row, width - len(ids) :] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
-
-
 def classify(
     model: Any,
     tokenizer: Any,
@@ -396,9 +353,7 @@ def classify(
         raise ValueError(f"batch_size={batch_size!r} must be a positive int")
     label_set = labels if isinstance(labels, LabelSet) else LabelSet(labels, tokenizer)
     eos = tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    if pad_id is None:
-        raise ValueError("the tokenizer has neither a pad nor an eos token id")
+    pad_id = pad_token_id(tokenizer)
     processor = SemanticSoftmaxLogitsProcessor(
         model,
         label_set,

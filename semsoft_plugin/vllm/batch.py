@@ -76,7 +76,7 @@ def classify_vllm(
     """
     from vllm.inputs import TokensPrompt
 
-    from semsoft_plugin.hf import encode_prompts, format_prompt
+    from semsoft_plugin.prompting import encode_prompts, format_prompt
 
     cfg = (config or SemsoftConfig()).replace(**overrides)
     wanted = max(cfg.k, keep_logprobs)
