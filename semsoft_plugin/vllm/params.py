@@ -109,7 +109,7 @@ def _check_servable(
     request: SemsoftRequest, params: SamplingParams, vllm_config: Any, multi_token: bool
 ) -> None:
     """Refuse what the engine's processor could not follow: on a V1 engine that leaves
-    async-scheduling placeholders in the output tokens (module docstring), a trigger
+    async-scheduling placeholders in the output tokens (package docstring), a trigger
     and a sampled multi-token label would otherwise run partly unconstrained."""
     if request.mode != "constrain":
         return
