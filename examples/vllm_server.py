@@ -61,15 +61,13 @@ def main() -> None:
             {"role": "assistant", "content": "Sentiment:"},
         ]
         # Opted in: labels and options travel in vllm_xargs; top_logprobs=50 carries the scores.
-        response = client.chat.completions.create(
-            model="smollm2",
-            messages=messages,
-            **semsoft.openai_request(
-                LABELS, extra_body={"continue_final_message": True, "add_generation_prompt": False}
-            ),
+        request = semsoft.openai_request(
+            LABELS, extra_body={"continue_final_message": True, "add_generation_prompt": False}
         )
+        response = client.chat.completions.create(model="smollm2", messages=messages, **request)
         print("label:", response.choices[0].message.content.strip())
-        print("probs:", semsoft.openai_label_probs(response, LABELS, checkpoint))
+        # The request object knows its labels and options: they are not passed again.
+        print("probs:", semsoft.openai_label_probs(response, request, checkpoint))
         # Not opted in: served exactly as without the plugin.
         plain = client.completions.create(
             model="smollm2", prompt="The capital of France is", max_tokens=6

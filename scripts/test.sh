@@ -5,4 +5,6 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 bash scripts/install.sh test
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
-exec "${PYTHON:-python3}" -m pytest -q "$@"
+py="${PYTHON:-python3}"
+"$py" -m mypy semsoft_plugin
+exec "$py" -m pytest -q "$@"

@@ -5,6 +5,7 @@ transformers or vLLM when it is used. Engine adapters load their engine on impor
 
 * ``semsoft_plugin.hf``: transformers ``LogitsProcessor`` and ``classify``;
 * ``semsoft_plugin.vllm``: vLLM logits processor and per-request options;
+* ``semsoft_plugin.openai``: any OpenAI-compatible server (no vLLM needed);
 * ``semsoft_plugin.outlines``: drop-in ``Generator`` for Outlines choices.
 """
 
@@ -20,11 +21,13 @@ from semsoft_plugin.core import (
     semantic_softmax_details,
 )
 from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.result import LabelResult
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Classifier",
+    "LabelResult",
     "LabelSet",
     "LabelTokens",
     "OutputEmbeddings",

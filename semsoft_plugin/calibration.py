@@ -76,7 +76,7 @@ def debias(probs: ArrayT, bias: Any) -> ArrayT:
     total = scaled.sum(1, keepdim=True)
     uniform = torch.full_like(scaled, 1.0 / scaled.shape[1])
     out = torch.where(total > 0, scaled / total.clamp_min(_EPS), uniform)
-    return _like(out, probs)  # type: ignore[no-any-return]
+    return _like(out, probs)
 
 
 def batch_calibrate(probs: ArrayT, bias: Any | None = None) -> ArrayT:

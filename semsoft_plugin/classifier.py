@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from semsoft_plugin.calibration import CONTENT_FREE, batch_calibrate, debias
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.labels import LabelSet
-from semsoft_plugin.prompts import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
+from semsoft_plugin.prompting import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -98,7 +98,7 @@ class Classifier:
         sorted and every output's columns follow ``classes_``: scikit-learn's metrics
         assume probability columns in sorted label order (``log_loss`` warns and
         misreads them otherwise).
-    prompt : a :class:`~semsoft_plugin.prompts.PromptTemplate`, or a user message with
+    prompt : a :class:`~semsoft_plugin.prompting.PromptTemplate`, or a user message with
         ``{text}`` (and optionally ``{labels}``) and the default answer prefix
         ``"Answer:"``; default: the prompt of ``semsoft classify``
     config : Semantic Softmax settings (e.g. ``SemsoftConfig.load`` of a ``semsoft

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.prompts import DEFAULT_PROMPT
+from semsoft_plugin.prompting import DEFAULT_PROMPT
 
 __all__ = [
     "COMMAND_GROUP",
@@ -216,7 +216,7 @@ def _parse_labels(text: str) -> list[str]:
 
 
 def _template(args: argparse.Namespace) -> Any:
-    from semsoft_plugin.prompts import DEFAULT_TEMPLATE, PromptTemplate, load_template
+    from semsoft_plugin.prompting import DEFAULT_TEMPLATE, PromptTemplate, load_template
 
     if args.prompt_file:
         if args.prompt is not None or args.answer_prefix is not None:

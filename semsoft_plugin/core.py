@@ -278,10 +278,11 @@ def _as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbedd
     if cached is not None and cached[0]() is embeddings:
         return cached[1]
     wrapped = OutputEmbeddings(embeddings)
-    _WRAPPED[key] = (
-        weakref.ref(embeddings, lambda _ref, key=key: _WRAPPED.pop(key, None)),
-        wrapped,
-    )
+
+    def forget(_ref: weakref.ref[Tensor]) -> None:
+        _WRAPPED.pop(key, None)
+
+    _WRAPPED[key] = (weakref.ref(embeddings, forget), wrapped)
     return wrapped
 
 
@@ -458,6 +459,45 @@ class SemanticSoftmax:
         rows = logits.unsqueeze(0) if single else logits
         result = self._score(rows)
         return result.squeeze() if single else result
+
+    def score_top_k(self, top_ids: Tensor, top_log_probs: Tensor) -> SemanticSoftmaxResult:
+        """Score sparse rows: the ids and log-probabilities of each row's kept tokens.
+
+        What an engine returns instead of logits (vLLM's ``logprobs=k``, an OpenAI
+        server's ``top_logprobs``). Semantic Softmax, the coverage and the constrained
+        softmax of the kept label tokens are ratios of kept probabilities, so the missing
+        normaliser cancels and this equals :meth:`__call__` on the full logits whenever
+        the row holds its ``k`` most likely tokens and every label's answer token. Extra
+        ids beyond the top ``k`` are allowed (they rank below the kept ones): pass the
+        answer tokens' log-probs where known. An answer token the row lacks enters the
+        pool with the constrained softmax at the smallest kept probability (an upper
+        bound) and the constrained softmax at 0.
+
+        Parameters
+        ----------
+        top_ids : integer token ids ``[K]`` or ``[B, K]`` (distinct within a row)
+        top_log_probs : their log-probabilities, same shape (any common offset)
+        """
+        ids = torch.as_tensor(top_ids)
+        values = torch.as_tensor(top_log_probs, dtype=torch.float32)
+        if ids.shape != values.shape or ids.dim() not in (1, 2) or ids.shape[-1] == 0:
+            raise ValueError(
+                f"top_ids {tuple(ids.shape)} and top_log_probs {tuple(values.shape)} must "
+                "have one same non-empty shape [K] or [B, K]"
+            )
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise ValueError(f"top_ids must be integer token ids, got dtype {ids.dtype}")
+        vocab = self.embeddings.vocab_size
+        if bool(((ids < 0) | (ids >= vocab)).any()):
+            bad = ids[(ids < 0) | (ids >= vocab)].flatten()[0].item()
+            raise ValueError(f"top_ids holds token id {bad} outside the vocabulary [0, {vocab})")
+        single = ids.dim() == 1
+        rows_ids = ids.reshape(-1, ids.shape[-1]).long()
+        if bool((rows_ids.sort(-1).values.diff(dim=-1) == 0).any()):
+            raise ValueError("top_ids repeats a token id within a row")
+        rows = torch.full((rows_ids.shape[0], vocab), float("-inf"))
+        rows.scatter_(1, rows_ids, values.reshape(rows_ids.shape))
+        return self(rows[0] if single else rows)
 
     def _score(self, logits: Tensor) -> SemanticSoftmaxResult:
         cfg = self.config

@@ -31,7 +31,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,6 +41,9 @@ from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax, SemanticSoftmaxResult
 from semsoft_plugin.embeddings import from_model
 from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.prompting import encode_prompts, format_prompt, left_padded, pad_token_id
+from semsoft_plugin.request import _MODES, Mode
+from semsoft_plugin.result import LabelResult
 
 __all__ = [
     "Classification",
@@ -50,9 +53,6 @@ __all__ = [
     "format_prompt",
     "left_padded",
 ]
-
-Mode = Literal["observe", "constrain"]
-_MODES = ("observe", "constrain")
 
 
 @dataclass
@@ -81,8 +81,9 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         it, one whose tokenizer is larger than the embedding matrix is.
     config : SemsoftConfig, optional
         Method settings; keyword ``overrides`` change single fields.
-    mode : {"observe", "constrain"}
-        ``"observe"`` leaves the scores untouched: generation is bit-identical to a
+    mode : {"constrain", "observe"}
+        ``"constrain"`` (default, as on every engine: a classifier is asked for a label)
+        or ``"observe"``. ``"observe"`` leaves the scores untouched: generation is bit-identical to a
         run without the processor. ``"constrain"`` replaces the decision-step scores
         by ``log P_sem`` on the label answer tokens (``-inf`` elsewhere), so greedy
         decoding emits the calibrated argmax and sampling draws from ``P_sem`` (then
@@ -108,7 +109,7 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         labels: LabelSet,
         config: SemsoftConfig | None = None,
         *,
-        mode: Mode = "observe",
+        mode: Mode = "constrain",
         trigger: str | None = None,
         tokenizer: Any = None,
         eos_token_id: int | None = None,
@@ -305,72 +306,8 @@ def _num_beams(model: Any, kwargs: Mapping[str, Any]) -> int:
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Classification:
-    """One input's result.
-
-    Attributes
-    ----------
-    label : the label generated (constrain mode) or the calibrated argmax (observe)
-    probs : label -> calibrated probability (Semantic Softmax)
-    constrained_probs : label -> softmax over the label tokens only (the baseline)
-    fallback : True when no kept token voted for any label and ``probs`` is the
-        constrained softmax
-    coverage : share of the top-K mass that voted for some label
-    text : the generated text
-    logits : raw decision-step scores, float32 ``[V]`` (``keep_logits=True`` only)
-    """
-
-    label: str
-    probs: dict[str, float]
-    constrained_probs: dict[str, float]
-    fallback: bool
-    coverage: float
-    text: str
-    logits: Tensor | None = None
-
-
-def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tuple[str, bool]:
-    """The prompt text for one input, and whether it already holds special tokens.
-
-    A string is used as is. A chat message list goes through the chat template: with
-    a generation prompt, or, when the last message is the assistant's, continuing
-    that message (how an answer prefix like ``"Emotion:"`` is pre-filled).
-    """
-    if isinstance(item, str):
-        return item, False
-    if not isinstance(item, Sequence) or not item or not all(isinstance(m, Mapping) for m in item):
-        raise ValueError(f"input {item!r} is neither a string nor a list of chat messages")
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("chat messages given but the tokenizer has no chat template")
-    continue_last = item[-1].get("role") == "assistant"
-    text = tokenizer.apply_chat_template(
-        list(item),
-        tokenize=False,
-        add_generation_prompt=not continue_last,
-        continue_final_message=continue_last,
-    )
-    return text, True
-
-
-def encode_prompts(tokenizer: Any, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
-    """Token ids of :func:`format_prompt` outputs; special tokens are added only to plain text."""
-    encoded = [tokenizer.encode(text, add_special_tokens=not special) for text, special in texts]
-    if any(len(ids) == 0 for ids in encoded):
-        raise ValueError("an input tokenises to nothing: give a non-empty prompt")
-    return encoded
-
-
-def left_padded(tokenizer: Any, texts: list[tuple[str, bool]], pad_id: int) -> dict[str, Tensor]:
-    """A left-padded batch (``input_ids``, ``attention_mask``) of :func:`format_prompt` outputs."""
-    encoded = encode_prompts(tokenizer, texts)
-    width = max(len(ids) for ids in encoded)
-    input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for row, ids in enumerate(encoded):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[row, width - len(ids) :] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
+# One input's result (an alias of the one result type, kept for one release).
+Classification = LabelResult
 
 
 def classify(
@@ -416,9 +353,7 @@ def classify(
         raise ValueError(f"batch_size={batch_size!r} must be a positive int")
     label_set = labels if isinstance(labels, LabelSet) else LabelSet(labels, tokenizer)
     eos = tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    if pad_id is None:
-        raise ValueError("the tokenizer has neither a pad nor an eos token id")
+    pad_id = pad_token_id(tokenizer)
     processor = SemanticSoftmaxLogitsProcessor(
         model,
         label_set,

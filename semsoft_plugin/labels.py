@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -174,16 +174,20 @@ class LabelSet:
             for variant in automatic + given:
                 if not isinstance(variant, str) or not variant.strip():
                     raise ValueError(f"label {name!r}: empty variant {variant!r}")
-                ids = _encode(tokenizer, prefix + variant.strip())
-                if not ids or not _decodes_to_text(tokenizer, ids[0]):
+                variant_ids = _encode(tokenizer, prefix + variant.strip())
+                if not variant_ids or not _decodes_to_text(tokenizer, variant_ids[0]):
                     continue
                 # An automatic spelling that needs more tokens than the label starts with a
                 # fragment (" NEGATIVE" -> " N" "EG" "ATIVE"): " N" is not the label, and
                 # on SST-2 such fragments carried the model's label bias, not a vote.
-                if variant in automatic and variant not in given and len(ids) > len(label_ids):
+                if (
+                    variant in automatic
+                    and variant not in given
+                    and len(variant_ids) > len(label_ids)
+                ):
                     continue
-                candidates[name].append(ids[0])
-                claimed.setdefault(ids[0], set()).add(name)
+                candidates[name].append(variant_ids[0])
+                claimed.setdefault(variant_ids[0], set()).add(name)
         anchors = (
             [ids[0] for _, _, ids in spelled]
             if leading_space
@@ -216,7 +220,7 @@ class LabelSet:
             | set(self.label_tokens.anchors)
         )
         try:
-            encodings = [_encode(tokenizer, label.answer_text) for label in self.labels]
+            encodings: list[Any] = [_encode(tokenizer, label.answer_text) for label in self.labels]
         except Exception as error:  # a foreign tokenizer may fail on them
             encodings = [repr(error)]
         state = (_tokenizer_size(tokenizer), ids, _token_strings(tokenizer, ids), encodings)
@@ -267,7 +271,7 @@ class LabelSet:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         return iter(self.names)
 
     def __repr__(self) -> str:

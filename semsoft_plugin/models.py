@@ -31,6 +31,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "resolve",
@@ -153,7 +154,7 @@ def _from_hub(name: str, allow_download: bool) -> Path:
     return path
 
 
-def load(name_or_path: str = "default", *, dtype: str = "auto"):  # type: ignore[no-untyped-def]
+def load(name_or_path: str = "default", *, dtype: str = "auto") -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` with transformers from :func:`resolve`'s directory.
 
     ``dtype="auto"`` is :func:`default_dtype`: bf16 only where the CPU computes it

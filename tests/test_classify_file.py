@@ -18,7 +18,7 @@ import pytest
 
 from semsoft_plugin import Classifier
 from semsoft_plugin.cli import main
-from semsoft_plugin.prompts import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
+from semsoft_plugin.prompting import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
 from semsoft_plugin.tables import TableWriter, read_output
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -461,3 +461,72 @@ def test_every_option_at_its_bounds(k, tau, t, dtype_name):
         p = semantic_softmax(logits, emb, [3, 5, 7], cfg)
         assert torch.isfinite(p).all() and bool(((p >= 0) & (p <= 1)).all())
         torch.testing.assert_close(p.sum(-1), torch.ones(2), atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------
+# The sparse entry point (ids + log-probs of the top-k) on a real model's logits
+# ---------------------------------------------------------------------------
+
+
+def _real_logits(model_and_tokenizer, texts):
+    """Next-token logits [B, V] of a real model (SmolLM2-135M) for ``texts``."""
+    from semsoft_plugin.hf import encode_prompts, format_prompt
+
+    model, tokenizer = model_and_tokenizer
+    rows = []
+    for ids in encode_prompts(tokenizer, [format_prompt(tokenizer, t) for t in texts]):
+        with torch.no_grad():
+            rows.append(model(torch.tensor([ids])).logits[0, -1].float())
+    return torch.stack(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [{}, PAPER, {"residual": True}, {"tau_quantile": 0.9}, {"k": 5, "temperature": 0.5}],
+    ids=["default", "paper", "residual", "tau_quantile", "small_k"],
+)
+def test_sparse_top_k_equals_dense_on_real_logits(model_and_tokenizer, options):
+    from semsoft_plugin import LabelSet
+    from semsoft_plugin.embeddings import from_model
+
+    model, tokenizer = model_and_tokenizer
+    texts = [
+        "Review: 'a wonderful, moving film'. Sentiment (positive, negative or neutral):",
+        "Review: 'dull and far too long'. Sentiment (positive, negative or neutral):",
+        "The capital of France is",
+    ]
+    logits = _real_logits(model_and_tokenizer, texts)
+    labels = LabelSet(["positive", "negative", "neutral"], tokenizer)
+    scorer = SemanticSoftmax(from_model(model), labels, SemsoftConfig(**options))
+    dense = scorer(logits)
+    log_p = torch.log_softmax(logits, -1)
+    top_lp, top_ids = torch.topk(log_p, scorer.config.k, dim=-1)
+    # Any common offset per row (an engine returns log-probs, not logits): ratios only.
+    sparse = scorer.score_top_k(top_ids, top_lp + 3.0)
+    torch.testing.assert_close(sparse.semantic, dense.semantic, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sparse.coverage, dense.coverage, rtol=1e-5, atol=1e-6)
+    assert torch.equal(sparse.fallback, dense.fallback)
+    assert torch.isfinite(sparse.semantic).all()
+    # One row [K] gives what the batch gives for that row.
+    one = scorer.score_top_k(top_ids[1], top_lp[1])
+    torch.testing.assert_close(one.semantic, dense.semantic[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "ids, values, match",
+    [
+        ([[1, 2]], [[0.0]], "same non-empty shape"),
+        ([[]], [[]], "same non-empty shape"),
+        ([1.0, 2.0], [0.0, -1.0], "integer token ids"),
+        ([1, 64], [0.0, -1.0], "token id 64 outside the vocabulary"),
+        ([-1, 2], [0.0, -1.0], "token id -1"),
+        ([3, 3], [0.0, -1.0], "repeats a token id"),
+        ([1, 2], [float("nan"), -1.0], "NaN"),
+    ],
+)
+def test_sparse_top_k_bad_input_raises_naming_it(ids, values, match):
+    logits, emb, label_ids = random_case(0)
+    scorer = SemanticSoftmax(emb, label_ids)
+    with pytest.raises(ValueError, match=match):
+        scorer.score_top_k(torch.tensor(ids), torch.tensor(values))

@@ -180,7 +180,9 @@ def test_trigger_decides_after_the_text(setup):
 def test_trigger_never_generated_leaves_none(setup):
     model, tokenizer, labels = setup
     batch = encode_batch(tokenizer, TEXTS[:1])
-    proc = SemanticSoftmaxLogitsProcessor(model, labels, trigger="@@@never@@@", tokenizer=tokenizer)
+    proc = SemanticSoftmaxLogitsProcessor(
+        model, labels, mode="observe", trigger="@@@never@@@", tokenizer=tokenizer
+    )
     with torch.inference_mode():
         model.generate(
             **batch,
@@ -194,7 +196,7 @@ def test_trigger_never_generated_leaves_none(setup):
 
 def test_threads_keep_separate_results(setup):
     model, tokenizer, labels = setup
-    proc = SemanticSoftmaxLogitsProcessor(model, labels)
+    proc = SemanticSoftmaxLogitsProcessor(model, labels, mode="observe")
     seen: dict[int, list] = {}
 
     def run(index: int) -> None:

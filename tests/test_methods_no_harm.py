@@ -261,7 +261,7 @@ def test_contextual_classifier_divides_out_the_content_free_bias(model_and_token
     calibrated = Classifier(model, tokenizer, ["positive", "negative"], calibrate="contextual")
     base = plain.predict_details(texts)
     # The bias is the plain classifier's mean over the content-free inputs, by hand.
-    from semsoft_plugin.prompts import build_inputs
+    from semsoft_plugin.prompting import build_inputs
 
     cf = plain._score(
         build_inputs(plain.prompt, list(CONTENT_FREE), ["positive", "negative"], tokenizer)

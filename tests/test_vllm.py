@@ -37,9 +37,12 @@ from vllm.inputs import TokensPrompt  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, process_dict_updates  # noqa: E402
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor  # noqa: E402
 
-from semsoft_plugin import SemanticSoftmax  # noqa: E402
+from semsoft_plugin import SemanticSoftmax, scoring  # noqa: E402
+from semsoft_plugin import request as sreq  # noqa: E402
 from semsoft_plugin import vllm as sv  # noqa: E402
 from semsoft_plugin.labels import LabelSet  # noqa: E402
+from semsoft_plugin.vllm import middleware as sadm  # noqa: E402
+from semsoft_plugin.vllm import params as sparams  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -190,9 +193,15 @@ def test_options_roundtrip_and_flat_values():
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"semsoft_labels": [f"l{i}" for i in range(sv.MAX_LABELS + 1)]}, "MAX_LABELS=64"),
-        ({"semsoft_labels": ["a" * (sv.MAX_LABEL_BYTES + 1), "b"]}, "MAX_LABEL_BYTES"),
-        ({"semsoft_labels": ["a", "b"], "semsoft_k": sv.MAX_K + 1}, "MAX_K"),
+        (
+            {"semsoft_labels": [f"l{i}" for i in range(sv.SERVER_MAX_LABELS + 1)]},
+            "SERVER_MAX_LABELS=64",
+        ),
+        (
+            {"semsoft_labels": ["a" * (sv.SERVER_MAX_LABEL_BYTES + 1), "b"]},
+            "SERVER_MAX_LABEL_BYTES",
+        ),
+        ({"semsoft_labels": ["a", "b"], "semsoft_k": sv.SERVER_MAX_K + 1}, "SERVER_MAX_K"),
         ({"semsoft_labels": ["a", "b"], "semsoft_k": 0}, "k=0"),
         ({"semsoft_labels": ["a", "b"], "semsoft_tau": "high"}, "semsoft_tau"),
         ({"semsoft_labels": ["a", "b"], "semsoft_center": 2}, "semsoft_center"),
@@ -205,13 +214,16 @@ def test_options_roundtrip_and_flat_values():
         # the server's hostile-input table: each names the option, its value and range
         (
             {"semsoft_labels": ["a", "b"], "semsoft_k": float("inf")},
-            r"semsoft_k=inf .*\[1, MAX_K=256\]",
+            r"semsoft_k=inf .*\[1, SERVER_MAX_K=256\]",
         ),
         (
             {"semsoft_labels": ["a", "b"], "semsoft_k": float("nan")},
-            r"semsoft_k=nan .*\[1, MAX_K=256\]",
+            r"semsoft_k=nan .*\[1, SERVER_MAX_K=256\]",
         ),
-        ({"semsoft_labels": ["a", "b"], "semsoft_k": True}, r"semsoft_k=True .*\[1, MAX_K=256\]"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_k": True},
+            r"semsoft_k=True .*\[1, SERVER_MAX_K=256\]",
+        ),
         (
             {"semsoft_labels": ["a", "b"], "semsoft_k": 10**19},
             "semsoft_k=10000000000000000000 must",
@@ -238,9 +250,12 @@ def test_options_roundtrip_and_flat_values():
         ),
         ({"semsoft_labels": ["a", "b"], "semsoft_residual": "yes"}, "semsoft_residual='yes'"),
         ({"semsoft_labels": ["a", "b"], "semsoft_mode": ["x"]}, r"semsoft_mode=\['x'\]"),
-        ({"semsoft_labels": ["a", "b"], "semsoft_trigger": "é" * 40}, "MAX_TRIGGER_BYTES=64"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_trigger": "é" * 40},
+            "SERVER_MAX_TRIGGER_BYTES=64",
+        ),
         ({"semsoft_labels": ["\ud800", "b"]}, "not valid Unicode"),
-        ({"semsoft_labels": ["é" * 33, "b"]}, "MAX_LABEL_BYTES=64"),
+        ({"semsoft_labels": ["é" * 33, "b"]}, "SERVER_MAX_LABEL_BYTES=64"),
         ({"semsoft_labels": ["a", 3]}, "label 3 is not a non-empty string"),
     ],
 )
@@ -257,7 +272,7 @@ def test_a_number_beyond_float_range_is_refused_not_raised():
     body = json.dumps(
         {"prompt": "x", "vllm_xargs": {"semsoft_labels": ["a", "b"], "semsoft_tau": 10**400}}
     )
-    message = sv._check_http_body(body.encode(), "/v1/completions", None)
+    message = sadm._check_http_body(body.encode(), "/v1/completions", None)
     assert message is not None and re.match(r"semsoft_tau=10{36}\.\.\. must be a finite", message)
 
 
@@ -403,7 +418,7 @@ def test_top_k_logprobs_determine_the_scores_exactly(model_and_tokenizer, checkp
         answer = LabelSet(labels, tok).answer_token_ids
         extra = {t: float(logp[t]) for t in answer}
         request = sv.parse_request(sv.sampling_params(labels).extra_args)
-        got = sv._score_top_k(sv._client_model(checkpoint), request, top, extra, [], 0)
+        got = scoring._score_top_k(scoring._client_model(checkpoint), request, top, extra, [], 0)
         for label in labels:
             assert got.probs[label] == pytest.approx(want.probs[label], abs=1e-5)
             assert got.constrained_probs[label] == pytest.approx(
@@ -519,7 +534,7 @@ def test_unresolvable_label_set_is_refused_at_admission(llm, tokenizer, mixed_ba
     ):
         llm.generate([prompt], params, use_tqdm=False)
     # 64 labels of 64 bytes that share a prefix: the first two are named
-    shared = ["x" * 60 + f"{i:04d}" for i in range(sv.MAX_LABELS)]
+    shared = ["x" * 60 + f"{i:04d}" for i in range(sv.SERVER_MAX_LABELS)]
     with pytest.raises(VLLMValidationError, match=f"'{shared[0]}' and '{shared[1]}'"):
         llm.generate([prompt], sv.sampling_params(shared, max_tokens=2), use_tqdm=False)
     batch, _ = mixed_batch
@@ -549,9 +564,9 @@ def test_admission_label_check_is_bounded(llm):
     """Whatever label sets clients send, the admission cache holds at most its size,
     and refusals come from it as from a fresh check."""
     config = llm.llm_engine.vllm_config
-    for i in range(sv._CACHE_SIZE + 40):
+    for i in range(scoring._CACHE_SIZE + 40):
         sv.validate_params(sv.sampling_params([f"alpha{i}", f"beta{i}"]), vllm_config=config)
-    assert len(sv._ADMITTED) <= sv._CACHE_SIZE
+    assert len(sparams._ADMITTED) <= scoring._CACHE_SIZE
     for _ in range(2):
         with pytest.raises(ValueError, match="same token"):
             sv.validate_params(sv.sampling_params(CLASH), vllm_config=config)
@@ -775,7 +790,7 @@ def test_model_runner_v2_code_path(llm, tokenizer, checkpoint):
         == [sv.SemanticSoftmaxLogitsProcessor] * 2
     )
     validate = build_custom_logits_processors_params_validator([sv.ENTRY_POINT])
-    with pytest.raises(VLLMValidationError, match="MAX_LABELS"):
+    with pytest.raises(VLLMValidationError, match="SERVER_MAX_LABELS"):
         validate(SamplingParams(logprobs=50, extra_args={"semsoft_labels": ["a"] * 100}))
 
     config = llm.llm_engine.vllm_config
@@ -826,7 +841,9 @@ def test_model_runner_v2_code_path(llm, tokenizer, checkpoint):
     out = proc.apply(logits, ctx)
     assert torch.equal(out[0], original[0])  # partial prefill: untouched
     assert torch.equal(out[3], original[3])  # opted out: untouched
-    want = SemanticSoftmax(sv._client_model(checkpoint).embeddings, labels)(original[1]).semantic
+    want = SemanticSoftmax(scoring._client_model(checkpoint).embeddings, labels)(
+        original[1]
+    ).semantic
     answer = list(labels.answer_token_ids)
     finite = torch.isfinite(out[1]).nonzero().flatten().tolist()
     assert sorted(finite) == sorted(answer)
@@ -891,6 +908,46 @@ def server(checkpoint, tmp_path_factory):
             process.wait()
 
 
+ROUND_TRIP = [
+    {},
+    {"k": 30, "tau": 0.1, "center": False, "own_vote": False},
+    {"residual": True, "tau_quantile": 0.9, "mode": "observe", "leading_space": False},
+    {"normalize_votes": True, "trigger": "Answer:", "config": sv.SemsoftConfig(k=12)},
+]
+
+
+@pytest.mark.parametrize("options", ROUND_TRIP)
+def test_request_round_trips_through_extra_args_and_the_openai_body(options):
+    """One parsed object: what sampling_params puts in extra_args and what openai_request
+    puts in vllm_xargs (sent as JSON) parse to the request that was built."""
+    built = sreq.build_request(EMOTIONS, **options)
+    offline = sv.parse_request(sv.sampling_params(EMOTIONS, **options).extra_args)
+    body = json.loads(json.dumps(sv.openai_request(EMOTIONS, **options)["extra_body"]))
+    assert offline == built
+    assert sv.parse_request(body["vllm_xargs"]) == built
+    assert sv.openai_request(EMOTIONS, **options).semsoft == built
+
+
+def test_request_round_trips_through_http(server, checkpoint):
+    """Options sent over HTTP are the ones the server applied: with non-default options
+    the constrained answer is the argmax of P_sem under those options, read back from
+    the response with the request object alone (no labels passed again)."""
+    import openai
+
+    client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
+    CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
+    for options in ({"k": 30, "tau": 0.1, "own_vote": False}, {"residual": True, "k": 8}):
+        request = sv.openai_request(SENTIMENT, extra_body=CONTINUE, **options)
+        response = client.chat.completions.create(
+            model="smollm2", messages=PROMPTS["review"], **request
+        )
+        scores = sv.openai_label_scores(response, request, checkpoint)
+        assert scores == sv.openai_label_scores(response, SENTIMENT, checkpoint, **options)
+        assert response.choices[0].message.content.strip() == scores.label
+        assert scores.label == max(scores.probs, key=scores.probs.__getitem__)
+        assert len(response.choices[0].logprobs.content[0].top_logprobs) == options["k"]
+
+
 def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_results):
     import openai
 
@@ -911,12 +968,12 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
     for label, p in hf_results["review"].probs.items():
         assert probs[label] == pytest.approx(p, abs=ATOL)
 
-    too_many = [f"label{i}" for i in range(sv.MAX_LABELS + 1)]
+    too_many = [f"label{i}" for i in range(sv.SERVER_MAX_LABELS + 1)]
     oversized = sv.openai_request(SENTIMENT)
     oversized["extra_body"]["vllm_xargs"]["semsoft_labels"] = too_many
-    with pytest.raises(openai.BadRequestError, match="MAX_LABELS"):
+    with pytest.raises(openai.BadRequestError, match="SERVER_MAX_LABELS"):
         client.chat.completions.create(model="smollm2", messages=PROMPTS["review"], **oversized)
-    with pytest.raises(openai.BadRequestError, match="MAX_K"):
+    with pytest.raises(openai.BadRequestError, match="SERVER_MAX_K"):
         client.chat.completions.create(
             model="smollm2",
             messages=PROMPTS["review"],
@@ -1138,10 +1195,10 @@ def test_cpu_platform_turns_async_scheduling_off(checkpoint):
         model=str(checkpoint), async_scheduling=True, enforce_eager=True, max_model_len=512
     ).create_engine_config()
     assert config.scheduler_config.async_scheduling is False
-    assert not sv._unrepaired_output_tokens(config, "v1")
+    assert not sparams._unrepaired_output_tokens(config, "v1")
     config.scheduler_config.async_scheduling = True  # what a GPU engine would hold
-    assert sv._unrepaired_output_tokens(config, "v1")  # entry point only
-    assert not sv._unrepaired_output_tokens(config, "v2")
+    assert sparams._unrepaired_output_tokens(config, "v1")  # entry point only
+    assert not sparams._unrepaired_output_tokens(config, "v2")
     # what such an engine could not follow is refused at admission, naming the fix
     for params in (
         sv.sampling_params(MULTI, trigger="Answer:"),
@@ -1152,7 +1209,7 @@ def test_cpu_platform_turns_async_scheduling_off(checkpoint):
     for params in (sv.sampling_params(MULTI), sv.sampling_params(SENTIMENT, temperature=1.0)):
         sv.validate_params(params, vllm_config=config)  # greedy / one-token labels: served
     config.model_config.logits_processors = [sv.ENTRY_POINT]
-    assert not sv._unrepaired_output_tokens(config, "v1")
+    assert not sparams._unrepaired_output_tokens(config, "v1")
     sv.validate_params(sv.sampling_params(MULTI, trigger="Answer:"), vllm_config=config)
 
 
@@ -1203,9 +1260,18 @@ def test_server_refuses_the_hostile_table_with_400(server):
     good = sv.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
     text = json.dumps(_chat_body(SENTIMENT, {**good, "semsoft_k": 7}))
     cases = {
-        "k=1e999": (text.replace('"semsoft_k": 7', '"semsoft_k": 1e999'), r"semsoft_k=inf .*MAX_K"),
-        "k=NaN": (text.replace('"semsoft_k": 7', '"semsoft_k": NaN'), r"semsoft_k=nan .*MAX_K"),
-        "k=true": (text.replace('"semsoft_k": 7', '"semsoft_k": true'), r"semsoft_k=True .*MAX_K"),
+        "k=1e999": (
+            text.replace('"semsoft_k": 7', '"semsoft_k": 1e999'),
+            r"semsoft_k=inf .*SERVER_MAX_K",
+        ),
+        "k=NaN": (
+            text.replace('"semsoft_k": 7', '"semsoft_k": NaN'),
+            r"semsoft_k=nan .*SERVER_MAX_K",
+        ),
+        "k=true": (
+            text.replace('"semsoft_k": 7', '"semsoft_k": true'),
+            r"semsoft_k=True .*SERVER_MAX_K",
+        ),
         "guided_choice": (_chat_body(SENTIMENT, guided_choice=SENTIMENT), "guided_choice"),
         "response_format": (
             _chat_body(SENTIMENT, response_format={"type": "json_object"}),
@@ -1213,7 +1279,7 @@ def test_server_refuses_the_hostile_table_with_400(server):
         ),
         "clash": (_chat_body(CLASH), "'annoy' and 'annoyance'"),
         "shared prefix": (
-            _chat_body(["x" * 60 + f"{i:04d}" for i in range(sv.MAX_LABELS)], max_tokens=2),
+            _chat_body(["x" * 60 + f"{i:04d}" for i in range(sv.SERVER_MAX_LABELS)], max_tokens=2),
             "x0000' and 'x",
         ),
         "stream, bad mode": (
@@ -1336,7 +1402,7 @@ def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokeniz
         st.dictionaries(st.text(max_size=4), scalars, max_size=3),
     )
     keys = st.one_of(
-        st.sampled_from(sorted(sv._KEYS)), st.text(max_size=20).map("semsoft_".__add__)
+        st.sampled_from(sorted(sreq._KEYS)), st.text(max_size=20).map("semsoft_".__add__)
     )
 
     def refused_here(xargs: dict) -> bool:
@@ -1511,17 +1577,17 @@ def test_refused_label_sets_keep_the_warning_record_bounded(poison_llm, caplog):
     proc = sv.SemanticSoftmaxLogitsProcessor(config, torch.device("cpu"), False)
     # " annoy0" and " annoy0x" start with the same token: each set is refused by the
     # tokenizer, each with its own message.
-    count = 3 * sv._CACHE_SIZE
+    count = 3 * scoring._CACHE_SIZE
     for i in range(count):
         params = sv.sampling_params([f"annoy{i}", f"annoy{i}x"])
         proc.update_state(
             BatchUpdate(batch_size=1, removed=[], added=[(0, params, [1], [])], moved=[])
         )
         proc.update_state(BatchUpdate(batch_size=0, removed=[0], added=[], moved=[]))
-    assert len(proc._warned) <= sv._CACHE_SIZE
+    assert len(proc._warned) <= scoring._CACHE_SIZE
     assert any("annoy" in key and f"annoy{count - 1}" in key for key in proc._warned)
     caplog.clear()
-    with caplog.at_level("WARNING", logger=sv.logger.name):
+    with caplog.at_level("WARNING", logger=sv.__name__):
         again = sv.sampling_params([f"annoy{count - 1}", f"annoy{count - 1}x"])
         proc.update_state(
             BatchUpdate(batch_size=1, removed=[], added=[(0, again, [1], [])], moved=[])

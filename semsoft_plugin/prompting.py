@@ -1,4 +1,10 @@
-"""Prompt templates: a user message, an optional system message, a pre-filled answer prefix.
+"""Prompts, written once: templates, chat formatting, encoding, left padding, pad id.
+
+Every engine adapter (transformers, vLLM's batch classifier), the ``semsoft`` command
+and the evaluation format and encode prompts with these functions, so an input is
+tokenised the same way everywhere.
+
+Templates: a user message, an optional system message, a pre-filled answer prefix.
 
 Every template ends the chat with an assistant message holding the answer prefix
 (``"Answer:"``): the chat template then continues that message, so the next token is
@@ -13,19 +19,34 @@ JSON with the same keys as :class:`PromptTemplate`::
      "answer_prefix": "Emotion:", "system": null}
 
 ``{text}`` and ``{labels}`` (comma-separated label names) are filled in. This module
-lives in the plugin (stdlib only) so that ``semsoft classify`` reads the same files as
-the evaluation package, which imports it from here.
+lives in the plugin (stdlib only at import; torch for :func:`left_padded`) so that
+``semsoft classify`` reads the same files as the evaluation package, which imports it
+from here.
 """
 
 from __future__ import annotations
 
 import json
 import string
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["DEFAULT_PROMPT", "DEFAULT_TEMPLATE", "PromptTemplate", "build_inputs", "load_template"]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = [
+    "DEFAULT_PROMPT",
+    "DEFAULT_TEMPLATE",
+    "PromptTemplate",
+    "build_inputs",
+    "encode_prompts",
+    "format_prompt",
+    "left_padded",
+    "load_template",
+    "pad_token_id",
+]
 
 
 @dataclass(frozen=True)
@@ -100,3 +121,58 @@ def build_inputs(
     if getattr(tokenizer, "chat_template", None) is None:
         return [template.plain(t, labels) for t in texts]
     return [template.messages(t, labels) for t in texts]
+
+
+def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tuple[str, bool]:
+    """The prompt text for one input, and whether it already holds special tokens.
+
+    A string is used as is. A chat message list goes through the chat template: with
+    a generation prompt, or, when the last message is the assistant's, continuing
+    that message (how an answer prefix like ``"Emotion:"`` is pre-filled).
+    """
+    if isinstance(item, str):
+        return item, False
+    if not isinstance(item, Sequence) or not item or not all(isinstance(m, Mapping) for m in item):
+        raise ValueError(f"input {item!r} is neither a string nor a list of chat messages")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("chat messages given but the tokenizer has no chat template")
+    last: Mapping[str, str] = item[-1]  # type: ignore[assignment]  # checked: all Mappings
+    continue_last = last.get("role") == "assistant"
+    text = tokenizer.apply_chat_template(
+        list(item),
+        tokenize=False,
+        add_generation_prompt=not continue_last,
+        continue_final_message=continue_last,
+    )
+    return text, True
+
+
+def encode_prompts(tokenizer: Any, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
+    """Token ids of :func:`format_prompt` outputs; special tokens are added only to plain text."""
+    encoded = [tokenizer.encode(text, add_special_tokens=not special) for text, special in texts]
+    if any(len(ids) == 0 for ids in encoded):
+        raise ValueError("an input tokenises to nothing: give a non-empty prompt")
+    return encoded
+
+
+def left_padded(tokenizer: Any, texts: list[tuple[str, bool]], pad_id: int) -> dict[str, Tensor]:
+    """A left-padded batch (``input_ids``, ``attention_mask``) of :func:`format_prompt` outputs."""
+    import torch
+
+    encoded = encode_prompts(tokenizer, texts)
+    width = max(len(ids) for ids in encoded)
+    input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for row, ids in enumerate(encoded):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[row, width - len(ids) :] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The id to left-pad batches with: the pad token, else EOS (most decoder-only
+    models have no pad token); ``ValueError`` when the tokenizer has neither."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token id")
+    return int(pad)

@@ -1,0 +1,321 @@
+"""The per-request options of Semantic Softmax and their limits, parsed once.
+
+A request opts in by carrying flat ``semsoft_*`` keys: in ``SamplingParams.extra_args``
+offline, in ``vllm_xargs`` over HTTP, in the extra body an OpenAI client sends.
+:func:`parse_request` reads them into one frozen :class:`SemsoftRequest`; the vLLM
+admission checks, the engine processor, the vLLM reader and the OpenAI reader all
+work from that object. (The engine processor runs in the engine-core process on a
+server, so it parses the same keys there once per request: the object does not
+cross the process boundary, the keys do.)
+
+No engine import here, so the OpenAI client helpers work without vLLM installed.
+The limits (``SERVER_MAX_K``, ``SERVER_MAX_LABELS``, ...) are defined here only: server clients
+are untrusted and these bound the work one request can ask for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from semsoft_plugin.config import SemsoftConfig
+from semsoft_plugin.labels import label_names
+
+__all__ = [
+    "ENTRY_POINT",
+    "SERVER_MAX_K",
+    "SERVER_MAX_LABELS",
+    "SERVER_MAX_LABEL_BYTES",
+    "SERVER_MAX_TRIGGER_BYTES",
+    "Mode",
+    "SemsoftRequest",
+    "build_request",
+    "parse_request",
+]
+
+ENTRY_POINT = "semsoft_plugin.vllm:SemanticSoftmaxLogitsProcessor"
+# One default mode on every engine: "constrain" (a classifier is asked for a label).
+Mode = Literal["constrain", "observe"]
+_MODES = ("constrain", "observe")
+
+# extra_args keys; flat values only so the same keys work in ``vllm_xargs``.
+KEY_LABELS = "semsoft_labels"
+KEY_MODE = "semsoft_mode"
+KEY_TRIGGER = "semsoft_trigger"
+KEY_LEADING_SPACE = "semsoft_leading_space"
+_CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftConfig)}
+_KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, *_CONFIG_KEYS}
+
+# Server clients are untrusted: these bound the work and memory one request can ask
+# for. Named SERVER_* because they are tighter than the method's own ranges
+# (config.MAX_K, labels.MAX_LABELS), which apply to local use. A label of at most
+# SERVER_MAX_LABEL_BYTES UTF-8 bytes is at most that many tokens (+1 for the leading
+# space) on byte-level tokenizers.
+SERVER_MAX_LABELS = 64
+SERVER_MAX_LABEL_BYTES = 64
+SERVER_MAX_TRIGGER_BYTES = 64
+SERVER_MAX_K = 256
+
+
+@dataclass(frozen=True)
+class SemsoftRequest:
+    """The options of one opted-in request, parsed and checked.
+
+    Attributes
+    ----------
+    labels : label names, in the order results are reported
+    config : Semantic Softmax settings
+    mode : ``"constrain"`` (the emitted text is a label chosen from ``P_sem``) or
+        ``"observe"`` (generation untouched; scores only)
+    trigger : decide after this generated text instead of at the first token
+    leading_space : labels are scored as whole words after a space
+    """
+
+    labels: tuple[str, ...]
+    config: SemsoftConfig
+    mode: Mode = "constrain"
+    trigger: str | None = None
+    leading_space: bool = True
+
+    def to_extra_args(self) -> dict[str, Any]:
+        """Flat ``extra_args`` / ``vllm_xargs`` (str, int, float or lists of str)."""
+        args: dict[str, Any] = {KEY_LABELS: list(self.labels), KEY_MODE: self.mode}
+        for key, name in _CONFIG_KEYS.items():
+            value = getattr(self.config, name)
+            if value is None:  # an unset option (tau_quantile): the default applies
+                continue
+            args[key] = int(value) if isinstance(value, bool) else value
+        args[KEY_LEADING_SPACE] = int(self.leading_space)
+        if self.trigger is not None:
+            args[KEY_TRIGGER] = self.trigger
+        return args
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What a resolved label set depends on (the trigger and mode do not)."""
+        return (self.labels, self.leading_space, self.config)
+
+
+_FLAG_RULE = "a boolean (true/false or 0/1)"
+_RULES = {
+    "k": f"an integer in [1, SERVER_MAX_K={SERVER_MAX_K}]",
+    "tau": "a finite number in [-1, 1)",
+    "temperature": "a finite number > 0",
+    "center": _FLAG_RULE,
+    "own_vote": _FLAG_RULE,
+    "normalize_votes": _FLAG_RULE,
+    "residual": _FLAG_RULE,
+    "tau_quantile": "a finite number in (0, 1)",
+    "semantic_weight": "a finite number in [0, 1]",
+}
+
+
+def _show(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about client
+    values of any size."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long for str()
+        return "<an integer too long to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _refuse(key: str, value: Any, rule: str) -> ValueError:
+    return ValueError(f"{key}={_show(value)} must be {rule}")
+
+
+def _flag(key: str, value: Any) -> bool:
+    # vllm_xargs values are str|int|float (JSON booleans arrive as 0/1): accept 0/1 too.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "false", "0", "1"):
+        return value.lower() in ("true", "1")
+    raise _refuse(key, value, _FLAG_RULE)
+
+
+def _utf8_bytes(text: str) -> int | None:
+    """UTF-8 length of ``text``; None for a lone surrogate (JSON allows ``"\\ud800"``,
+    no tokenizer does)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
+def _option(key: str, name: str, value: Any) -> Any:
+    """One method option, type-checked (a bool is not a number, NaN and inf are not
+    finite, a fraction is not an integer); ranges are left to :class:`SemsoftConfig`,
+    except the server's ``SERVER_MAX_K``."""
+    rule = _RULES[name]
+    if rule == _FLAG_RULE:
+        return _flag(key, value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _refuse(key, value, rule)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _refuse(key, value, rule)
+    if name != "k":
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond the float range (JSON allows any size)
+            raise _refuse(key, value, rule) from None
+    if isinstance(value, float) and not value.is_integer():
+        raise _refuse(key, value, rule)
+    if not 1 <= value <= SERVER_MAX_K:
+        raise _refuse(key, value, rule)
+    return int(value)
+
+
+def _frozen(extra_args: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """A hashable, type-exact form of the semsoft keys (``True`` and ``1`` differ: one
+    is refused as ``k``, the other is not); None when a value cannot be hashed."""
+    try:
+        items = []
+        for key in sorted(k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")):
+            value = extra_args[key]
+            if isinstance(value, list | tuple):
+                value = tuple((type(v), v) for v in value)
+            items.append((key, type(value), value))
+        frozen = tuple(items)
+        hash(frozen)
+        return frozen
+    except TypeError:
+        return None
+
+
+_PARSED: OrderedDict[tuple[Any, ...], SemsoftRequest] = OrderedDict()
+_PARSED_LOCK = threading.Lock()
+_PARSED_SIZE = 128
+
+
+def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None:
+    """The semsoft options in ``extra_args``, or None when the request did not opt in.
+
+    A request opts in by carrying ``semsoft_labels``. Every option is checked here, once,
+    with the same rules as :class:`~semsoft_plugin.config.SemsoftConfig` (plus the
+    server's size limits). Raises ``ValueError`` naming the option, its value (cut to
+    a few characters) and what is allowed; the server answers it with HTTP 400.
+
+    Parsed once per distinct options in a process: admission, the engine processor
+    (in the same process offline) and the reader all call this on the same
+    ``extra_args`` and get the one cached object back (the last 128 kept).
+    """
+    if not extra_args:
+        return None
+    present = {k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")}
+    if not present:
+        return None
+    key = _frozen(extra_args)
+    if key is not None:
+        with _PARSED_LOCK:
+            found = _PARSED.get(key)
+            if found is not None:
+                _PARSED.move_to_end(key)
+                return found
+    request = _parse(extra_args, present)
+    if key is not None:
+        with _PARSED_LOCK:
+            _PARSED[key] = request
+            while len(_PARSED) > _PARSED_SIZE:
+                _PARSED.popitem(last=False)
+    return request
+
+
+def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:
+    if KEY_LABELS not in extra_args:
+        raise ValueError(
+            f"semsoft options {_show(sorted(present))} given without {KEY_LABELS!r} "
+            "(the label list)"
+        )
+    unknown = present - _KEYS
+    if unknown:
+        raise ValueError(
+            f"unknown semsoft option(s) {_show(sorted(unknown), 80)}; known: {sorted(_KEYS)}"
+        )
+    labels = extra_args[KEY_LABELS]
+    if isinstance(labels, str) or not isinstance(labels, Sequence):
+        raise ValueError(f"{KEY_LABELS} must be a list of strings, got {_show(labels)}")
+    if not 2 <= len(labels) <= SERVER_MAX_LABELS:
+        raise ValueError(
+            f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to SERVER_MAX_LABELS={SERVER_MAX_LABELS}"
+        )
+    for label in labels:
+        if not isinstance(label, str) or not label.strip():
+            raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not a non-empty string")
+        size = _utf8_bytes(label)
+        if size is None:
+            raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not valid Unicode")
+        if size > SERVER_MAX_LABEL_BYTES:
+            raise ValueError(
+                f"{KEY_LABELS}: label {_show(label, 24)} is longer than "
+                f"SERVER_MAX_LABEL_BYTES={SERVER_MAX_LABEL_BYTES} UTF-8 bytes"
+            )
+    if len(set(labels)) != len(labels):
+        twice = next(label for i, label in enumerate(labels) if label in labels[:i])
+        raise ValueError(f"{KEY_LABELS} holds the label {_show(twice)} twice")
+
+    overrides: dict[str, Any] = {}
+    for key, name in _CONFIG_KEYS.items():
+        if key in extra_args:
+            overrides[name] = _option(key, name, extra_args[key])
+    try:
+        config = SemsoftConfig().replace(**overrides)
+    except ValueError as error:  # SemsoftConfig names the field: "tau=1.5 must be ..."
+        raise ValueError(f"semsoft_{error}") from None
+
+    mode = extra_args.get(KEY_MODE, "constrain")
+    if not isinstance(mode, str) or mode not in _MODES:
+        raise _refuse(KEY_MODE, mode, f"one of {_MODES}")
+    trigger = extra_args.get(KEY_TRIGGER)
+    if trigger is not None:
+        rule = f"a non-empty string of at most SERVER_MAX_TRIGGER_BYTES={SERVER_MAX_TRIGGER_BYTES} UTF-8 bytes"
+        if not isinstance(trigger, str) or not trigger:
+            raise _refuse(KEY_TRIGGER, trigger, rule)
+        size = _utf8_bytes(trigger)
+        if size is None or size > SERVER_MAX_TRIGGER_BYTES:
+            raise _refuse(KEY_TRIGGER, trigger, rule)
+    leading_space = _flag(KEY_LEADING_SPACE, extra_args.get(KEY_LEADING_SPACE, True))
+    return SemsoftRequest(tuple(labels), config, cast(Mode, mode), trigger, leading_space)
+
+
+def build_request(
+    labels: Sequence[str],
+    *,
+    config: SemsoftConfig | None = None,
+    mode: Mode = "constrain",
+    trigger: str | None = None,
+    leading_space: bool = True,
+    **method: Any,
+) -> SemsoftRequest:
+    """A checked :class:`SemsoftRequest` from Python arguments (not from a request body).
+
+    Parameters
+    ----------
+    labels : label names (a list of at least two distinct strings; a LabelSet gives
+        its names)
+    config : Semantic Softmax settings; ``method`` keywords (``k``, ``tau``, ...)
+        override it
+    mode, trigger, leading_space : see :class:`SemsoftRequest`
+
+    The options take the same round trip a server request takes
+    (:meth:`SemsoftRequest.to_extra_args` then :func:`parse_request`), so a request a
+    client builds is refused here exactly when the server would refuse it, and what
+    comes back is what the server parses.
+    """
+    cfg = (config or SemsoftConfig()).replace(**method)
+    request = SemsoftRequest(tuple(label_names(labels)), cfg, mode, trigger, leading_space)
+    parsed = parse_request(request.to_extra_args())
+    assert parsed is not None  # it carries semsoft_labels
+    return parsed
+
+
+def default_max_tokens(request: SemsoftRequest) -> int:
+    """Generation length that holds any label (characters + 2; EOS ends it earlier),
+    or 256 when a trigger must be written first."""
+    return 256 if request.trigger else max(len(s) for s in request.labels) + 2

@@ -1,0 +1,110 @@
+"""One result type for one classified input, whatever engine produced it.
+
+``hf.classify``, the vLLM reader (``label_scores``) and the OpenAI reader
+(``openai_label_scores``) all return a :class:`LabelResult`; the fields an engine
+cannot know are None (a reader of a server response has no generated ``text`` of its
+own to report; transformers has no top-k mass to report). ``hf.Classification`` and
+``vllm.LabelScores`` remain as aliases of this class for one release so that code
+naming them keeps working. (``Classifier.predict_details`` returns arrays over a batch,
+:mod:`semsoft_plugin.outlines` returns :class:`ScoredLabel`, a ``str`` with these
+fields, because Outlines' interface returns strings.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from semsoft_plugin.core import SemanticSoftmaxResult
+
+__all__ = ["LabelResult", "ScoredLabel"]
+
+
+@dataclass(frozen=True)
+class LabelResult:
+    """Semantic Softmax's answer for one input.
+
+    Attributes
+    ----------
+    label : the label the text spells (constrain mode) or the calibrated argmax;
+        None only when a reader can know neither
+    probs : label -> calibrated probability (Semantic Softmax); None only in the 0/0
+        case when the constrained softmax it falls back to cannot be read (label
+        tokens outside a returned top-k)
+    constrained_probs : label -> softmax over the label tokens only (the baseline);
+        None when a reader saw some label token outside the returned top-k
+    fallback : no kept token voted for any label (``probs`` is the constrained softmax)
+    coverage : share of the top-k mass that voted for some label
+    text : the generated text (transformers); None where the reader does not produce it
+    top_k_mass : total probability of the k kept tokens (readers of top-k outputs)
+    decision_step : index of the generated token that was the decision step (readers)
+    logits : raw decision-step scores, float32 ``[V]`` (``hf.classify(keep_logits=True)``)
+    """
+
+    label: str | None
+    probs: dict[str, float] | None
+    constrained_probs: dict[str, float] | None
+    fallback: bool
+    coverage: float
+    text: str | None = None
+    top_k_mass: float | None = None
+    decision_step: int | None = None
+    logits: Tensor | None = None
+
+
+class ScoredLabel(str):
+    """The generated label, as the exact ``str`` Outlines returns, with its scores.
+
+    Attributes
+    ----------
+    probs : dict
+        label -> calibrated probability (Semantic Softmax).
+    constrained_probs : dict
+        label -> softmax over the labels' first tokens only (the baseline).
+    fallback : bool
+        True when no kept token voted for any label and ``probs`` is the
+        constrained softmax.
+    coverage : float
+        Share of the top-K mass that voted for some label.
+    """
+
+    probs: dict[str, float]
+    constrained_probs: dict[str, float] | None
+    fallback: bool
+    coverage: float
+
+    def __new__(
+        cls,
+        text: str,
+        probs: Mapping[str, float],
+        constrained_probs: Mapping[str, float] | None,
+        fallback: bool,
+        coverage: float,
+    ) -> ScoredLabel:
+        self = super().__new__(cls, text)
+        self.probs = dict(probs)
+        # None only from vLLM when a label's first token is outside the returned top-k.
+        self.constrained_probs = None if constrained_probs is None else dict(constrained_probs)
+        self.fallback = bool(fallback)
+        self.coverage = float(coverage)
+        return self
+
+    @classmethod
+    def from_result(
+        cls, text: str, names: Sequence[str], result: SemanticSoftmaxResult
+    ) -> ScoredLabel:
+        """From an unbatched core result."""
+        return cls(
+            text,
+            dict(zip(names, result.semantic.tolist(), strict=True)),
+            dict(zip(names, result.constrained.tolist(), strict=True)),
+            bool(result.fallback),
+            float(result.coverage),
+        )
+
+    @property
+    def label(self) -> str:
+        """The label as a plain ``str``."""
+        return str(self)

@@ -1,0 +1,195 @@
+"""Batch classification on a ``vllm.LLM`` (what ``Classifier(backend="vllm")`` and the
+evaluation run): one ``generate`` call, the scores read back, and one-token follow-up
+requests for what the top-``k`` did not hold (the exact constrained softmax, and the
+evaluation's extra ``token_ids``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vllm import SamplingParams
+
+from semsoft_plugin.config import SemsoftConfig
+from semsoft_plugin.labels import LabelSet, label_names
+from semsoft_plugin.request import Mode
+from semsoft_plugin.scoring import _client_model, _score_top_k
+from semsoft_plugin.vllm.params import sampling_params
+from semsoft_plugin.vllm.reader import _request_of, label_scores
+
+__all__ = ["classify_vllm"]
+
+
+def classify_vllm(
+    llm: Any,
+    prompts: Sequence[str | Sequence[Mapping[str, str]]],
+    labels: Sequence[str],
+    config: SemsoftConfig | None = None,
+    *,
+    mode: Mode = "constrain",
+    trigger: str | None = None,
+    constrained: bool = True,
+    keep_logprobs: int = 0,
+    token_ids: Sequence[int] = (),
+    max_tokens: int | None = None,
+    use_tqdm: bool = False,
+    **overrides: Any,
+) -> list[dict[str, Any]]:
+    """Classify prompts on a vLLM engine; one dict per prompt, in order.
+
+    The engine must have the processor loaded (``logits_processors=[...]`` or the
+    installed entry point) for ``mode="constrain"``, and ``max_logprobs >= k``.
+
+    Parameters
+    ----------
+    llm : ``vllm.LLM``
+    prompts : strings (used as is) or chat message lists (chat template applied,
+        continuing a final assistant message), tokenised exactly as
+        :func:`semsoft_plugin.hf.classify` does
+    labels : label names (at least two; a ``str`` is refused), or a LabelSet built with
+        the engine's tokenizer (another tokenizer's is refused by name; its
+        ``leading_space`` is used; verbalizers and variants do not travel to the engine
+        and a set that has them is refused)
+    config, **overrides : Semantic Softmax settings
+    mode, trigger : see :func:`sampling_params`
+    constrained : also return the exact constrained softmax; prompts whose label
+        tokens were not all in the top-k get one extra one-token request
+        (``logprob_token_ids``), run after the main batch
+    keep_logprobs : also return the decision step's ``keep_logprobs`` highest raw
+        log-probabilities (``top_logprobs``: token id -> log-prob); the engine needs
+        ``max_logprobs >= max(k, keep_logprobs)``. ``semsoft eval --backend vllm``
+        keeps them to score every method from one pass.
+    token_ids : also return these tokens' raw decision-step log-probabilities
+        (``token_logprobs``), read from the top-k where they are in it and otherwise
+        from the same one-token follow-up request
+    max_tokens : generation length (default: the longest label in characters + 2,
+        256 with a trigger); 1 is enough when only the scores are wanted
+
+    Returns
+    -------
+    list of dict with ``label``, ``probs`` and ``constrained_probs`` (label -> p),
+    ``fallback``, ``coverage``, ``top_k_mass`` and ``text``, plus ``top_logprobs``
+    and ``token_logprobs`` when asked for.
+    """
+    from vllm.inputs import TokensPrompt
+
+    from semsoft_plugin.prompting import encode_prompts, format_prompt
+
+    cfg = (config or SemsoftConfig()).replace(**overrides)
+    wanted = max(cfg.k, keep_logprobs)
+    max_logprobs = llm.llm_engine.model_config.max_logprobs
+    if max_logprobs != -1 and max_logprobs < wanted:
+        name = "k" if wanted == cfg.k else "keep_logprobs"
+        raise ValueError(
+            f"this engine has max_logprobs={max_logprobs} < {name}={wanted}: create it with "
+            f"LLM(..., max_logprobs={wanted}) (server: --max-logprobs {wanted})"
+        )
+    if keep_logprobs < 0:
+        raise ValueError(f"keep_logprobs={keep_logprobs} must be >= 0")
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise ValueError("prompts must be a list of strings or of chat message lists")
+    client = _client_model(llm)
+    vocab = client.embeddings.vocab_size
+    extra_ids = [int(t) for t in dict.fromkeys(token_ids)]
+    bad = [t for t in extra_ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token_ids {bad[:5]} lie outside the vocabulary (size {vocab})")
+    encoded = encode_prompts(
+        client.tokenizer, [format_prompt(client.tokenizer, p) for p in prompts]
+    )
+    token_prompts = [TokensPrompt(prompt_token_ids=ids) for ids in encoded]
+    length = {} if max_tokens is None else {"max_tokens": max_tokens}
+    leading_space = True
+    if isinstance(labels, LabelSet):
+        labels.check_tokenizer(client.tokenizer, where="classify_vllm")
+        leading_space = labels.leading_space
+    params = sampling_params(
+        label_names(labels),
+        config=cfg,
+        mode=mode,
+        trigger=trigger,
+        leading_space=leading_space,
+        logprobs=wanted,
+        **length,
+    )
+    request = _request_of(params, {})
+    scoring = client.scoring(request)  # label-set errors surface here, before any work
+    if isinstance(labels, LabelSet) and labels.label_tokens != scoring.labels.label_tokens:
+        raise ValueError(
+            f"LabelSet {list(labels.names)!r} has verbalizers or variants the engine does "
+            "not know (it binds label names itself): pass the label names"
+        )
+    outputs = llm.generate(token_prompts, params, use_tqdm=use_tqdm)
+    scores = []
+    for i, out in enumerate(outputs):
+        try:
+            scores.append(label_scores(out, params, client))
+        except ValueError as error:
+            raise ValueError(f"prompt {i}: {error}") from None
+    answer_ids = list(scoring.labels.answer_token_ids)
+    steps = [
+        {int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[s.decision_step].items()}
+        for s, out in zip(scores, outputs, strict=True)
+    ]
+    probe_ids = list(dict.fromkeys(answer_ids + extra_ids))
+    missing = [
+        i
+        for i, s in enumerate(scores)
+        if (s.constrained_probs is None and (constrained or s.fallback))
+        or any(t not in steps[i] for t in extra_ids)
+    ]
+    if missing:
+        # One-token follow-ups at the decision step, at most MAX_LOGPROB_TOKEN_IDS ids each.
+        from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
+
+        follow = [
+            TokensPrompt(
+                prompt_token_ids=encoded[i]
+                + list(outputs[i].outputs[0].token_ids[: scores[i].decision_step])
+            )
+            for i in missing
+        ]
+        for start in range(0, len(probe_ids), MAX_LOGPROB_TOKEN_IDS):
+            chunk = probe_ids[start : start + MAX_LOGPROB_TOKEN_IDS]
+            probe = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=chunk)
+            for i, out in zip(missing, llm.generate(follow, probe, use_tqdm=use_tqdm), strict=True):
+                entries = out.outputs[0].logprobs[0]
+                steps[i].update({t: float(entries[t].logprob) for t in chunk})
+        for i in missing:
+            if scores[i].constrained_probs is not None:
+                continue
+            # Scored again with every answer token's log-prob known: the constrained
+            # softmax (and the default's pool with it) is then exact, as transformers has it.
+            step = scores[i].decision_step
+            assert step is not None  # a reader's result always carries its decision step
+            entries = outputs[i].outputs[0].logprobs[step]
+            top = {
+                int(t): float(lp.logprob)
+                for t, lp in entries.items()
+                if lp.rank is not None and lp.rank <= cfg.k
+            }
+            generated = list(outputs[i].outputs[0].token_ids)
+            scores[i] = _score_top_k(client, request, top, steps[i], generated, step)
+    results = []
+    for s, out, step in zip(scores, outputs, steps, strict=True):
+        result = {
+            "label": s.label,
+            "probs": s.probs,
+            "constrained_probs": s.constrained_probs,
+            "fallback": s.fallback,
+            "coverage": s.coverage,
+            "top_k_mass": s.top_k_mass,
+            "text": out.outputs[0].text,
+        }
+        if keep_logprobs:
+            ranked = out.outputs[0].logprobs[s.decision_step].items()
+            result["top_logprobs"] = {
+                int(t): float(lp.logprob)
+                for t, lp in ranked
+                if lp.rank is not None and lp.rank <= keep_logprobs
+            }
+        if extra_ids:
+            result["token_logprobs"] = {t: step[t] for t in extra_ids}
+        results.append(result)
+    return results

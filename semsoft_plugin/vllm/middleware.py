@@ -1,0 +1,92 @@
+"""The vLLM OpenAI server's middleware: semsoft's checks before any response starts.
+
+``--middleware semsoft_plugin.vllm.admission`` (the package re-exports
+:func:`admission`; this module is not named after it so that the attribute and the
+module never shadow each other).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from vllm import SamplingParams
+
+from semsoft_plugin.request import _show, parse_request
+from semsoft_plugin.vllm.params import validate_params
+
+__all__ = ["admission"]
+
+
+async def admission(request: Any, call_next: Any) -> Any:
+    """vLLM OpenAI-server middleware: semsoft's checks before any response starts.
+
+    ``python -m vllm.entrypoints.openai.api_server ... --middleware
+    semsoft_plugin.vllm.admission``. Why a middleware: vLLM admits a request (and calls
+    :meth:`SemanticSoftmaxLogitsProcessor.validate_params`) only when the serving layer
+    first reads the engine's result stream, and for ``stream: true`` that happens inside
+    an already-sent HTTP 200, so a refusal arrives as an error event (vLLM's own checks,
+    e.g. ``top_logprobs`` above ``--max-logprobs``, behave the same). Run on the request
+    body first, the same checks give streaming requests the same HTTP 400 as the
+    others. The body also shows what never reaches ``validate_params``: vLLM's removed
+    ``guided_*`` fields (ignored by vLLM 0.32, so they would not constrain anything) and
+    a JSON ``true`` given as a number (``vllm_xargs`` turns it into 1). Requests that
+    do not opt in pass untouched.
+    """
+    path = request.url.path.rstrip("/")
+    if request.method == "POST" and path.endswith("/completions"):
+        config = getattr(request.app.state, "vllm_config", None)
+        message = _check_http_body(await request.body(), path, config)
+        if message is not None:
+            from starlette.responses import JSONResponse
+
+            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return JSONResponse({"error": error}, status_code=400)
+    return await call_next(request)
+
+
+def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
+    """The refusal for an opted-in chat/completions body, or None (also for bodies
+    vLLM will refuse itself: malformed JSON, wrong field types)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    xargs = data.get("vllm_xargs")
+    if not isinstance(xargs, dict) or not any(
+        isinstance(k, str) and k.startswith("semsoft_") for k in xargs
+    ):
+        return None
+    try:
+        legacy = sorted(k for k, v in data.items() if k.startswith("guided_") and v is not None)
+        if legacy:
+            raise ValueError(
+                f"semsoft requests do their own label constraint: drop {_show(legacy, 80)} "
+                "(guided decoding erases the silent vote; vLLM no longer applies these fields)"
+            )
+        parse_request(xargs)  # the raw JSON values: a true is still a bool here
+        params = _body_sampling_params(data, path)
+        if params is not None:
+            validate_params(params, vllm_config=vllm_config)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _body_sampling_params(data: dict[str, Any], path: str) -> SamplingParams | None:
+    """The ``SamplingParams`` vLLM's serving layer will build from ``data`` (None if
+    vLLM's own request validation refuses the body: it answers that itself)."""
+    if path.endswith("/chat/completions"):
+        from vllm.entrypoints.openai.chat_completion.protocol import (
+            ChatCompletionRequest as Request,
+        )
+    else:
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Request
+    try:
+        parsed = Request.model_validate(data)
+        limit = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens or 16
+        return parsed.to_sampling_params(limit, {})
+    except (ValueError, TypeError):
+        return None

@@ -1,0 +1,279 @@
+"""Opted-in ``SamplingParams``: built (:func:`sampling_params`) and checked at admission.
+
+:func:`validate_params` is what the processor's ``validate_params`` hook runs in the
+server's frontend process, for every request, before the engine sees it; with the
+engine's config at hand it also resolves the labels with the engine's tokenizer, so a
+label set the decision step cannot tell apart is refused with HTTP 400 instead of
+reaching the engine.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from vllm import SamplingParams
+from vllm.sampling_params import SamplingType
+
+from semsoft_plugin.config import SemsoftConfig
+from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.request import (
+    ENTRY_POINT,
+    KEY_LABELS,
+    KEY_MODE,
+    KEY_TRIGGER,
+    Mode,
+    SemsoftRequest,
+    build_request,
+    default_max_tokens,
+    parse_request,
+)
+from semsoft_plugin.scoring import _CACHE_SIZE
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+# sampling_params' keywords that set a method option rather than a sampling one.
+_METHOD_KWARGS = (
+    "k",
+    "tau",
+    "center",
+    "own_vote",
+    "normalize_votes",
+    "residual",
+    "tau_quantile",
+    "semantic_weight",
+)
+
+
+def validate_params(
+    params: SamplingParams, *, vllm_config: VllmConfig | None = None
+) -> SemsoftRequest | None:
+    """Check an opted-in request's options and its compatibility with the method.
+
+    Returns the parsed options (None when the request did not opt in). Raises
+    ``ValueError`` with the reason; the server turns it into HTTP 400 and the other
+    requests are not affected.
+
+    With the engine's ``vllm_config`` (given, or found from vLLM's admission call, see
+    :func:`_admission_config`) it also resolves the labels with the engine's tokenizer
+    and refuses a label set the decision step cannot tell apart (two labels sharing a
+    first token), naming both labels, instead of letting it reach the engine.
+
+    Besides the options themselves it refuses, for opted-in requests, what would make
+    the emitted label or the returned scores disagree with Semantic Softmax on the
+    model's logits: fewer than ``k`` log-probabilities (the scores are read from
+    them), structured outputs / guided choice (they mask the logits before any
+    processor and before the raw log-probabilities), and, in constrain mode, token
+    edits that act before or after the processor at the decision step (logit bias,
+    allowed tokens, bad words, min_tokens, repetition/presence/frequency penalties).
+    """
+    request = parse_request(params.extra_args)
+    if request is None:
+        return None
+    k = request.config.k
+    if params.logprobs is None or (params.logprobs != -1 and params.logprobs < k):
+        raise ValueError(
+            f"semsoft reads its scores from the top-k raw log-probabilities: set "
+            f"logprobs (top_logprobs over HTTP) to at least k={k} (got {params.logprobs}); "
+            f"the engine needs max_logprobs >= {k} (LLM(..., max_logprobs={k}) or "
+            f"--max-logprobs {k})"
+        )
+    if params.logprob_token_ids:
+        raise ValueError("semsoft requests cannot use logprob_token_ids (it replaces the top-k)")
+    if params.structured_outputs is not None:
+        raise ValueError(
+            "semsoft requests do their own label constraint: drop structured outputs / "
+            "guided choice (they erase the silent vote before any processor sees it)"
+        )
+    if request.mode == "constrain":
+        edits = {
+            "logit_bias": bool(params.logit_bias),
+            "allowed_token_ids": bool(params.allowed_token_ids),
+            "bad_words": bool(params.bad_words),
+            "min_tokens": bool(params.min_tokens),
+            "repetition_penalty": params.repetition_penalty != 1.0,
+            "presence_penalty": params.presence_penalty != 0.0,
+            "frequency_penalty": params.frequency_penalty != 0.0,
+        }
+        used = [name for name, on in edits.items() if on]
+        if used:
+            raise ValueError(
+                f"semsoft constrain mode cannot be combined with {', '.join(used)}: they "
+                "change the decision-step logits, so the label would not follow P_sem "
+                f"(use {KEY_MODE}='observe' to keep them)"
+            )
+    config = vllm_config if vllm_config is not None else _admission_config()
+    if config is not None:
+        multi_token = _check_label_set(request, config.model_config)
+        _check_servable(request, params, config, multi_token)
+    return request
+
+
+def _check_servable(
+    request: SemsoftRequest, params: SamplingParams, vllm_config: Any, multi_token: bool
+) -> None:
+    """Refuse what the engine's processor could not follow: on a V1 engine that leaves
+    async-scheduling placeholders in the output tokens (package docstring), a trigger
+    and a sampled multi-token label would otherwise run partly unconstrained."""
+    if request.mode != "constrain":
+        return
+    if not getattr(vllm_config.scheduler_config, "async_scheduling", False):
+        return
+    runner = "v2" if vllm_config.use_v2_model_runner else "v1"
+    if not _unrepaired_output_tokens(vllm_config, runner):
+        return
+    greedy = params.sampling_type == SamplingType.GREEDY
+    if request.trigger is not None or (multi_token and not greedy):
+        what = KEY_TRIGGER if request.trigger is not None else "sampled multi-token labels"
+        raise ValueError(
+            f"semsoft cannot follow {what} on this engine: it schedules asynchronously and "
+            "the processor was loaded only through the entry point, so vLLM does not repair "
+            f"the output tokens it reads; start it with --logits-processors {ENTRY_POINT} "
+            "or --no-async-scheduling"
+        )
+
+
+def _admission_config() -> Any | None:
+    """The engine's ``VllmConfig`` when called from vLLM's request admission, else None.
+
+    vLLM hands ``validate_params`` the ``SamplingParams`` only, but it calls it from
+    ``InputProcessor._validate_params`` (every request: ``LLM.generate``, the OpenAI
+    server, V1 and Model Runner V2 validators alike), in the frontend process, which
+    holds the engine's config. That caller is found a few frames up. The processor
+    itself cannot supply the tokenizer there: it is built in the engine-core process,
+    not in the server's frontend.
+    """
+    module = sys.modules.get("vllm.v1.engine.input_processor")
+    if module is None:
+        return None
+    frame: FrameType | None = sys._getframe(1).f_back
+    for _ in range(_ADMISSION_FRAMES):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, module.InputProcessor):
+            return owner.vllm_config
+        frame = frame.f_back
+    return None
+
+
+# How far up validate_params' callers the admission frame may be (vLLM 0.32: 3-4).
+_ADMISSION_FRAMES = 8
+_TOKENIZERS: dict[tuple[Any, ...], Any] = {}
+_TOKENIZERS_LOCK = threading.Lock()
+# (tokenizer, labels, leading space) -> (refusal or None, any multi-token label); LRU-bounded.
+_ADMITTED: OrderedDict[tuple[Any, ...], tuple[str | None, bool]] = OrderedDict()
+
+
+def _tokenizer_key(model_config: Any) -> tuple[Any, ...]:
+    return (
+        str(model_config.tokenizer),
+        getattr(model_config, "tokenizer_revision", None),
+        bool(getattr(model_config, "trust_remote_code", False)),
+    )
+
+
+def _load_tokenizer(model_config: Any) -> Any:
+    """The engine's tokenizer, loaded once per process (the processor, the admission
+    check and the server middleware share it)."""
+    key = _tokenizer_key(model_config)
+    with _TOKENIZERS_LOCK:
+        found = _TOKENIZERS.get(key)
+    if found is None:
+        from transformers import AutoTokenizer
+
+        loaded = AutoTokenizer.from_pretrained(key[0], revision=key[1], trust_remote_code=key[2])
+        with _TOKENIZERS_LOCK:
+            found = _TOKENIZERS.setdefault(key, loaded)
+    return found
+
+
+def _check_label_set(request: SemsoftRequest, model_config: Any) -> bool:
+    """Refuse labels the engine's tokenizer cannot tell apart (``ValueError`` naming
+    them); else whether some label takes several tokens. Outcomes are cached per
+    distinct label set, at most ``_CACHE_SIZE``."""
+    key = (_tokenizer_key(model_config), request.labels, request.leading_space)
+    with _TOKENIZERS_LOCK:
+        outcome = _ADMITTED.get(key)
+        if outcome is not None:
+            _ADMITTED.move_to_end(key)
+    if outcome is None:
+        try:
+            labels = LabelSet(
+                list(request.labels),
+                _load_tokenizer(model_config),
+                leading_space=request.leading_space,
+            )
+            outcome = (None, bool(labels.multi_token_labels))
+        except ValueError as error:
+            outcome = (str(error), False)
+        with _TOKENIZERS_LOCK:
+            _ADMITTED[key] = outcome
+            while len(_ADMITTED) > _CACHE_SIZE:
+                _ADMITTED.popitem(last=False)
+    refusal, multi_token = outcome
+    if refusal is not None:
+        raise ValueError(f"{KEY_LABELS}: {refusal}")
+    return multi_token
+
+
+def sampling_params(
+    labels: Sequence[str],
+    *,
+    config: SemsoftConfig | None = None,
+    mode: Mode = "constrain",
+    trigger: str | None = None,
+    leading_space: bool = True,
+    **kwargs: Any,
+) -> SamplingParams:
+    """Ordinary ``SamplingParams`` for a request that opts in to Semantic Softmax.
+
+    Parameters
+    ----------
+    labels : label names (whole words after a space unless ``leading_space=False``): a
+        list of at least two distinct strings (a ``str`` is refused, not split; a
+        LabelSet gives its names, which the engine binds to its own tokenizer)
+    config : Semantic Softmax settings; ``k``, ``tau``, ``center``, ``own_vote``,
+        ``normalize_votes``, ``residual`` and ``tau_quantile`` given as keywords
+        override it, and so does
+        ``method_temperature`` (the method's final temperature: ``temperature`` is
+        the ordinary sampling temperature)
+    mode : ``"constrain"`` (default) or ``"observe"``
+    trigger : decide after this generated text (e.g. ``"</think>"``)
+    leading_space : score labels as whole words after a space
+    **kwargs : any other ``SamplingParams`` argument. Defaults: greedy
+        (``temperature=0``), ``logprobs=k``, ``max_tokens`` = longest label in
+        characters + 2 without a trigger (EOS ends it earlier), 256 with one.
+    """
+    method = {name: kwargs.pop(name) for name in _METHOD_KWARGS if name in kwargs}
+    if "method_temperature" in kwargs:
+        method["temperature"] = kwargs.pop("method_temperature")
+    request = build_request(
+        labels, config=config, mode=mode, trigger=trigger, leading_space=leading_space, **method
+    )
+    extra = dict(kwargs.pop("extra_args", None) or {})
+    extra.update(request.to_extra_args())
+    kwargs.setdefault("temperature", 0.0)
+    kwargs.setdefault("logprobs", request.config.k)
+    kwargs.setdefault("max_tokens", default_max_tokens(request))
+    params = SamplingParams(extra_args=extra, **kwargs)
+    validate_params(params)
+    return params
+
+
+def _unrepaired_output_tokens(vllm_config: Any, runner: str) -> bool:
+    """True when the V1 runner leaves ``-1`` placeholders in the output tokens this
+    processor reads: async scheduling on and no processor in
+    ``model_config.logits_processors`` (vLLM sets ``logitsprocs_need_output_token_ids``
+    from that list alone, not from entry-point plugins)."""
+    if runner != "v1":
+        return False  # Model Runner V2 writes sampled tokens on the device first
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    if not getattr(scheduler, "async_scheduling", False):
+        return False
+    return not getattr(vllm_config.model_config, "logits_processors", None)

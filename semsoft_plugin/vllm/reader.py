@@ -1,0 +1,168 @@
+"""Reading Semantic Softmax scores from an offline vLLM ``RequestOutput``.
+
+The output carries the decision step's top-``k`` raw log-probabilities (the request
+asked for ``logprobs=k``); :func:`label_scores` hands them to the engine-neutral
+:func:`semsoft_plugin.scoring._score_top_k`, the same code the OpenAI reader uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vllm import SamplingParams
+
+from semsoft_plugin.request import SemsoftRequest, parse_request
+from semsoft_plugin.result import LabelResult
+from semsoft_plugin.scoring import _client_model, _decision_step, _Model, _score_top_k
+from semsoft_plugin.vllm.params import sampling_params
+from semsoft_plugin.vllm.processor import _unscored_reason
+
+__all__ = ["label_probs", "label_scores"]
+
+
+def _request_of(params_or_labels: Any, options: Mapping[str, Any]) -> SemsoftRequest:
+    if isinstance(params_or_labels, SamplingParams):
+        request = parse_request(params_or_labels.extra_args)
+        if request is None:
+            raise ValueError("these SamplingParams did not opt in (no semsoft_labels)")
+        return request
+    if isinstance(params_or_labels, SemsoftRequest):
+        return params_or_labels
+    if isinstance(params_or_labels, str) or not isinstance(params_or_labels, Sequence):
+        raise ValueError(
+            "give the request's SamplingParams or its label list, got "
+            f"{type(params_or_labels).__name__}"
+        )
+    request = parse_request(
+        sampling_params(list(params_or_labels), **options).extra_args  # validates options
+    )
+    assert request is not None
+    return request
+
+
+def label_scores(
+    request_output: Any,
+    params: SamplingParams | Sequence[str],
+    model: Any,
+    *,
+    choice: int = 0,
+    allow_download: bool = False,
+    **options: Any,
+) -> LabelResult:
+    """Semantic Softmax scores of an offline ``RequestOutput``.
+
+    Parameters
+    ----------
+    request_output : what ``LLM.generate`` returned for the request
+    params : the request's ``SamplingParams`` (from :func:`sampling_params`), or its
+        label list plus the same ``options``
+    model : the ``vllm.LLM`` (or its checkpoint directory / model name): the reader
+        needs the tokenizer and the output embeddings, loaded once per model. Given the
+        ``LLM``, answer tokens outside the returned top-k are fetched with one
+        ``max_tokens=1`` request, so the scores equal transformers'; given a path or a
+        name, such a token counts with the smallest kept probability (an upper bound)
+    choice : which completion (``n > 1`` gives ``n``), in vLLM's order
+    allow_download : a model name not on this machine yet (a known name not cached, a
+        hub ``owner/name`` not in the hub cache) is refused unless True: reading scores
+        never starts a download by itself
+
+    Raises ``ValueError`` for this request only when it cannot be scored: it carries
+    no decision step, its decision-step log-probabilities are NaN/inf, or the engine's
+    processor could not score its row and left it unconstrained (the reason is named).
+    """
+    request = _request_of(params, options)
+    client = _client_model(model, allow_download=allow_download)
+    outputs = list(getattr(request_output, "outputs", None) or [])
+    if not -len(outputs) <= choice < len(outputs):
+        raise ValueError(f"choice={choice}: the output holds {len(outputs)} completion(s)")
+    completion = outputs[choice]
+    if not completion.logprobs:
+        raise ValueError(
+            "the output holds no log-probabilities: the request needs logprobs >= k "
+            "(use semsoft_plugin.vllm.sampling_params)"
+        )
+    generated = list(completion.token_ids)[: len(completion.logprobs)]
+    step = _decision_step(client, request, generated)
+    reason = _unscored_reason(
+        client, request, getattr(request_output, "prompt_token_ids", None), generated, step
+    )
+    if reason is not None:
+        raise ValueError(
+            f"the engine could not score this request at its decision step ({reason}), so "
+            "it left the request's logits as they were: the text is not a chosen label "
+            "and no scores are given for it"
+        )
+    entries = completion.logprobs[step]
+    k = request.config.k
+    top = {
+        int(t): float(lp.logprob)
+        for t, lp in entries.items()
+        if lp.rank is not None and lp.rank <= k
+    }
+    extra = {int(t): float(lp.logprob) for t, lp in entries.items()}
+    prompt_ids = getattr(request_output, "prompt_token_ids", None)
+    if getattr(model, "llm_engine", None) is not None and prompt_ids is not None:
+        extra.update(
+            _missing_answer_logprobs(model, client, request, prompt_ids, generated, step, extra)
+        )
+    return _score_top_k(client, request, top, extra, generated, step)
+
+
+def _missing_answer_logprobs(
+    llm: Any,
+    client: _Model,
+    request: SemsoftRequest,
+    prompt_ids: Sequence[int],
+    generated: Sequence[int],
+    step: int,
+    known: Mapping[int, float],
+) -> dict[int, float]:
+    """The decision step's raw log-probs of answer tokens the output does not hold.
+
+    The default pools the semantic distribution with the constrained softmax, which
+    needs every answer token's log-prob; the output has only the top-k. One
+    ``max_tokens=1`` request on ``prompt + generated[:step]`` (the prefix cache serves
+    the prompt) fetches them, so the offline reader equals transformers. Not sent with
+    ``semantic_weight=1``, where the top-k is all there is to read.
+    """
+    answer_ids = client.scoring(request).labels.answer_token_ids
+    missing = [t for t in dict.fromkeys(answer_ids) if t not in known]
+    if not missing or request.config.semantic_weight == 1.0:
+        return {}
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
+
+    prompt = TokensPrompt(prompt_token_ids=list(prompt_ids) + list(generated[:step]))
+    found: dict[int, float] = {}
+    for start in range(0, len(missing), MAX_LOGPROB_TOKEN_IDS):
+        chunk = missing[start : start + MAX_LOGPROB_TOKEN_IDS]
+        probe = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=chunk)
+        out = llm.generate([prompt], probe, use_tqdm=False)[0]
+        entries = out.outputs[0].logprobs[0]
+        found.update({t: float(entries[t].logprob) for t in chunk})
+    return found
+
+
+def label_probs(
+    request_output: Any,
+    params: SamplingParams | Sequence[str],
+    model: Any,
+    *,
+    choice: int = 0,
+    **options: Any,
+) -> dict[str, float]:
+    """``{label: probability}`` (Semantic Softmax) of an offline ``RequestOutput``.
+
+    See :func:`label_scores` (``allow_download`` too). Raises ``ValueError`` in the rare 0/0 case whose
+    fallback (the constrained softmax) cannot be read from the output because a label
+    token is outside the returned top-k; :func:`classify_vllm` handles that case.
+    """
+    scores = label_scores(request_output, params, model, choice=choice, **options)
+    if scores.probs is None:
+        raise ValueError(
+            "no top-k token voted for any label and the label tokens are outside the "
+            "returned top-k, so the constrained-softmax fallback cannot be read from this "
+            "output; use classify_vllm, or raise k"
+        )
+    return scores.probs

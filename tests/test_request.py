@@ -1,0 +1,50 @@
+"""The per-request options (semsoft_plugin.request): parsed once, no engine needed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from semsoft_plugin.request import SERVER_MAX_K, build_request, parse_request
+
+LABELS = ["positive", "negative"]
+
+
+def test_request_and_openai_modules_import_no_engine():
+    code = (
+        "import sys, semsoft_plugin.request, semsoft_plugin.openai; "
+        "print([m for m in sys.modules if m.split('.')[0] in ('vllm', 'transformers')])"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_same_options_parse_to_the_one_object():
+    args = build_request(LABELS, k=7, tau=0.2).to_extra_args()
+    first = parse_request(args)
+    assert parse_request(dict(args)) is first  # parsed once, reused
+    assert first == build_request(LABELS, k=7, tau=0.2)
+
+
+def test_cache_keeps_types_apart():
+    assert parse_request({"semsoft_labels": LABELS, "semsoft_k": 1}).config.k == 1
+    with pytest.raises(ValueError, match=r"semsoft_k=True .*SERVER_MAX_K"):
+        parse_request({"semsoft_labels": LABELS, "semsoft_k": True})
+    with pytest.raises(ValueError, match="semsoft_k"):
+        parse_request({"semsoft_labels": LABELS, "semsoft_k": SERVER_MAX_K + 1})
+    # unhashable values are still checked (not cached)
+    with pytest.raises(ValueError, match="semsoft_labels"):
+        parse_request({"semsoft_labels": [{"a": 1}, "b"]})
+
+
+def test_build_request_refuses_what_the_server_refuses():
+    with pytest.raises(ValueError, match="SERVER_MAX_LABELS"):
+        build_request([f"l{i}" for i in range(65)])
+    with pytest.raises(ValueError, match="twice"):
+        build_request(["a", "a"])
