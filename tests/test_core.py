@@ -502,15 +502,23 @@ def test_sparse_top_k_equals_dense_on_real_logits(model_and_tokenizer, options):
     dense = scorer(logits)
     log_p = torch.log_softmax(logits, -1)
     top_lp, top_ids = torch.topk(log_p, scorer.config.k, dim=-1)
-    # Any common offset per row (an engine returns log-probs, not logits): ratios only.
-    sparse = scorer.score_top_k(top_ids, top_lp + 3.0)
-    torch.testing.assert_close(sparse.semantic, dense.semantic, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(sparse.coverage, dense.coverage, rtol=1e-5, atol=1e-6)
-    assert torch.equal(sparse.fallback, dense.fallback)
-    assert torch.isfinite(sparse.semantic).all()
-    # One row [K] gives what the batch gives for that row.
-    one = scorer.score_top_k(top_ids[1], top_lp[1])
-    torch.testing.assert_close(one.semantic, dense.semantic[1], rtol=1e-5, atol=1e-6)
+    # The top-k plus every answer token's log-prob (what the readers pass: the pool
+    # with the constrained softmax reads them), with any common offset per row (an
+    # engine returns log-probs, not logits): ratios only.
+    answers = torch.tensor(labels.answer_token_ids)
+    for row in range(len(texts)):
+        extra = answers[~torch.isin(answers, top_ids[row])]
+        ids = torch.cat([top_ids[row], extra])
+        sparse = scorer.score_top_k(ids, log_p[row, ids] + 3.0)
+        torch.testing.assert_close(sparse.semantic, dense.semantic[row], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(sparse.coverage, dense.coverage[row], rtol=1e-5, atol=1e-6)
+        assert bool(sparse.fallback) == bool(dense.fallback[row])
+        assert torch.isfinite(sparse.semantic).all()
+    # A batch [B, K] gives what each row [K] gives.
+    batch = scorer.score_top_k(top_ids, top_lp)
+    for row in range(len(texts)):
+        one = scorer.score_top_k(top_ids[row], top_lp[row])
+        torch.testing.assert_close(one.semantic, batch.semantic[row], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

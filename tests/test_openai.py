@@ -72,14 +72,27 @@ def _chat_response(logits: torch.Tensor, k: int) -> dict:
     return {"choices": [{"index": 0, "logprobs": {"content": [entry]}}]}
 
 
-@pytest.mark.parametrize("options", [{}, {"k": 20, "tau": 0.1, "residual": True}])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"k": 20, "tau": 0.1, "residual": True}, {"k": 20, "semantic_weight": 1.0}],
+)
 def test_openai_reader_without_vllm_equals_dense(model_and_tokenizer, default_checkpoint, options):
     model, tokenizer = model_and_tokenizer
     (ids,) = encode_prompts(tokenizer, [format_prompt(tokenizer, PROMPT)])
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0, -1].float()
     config = SemsoftConfig().replace(**options)
-    want = SemanticSoftmax(from_model(model), LabelSet(LABELS, tokenizer), config)(logits)
+    label_set = LabelSet(LABELS, tokenizer)
+    scorer = SemanticSoftmax(from_model(model), label_set, config)
+    dense = scorer(logits)
+    top_lp, top_ids = torch.topk(torch.log_softmax(logits, -1), config.k)
+    # The reader sees the top-k only: it gives what the core gives on that sparse row,
+    # which is the dense result unless the default's pool needs an answer token's
+    # log-prob the server did not return (then the smallest kept one bounds it).
+    want = scorer.score_top_k(top_ids, top_lp)
+    answers_kept = set(label_set.answer_token_ids) <= set(top_ids.tolist())
+    if answers_kept or config.semantic_weight == 1.0:
+        torch.testing.assert_close(want.semantic, dense.semantic, rtol=1e-5, atol=1e-6)
     payload = [LABELS, options, str(default_checkpoint), _chat_response(logits, config.k)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(

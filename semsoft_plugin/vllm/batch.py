@@ -161,16 +161,16 @@ def classify_vllm(
                 continue
             # Scored again with every answer token's log-prob known: the constrained
             # softmax (and the default's pool with it) is then exact, as transformers has it.
-            step = scores[i].decision_step
-            assert step is not None  # a reader's result always carries its decision step
-            entries = outputs[i].outputs[0].logprobs[step]
+            decision = scores[i].decision_step
+            assert decision is not None  # a reader's result always carries its decision step
+            entries = outputs[i].outputs[0].logprobs[decision]
             top = {
                 int(t): float(lp.logprob)
                 for t, lp in entries.items()
                 if lp.rank is not None and lp.rank <= cfg.k
             }
             generated = list(outputs[i].outputs[0].token_ids)
-            scores[i] = _score_top_k(client, request, top, steps[i], generated, step)
+            scores[i] = _score_top_k(client, request, top, steps[i], generated, decision)
     results = []
     for s, out, step in zip(scores, outputs, steps, strict=True):
         result = {
