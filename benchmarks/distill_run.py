@@ -63,7 +63,7 @@ def main() -> int:
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     m = report["machine"]
     header = (
-        f"`python3 benchmarks/distill_run.py --out {args.out}` on {m['date']}: {m['cpu']} "
+        f"`python3 benchmarks/distill_run.py {' '.join(sys.argv[1:])}` on {m['date']}: {m['cpu']} "
         f"({m['arch']}, {m['cores']} shared cores, {m['torch_threads']} torch threads, "
         f"load {m['load_average_start'][0]} -> {m['load_average_end'][0]}), {m['dtype']}, "
         f"wall {wall / 60:.1f} min\n\n"

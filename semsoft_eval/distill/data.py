@@ -171,4 +171,6 @@ def grade(answer: str, item: QAItem, *, match: str = "contains") -> tuple[str | 
     norm = normalize_answer(text)
     if not norm:
         return None, False
-    return norm, bool(match_answer(text, item.aliases, mode=match))
+    return norm, bool(
+        match_answer(text, item.aliases, mode="exact" if match == "exact" else "contains")
+    )

@@ -203,7 +203,7 @@ def label_signals(
 
 def closeness(signal: Signal, teacher: Signal) -> float | None:
     """Spearman rank correlation of a signal's confidence with the teacher's (same items)."""
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # type: ignore[import-untyped]
 
     pairs = [
         (a, b)

@@ -198,7 +198,7 @@ def run_distill(config: DistillConfig) -> dict[str, Any]:
         },
         "runs": {},
     }
-    guard_kw = dict(
+    guard_kw: dict[str, Any] = dict(
         min_examples=config.min_train_examples, min_entropy_bits=config.min_entropy_bits,
         max_top_share=config.max_top_share,
     )  # fmt: skip

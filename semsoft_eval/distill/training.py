@@ -77,7 +77,7 @@ def train_lora(
     Returns the trained peft model (in eval mode) and the logged loss of each step.
     Give a float32 model. ``max_steps`` caps the steps (the tests take one).
     """
-    from datasets import Dataset
+    from datasets import Dataset  # type: ignore[import-untyped]
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
@@ -137,7 +137,7 @@ def train_lora(
         )
         trainer.train()
     losses = [float(e["loss"]) for e in trainer.state.log_history if "loss" in e]
-    peft_model = trainer.model
+    peft_model: Any = trainer.model
     peft_model.eval()
     return peft_model, losses
 
