@@ -1,4 +1,4 @@
-"""semsoft distill: the recipe's steps, the modal-filter refusal, and a smoke run on SmolLM2."""
+"""semsoft distill: grading, targets, the guard, a one-step TRL LoRA run and the tables."""
 
 from __future__ import annotations
 
@@ -6,21 +6,32 @@ import json
 
 import pytest
 
-from semsoft_eval.confidence import target_from_samples
+from semsoft_eval.confidence import check_label_entropy, target_from_samples
 from semsoft_eval.distill import (
+    Example,
     QAItem,
     SampledItem,
+    Signal,
     build_examples,
-    check_label_entropy,
-    evaluate_items,
+    closeness,
+    format_markdown,
+    grade,
+    guarded,
     load_adapter,
     load_nq,
+    load_task,
     modal_filter,
-    sample_items,
+    qa_prompt,
+    sample_cached,
     save_adapter,
+    score,
     split_items,
+    summarise,
     train_lora,
+    verbal_signal,
 )
+
+SST = ("negative", "positive")
 
 
 def _item(n_correct: int, modal_correct: bool, k: int = 0) -> SampledItem:
@@ -31,6 +42,7 @@ def _item(n_correct: int, modal_correct: bool, k: int = 0) -> SampledItem:
         modal="gold" if modal_correct else "other",
         agreement=max(n_correct, 10 - n_correct) / 10,
         n_correct=n_correct,
+        n_parsed=10,
         modal_correct=modal_correct,
         target=target_from_samples(n_correct),
     )
@@ -40,17 +52,39 @@ class _ChatTokenizer:  # build_examples only asks whether a chat template exists
     chat_template = "{{ messages }}"
 
 
+def test_label_answers_are_graded_synonym_tolerant_and_unreadable_is_wrong() -> None:
+    item = QAItem("Is this review positive or negative?\nReview: fine", ("positive",), SST)
+    assert grade(" Positive.", item) == ("positive", True)
+    assert grade("good", item) == ("positive", True)  # a listed synonym
+    assert grade("NEGATIVE!", item) == ("negative", False)
+    assert grade("It is a film", item) == (None, False)  # names no label: never guessed
+    assert grade("", item) == (None, False)
+    qa = QAItem("Question: capital of France?", ("Paris",))
+    assert grade("It is Paris", qa) == ("it is paris", True)
+
+
+def test_summarise_counts_correct_samples_and_unreadable_ones_never_vote() -> None:
+    item = QAItem("q", ("positive",), SST)
+    texts = ["positive"] * 6 + ["negative"] * 2 + ["hmm", "???"]
+    s = summarise(item, texts)
+    assert (s.n_correct, s.n_parsed, s.modal, s.agreement) == (6, 8, "positive", 0.6)
+    assert s.modal_correct and s.target == target_from_samples(6) == 0.60
+    # all unreadable: no modal answer, target 5%, and the item teaches nothing
+    empty = summarise(item, ["what"] * 10)
+    assert (empty.modal, empty.n_correct, empty.target) == ("", 0, 0.05)
+    assert build_examples(_ChatTokenizer(), [empty]) == []
+
+
 def test_modal_filter_collapses_targets_and_the_guard_refuses_it() -> None:
-    # All items of a model that is mostly right: 80% at 95%, still a usable spread ...
     counts = [10] * 80 + [9] * 3 + [8, 7] + [5] * 3 + [3] * 2 + [1] * 4 + [0] * 6
     items = [_item(c, modal_correct=c >= 6, k=k) for k, c in enumerate(counts)]
     examples = build_examples(_ChatTokenizer(), items)
     assert check_label_entropy([e.target for e in examples])["entropy_bits"] > 1.0
-    # ... filtered to items whose modal answer is correct: nearly all at 95%.
     kept = build_examples(_ChatTokenizer(), modal_filter(items))
     assert len(kept) == 85
-    with pytest.raises(ValueError, match=r"label entropy collapse.*94\.1% of 85 .* are 95%"):
-        check_label_entropy([e.target for e in kept], what="modal-filter set")
+    refused = guarded([e.target for e in kept], "modal-filter set")
+    assert "label entropy collapse" in refused["refused"] and "94.1% of 85" in refused["refused"]
+    assert "fewer than the 16" in guarded([0.5] * 3, "tiny set")["refused"]
 
 
 def test_examples_teach_answer_and_confidence_and_the_control_shuffles() -> None:
@@ -68,49 +102,108 @@ def test_examples_teach_answer_and_confidence_and_the_control_shuffles() -> None
     ]
 
 
-def test_nq_loader_and_split() -> None:
+def test_loaders_and_split() -> None:
     items = load_nq()
     assert len(items) == 3610
     assert items[0].aliases == ("14 December 1972 UTC", "December 1972")
-    train, held = split_items(items, 30, 20, seed=0)
+    sst = load_task("sst2")
+    assert len(sst) == 872 and sst[0].labels == SST and sst[0].aliases == ("negative",)
+    train, held = split_items(sst, 30, 20, seed=0)
     assert len(train) == 30 and len(held) == 20
     assert not {i.question for i in train} & {i.question for i in held}
     with pytest.raises(ValueError, match="exceed"):
         split_items(items, 3000, 1000)
+    with pytest.raises(ValueError, match="'emotions'"):
+        load_task("emotions")
+
+
+def test_score_and_table_on_a_tiny_set() -> None:
+    right = Signal(
+        "s", [True, True, False, False], [0.9, 0.8, 0.3, None], True, 2.0, "1", [1, 1, 1, 0]
+    )
+    m = score(right)
+    assert m["auroc2"] == 1.0 and m["n_scored"] == 3 and m["parse_rate"] == 0.75
+    assert m["ceiling_rate"] == pytest.approx(1 / 3, abs=1e-4) and m["seconds_per_item"] == 0.5
+    flipped = Signal("t", [True, True, False, False], [0.1, 0.2, 0.7, 0.8], True, 0.0, "1")
+    assert score(flipped)["auroc2"] == 0.0
+    assert closeness(flipped, right) == -1.0
+    assert closeness(Signal("c", [True] * 4, [0.5] * 4, True, 0, "1"), right) is None
+    row = {**m, "closeness_to_self_consistency": 0.5}
+    report = {
+        "heldout": {
+            "self_consistency": m,
+            "verbal_before": row,
+            "one_pass": {"logit entropy": row},
+        },
+        "runs": {
+            "all items": {
+                "examples": 4,
+                "guard": {"entropy_bits": 1.5},
+                "steps": 1,
+                "loss_first": 2.0,
+                "loss_last": 1.0,
+                "train_s": 3.0,
+                "verbal": m,
+                "verbal_closeness_to_self_consistency": 0.2,
+            },  # fmt: skip
+            "modal filter": {"examples": 2, "guard": {"refused": "too few"}},
+        },
+    }
+    table = format_markdown(report)
+    assert "| verbal, after: all items | 0.500 | 1.000 |" in table
+    assert "modal filter: refused by the guard: too few" in table
 
 
 @pytest.mark.slow
-def test_smoke_distillation_on_the_default_model(model_and_tokenizer, default_checkpoint, tmp_path):
+def test_sampling_one_trl_step_adapter_round_trip_and_evaluation(
+    model_and_tokenizer, default_checkpoint, tmp_path
+):
+    import torch
     from transformers import AutoModelForCausalLM
 
     model, tokenizer = model_and_tokenizer
-    questions = [
-        QAItem("what is the capital of france", ("Paris",)),
-        QAItem("how many legs does a spider have", ("eight", "8")),
-        QAItem("who wrote romeo and juliet", ("William Shakespeare", "Shakespeare")),
-        QAItem("what colour is the sky on a clear day", ("blue",)),
-    ]
-    sampled = sample_items(model, tokenizer, questions, n=3, max_new_tokens=8, batch_size=4)
-    assert [len(s.samples) for s in sampled] == [3, 3, 3, 3]
+    items = load_task("sst2")[:3]
+    key = {"model": "smoke", "n": 3}
+    sampled, seconds = sample_cached(
+        model, tokenizer, items, tmp_path / "s.json", key=key, n=3, max_new_tokens=3
+    )
+    assert seconds is not None and [len(s.samples) for s in sampled] == [3, 3, 3]
     for s in sampled:
-        assert 0 <= s.n_correct <= 3 and s.target == target_from_samples(s.n_correct, 3)
-    examples = build_examples(tokenizer, sampled)
-    assert examples and all("\nConfidence: " in e.completion for e in examples)
+        assert 0 <= s.n_correct <= s.n_parsed <= 3 and s.target == target_from_samples(
+            s.n_correct, 3
+        )
+    again, cached = sample_cached(model, tokenizer, items, tmp_path / "s.json", key=key, n=3)
+    assert cached is None and again == sampled  # the cache is read back, not resampled
 
+    examples = [
+        Example(qa_prompt(tokenizer, i, verbal=True), f" {i.aliases[0]}\nConfidence: 70%", 0.7)
+        for i in items
+    ]
     student = AutoModelForCausalLM.from_pretrained(default_checkpoint, dtype="float32")
-    peft_model, losses = train_lora(student, tokenizer, examples, max_steps=3, batch_size=2)
-    assert len(losses) == 3 and all(loss > 0 for loss in losses)
+    peft_model, losses = train_lora(
+        student, tokenizer, examples, max_steps=1, batch_size=2, progress=False
+    )
+    assert len(losses) == 1 and losses[0] > 0
     adapter = save_adapter(peft_model, tmp_path / "adapter", {"run": "smoke"})
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"]) == (16, 32)
     assert (adapter / "adapter_model.safetensors").is_file()
     assert not list(adapter.glob("*.bin"))  # safetensors only, never pickle
 
-    base = AutoModelForCausalLM.from_pretrained(default_checkpoint, dtype="bfloat16")
+    probe = tokenizer("Review: a fine film", return_tensors="pt")
+    with torch.inference_mode():
+        trained = peft_model(**probe).logits
+    base = AutoModelForCausalLM.from_pretrained(default_checkpoint, dtype="float32")
+    with torch.inference_mode():
+        untouched = base(**probe).logits
     tuned = load_adapter(base, adapter)
-    metrics = evaluate_items(tuned, tokenizer, questions[:2], batch_size=2)
-    assert metrics["n"] == 2 and 0 <= metrics["accuracy"] <= 1
-    assert (
-        metrics["n_unparsed"] + len([e for e in metrics["examples"] if e["confidence"] is not None])
-        == 2
-    )
+    with torch.inference_mode():
+        reloaded = tuned(**probe).logits
+    assert not torch.allclose(trained, untouched, atol=1e-4)  # the step changed the model
+    torch.testing.assert_close(reloaded, trained, atol=1e-4, rtol=1e-4)  # and it reloads
+
+    verbal, entropy = verbal_signal(tuned, tokenizer, items[:2], batch_size=2, max_new_tokens=10)
+    m = score(verbal)
+    assert m["n"] == 2 and 0 <= m["accuracy"] <= 1 and 0 <= m["parse_rate"] <= 1
+    assert all(c is None or 0 <= c <= 1 for c in verbal.confidence)
+    assert all(c is not None and c <= 0 for c in entropy.confidence)

@@ -1,0 +1,79 @@
+"""``semsoft distill``: distil self-consistency into a stated confidence (Cacioli, 2026).
+
+The recipe, one module per stage:
+
+* :mod:`~semsoft_eval.distill.data`: the questions (NQ-open, or a label set such as
+  SST-2 asked as a free-answer question) and grading;
+* :mod:`~semsoft_eval.distill.targets`: sample ``n`` answers at ``T``, ``n_correct`` ->
+  target, the modal filter, the label-entropy guard, the SFT examples (and the
+  shuffled control);
+* :mod:`~semsoft_eval.distill.training`: LoRA SFT with TRL, the adapter as safetensors;
+* :mod:`~semsoft_eval.distill.evaluation`: verbal confidence, self-consistency, logit
+  entropy, constrained and Semantic Softmax top probability on held-out items;
+* :mod:`~semsoft_eval.distill.run`: the three arms end to end and the command line.
+
+Nothing here imports an engine at package import: torch, transformers, peft and TRL are
+imported by the functions that need them.
+"""
+
+from semsoft_eval.distill.data import (
+    QAItem,
+    grade,
+    load_label_task,
+    load_nq,
+    load_task,
+    qa_prompt,
+    split_items,
+)
+from semsoft_eval.distill.evaluation import (
+    Signal,
+    closeness,
+    label_signals,
+    score,
+    self_consistency_signal,
+    verbal_signal,
+)
+from semsoft_eval.distill.run import DistillConfig, add_parser, format_markdown, run, run_distill
+from semsoft_eval.distill.targets import (
+    Example,
+    SampledItem,
+    build_examples,
+    guarded,
+    modal_filter,
+    sample_cached,
+    sample_items,
+    summarise,
+)
+from semsoft_eval.distill.training import load_adapter, save_adapter, train_lora
+
+__all__ = [
+    "QAItem",
+    "SampledItem",
+    "Example",
+    "Signal",
+    "DistillConfig",
+    "load_nq",
+    "load_label_task",
+    "load_task",
+    "split_items",
+    "qa_prompt",
+    "grade",
+    "sample_items",
+    "sample_cached",
+    "summarise",
+    "modal_filter",
+    "guarded",
+    "build_examples",
+    "train_lora",
+    "save_adapter",
+    "load_adapter",
+    "verbal_signal",
+    "self_consistency_signal",
+    "label_signals",
+    "score",
+    "closeness",
+    "run_distill",
+    "format_markdown",
+    "add_parser",
+    "run",
+]

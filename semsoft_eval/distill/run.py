@@ -1,0 +1,398 @@
+"""The whole recipe (``semsoft distill``): three arms and the signals side by side.
+
+:func:`run_distill` samples train and held-out items once (cached), builds the targets,
+and trains three arms as in Cacioli (2026):
+
+* ``all items`` (the rescue): every item with a readable modal answer;
+* ``shuffled`` (the control): the same targets permuted across items;
+* ``modal filter``: only items whose modal answer is right (the paper's failure: the
+  targets collapse and the guard refuses it, reported, not raised).
+
+The main set refused by the guard raises ``ValueError`` (nothing can be learnt). On the
+held-out items it reports the verbal confidence before and after each arm and the
+one-pass signals of :mod:`semsoft_eval.distill.evaluation`, their cost (forward passes
+and seconds per item) and the training time, in ``report.json``; :func:`format_markdown`
+turns it into tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from semsoft_eval.distill.data import TASKS, load_task, split_items
+from semsoft_eval.distill.evaluation import (
+    closeness,
+    label_signals,
+    score,
+    self_consistency_signal,
+    verbal_signal,
+)
+from semsoft_eval.distill.targets import (
+    build_examples,
+    cache_key,
+    guarded,
+    modal_filter,
+    sample_cached,
+)
+from semsoft_eval.distill.training import load_adapter, save_adapter, train_lora
+
+__all__ = ["DistillConfig", "run_distill", "format_markdown", "add_parser", "run"]
+
+
+@dataclass
+class DistillConfig:
+    """Settings of :func:`run_distill` (the command's flags)."""
+
+    model: str = "default"
+    task: str = "sst2"
+    data: str | None = None
+    out: str = "runs/distill"
+    train_items: int = 100
+    eval_items: int = 50
+    n: int = 10
+    temperature: float = 0.7
+    seed: int = 0
+    match: str = "contains"
+    sample_batch_size: int = 4
+    eval_batch_size: int = 8
+    eval_max_new_tokens: int = 12  # the answer line and "Confidence: NN%"
+    max_new_tokens: int | None = None  # sampling; default: 4 (label task), 16 (open QA)
+    rank: int = 16
+    alpha: int = 32
+    lr: float = 5e-4
+    epochs: int = 2
+    batch_size: int = 8
+    max_steps: int | None = None
+    min_entropy_bits: float = 0.5
+    max_top_share: float = 0.9
+    min_train_examples: int = 16
+    control: bool = True
+    modal_filter_run: bool = True
+    modal_filter_train: bool = True  # False: only check its guard (saves an arm's time)
+    device: str = "auto"
+    resample: bool = False
+    progress: bool | None = None
+
+
+def _load(config: DistillConfig) -> tuple[Any, Any]:
+    from semsoft_plugin import models
+
+    model, tokenizer = models.load(config.model, dtype="float32")
+    device = "cuda" if config.device == "auto" and torch.cuda.is_available() else config.device
+    return model.to("cpu" if device == "auto" else device), tokenizer
+
+
+def _signals(
+    config: DistillConfig, model: Any, tokenizer: Any, held: list[Any], tag: str
+) -> tuple[Any, Any]:
+    return verbal_signal(
+        model, tokenizer, held, name=tag, batch_size=config.eval_batch_size, match=config.match,
+        max_new_tokens=config.eval_max_new_tokens, progress=config.progress,
+    )  # fmt: skip
+
+
+def _arm(
+    config: DistillConfig,
+    name: str,
+    examples: list[Any],
+    held: list[Any],
+    out: Path,
+    guard: dict[str, Any],
+    teacher: Any,
+) -> dict[str, Any]:
+    model, tokenizer = _load(config)
+    start = time.perf_counter()
+    peft_model, losses = train_lora(
+        model, tokenizer, examples, rank=config.rank, alpha=config.alpha, lr=config.lr,
+        epochs=config.epochs, batch_size=config.batch_size, max_steps=config.max_steps,
+        seed=config.seed, progress=config.progress,
+    )  # fmt: skip
+    train_s = time.perf_counter() - start
+    adapter = save_adapter(
+        peft_model,
+        out / f"adapter-{name.replace(' ', '-')}",
+        {
+            "run": name,
+            "examples": len(examples),
+            "guard": guard,
+            "config": dataclasses.asdict(config),
+        },
+    )
+    del peft_model, model
+    gc.collect()
+    base, tokenizer = _load(config)
+    tuned = load_adapter(base, adapter)  # what a user gets: the adapter read back from disk
+    verbal, entropy = _signals(config, tuned, tokenizer, held, f"verbal after ({name})")
+    del tuned, base
+    gc.collect()
+    return {
+        "adapter": str(adapter),
+        "examples": len(examples),
+        "guard": guard,
+        "steps": len(losses),
+        "loss_first": round(losses[0], 4) if losses else None,
+        "loss_last": round(float(np.mean(losses[-5:])), 4) if losses else None,
+        "train_s": round(train_s, 1),
+        "train_s_per_example_epoch": round(train_s / (len(examples) * config.epochs), 3),
+        "verbal": score(verbal),
+        "verbal_closeness_to_self_consistency": closeness(verbal, teacher),
+        "logit_entropy": score(entropy),
+    }
+
+
+def run_distill(config: DistillConfig) -> dict[str, Any]:
+    """The whole recipe (see the module docstring); returns and writes ``report.json``."""
+    from semsoft_plugin import models
+
+    if config.match not in ("exact", "contains"):
+        raise ValueError(f"match={config.match!r} must be 'exact' or 'contains'")
+    start = time.perf_counter()
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    items = load_task(config.task, config.data)
+    label_task = items[0].labels is not None
+    max_new = config.max_new_tokens or (4 if label_task else 16)
+    train, held = split_items(items, config.train_items, config.eval_items, config.seed)
+    model, tokenizer = _load(config)
+    settings = dict(
+        n=config.n, temperature=config.temperature, seed=config.seed, match=config.match,
+        max_new_tokens=max_new,
+    )  # fmt: skip
+    sampled, sample_s = sample_cached(
+        model, tokenizer, train + held, out / "samples.json",
+        key=cache_key(models.resolve(config.model), **settings), resample=config.resample,
+        batch_size=config.sample_batch_size, progress=config.progress, **settings,
+    )  # fmt: skip
+    if sample_s is None:  # from the cache: the seconds it took when it was sampled
+        sample_s = json.loads((out / "samples.json").read_text()).get("seconds")
+    sampled_train, sampled_held = sampled[: len(train)], sampled[len(train) :]
+    train_samples = [a for s in sampled_train for a in s.samples]
+    report: dict[str, Any] = {
+        "config": dataclasses.asdict(config),
+        "model_dir": str(models.resolve(config.model)),
+        "sampling": {
+            "items": len(sampled),
+            "seconds": sample_s,
+            "train_accuracy_of_samples": round(
+                sum(s.n_correct for s in sampled_train) / max(1, len(train_samples)), 4
+            ),
+            "train_parse_rate_of_samples": round(
+                sum(s.n_parsed for s in sampled_train) / max(1, len(train_samples)), 4
+            ),
+        },
+        "train_targets": {
+            f"{round(t * 100)}%": int(c)
+            for t, c in zip(
+                *np.unique([s.target for s in sampled_train], return_counts=True), strict=True
+            )
+        },
+        "runs": {},
+    }
+    guard_kw: dict[str, Any] = dict(
+        min_examples=config.min_train_examples, min_entropy_bits=config.min_entropy_bits,
+        max_top_share=config.max_top_share,
+    )  # fmt: skip
+    examples = build_examples(tokenizer, sampled_train, seed=config.seed)
+    guard = guarded([e.target for e in examples], "training set (all items)", **guard_kw)
+    if "refused" in guard:
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        raise ValueError(guard["refused"])
+
+    teacher = self_consistency_signal(sampled_held, sample_s * len(held) / len(sampled))
+    before, entropy = _signals(config, model, tokenizer, held, "verbal before")
+    one_pass = [entropy]
+    if label_task:
+        one_pass += label_signals(model, tokenizer, held, batch_size=config.eval_batch_size)
+    report["heldout"] = {
+        "self_consistency": score(teacher),
+        "verbal_before": {
+            **score(before),
+            "closeness_to_self_consistency": closeness(before, teacher),
+        },
+        "one_pass": {
+            s.name.replace("verbal before logit entropy", "logit entropy"): {
+                **score(s),
+                "closeness_to_self_consistency": closeness(s, teacher),
+            }
+            for s in one_pass
+        },
+    }
+    if not label_task:
+        report["heldout"]["one_pass_note"] = (
+            "constrained and Semantic Softmax top probability need a label set: "
+            "they do not apply to open QA"
+        )
+    del model
+    gc.collect()
+    timings: dict[str, Any] = {"sample_and_baselines_s": round(time.perf_counter() - start, 1)}
+
+    report["runs"]["all items"] = _arm(config, "all items", examples, held, out, guard, teacher)
+    if config.control:
+        shuffled = build_examples(tokenizer, sampled_train, shuffle_targets=True, seed=config.seed)
+        report["runs"]["shuffled"] = _arm(
+            config, "shuffled", shuffled, held, out,
+            guarded([e.target for e in shuffled], "shuffled control", **guard_kw), teacher,
+        )  # fmt: skip
+    if config.modal_filter_run:
+        filtered = build_examples(tokenizer, modal_filter(sampled_train), seed=config.seed)
+        guard_f = guarded([e.target for e in filtered], "modal-filter training set", **guard_kw)
+        if "refused" in guard_f or not config.modal_filter_train:
+            report["runs"]["modal filter"] = {"examples": len(filtered), "guard": guard_f}
+        else:
+            report["runs"]["modal filter"] = _arm(
+                config, "modal filter", filtered, held, out, guard_f, teacher
+            )
+    timings["total_s"] = round(time.perf_counter() - start, 1)
+    report["timings"] = timings
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def format_markdown(report: dict[str, Any]) -> str:
+    """The held-out figures as Markdown tables (signals, then arms)."""
+    held = report["heldout"]
+    rows = [
+        "| signal (held-out) | accuracy | AUROC2 | ECE | ceiling (>=90%) | parse rate | "
+        "rank corr. with self-consistency | forward passes per item | s/item |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    entries = [("self-consistency (teacher)", held["self_consistency"], None)]
+    entries.append(("verbal, before training", held["verbal_before"], None))
+    entries += [(name, m, None) for name, m in held["one_pass"].items()]
+    for name, run in report["runs"].items():
+        if "verbal" in run:
+            entries.append((f"verbal, after: {name}", run["verbal"], run))
+    for name, m, run in entries:
+        corr = (
+            run["verbal_closeness_to_self_consistency"]
+            if run
+            else m.get("closeness_to_self_consistency", "-")
+        )
+        rows.append(
+            f"| {name} | {_cell(m['accuracy'])} | {_cell(m['auroc2'])} | {_cell(m['ece'])} | "
+            f"{_cell(m['ceiling_rate'])} | {_cell(m.get('parse_rate', '-'))} | "
+            f"{_cell(corr) if name != 'self-consistency (teacher)' else '1'} | {m['passes']} | "
+            f"{_cell(m['seconds_per_item'])} |"
+        )
+    arms = [
+        "| arm | examples | guard | steps | loss first -> last | train s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, run in report["runs"].items():
+        g = run["guard"]
+        verdict = "refused" if "refused" in g else f"{g['entropy_bits']:.2f} bits"
+        arms.append(
+            f"| {name} | {run['examples']} | {verdict} | {_cell(run.get('steps'))} | "
+            f"{_cell(run.get('loss_first'))} -> {_cell(run.get('loss_last'))} | "
+            f"{_cell(run.get('train_s'))} |"
+        )
+    lines = ["\n".join(rows), "", "\n".join(arms), ""]
+    for name, run in report["runs"].items():
+        if "refused" in run["guard"]:
+            lines.append(f"{name}: refused by the guard: {run['guard']['refused']}")
+    return "\n".join(lines)
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``semsoft distill``."""
+    parser = subparsers.add_parser(
+        "distill",
+        help="distil self-consistency into a stated confidence (LoRA)",
+        description="Sample answers, turn the share of correct samples into a confidence "
+        "target, refuse a collapsed target set, LoRA-tune the model (TRL) to answer with "
+        "'Confidence: NN%%', and compare the confidence signals on held-out items "
+        "(Cacioli 2026).",
+    )
+    add_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The recipe's flags (shared by the command and ``benchmarks/distill_run.py``)."""
+    d = DistillConfig()
+    parser.add_argument(
+        "--model", default=d.model, help="'default', 'qwen2.5-coder-1.5b' or a checkpoint dir"
+    )
+    parser.add_argument("--task", choices=TASKS, default=d.task, help="question set")
+    parser.add_argument(
+        "--data", default=d.data, help="nq only: JSONL {question, answer: [aliases]}"
+    )
+    parser.add_argument("--out", default=d.out, help="output dir (adapters, samples, report)")
+    parser.add_argument("--train-items", type=int, default=d.train_items)
+    parser.add_argument("--eval-items", type=int, default=d.eval_items)
+    parser.add_argument("--n", type=int, default=d.n, help="samples per item")
+    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument(
+        "--match", choices=("contains", "exact"), default=d.match, help="open-QA matching rule"
+    )
+    parser.add_argument("--sample-batch-size", type=int, default=d.sample_batch_size)
+    parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
+    parser.add_argument("--rank", type=int, default=d.rank, help="LoRA rank")
+    parser.add_argument("--alpha", type=int, default=d.alpha, help="LoRA alpha")
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="SFT batch size")
+    parser.add_argument("--max-steps", type=int, default=d.max_steps, help="cap the SFT steps")
+    parser.add_argument(
+        "--min-entropy", type=float, default=d.min_entropy_bits, help="guard: minimum bits"
+    )
+    parser.add_argument(
+        "--max-top-share", type=float, default=d.max_top_share, help="guard: top target share"
+    )
+    parser.add_argument("--no-control", action="store_true", help="skip the shuffled control")
+    parser.add_argument("--no-modal-filter", action="store_true", help="skip the modal filter")
+    parser.add_argument(
+        "--modal-filter-guard-only",
+        action="store_true",
+        help="check the modal-filter set's guard but do not train it when it passes",
+    )
+    parser.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
+    parser.add_argument("--device", default=d.device, help="auto, cpu or cuda")
+    parser.add_argument("--resample", action="store_true", help="ignore a matching samples.json")
+
+
+def config_from_args(args: argparse.Namespace) -> DistillConfig:
+    """A :class:`DistillConfig` from the flags of :func:`add_arguments`."""
+    return DistillConfig(
+        model=args.model, task=args.task, data=args.data, out=args.out,
+        train_items=args.train_items, eval_items=args.eval_items, n=args.n,
+        temperature=args.temperature, seed=args.seed, match=args.match,
+        sample_batch_size=args.sample_batch_size, eval_batch_size=args.eval_batch_size,
+        rank=args.rank, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
+        batch_size=args.batch_size, max_steps=args.max_steps,
+        min_entropy_bits=args.min_entropy, max_top_share=args.max_top_share,
+        control=not args.no_control, modal_filter_run=not args.no_modal_filter,
+        modal_filter_train=not args.modal_filter_guard_only,
+        eval_max_new_tokens=args.eval_max_new_tokens,
+        device=args.device, resample=args.resample,
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """``semsoft distill``: run the recipe and print the held-out tables."""
+    config = config_from_args(args)
+    report = run_distill(config)
+    print(json.dumps(report, indent=2) if args.json else format_markdown(report))
+    print(f"report: {Path(config.out) / 'report.json'}")
+    return 0
