@@ -19,7 +19,7 @@ from torch import Tensor
 
 from semsoft_eval.backends import DecisionStep, Generations, Prompt
 from semsoft_eval.forward import STORE_K, compress
-from semsoft_plugin.core import OutputEmbeddings
+from semsoft_plugin.tokens import OutputEmbeddings
 from semsoft_plugin.labels import LabelSet
 
 __all__ = ["STORE_K", "TransformersBackend"]

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from semsoft_eval.backends import DecisionStep, Generations, Prompt
-from semsoft_plugin.core import OutputEmbeddings
+from semsoft_plugin.tokens import OutputEmbeddings
 from semsoft_plugin.labels import LabelSet
 
 __all__ = ["VLLM_STORE_K", "VLLMBackend"]
