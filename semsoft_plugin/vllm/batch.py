@@ -9,14 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vllm import SamplingParams
-
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.labels import LabelSet, label_names
 from semsoft_plugin.request import Mode
 from semsoft_plugin.scoring import _client_model, _score_top_k
 from semsoft_plugin.vllm.params import sampling_params
-from semsoft_plugin.vllm.reader import _request_of, label_scores
+from semsoft_plugin.vllm.reader import (
+    _fetch_logprobs,
+    _request_of,
+    _top_k_logprobs,
+    label_scores,
+)
 
 __all__ = ["classify_vllm"]
 
@@ -140,9 +143,7 @@ def classify_vllm(
         or any(t not in steps[i] for t in extra_ids)
     ]
     if missing:
-        # One-token follow-ups at the decision step, at most MAX_LOGPROB_TOKEN_IDS ids each.
-        from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
-
+        # One-token follow-ups at the decision step.
         follow = [
             TokensPrompt(
                 prompt_token_ids=encoded[i]
@@ -150,12 +151,9 @@ def classify_vllm(
             )
             for i in missing
         ]
-        for start in range(0, len(probe_ids), MAX_LOGPROB_TOKEN_IDS):
-            chunk = probe_ids[start : start + MAX_LOGPROB_TOKEN_IDS]
-            probe = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=chunk)
-            for i, out in zip(missing, llm.generate(follow, probe, use_tqdm=use_tqdm), strict=True):
-                entries = out.outputs[0].logprobs[0]
-                steps[i].update({t: float(entries[t].logprob) for t in chunk})
+        fetched = _fetch_logprobs(llm, follow, probe_ids, use_tqdm=use_tqdm)
+        for i, found in zip(missing, fetched, strict=True):
+            steps[i].update(found)
         for i in missing:
             if scores[i].constrained_probs is not None:
                 continue
@@ -163,12 +161,7 @@ def classify_vllm(
             # softmax (and the default's pool with it) is then exact, as transformers has it.
             decision = scores[i].decision_step
             assert decision is not None  # a reader's result always carries its decision step
-            entries = outputs[i].outputs[0].logprobs[decision]
-            top = {
-                int(t): float(lp.logprob)
-                for t, lp in entries.items()
-                if lp.rank is not None and lp.rank <= cfg.k
-            }
+            top = _top_k_logprobs(outputs[i].outputs[0].logprobs[decision], cfg.k)
             generated = list(outputs[i].outputs[0].token_ids)
             scores[i] = _score_top_k(client, request, top, steps[i], generated, decision)
     results = []

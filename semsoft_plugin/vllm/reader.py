@@ -94,12 +94,7 @@ def label_scores(
             "and no scores are given for it"
         )
     entries = completion.logprobs[step]
-    k = request.config.k
-    top = {
-        int(t): float(lp.logprob)
-        for t, lp in entries.items()
-        if lp.rank is not None and lp.rank <= k
-    }
+    top = _top_k_logprobs(entries, request.config.k)
     extra = {int(t): float(lp.logprob) for t, lp in entries.items()}
     prompt_ids = getattr(request_output, "prompt_token_ids", None)
     if getattr(model, "llm_engine", None) is not None and prompt_ids is not None:
@@ -131,16 +126,37 @@ def _missing_answer_logprobs(
     if not missing or request.config.semantic_weight == 1.0:
         return {}
     from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
 
     prompt = TokensPrompt(prompt_token_ids=list(prompt_ids) + list(generated[:step]))
-    found: dict[int, float] = {}
-    for start in range(0, len(missing), MAX_LOGPROB_TOKEN_IDS):
-        chunk = missing[start : start + MAX_LOGPROB_TOKEN_IDS]
+    return _fetch_logprobs(llm, [prompt], missing)[0]
+
+
+def _top_k_logprobs(entries: Mapping[int, Any], k: int) -> dict[int, float]:
+    """token -> raw log-prob of a step's ``k`` most likely tokens (vLLM ranks from 1)."""
+    return {
+        int(t): float(lp.logprob)
+        for t, lp in entries.items()
+        if lp.rank is not None and lp.rank <= k
+    }
+
+
+def _fetch_logprobs(
+    llm: Any, prompts: Sequence[Any], token_ids: Sequence[int], *, use_tqdm: bool = False
+) -> list[dict[int, float]]:
+    """Each prompt's next-token raw log-probs of ``token_ids``: one-token follow-ups
+    (greedy, ``max_tokens=1``, the prefix cache serves the prompt), at most vLLM's
+    ``MAX_LOGPROB_TOKEN_IDS`` ids a request."""
+    from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
+
+    found: list[dict[int, float]] = [{} for _ in prompts]
+    for start in range(0, len(token_ids), MAX_LOGPROB_TOKEN_IDS):
+        chunk = list(token_ids[start : start + MAX_LOGPROB_TOKEN_IDS])
         probe = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=chunk)
-        out = llm.generate([prompt], probe, use_tqdm=False)[0]
-        entries = out.outputs[0].logprobs[0]
-        found.update({t: float(entries[t].logprob) for t in chunk})
+        for row, out in zip(
+            found, llm.generate(list(prompts), probe, use_tqdm=use_tqdm), strict=True
+        ):
+            entries = out.outputs[0].logprobs[0]
+            row.update({t: float(entries[t].logprob) for t in chunk})
     return found
 
 
