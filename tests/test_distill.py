@@ -8,10 +8,12 @@ import pytest
 
 from semsoft_eval.confidence import check_label_entropy, target_from_samples
 from semsoft_eval.distill import (
+    DistillConfig,
     Example,
     QAItem,
     SampledItem,
     Signal,
+    build_answer_examples,
     build_examples,
     closeness,
     format_markdown,
@@ -22,10 +24,13 @@ from semsoft_eval.distill import (
     load_task,
     modal_filter,
     qa_prompt,
+    run_distill,
     sample_cached,
     save_adapter,
     score,
     split_items,
+    split_items_with_warmup,
+    stated_value_signal,
     summarise,
     train_lora,
     verbal_signal,
@@ -115,6 +120,30 @@ def test_loaders_and_split() -> None:
         split_items(items, 3000, 1000)
     with pytest.raises(ValueError, match="'emotions'"):
         load_task("emotions")
+
+
+def test_warmup_items_are_disjoint_and_leave_train_and_held_out_unchanged() -> None:
+    sst = load_task("sst2")
+    train, held = split_items(sst, 30, 20, seed=3)
+    train_w, held_w, warm = split_items_with_warmup(sst, 30, 20, 40, seed=3)
+    assert (train_w, held_w) == (train, held) and len(warm) == 40
+    seen = {i.question for i in train + held}
+    assert not seen & {i.question for i in warm}
+    with pytest.raises(ValueError, match="--warmup-items 900"):
+        split_items_with_warmup(sst, 30, 20, 900)
+    with pytest.raises(ValueError, match="-1"):
+        split_items_with_warmup(sst, 30, 20, -1)
+
+
+def test_answer_examples_teach_the_gold_answer_and_no_confidence() -> None:
+    items = load_task("sst2")[:3]
+    examples = build_answer_examples(_ChatTokenizer(), items)
+    assert [e.completion for e in examples] == [f" {i.aliases[0]}" for i in items]
+    assert all(e.target is None and "Confidence" not in e.completion for e in examples)
+    # the plain question prompt, the one the teacher samples with (no confidence asked)
+    assert examples[0].prompt == qa_prompt(_ChatTokenizer(), items[0])
+    with pytest.raises(ValueError, match="no warm-up items"):
+        build_answer_examples(_ChatTokenizer(), [])
 
 
 def test_score_and_table_on_a_tiny_set() -> None:
@@ -207,3 +236,71 @@ def test_sampling_one_trl_step_adapter_round_trip_and_evaluation(
     assert m["n"] == 2 and 0 <= m["accuracy"] <= 1 and 0 <= m["parse_rate"] <= 1
     assert all(c is None or 0 <= c <= 1 for c in verbal.confidence)
     assert all(c is not None and c <= 0 for c in entropy.confidence)
+
+
+@pytest.mark.slow
+def test_expected_stated_value_is_a_probability_weighted_mean() -> None:
+    from semsoft_plugin import models
+
+    # float32 as in the run: in bf16 a cached and an uncached pass differ by ~0.1 nats
+    model, tokenizer = models.load("default", dtype="float32")
+    items = load_task("sst2")[:2]
+    verbal = Signal("v", [True, False], [0.7, 0.7], True, 0.0, "1", answers=[" positive"] * 2)
+    expected = stated_value_signal(model, tokenizer, items, verbal)
+    assert expected.correct == verbal.correct
+    # the shared-prefix cache gives what one full forward pass per statement gives
+    import torch
+
+    from semsoft_eval.confidence import PAPER_TARGETS, format_confidence
+    from semsoft_plugin.prompting import encode_prompts, format_prompt
+
+    values = sorted(set(PAPER_TARGETS.values()))
+    prompt = encode_prompts(
+        tokenizer, [format_prompt(tokenizer, qa_prompt(tokenizer, items[0], verbal=True))]
+    )[0]
+    totals = []
+    for v in values:
+        tail = tokenizer.encode(
+            f" positive\n{format_confidence(v / 100)}", add_special_tokens=False
+        ) + [tokenizer.eos_token_id]
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([prompt + tail])).logits[0].double()
+        logp = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1]
+        totals.append(logp.gather(1, torch.tensor(tail)[:, None]).sum())
+    full = float(torch.softmax(torch.stack(totals), 0) @ torch.tensor(values, dtype=torch.double))
+    assert expected.confidence[0] == pytest.approx(full / 100, abs=1e-6)
+    assert all(c is not None and 0.05 <= c <= 0.95 for c in expected.confidence)
+    # only the statements given can be chosen: one value leaves no choice
+    single = stated_value_signal(model, tokenizer, items, verbal, values=(35,))
+    assert single.confidence == pytest.approx([0.35, 0.35])
+    with pytest.raises(ValueError, match="same items"):
+        stated_value_signal(model, tokenizer, items[:1], verbal)
+    with pytest.raises(ValueError, match="values=.*120"):
+        stated_value_signal(model, tokenizer, items, verbal, values=(50, 120))
+
+
+@pytest.mark.slow
+def test_run_distill_with_an_answer_warmup_end_to_end(tmp_path) -> None:
+    """Every stage on a tiny set: the warm-up adapter is trained once, then reused."""
+    config = DistillConfig(
+        out=str(tmp_path / "run"), train_items=4, eval_items=2, warmup_items=2, n=2,
+        max_steps=1, batch_size=2, min_train_examples=1, min_entropy_bits=0.0,
+        max_top_share=1.0, control=False, modal_filter_run=False, eval_max_new_tokens=6,
+        progress=False,
+    )  # fmt: skip
+    report = run_distill(config)
+    warm = report["answer_warmup"]
+    assert warm["items"] == 2 and warm["steps"] == 1 and warm["reused"] is False
+    adapter = tmp_path / "run" / "adapter-answer-warmup"
+    assert (adapter / "adapter_model.safetensors").is_file()
+    arm = report["runs"]["all items"]
+    info = json.loads((tmp_path / "run" / "adapter-all-items" / "distill.json").read_text())
+    assert info["base_adapter"] == str(adapter)  # the arm's adapter applies on top of it
+    assert arm["steps"] == 1 and "verbal_expected" in arm and "target_ceiling_auroc2" in arm
+    assert (
+        json.loads((tmp_path / "run" / "samples.json").read_text())["key"]["warmup"]["warmup_items"]
+        == 2
+    )  # the teacher's samples are the warmed-up model's, cached as such
+    assert "answer warm-up" in format_markdown(report)
+    again = run_distill(config)
+    assert again["answer_warmup"]["reused"] is True

@@ -24,6 +24,7 @@ from semsoft_eval.distill.data import (
     load_task,
     qa_prompt,
     split_items,
+    split_items_with_warmup,
 )
 from semsoft_eval.distill.evaluation import (
     Signal,
@@ -31,12 +32,15 @@ from semsoft_eval.distill.evaluation import (
     label_signals,
     score,
     self_consistency_signal,
+    stated_value_signal,
+    stated_values,
     verbal_signal,
 )
 from semsoft_eval.distill.run import DistillConfig, add_parser, format_markdown, run, run_distill
 from semsoft_eval.distill.targets import (
     Example,
     SampledItem,
+    build_answer_examples,
     build_examples,
     guarded,
     modal_filter,
@@ -56,6 +60,7 @@ __all__ = [
     "load_label_task",
     "load_task",
     "split_items",
+    "split_items_with_warmup",
     "qa_prompt",
     "grade",
     "sample_items",
@@ -64,12 +69,15 @@ __all__ = [
     "modal_filter",
     "guarded",
     "build_examples",
+    "build_answer_examples",
     "train_lora",
     "save_adapter",
     "load_adapter",
     "verbal_signal",
     "self_consistency_signal",
     "label_signals",
+    "stated_value_signal",
+    "stated_values",
     "score",
     "closeness",
     "run_distill",

@@ -36,6 +36,7 @@ __all__ = [
     "load_label_task",
     "load_task",
     "split_items",
+    "split_items_with_warmup",
     "qa_prompt",
     "grade",
 ]
@@ -124,16 +125,31 @@ def split_items(
     items: Sequence[QAItem], n_train: int, n_eval: int, seed: int = 0
 ) -> tuple[list[QAItem], list[QAItem]]:
     """Disjoint random train and held-out sets."""
+    train, held, _ = split_items_with_warmup(items, n_train, n_eval, 0, seed)
+    return train, held
+
+
+def split_items_with_warmup(
+    items: Sequence[QAItem], n_train: int, n_eval: int, n_warmup: int, seed: int = 0
+) -> tuple[list[QAItem], list[QAItem], list[QAItem]]:
+    """Disjoint random train, held-out and answer warm-up sets.
+
+    The train and held-out sets are the ones :func:`split_items` gives for the same
+    seed (one permutation, cut in order), so adding a warm-up changes neither.
+    """
     if n_train < 1 or n_eval < 1:
         raise ValueError(f"need at least one train and one eval item, got {n_train}, {n_eval}")
-    if n_train + n_eval > len(items):
+    if n_warmup < 0:
+        raise ValueError(f"--warmup-items {n_warmup} must be >= 0")
+    if n_train + n_eval + n_warmup > len(items):
         raise ValueError(
-            f"--train-items {n_train} + --eval-items {n_eval} exceed the {len(items)} questions"
+            f"--train-items {n_train} + --eval-items {n_eval} + --warmup-items {n_warmup} "
+            f"exceed the {len(items)} questions"
         )
     order = np.random.default_rng(seed).permutation(len(items))
-    return [items[i] for i in order[:n_train]], [
-        items[i] for i in order[n_train : n_train + n_eval]
-    ]
+    cuts = np.cumsum([n_train, n_eval, n_warmup])
+    train, held, warm = np.split(order[: cuts[-1]], cuts[:-1])
+    return [items[i] for i in train], [items[i] for i in held], [items[i] for i in warm]
 
 
 def qa_prompt(tokenizer: Any, item: QAItem | str, *, verbal: bool = False) -> Any:

@@ -15,7 +15,14 @@ the confidence is a probability) and the ceiling rate (share >= 90%):
 * **constrained / Semantic Softmax top probability** (:func:`label_signals`, label tasks
   only): one forward pass over the label set through :func:`semsoft_plugin.hf.classify`;
   the argmax label and its probability. For open QA there is no label set and these do
-  not apply.
+  not apply;
+* **verbal, expected stated value** (:func:`stated_value_signal`): after the same greedy
+  answer line, the model's probability of each statement it was taught
+  (``"Confidence: 5%"`` ... ``"95%"``, the paper's targets), normalised over them; the
+  confidence is their expectation. Greedy decoding states the mode of that distribution,
+  which a lightly trained model makes the same for every item (ties give AUROC2 0.5); the
+  expectation tells whether the ranking was learnt but hidden by the mode. One extra
+  forward pass of 11 short continuations per item.
 
 Which one-pass signal is closest to self-consistency is measured by the Spearman rank
 correlation of its confidence with the teacher's agreement on the same items.
@@ -25,13 +32,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from semsoft_eval.confidence import auroc2, ceiling_rate
+from semsoft_eval.confidence import PAPER_TARGETS, auroc2, ceiling_rate, format_confidence
 from semsoft_eval.distill.data import QAItem, grade, qa_prompt
 from semsoft_eval.distill.targets import SampledItem
 from semsoft_eval.metrics import ece_numpy
@@ -42,6 +50,8 @@ __all__ = [
     "verbal_signal",
     "self_consistency_signal",
     "label_signals",
+    "stated_value_signal",
+    "stated_values",
     "score",
     "closeness",
 ]
@@ -59,6 +69,7 @@ class Signal:
     passes: str  # forward passes per item, in words
     parsed: list[bool] | None = None
     examples: list[dict[str, Any]] | None = None
+    answers: list[str] | None = None  # verbal: each greedy answer line, as generated
 
 
 def _round(value: float | None) -> float | None:
@@ -129,6 +140,7 @@ def verbal_signal(
             {"text": r.text, "confidence": r.confidence, "correct": bool(ok)}
             for r, ok in list(zip(readings, correct, strict=True))[:5]
         ],
+        answers=[r.text.split("\n")[0] for r in readings],
     )
     # an empty answer line has no entropy: it counts as maximally uncertain
     entropy = Signal(
@@ -199,6 +211,114 @@ def label_signals(
             )
         )
     return signals
+
+
+def stated_values(signal: Signal) -> dict[str, int]:
+    """How often each confidence was stated (``"none"``: unreadable), most common first."""
+    counts = Counter("none" if c is None else f"{round(c * 100)}%" for c in signal.confidence)
+    return dict(counts.most_common())
+
+
+def stated_value_signal(
+    model: Any,
+    tokenizer: Any,
+    items: Sequence[QAItem],
+    verbal: Signal,
+    *,
+    name: str = "verbal, expected stated value",
+    values: Sequence[int] = tuple(sorted(set(PAPER_TARGETS.values()))),
+) -> Signal:
+    """The expectation of the taught confidence statements after each greedy answer.
+
+    For item ``i`` with greedy answer line ``a_i`` (``verbal.answers``) and the statements
+    ``s_v = "\\nConfidence: v%"`` + EOS for ``v`` in ``values``,
+
+    .. math:: c_i = \\sum_v v \\, \\frac{p(s_v \\mid x_i, a_i)}{\\sum_u p(s_u \\mid x_i, a_i)},
+
+    with ``p`` the product of the model's next-token probabilities over the statement's
+    tokens, tokenised as in training (prompt, then the completion). Correctness is the
+    greedy answer's (``verbal.correct``), so only the confidence reading differs.
+    """
+    import torch
+
+    from semsoft_plugin.prompting import encode_prompts, format_prompt
+
+    if verbal.answers is None or len(verbal.answers) != len(items):
+        raise ValueError("stated_value_signal needs the verbal_signal of the same items")
+    if not values or any(not 0 <= v <= 100 for v in values):
+        raise ValueError(f"values={values!r} must be percentages in [0, 100]")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    device = next(model.parameters()).device
+    weights_of_values = np.asarray(values, dtype=np.float64)
+    start = time.perf_counter()
+    confidence: list[float | None] = []
+    for item, answer in zip(items, verbal.answers, strict=True):
+        prompt_ids = encode_prompts(
+            tokenizer, [format_prompt(tokenizer, qa_prompt(tokenizer, item, verbal=True))]
+        )[0]
+        rows = [
+            prompt_ids
+            + tokenizer.encode(f"{answer}\n{format_confidence(v / 100)}", add_special_tokens=False)
+            + eos
+            for v in values
+        ]
+        totals = _continuation_log_probs(model, rows, pad, device)
+        weights = torch.softmax(totals, dim=0).numpy()
+        confidence.append(float(weights @ weights_of_values) / 100)
+    return Signal(
+        name=name,
+        correct=list(verbal.correct),
+        confidence=confidence,
+        probability=True,
+        seconds=time.perf_counter() - start,
+        passes=f"+1 forward pass (prompt and answer once, {len(values)} short continuations)",
+    )
+
+
+def _continuation_log_probs(model: Any, rows: list[list[int]], pad: int, device: Any) -> Any:
+    """``log p(row[shared:] | row[:shared])`` for each row, ``shared`` their common prefix.
+
+    The common prefix (prompt, answer, ``"\\nConfidence: "``) is run once and its cache
+    repeated for the rows' tails, so an item costs one prompt pass plus a few tokens per
+    row. Its own probability is the same for every row and cancels in the normalisation
+    over rows, so it is left out. At least one token per row is kept as tail.
+    """
+    import torch
+
+    shared = min(len(r) for r in rows) - 1
+    for i, token in enumerate(rows[0][:shared]):
+        if any(r[i] != token for r in rows):
+            shared = i
+            break
+    with torch.inference_mode():
+        head = model(
+            input_ids=torch.tensor([rows[0][:shared]], device=device),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        first = torch.log_softmax(head.logits[0, -1].double(), dim=-1).cpu()
+        cache = head.past_key_values
+        cache.batch_repeat_interleave(len(rows))
+        tails = [r[shared:] for r in rows]
+        width = max(map(len, tails))
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
+        for k, tail in enumerate(tails):
+            ids[k, : len(tail)] = torch.tensor(tail)
+            mask[k, shared : shared + len(tail)] = 1
+        logits = model(
+            input_ids=ids.to(device), attention_mask=mask.to(device), past_key_values=cache
+        ).logits
+        logp = torch.log_softmax(logits.double(), dim=-1).cpu()
+    return torch.stack(
+        [
+            first[tail[0]]
+            + logp[k, : len(tail) - 1].gather(1, torch.tensor(tail[1:])[:, None]).sum()
+            for k, tail in enumerate(tails)
+        ]
+    )
 
 
 def closeness(signal: Signal, teacher: Signal) -> float | None:

@@ -8,6 +8,11 @@ and trains three arms as in Cacioli (2026):
 * ``modal filter``: only items whose modal answer is right (the paper's failure: the
   targets collapse and the guard refuses it, reported, not raised).
 
+With ``warmup_items > 0`` a first LoRA teaches the answer alone (gold label, no
+confidence) on items disjoint from the train and held-out sets, and is merged into the
+model before anything else: the teacher samples, every baseline and every arm then use
+that answer model (see :func:`~semsoft_eval.distill.targets.build_answer_examples`).
+
 The main set refused by the guard raises ``ValueError`` (nothing can be learnt). On the
 held-out items it reports the verbal confidence before and after each arm and the
 one-pass signals of :mod:`semsoft_eval.distill.evaluation`, their cost (forward passes
@@ -29,15 +34,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from semsoft_eval.distill.data import TASKS, load_task, split_items
+from semsoft_eval.confidence import auroc2
+from semsoft_eval.distill.data import TASKS, load_task, split_items_with_warmup
 from semsoft_eval.distill.evaluation import (
     closeness,
     label_signals,
     score,
     self_consistency_signal,
+    stated_value_signal,
+    stated_values,
     verbal_signal,
 )
 from semsoft_eval.distill.targets import (
+    Example,
+    build_answer_examples,
     build_examples,
     cache_key,
     guarded,
@@ -72,6 +82,8 @@ class DistillConfig:
     lr: float = 5e-4
     epochs: int = 2
     batch_size: int = 8
+    warmup_items: int = 0  # answer warm-up on items disjoint from train and held-out
+    warmup_epochs: int = 1
     max_steps: int | None = None
     min_entropy_bits: float = 0.5
     max_top_share: float = 0.9
@@ -84,12 +96,70 @@ class DistillConfig:
     progress: bool | None = None
 
 
-def _load(config: DistillConfig) -> tuple[Any, Any]:
+def _load(config: DistillConfig, warmup: Path | None = None) -> tuple[Any, Any]:
+    """The model in float32 on its device; with ``warmup``, that adapter merged in."""
     from semsoft_plugin import models
 
     model, tokenizer = models.load(config.model, dtype="float32")
+    if warmup is not None:
+        model = load_adapter(model, warmup)
     device = "cuda" if config.device == "auto" and torch.cuda.is_available() else config.device
     return model.to("cpu" if device == "auto" else device), tokenizer
+
+
+def _finite(value: float) -> float | None:
+    """Rounded for the report; ``None`` where undefined (AUROC2 of one class is NaN)."""
+    return round(float(value), 4) if np.isfinite(value) else None
+
+
+def _targets(examples: list[Example]) -> list[float]:
+    return [e.target for e in examples if e.target is not None]
+
+
+def _warmup_settings(config: DistillConfig) -> dict[str, Any]:
+    return {
+        "warmup_items": config.warmup_items, "warmup_epochs": config.warmup_epochs,
+        "lr": config.lr, "rank": config.rank, "alpha": config.alpha,
+        "batch_size": config.batch_size, "seed": config.seed,
+    }  # fmt: skip
+
+
+def _answer_warmup(config: DistillConfig, items: list[Any], out: Path) -> dict[str, Any]:
+    """Train (or reuse, when its settings match) the answer warm-up adapter."""
+    adapter = out / "adapter-answer-warmup"
+    settings = _warmup_settings(config)
+    info_file = adapter / "distill.json"
+    if info_file.is_file() and not config.resample:
+        info = json.loads(info_file.read_text())
+        if info.get("settings") == settings and info.get("questions") == [
+            i.question for i in items
+        ]:
+            return {**info["report"], "reused": True}
+    model, tokenizer = _load(config)
+    start = time.perf_counter()
+    peft_model, losses = train_lora(
+        model, tokenizer, build_answer_examples(tokenizer, items), rank=config.rank,
+        alpha=config.alpha, lr=config.lr, epochs=config.warmup_epochs,
+        batch_size=config.batch_size, seed=config.seed, progress=config.progress,
+    )  # fmt: skip
+    report = {
+        "adapter": str(adapter),
+        "items": len(items),
+        "epochs": config.warmup_epochs,
+        "steps": len(losses),
+        "loss_first": round(losses[0], 4) if losses else None,
+        "loss_last": round(float(np.mean(losses[-5:])), 4) if losses else None,
+        "train_s": round(time.perf_counter() - start, 1),
+    }
+    save_adapter(
+        peft_model,
+        adapter,
+        {"run": "answer warm-up", "settings": settings, "report": report,
+         "questions": [i.question for i in items]},
+    )  # fmt: skip
+    del peft_model, model
+    gc.collect()
+    return {**report, "reused": False}
 
 
 def _signals(
@@ -109,8 +179,10 @@ def _arm(
     out: Path,
     guard: dict[str, Any],
     teacher: Any,
+    warmup: Path | None,
+    held_targets: list[float],
 ) -> dict[str, Any]:
-    model, tokenizer = _load(config)
+    model, tokenizer = _load(config, warmup)
     start = time.perf_counter()
     peft_model, losses = train_lora(
         model, tokenizer, examples, rank=config.rank, alpha=config.alpha, lr=config.lr,
@@ -126,13 +198,16 @@ def _arm(
             "examples": len(examples),
             "guard": guard,
             "config": dataclasses.asdict(config),
+            # the adapter applies on top of this one, merged (None: the plain model)
+            "base_adapter": None if warmup is None else str(warmup),
         },
     )
     del peft_model, model
     gc.collect()
-    base, tokenizer = _load(config)
+    base, tokenizer = _load(config, warmup)
     tuned = load_adapter(base, adapter)  # what a user gets: the adapter read back from disk
     verbal, entropy = _signals(config, tuned, tokenizer, held, f"verbal after ({name})")
+    expected = stated_value_signal(tuned, tokenizer, held, verbal)
     del tuned, base
     gc.collect()
     return {
@@ -146,6 +221,13 @@ def _arm(
         "train_s_per_example_epoch": round(train_s / (len(examples) * config.epochs), 3),
         "verbal": score(verbal),
         "verbal_closeness_to_self_consistency": closeness(verbal, teacher),
+        # a student that stated every held-out target exactly: what this teacher allows
+        "target_ceiling_auroc2": _finite(auroc2(verbal.correct, held_targets)),
+        "stated_values": stated_values(verbal),
+        "verbal_expected": {
+            **score(expected),
+            "closeness_to_self_consistency": closeness(expected, teacher),
+        },
         "logit_entropy": score(entropy),
     }
 
@@ -162,15 +244,22 @@ def run_distill(config: DistillConfig) -> dict[str, Any]:
     items = load_task(config.task, config.data)
     label_task = items[0].labels is not None
     max_new = config.max_new_tokens or (4 if label_task else 16)
-    train, held = split_items(items, config.train_items, config.eval_items, config.seed)
-    model, tokenizer = _load(config)
+    train, held, warm_items = split_items_with_warmup(
+        items, config.train_items, config.eval_items, config.warmup_items, config.seed
+    )
+    warmup_report = _answer_warmup(config, warm_items, out) if warm_items else None
+    warmup = Path(warmup_report["adapter"]) if warmup_report else None
+    model, tokenizer = _load(config, warmup)
     settings = dict(
         n=config.n, temperature=config.temperature, seed=config.seed, match=config.match,
         max_new_tokens=max_new,
     )  # fmt: skip
+    key = cache_key(models.resolve(config.model), **settings)
+    if warmup_report:  # the teacher is the warmed-up model: its samples are its own
+        key["warmup"] = _warmup_settings(config)
     sampled, sample_s = sample_cached(
         model, tokenizer, train + held, out / "samples.json",
-        key=cache_key(models.resolve(config.model), **settings), resample=config.resample,
+        key=key, resample=config.resample,
         batch_size=config.sample_batch_size, progress=config.progress, **settings,
     )  # fmt: skip
     if sample_s is None:  # from the cache: the seconds it took when it was sampled
@@ -180,6 +269,7 @@ def run_distill(config: DistillConfig) -> dict[str, Any]:
     report: dict[str, Any] = {
         "config": dataclasses.asdict(config),
         "model_dir": str(models.resolve(config.model)),
+        "answer_warmup": warmup_report,
         "sampling": {
             "items": len(sampled),
             "seconds": sample_s,
@@ -203,11 +293,12 @@ def run_distill(config: DistillConfig) -> dict[str, Any]:
         max_top_share=config.max_top_share,
     )  # fmt: skip
     examples = build_examples(tokenizer, sampled_train, seed=config.seed)
-    guard = guarded([e.target for e in examples], "training set (all items)", **guard_kw)
+    guard = guarded(_targets(examples), "training set (all items)", **guard_kw)
     if "refused" in guard:
         (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         raise ValueError(guard["refused"])
 
+    held_targets = [s.target for s in sampled_held]
     teacher = self_consistency_signal(sampled_held, sample_s * len(held) / len(sampled))
     before, entropy = _signals(config, model, tokenizer, held, "verbal before")
     one_pass = [entropy]
@@ -236,21 +327,24 @@ def run_distill(config: DistillConfig) -> dict[str, Any]:
     gc.collect()
     timings: dict[str, Any] = {"sample_and_baselines_s": round(time.perf_counter() - start, 1)}
 
-    report["runs"]["all items"] = _arm(config, "all items", examples, held, out, guard, teacher)
+    report["runs"]["all items"] = _arm(
+        config, "all items", examples, held, out, guard, teacher, warmup, held_targets
+    )
     if config.control:
         shuffled = build_examples(tokenizer, sampled_train, shuffle_targets=True, seed=config.seed)
         report["runs"]["shuffled"] = _arm(
             config, "shuffled", shuffled, held, out,
-            guarded([e.target for e in shuffled], "shuffled control", **guard_kw), teacher,
+            guarded(_targets(shuffled), "shuffled control", **guard_kw), teacher, warmup,
+            held_targets,
         )  # fmt: skip
     if config.modal_filter_run:
         filtered = build_examples(tokenizer, modal_filter(sampled_train), seed=config.seed)
-        guard_f = guarded([e.target for e in filtered], "modal-filter training set", **guard_kw)
+        guard_f = guarded(_targets(filtered), "modal-filter training set", **guard_kw)
         if "refused" in guard_f or not config.modal_filter_train:
             report["runs"]["modal filter"] = {"examples": len(filtered), "guard": guard_f}
         else:
             report["runs"]["modal filter"] = _arm(
-                config, "modal filter", filtered, held, out, guard_f, teacher
+                config, "modal filter", filtered, held, out, guard_f, teacher, warmup, held_targets
             )
     timings["total_s"] = round(time.perf_counter() - start, 1)
     report["timings"] = timings
@@ -278,6 +372,10 @@ def format_markdown(report: dict[str, Any]) -> str:
     for name, run in report["runs"].items():
         if "verbal" in run:
             entries.append((f"verbal, after: {name}", run["verbal"], run))
+            if "verbal_expected" in run:  # reports written before this reading lack it
+                entries.append(
+                    (f"verbal expected stated value, after: {name}", run["verbal_expected"], None)
+                )
     for name, m, run in entries:
         corr = (
             run["verbal_closeness_to_self_consistency"]
@@ -303,6 +401,25 @@ def format_markdown(report: dict[str, Any]) -> str:
             f"{_cell(run.get('train_s'))} |"
         )
     lines = ["\n".join(rows), "", "\n".join(arms), ""]
+    warm = report.get("answer_warmup")
+    if warm:
+        lines.append(
+            f"answer warm-up (before sampling; every row above uses the warmed-up model): "
+            f"{warm['items']} other items, {warm['epochs']} epoch(s), {warm['steps']} steps, "
+            f"loss {_cell(warm['loss_first'])} -> {_cell(warm['loss_last'])}, "
+            f"{_cell(warm['train_s'])} s"
+        )
+    for name, run in report["runs"].items():
+        if "target_ceiling_auroc2" in run:
+            lines.append(
+                f"{name}: AUROC2 of the held-out targets themselves against this arm's "
+                f"correctness (a student that repeated the teacher exactly): "
+                f"{_cell(run['target_ceiling_auroc2'])}"
+            )
+    for name, run in report["runs"].items():
+        if "stated_values" in run:
+            said = ", ".join(f"{v} x{c}" for v, c in run["stated_values"].items())
+            lines.append(f"{name}: confidences stated (greedy): {said}")
     for name, run in report["runs"].items():
         if "refused" in run["guard"]:
             lines.append(f"{name}: refused by the guard: {run['guard']['refused']}")
@@ -353,6 +470,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--epochs", type=int, default=d.epochs)
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="SFT batch size")
+    parser.add_argument(
+        "--warmup-items",
+        type=int,
+        default=d.warmup_items,
+        help="first teach the answer alone on this many other items (0: none)",
+    )
+    parser.add_argument("--warmup-epochs", type=int, default=d.warmup_epochs)
     parser.add_argument("--max-steps", type=int, default=d.max_steps, help="cap the SFT steps")
     parser.add_argument(
         "--min-entropy", type=float, default=d.min_entropy_bits, help="guard: minimum bits"
@@ -381,6 +505,7 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
         sample_batch_size=args.sample_batch_size, eval_batch_size=args.eval_batch_size,
         rank=args.rank, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
         batch_size=args.batch_size, max_steps=args.max_steps,
+        warmup_items=args.warmup_items, warmup_epochs=args.warmup_epochs,
         min_entropy_bits=args.min_entropy, max_top_share=args.max_top_share,
         control=not args.no_control, modal_filter_run=not args.no_modal_filter,
         modal_filter_train=not args.modal_filter_guard_only,

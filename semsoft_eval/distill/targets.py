@@ -39,6 +39,7 @@ __all__ = [
     "modal_filter",
     "guarded",
     "build_examples",
+    "build_answer_examples",
 ]
 
 
@@ -62,11 +63,15 @@ class SampledItem:
 
 @dataclass(frozen=True)
 class Example:
-    """One SFT example: a prompt (chat messages or text) and the completion taught."""
+    """One SFT example: a prompt (chat messages or text) and the completion taught.
+
+    ``target`` is the confidence taught; ``None`` for an answer warm-up example, which
+    teaches the answer alone.
+    """
 
     prompt: Any
     completion: str
-    target: float
+    target: float | None
 
 
 def summarise(item: QAItem, texts: Sequence[str], *, match: str = "contains") -> SampledItem:
@@ -218,4 +223,22 @@ def build_examples(
             target=t,
         )
         for s, t in zip(kept, targets, strict=True)
+    ]
+
+
+def build_answer_examples(tokenizer: Any, items: Sequence[QAItem]) -> list[Example]:
+    """Answer warm-up examples: the plain question prompt, then ``" <gold answer>"``.
+
+    The paper starts from a model that already answers its task in the expected format
+    (Gemma 3 4B on TriviaQA). A small model may not: SmolLM2-135M writes a label on
+    about a third of SST-2 reviews greedily, so its sampled answers disagree by format
+    noise more than by how hard the review is, and the targets carry little that can be
+    learnt. Tuning the answer first, on items disjoint from the train and held-out
+    sets, gives the recipe the model it presumes; no confidence is taught here.
+    """
+    if not items:
+        raise ValueError("no warm-up items")
+    return [
+        Example(prompt=qa_prompt(tokenizer, item), completion=f" {item.aliases[0]}", target=None)
+        for item in items
     ]

@@ -1,0 +1,106 @@
+"""Read the trained adapters of a finished distillation run again, two ways.
+
+For each arm of ``--out/report.json`` with a saved adapter, reload it and read the
+held-out items' verbal confidence as the greedy statement (as the run did) and as the
+expected stated value (:func:`semsoft_eval.distill.stated_value_signal`), and count the
+confidences stated. The figures are added to ``report.json`` and ``report.md`` is
+written again, so runs made before that reading existed can be compared with new ones.
+
+    OMP_NUM_THREADS=2 python3 benchmarks/distill_readout.py --out runs/distill-sst2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from semsoft_eval.confidence import auroc2  # noqa: E402
+from semsoft_eval.distill import (  # noqa: E402
+    closeness,
+    format_markdown,
+    load_adapter,
+    load_task,
+    score,
+    self_consistency_signal,
+    split_items,
+    stated_value_signal,
+    stated_values,
+    verbal_signal,
+)
+from semsoft_eval.distill.targets import SampledItem  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="a run's output dir (report.json)")
+    args = parser.parse_args()
+    import torch
+
+    from semsoft_plugin import models
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
+    out = Path(args.out)
+    report = json.loads((out / "report.json").read_text())
+    config = report["config"]
+    _, held = split_items(
+        load_task(config["task"], config["data"]),
+        config["train_items"],
+        config["eval_items"],
+        config["seed"],
+    )
+    stored = json.loads((out / "samples.json").read_text())["items"][config["train_items"] :]
+    sampled = [
+        SampledItem(**{**s, "aliases": tuple(s["aliases"]), "samples": tuple(s["samples"])})
+        for s in stored
+    ]
+    if [s.question for s in sampled] != [i.question for i in held]:
+        raise ValueError(f"{out}/samples.json does not hold this run's held-out items")
+    teacher = self_consistency_signal(sampled, None)
+    for name, run in report["runs"].items():
+        if "adapter" not in run:
+            continue
+        base, tokenizer = models.load(config["model"], dtype="float32")
+        if report.get("answer_warmup"):  # the arms were trained on the warmed-up model
+            base = load_adapter(base, report["answer_warmup"]["adapter"])
+        tuned = load_adapter(base, run["adapter"])
+        verbal, _ = verbal_signal(
+            tuned, tokenizer, held, batch_size=config["eval_batch_size"],
+            match=config["match"], max_new_tokens=config["eval_max_new_tokens"],
+        )  # fmt: skip
+        greedy = score(verbal)
+        if greedy["auroc2"] != run["verbal"]["auroc2"]:
+            raise RuntimeError(
+                f"{name}: the greedy reading gives AUROC2 {greedy['auroc2']}, the run "
+                f"reported {run['verbal']['auroc2']}: not the same model or items"
+            )
+        expected = stated_value_signal(tuned, tokenizer, held, verbal)
+        run["stated_values"] = stated_values(verbal)
+        # a student that repeated every held-out target exactly: the most this data allows
+        run["target_ceiling_auroc2"] = round(auroc2(verbal.correct, [s.target for s in sampled]), 4)
+        run["verbal_expected"] = {
+            **score(expected),
+            "closeness_to_self_consistency": closeness(expected, teacher),
+        }
+        del tuned, base
+        gc.collect()
+    report["readout"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    md = out / "report.md"
+    header = md.read_text().split("\n\n", 1)[0] if md.is_file() else ""
+    note = (
+        f"(expected stated values added by `benchmarks/distill_readout.py` on {report['readout']})"
+    )
+    md.write_text(f"{header}\n{note}\n\n{format_markdown(report)}\n")
+    print(md.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
