@@ -6,6 +6,12 @@ expected stated value (:func:`semsoft_eval.distill.stated_value_signal`), and co
 confidences stated. The figures are added to ``report.json`` and ``report.md`` is
 written again, so runs made before that reading existed can be compared with new ones.
 
+``--train-fit N`` also reads the expected stated value on the arm's first ``N`` training
+items and reports its Spearman correlation with the targets that arm was trained on. It
+tells the two failures apart: a student that fits its own targets but not held-out
+items has memorised (more items would help); one that does not even fit them has
+underfit (more steps, or a larger model, would).
+
     OMP_NUM_THREADS=2 python3 benchmarks/distill_readout.py --out runs/distill-sst2
 """
 
@@ -18,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,12 +41,58 @@ from semsoft_eval.distill import (  # noqa: E402
     stated_values,
     verbal_signal,
 )
-from semsoft_eval.distill.targets import SampledItem  # noqa: E402
+from semsoft_eval.distill.data import QAItem  # noqa: E402
+from semsoft_eval.distill.targets import (  # noqa: E402
+    SampledItem,
+    build_examples,
+    modal_filter,
+)
+
+
+def _sampled(stored: list[dict[str, Any]]) -> list[SampledItem]:
+    return [
+        SampledItem(**{**s, "aliases": tuple(s["aliases"]), "samples": tuple(s["samples"])})
+        for s in stored
+    ]
+
+
+def _train_fit(
+    tuned: Any,
+    tokenizer: Any,
+    config: dict[str, Any],
+    name: str,
+    train: list[QAItem],
+    sampled_train: list[SampledItem],
+    n: int,
+) -> float:
+    """Spearman of the expected stated value with the arm's own targets, first ``n`` items."""
+    from scipy.stats import spearmanr
+
+    pool = modal_filter(sampled_train) if name == "modal filter" else sampled_train
+    examples = build_examples(
+        tokenizer, pool, shuffle_targets=name == "shuffled", seed=config["seed"]
+    )  # build_examples keeps the items with a readable answer, in order
+    by_question = {item.question: item for item in train}
+    kept = [by_question[s.question] for s in pool if s.modal][:n]
+    targets = [e.target for e in examples][:n]
+    verbal, _ = verbal_signal(
+        tuned, tokenizer, kept, batch_size=config["eval_batch_size"], match=config["match"],
+        max_new_tokens=config["eval_max_new_tokens"],
+    )  # fmt: skip
+    expected = stated_value_signal(tuned, tokenizer, kept, verbal)
+    return round(float(spearmanr(expected.confidence, targets).statistic), 4)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="a run's output dir (report.json)")
+    parser.add_argument(
+        "--train-fit",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also correlate the stated confidence with each arm's targets on N training items",
+    )
     args = parser.parse_args()
     import torch
 
@@ -49,17 +102,15 @@ def main() -> int:
     out = Path(args.out)
     report = json.loads((out / "report.json").read_text())
     config = report["config"]
-    _, held = split_items(
+    train, held = split_items(  # a warm-up leaves train and held-out as they were
         load_task(config["task"], config["data"]),
         config["train_items"],
         config["eval_items"],
         config["seed"],
     )
-    stored = json.loads((out / "samples.json").read_text())["items"][config["train_items"] :]
-    sampled = [
-        SampledItem(**{**s, "aliases": tuple(s["aliases"]), "samples": tuple(s["samples"])})
-        for s in stored
-    ]
+    stored = json.loads((out / "samples.json").read_text())["items"]
+    sampled_train = _sampled(stored[: config["train_items"]])
+    sampled = _sampled(stored[config["train_items"] :])
     if [s.question for s in sampled] != [i.question for i in held]:
         raise ValueError(f"{out}/samples.json does not hold this run's held-out items")
     teacher = self_consistency_signal(sampled, None)
@@ -88,6 +139,11 @@ def main() -> int:
             **score(expected),
             "closeness_to_self_consistency": closeness(expected, teacher),
         }
+        if args.train_fit:
+            run["train_fit_spearman"] = _train_fit(
+                tuned, tokenizer, config, name, train, sampled_train, args.train_fit
+            )
+            run["train_fit_items"] = min(args.train_fit, run["examples"])
         del tuned, base
         gc.collect()
     report["readout"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -19,8 +19,8 @@ from torch import Tensor
 
 from semsoft_eval.backends import DecisionStep, Generations, Prompt
 from semsoft_eval.forward import STORE_K, compress
-from semsoft_plugin.tokens import OutputEmbeddings
 from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.tokens import OutputEmbeddings
 
 __all__ = ["STORE_K", "TransformersBackend"]
 

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from semsoft_eval.backends import DecisionStep, Generations, Prompt
-from semsoft_plugin.tokens import OutputEmbeddings
 from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.tokens import OutputEmbeddings
 
 __all__ = ["VLLM_STORE_K", "VLLMBackend"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -304,3 +305,7 @@ def test_run_distill_with_an_answer_warmup_end_to_end(tmp_path) -> None:
     assert "answer warm-up" in format_markdown(report)
     again = run_distill(config)
     assert again["answer_warmup"]["reused"] is True
+    # the arms retuned at another rate keep the same teacher when --warmup-lr pins its rate
+    retuned = run_distill(dataclasses.replace(config, lr=2 * config.lr, warmup_lr=config.lr))
+    assert retuned["answer_warmup"]["reused"] is True
+    assert retuned["runs"]["all items"]["steps"] == 1

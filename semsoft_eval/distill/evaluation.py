@@ -323,7 +323,7 @@ def _continuation_log_probs(model: Any, rows: list[list[int]], pad: int, device:
 
 def closeness(signal: Signal, teacher: Signal) -> float | None:
     """Spearman rank correlation of a signal's confidence with the teacher's (same items)."""
-    from scipy.stats import spearmanr  # type: ignore[import-untyped]
+    from scipy.stats import spearmanr
 
     pairs = [
         (a, b)

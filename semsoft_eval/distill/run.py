@@ -84,6 +84,7 @@ class DistillConfig:
     batch_size: int = 8
     warmup_items: int = 0  # answer warm-up on items disjoint from train and held-out
     warmup_epochs: int = 1
+    warmup_lr: float | None = None  # None: lr (kept apart so arms can be retuned on one teacher)
     max_steps: int | None = None
     min_entropy_bits: float = 0.5
     max_top_share: float = 0.9
@@ -116,10 +117,14 @@ def _targets(examples: list[Example]) -> list[float]:
     return [e.target for e in examples if e.target is not None]
 
 
+def _warmup_lr(config: DistillConfig) -> float:
+    return config.lr if config.warmup_lr is None else config.warmup_lr
+
+
 def _warmup_settings(config: DistillConfig) -> dict[str, Any]:
     return {
         "warmup_items": config.warmup_items, "warmup_epochs": config.warmup_epochs,
-        "lr": config.lr, "rank": config.rank, "alpha": config.alpha,
+        "lr": _warmup_lr(config), "rank": config.rank, "alpha": config.alpha,
         "batch_size": config.batch_size, "seed": config.seed,
     }  # fmt: skip
 
@@ -139,7 +144,7 @@ def _answer_warmup(config: DistillConfig, items: list[Any], out: Path) -> dict[s
     start = time.perf_counter()
     peft_model, losses = train_lora(
         model, tokenizer, build_answer_examples(tokenizer, items), rank=config.rank,
-        alpha=config.alpha, lr=config.lr, epochs=config.warmup_epochs,
+        alpha=config.alpha, lr=_warmup_lr(config), epochs=config.warmup_epochs,
         batch_size=config.batch_size, seed=config.seed, progress=config.progress,
     )  # fmt: skip
     report = {
@@ -417,6 +422,13 @@ def format_markdown(report: dict[str, Any]) -> str:
                 f"{_cell(run['target_ceiling_auroc2'])}"
             )
     for name, run in report["runs"].items():
+        if "train_fit_spearman" in run:
+            lines.append(
+                f"{name}: on {run['train_fit_items']} of its own training items, Spearman of "
+                f"the expected stated value with the targets it was taught: "
+                f"{_cell(run['train_fit_spearman'])}"
+            )
+    for name, run in report["runs"].items():
         if "stated_values" in run:
             said = ", ".join(f"{v} x{c}" for v, c in run["stated_values"].items())
             lines.append(f"{name}: confidences stated (greedy): {said}")
@@ -477,6 +489,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="first teach the answer alone on this many other items (0: none)",
     )
     parser.add_argument("--warmup-epochs", type=int, default=d.warmup_epochs)
+    parser.add_argument(
+        "--warmup-lr",
+        type=float,
+        default=d.warmup_lr,
+        help="learning rate of the answer warm-up (default: --lr)",
+    )
     parser.add_argument("--max-steps", type=int, default=d.max_steps, help="cap the SFT steps")
     parser.add_argument(
         "--min-entropy", type=float, default=d.min_entropy_bits, help="guard: minimum bits"
@@ -506,6 +524,7 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
         rank=args.rank, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
         batch_size=args.batch_size, max_steps=args.max_steps,
         warmup_items=args.warmup_items, warmup_epochs=args.warmup_epochs,
+        warmup_lr=args.warmup_lr,
         min_entropy_bits=args.min_entropy, max_top_share=args.max_top_share,
         control=not args.no_control, modal_filter_run=not args.no_modal_filter,
         modal_filter_train=not args.modal_filter_guard_only,
