@@ -175,6 +175,10 @@ def test_score_and_table_on_a_tiny_set() -> None:
                 "train_s": 3.0,
                 "verbal": m,
                 "verbal_closeness_to_self_consistency": 0.2,
+                "target_ceiling_auroc2": 0.9,
+                "train_fit_spearman": 0.25,
+                "train_fit_items": 4,
+                "stated_values": {"95%": 3, "none": 1},
             },  # fmt: skip
             "modal filter": {"examples": 2, "guard": {"refused": "too few"}},
         },
@@ -182,6 +186,15 @@ def test_score_and_table_on_a_tiny_set() -> None:
     table = format_markdown(report)
     assert "| verbal, after: all items | 0.500 | 1.000 |" in table
     assert "modal filter: refused by the guard: too few" in table
+    notes = table.split("\n\n")[-1].splitlines()
+    assert notes == [
+        "all items: AUROC2 of the held-out targets themselves against this arm's correctness "
+        "(a student that repeated the teacher exactly): 0.900",
+        "all items: on 4 of its own training items, Spearman of the expected stated value "
+        "with the targets it was taught: 0.250",
+        "all items: confidences stated (greedy): 95% x3, none x1",
+        "modal filter: refused by the guard: too few",
+    ]
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ import dataclasses
 import gc
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -414,24 +415,33 @@ def format_markdown(report: dict[str, Any]) -> str:
             f"loss {_cell(warm['loss_first'])} -> {_cell(warm['loss_last'])}, "
             f"{_cell(warm['train_s'])} s"
         )
-    for name, run in report["runs"].items():
-        if "target_ceiling_auroc2" in run:
-            lines.append(
-                f"{name}: AUROC2 of the held-out targets themselves against this arm's "
-                f"correctness (a student that repeated the teacher exactly): "
+    notes: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        (
+            "target_ceiling_auroc2",
+            lambda run: (
+                "AUROC2 of the held-out targets themselves against this arm's "
+                "correctness (a student that repeated the teacher exactly): "
                 f"{_cell(run['target_ceiling_auroc2'])}"
-            )
-    for name, run in report["runs"].items():
-        if "train_fit_spearman" in run:
-            lines.append(
-                f"{name}: on {run['train_fit_items']} of its own training items, Spearman of "
+            ),
+        ),
+        (
+            "train_fit_spearman",
+            lambda run: (
+                f"on {run['train_fit_items']} of its own training items, Spearman of "
                 f"the expected stated value with the targets it was taught: "
                 f"{_cell(run['train_fit_spearman'])}"
-            )
-    for name, run in report["runs"].items():
-        if "stated_values" in run:
-            said = ", ".join(f"{v} x{c}" for v, c in run["stated_values"].items())
-            lines.append(f"{name}: confidences stated (greedy): {said}")
+            ),
+        ),
+        (
+            "stated_values",
+            lambda run: (
+                "confidences stated (greedy): "
+                + ", ".join(f"{v} x{c}" for v, c in run["stated_values"].items())
+            ),
+        ),
+    ]
+    for key, note in notes:
+        lines += [f"{name}: {note(run)}" for name, run in report["runs"].items() if key in run]
     for name, run in report["runs"].items():
         if "refused" in run["guard"]:
             lines.append(f"{name}: refused by the guard: {run['guard']['refused']}")
