@@ -3,7 +3,10 @@
 For each arm of ``--out/report.json`` with a saved adapter, reload it and read the
 held-out items' verbal confidence as the greedy statement (as the run did) and as the
 expected stated value (:func:`semsoft_eval.distill.stated_value_signal`), and count the
-confidences stated. The figures are added to ``report.json`` and ``report.md`` is
+confidences stated. The teacher and the one-pass baselines are read again too, each
+checked against the run's AUROC2, to add the bootstrap interval of every AUROC2
+(:func:`semsoft_eval.confidence.auroc2_interval`). The figures are added to
+``report.json`` and ``report.md`` is
 written again, so runs made before that reading existed can be compared with new ones.
 
 ``--train-fit N`` also reads the expected stated value on the arm's first ``N`` training
@@ -32,6 +35,7 @@ from semsoft_eval.confidence import auroc2  # noqa: E402
 from semsoft_eval.distill import (  # noqa: E402
     closeness,
     format_markdown,
+    label_signals,
     load_adapter,
     load_task,
     score,
@@ -54,6 +58,15 @@ def _sampled(stored: list[dict[str, Any]]) -> list[SampledItem]:
         SampledItem(**{**s, "aliases": tuple(s["aliases"]), "samples": tuple(s["samples"])})
         for s in stored
     ]
+
+
+def _interval_into(row: dict[str, Any], again: dict[str, Any], name: str = "teacher") -> None:
+    """Copy the AUROC2 interval of a signal read again, once it is shown to be the same."""
+    if again["auroc2"] != row["auroc2"]:
+        raise RuntimeError(
+            f"{name}: read again, AUROC2 {again['auroc2']}; the run reported {row['auroc2']}"
+        )
+    row["auroc2_ci95"] = again["auroc2_ci95"]
 
 
 def _train_fit(
@@ -114,12 +127,34 @@ def main() -> int:
     if [s.question for s in sampled] != [i.question for i in held]:
         raise ValueError(f"{out}/samples.json does not hold this run's held-out items")
     teacher = self_consistency_signal(sampled, None)
-    for name, run in report["runs"].items():
-        if "adapter" not in run:
-            continue
+    _interval_into(report["heldout"]["self_consistency"], score(teacher))
+
+    def student() -> tuple[Any, Any]:
         base, tokenizer = models.load(config["model"], dtype="float32")
         if report.get("answer_warmup"):  # the arms were trained on the warmed-up model
             base = load_adapter(base, report["answer_warmup"]["adapter"])
+        return base, tokenizer
+
+    base, tokenizer = student()
+    before, entropy = verbal_signal(
+        base, tokenizer, held, batch_size=config["eval_batch_size"], match=config["match"],
+        max_new_tokens=config["eval_max_new_tokens"],
+    )  # fmt: skip
+    baselines = {"verbal before": before, "logit entropy": entropy}
+    if config["task"] != "nq":
+        baselines |= {
+            s.name: s
+            for s in label_signals(base, tokenizer, held, batch_size=config["eval_batch_size"])
+        }
+    for name, signal in baselines.items():
+        held_out = report["heldout"]
+        row = held_out["verbal_before"] if name == "verbal before" else held_out["one_pass"][name]
+        _interval_into(row, score(signal), name)
+    del base
+    for name, run in report["runs"].items():
+        if "adapter" not in run:
+            continue
+        base, tokenizer = student()
         tuned = load_adapter(base, run["adapter"])
         verbal, _ = verbal_signal(
             tuned, tokenizer, held, batch_size=config["eval_batch_size"],

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from semsoft_eval.confidence import (
     PAPER_TARGETS,
     auroc2,
+    auroc2_interval,
     ceiling_rate,
     check_label_entropy,
     format_confidence,
@@ -105,6 +106,26 @@ def test_guard_thresholds_and_entropy_values() -> None:
 
 
 # --- AUROC2 and the ceiling rate -----------------------------------------------------
+
+
+def test_auroc2_interval_brackets_the_estimate_and_narrows_with_more_wrong_answers() -> None:
+    rng = np.random.default_rng(1)
+
+    def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
+        correct = rng.random(n) < 0.7
+        return correct, np.clip(0.5 + 0.2 * (correct - 0.5) + rng.normal(0, 0.2, n), 0, 1)
+
+    small, large = sample(60), sample(600)
+    low, high = auroc2_interval(*small)
+    assert low <= auroc2(*small) <= high and high - low > 0
+    low_l, high_l = auroc2_interval(*large)
+    assert low_l <= auroc2(*large) <= high_l
+    assert high_l - low_l < (high - low) / 2  # about 1/sqrt(10) as wide
+    assert auroc2_interval(*small) == (low, high)  # seeded
+    assert auroc2_interval([True, False, True, False], [0.9, 0.1, 0.8, 0.2]) == (1.0, 1.0)
+    assert all(math.isnan(v) for v in auroc2_interval([True, True], [0.2, 0.9]))
+    with pytest.raises(ValueError, match="level=1"):
+        auroc2_interval([True, False], [0.9, 0.1], level=1)
 
 
 def test_auroc2_known_value_and_nan_rule() -> None:

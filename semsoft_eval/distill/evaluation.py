@@ -39,7 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_eval.confidence import PAPER_TARGETS, auroc2, ceiling_rate, format_confidence
+from semsoft_eval.confidence import (
+    PAPER_TARGETS,
+    auroc2,
+    auroc2_interval,
+    ceiling_rate,
+    format_confidence,
+)
 from semsoft_eval.distill.data import QAItem, grade, qa_prompt
 from semsoft_eval.distill.targets import SampledItem
 from semsoft_eval.metrics import ece_numpy
@@ -89,6 +95,7 @@ def score(signal: Signal) -> dict[str, Any]:
         "accuracy": _round(float(np.mean(signal.correct))) if n else None,
         "n_scored": len(keep),
         "auroc2": _round(auroc2(hits, conf)) if len(keep) else None,
+        "auroc2_ci95": [_round(v) for v in auroc2_interval(hits, conf)] if len(keep) else None,
         "ece": _round(float(ece_numpy(conf, hits))) if signal.probability and len(keep) else None,
         "ceiling_rate": _round(ceiling_rate(conf)) if signal.probability and len(keep) else None,
         "mean_confidence": _round(float(conf.mean())) if signal.probability and len(keep) else None,

@@ -364,13 +364,19 @@ def _cell(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def _interval(metrics: dict[str, Any]) -> str:
+    """The bootstrap interval of AUROC2; reports written before it was kept say n/a."""
+    low, high = metrics.get("auroc2_ci95") or (None, None)
+    return "n/a" if low is None or high is None else f"{low:.2f}-{high:.2f}"
+
+
 def format_markdown(report: dict[str, Any]) -> str:
     """The held-out figures as Markdown tables (signals, then arms)."""
     held = report["heldout"]
     rows = [
-        "| signal (held-out) | accuracy | AUROC2 | ECE | ceiling (>=90%) | parse rate | "
-        "rank corr. with self-consistency | forward passes per item | s/item |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| signal (held-out) | accuracy | AUROC2 | AUROC2 95% CI | ECE | ceiling (>=90%) | "
+        "parse rate | rank corr. with self-consistency | forward passes per item | s/item |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     entries = [("self-consistency (teacher)", held["self_consistency"], None)]
     entries.append(("verbal, before training", held["verbal_before"], None))
@@ -389,7 +395,8 @@ def format_markdown(report: dict[str, Any]) -> str:
             else m.get("closeness_to_self_consistency", "-")
         )
         rows.append(
-            f"| {name} | {_cell(m['accuracy'])} | {_cell(m['auroc2'])} | {_cell(m['ece'])} | "
+            f"| {name} | {_cell(m['accuracy'])} | {_cell(m['auroc2'])} | {_interval(m)} | "
+            f"{_cell(m['ece'])} | "
             f"{_cell(m['ceiling_rate'])} | {_cell(m.get('parse_rate', '-'))} | "
             f"{_cell(corr) if name != 'self-consistency (teacher)' else '1'} | {m['passes']} | "
             f"{_cell(m['seconds_per_item'])} |"
