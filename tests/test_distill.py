@@ -90,6 +90,7 @@ def test_modal_filter_collapses_targets_and_the_guard_refuses_it() -> None:
     assert len(kept) == 85
     refused = guarded([e.target for e in kept], "modal-filter set")
     assert "label entropy collapse" in refused["refused"] and "94.1% of 85" in refused["refused"]
+    assert "Train on all items instead of a filtered subset" in refused["refused"]  # remedy
     assert "fewer than the 16" in guarded([0.5] * 3, "tiny set")["refused"]
 
 
