@@ -15,7 +15,7 @@ tells the two failures apart: a student that fits its own targets but not held-o
 items has memorised (more items would help); one that does not even fit them has
 underfit (more steps, or a larger model, would).
 
-    OMP_NUM_THREADS=2 python3 benchmarks/distill_readout.py --out runs/distill-sst2
+    OMP_NUM_THREADS=2 python3 benchmarks/distill_readout.py --out runs/distill-warmup --train-fit 100
 """
 
 from __future__ import annotations
