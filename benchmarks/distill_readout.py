@@ -31,9 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from semsoft_eval.confidence import auroc2  # noqa: E402
 from semsoft_eval.distill import (  # noqa: E402
-    closeness,
+    DistillConfig,
     format_markdown,
     label_signals,
     load_adapter,
@@ -42,22 +41,14 @@ from semsoft_eval.distill import (  # noqa: E402
     self_consistency_signal,
     split_items,
     stated_value_signal,
-    stated_values,
-    verbal_signal,
 )
 from semsoft_eval.distill.data import QAItem  # noqa: E402
+from semsoft_eval.distill.run import load_student, read_arm, read_verbal  # noqa: E402
 from semsoft_eval.distill.targets import (  # noqa: E402
     SampledItem,
     build_examples,
     modal_filter,
 )
-
-
-def _sampled(stored: list[dict[str, Any]]) -> list[SampledItem]:
-    return [
-        SampledItem(**{**s, "aliases": tuple(s["aliases"]), "samples": tuple(s["samples"])})
-        for s in stored
-    ]
 
 
 def _interval_into(row: dict[str, Any], again: dict[str, Any], name: str = "teacher") -> None:
@@ -72,7 +63,7 @@ def _interval_into(row: dict[str, Any], again: dict[str, Any], name: str = "teac
 def _train_fit(
     tuned: Any,
     tokenizer: Any,
-    config: dict[str, Any],
+    config: DistillConfig,
     name: str,
     train: list[QAItem],
     sampled_train: list[SampledItem],
@@ -83,15 +74,12 @@ def _train_fit(
 
     pool = modal_filter(sampled_train) if name == "modal filter" else sampled_train
     examples = build_examples(
-        tokenizer, pool, shuffle_targets=name == "shuffled", seed=config["seed"]
+        tokenizer, pool, shuffle_targets=name == "shuffled", seed=config.seed
     )  # build_examples keeps the items with a readable answer, in order
     by_question = {item.question: item for item in train}
     kept = [by_question[s.question] for s in pool if s.modal][:n]
     targets = [e.target for e in examples][:n]
-    verbal, _ = verbal_signal(
-        tuned, tokenizer, kept, batch_size=config["eval_batch_size"], match=config["match"],
-        max_new_tokens=config["eval_max_new_tokens"],
-    )  # fmt: skip
+    verbal, _ = read_verbal(config, tuned, tokenizer, kept, f"verbal on training items ({name})")
     expected = stated_value_signal(tuned, tokenizer, kept, verbal)
     return round(float(spearmanr(expected.confidence, targets).statistic), 4)
 
@@ -109,66 +97,46 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from semsoft_plugin import models
-
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
     out = Path(args.out)
     report = json.loads((out / "report.json").read_text())
-    config = report["config"]
+    config = DistillConfig(**report["config"])
     train, held = split_items(  # a warm-up leaves train and held-out as they were
-        load_task(config["task"], config["data"]),
-        config["train_items"],
-        config["eval_items"],
-        config["seed"],
+        load_task(config.task, config.data), config.train_items, config.eval_items, config.seed
     )
     stored = json.loads((out / "samples.json").read_text())["items"]
-    sampled_train = _sampled(stored[: config["train_items"]])
-    sampled = _sampled(stored[config["train_items"] :])
+    sampled_train = [SampledItem.from_json(s) for s in stored[: config.train_items]]
+    sampled = [SampledItem.from_json(s) for s in stored[config.train_items :]]
     if [s.question for s in sampled] != [i.question for i in held]:
         raise ValueError(f"{out}/samples.json does not hold this run's held-out items")
     teacher = self_consistency_signal(sampled, None)
     _interval_into(report["heldout"]["self_consistency"], score(teacher))
+    warm = report.get("answer_warmup")  # the arms were trained on the warmed-up model
+    warmup = Path(warm["adapter"]) if warm else None
 
-    def student() -> tuple[Any, Any]:
-        base, tokenizer = models.load(config["model"], dtype="float32")
-        if report.get("answer_warmup"):  # the arms were trained on the warmed-up model
-            base = load_adapter(base, report["answer_warmup"]["adapter"])
-        return base, tokenizer
-
-    base, tokenizer = student()
-    before, entropy = verbal_signal(
-        base, tokenizer, held, batch_size=config["eval_batch_size"], match=config["match"],
-        max_new_tokens=config["eval_max_new_tokens"],
-    )  # fmt: skip
+    base, tokenizer = load_student(config, warmup)
+    before, entropy = read_verbal(config, base, tokenizer, held, "verbal before")
     baselines = {"verbal before": before, "logit entropy": entropy}
-    if config["task"] != "nq":
+    if config.task != "nq":
         baselines |= {
             s.name: s
-            for s in label_signals(base, tokenizer, held, batch_size=config["eval_batch_size"])
+            for s in label_signals(base, tokenizer, held, batch_size=config.eval_batch_size)
         }
     for name, signal in baselines.items():
         held_out = report["heldout"]
         row = held_out["verbal_before"] if name == "verbal before" else held_out["one_pass"][name]
         _interval_into(row, score(signal), name)
     del base
+    held_targets = [s.target for s in sampled]
     for name, run in report["runs"].items():
         if "adapter" not in run:
             continue
-        base, tokenizer = student()
+        base, tokenizer = load_student(config, warmup)
         tuned = load_adapter(base, run["adapter"])
-        verbal, _ = verbal_signal(
-            tuned, tokenizer, held, batch_size=config["eval_batch_size"],
-            match=config["match"], max_new_tokens=config["eval_max_new_tokens"],
-        )  # fmt: skip
-        _interval_into(run["verbal"], score(verbal), f"{name}, greedy")
-        expected = stated_value_signal(tuned, tokenizer, held, verbal)
-        run["stated_values"] = stated_values(verbal)
-        # a student that repeated every held-out target exactly: the most this data allows
-        run["target_ceiling_auroc2"] = round(auroc2(verbal.correct, [s.target for s in sampled]), 4)
-        run["verbal_expected"] = {
-            **score(expected),
-            "closeness_to_self_consistency": closeness(expected, teacher),
-        }
+        again = read_arm(config, name, tuned, tokenizer, held, teacher, held_targets)
+        _interval_into(run["verbal"], again["verbal"], f"{name}, greedy")
+        for key in ("stated_values", "target_ceiling_auroc2", "verbal_expected"):
+            run[key] = again[key]
         if args.train_fit:
             run["train_fit_spearman"] = _train_fit(
                 tuned, tokenizer, config, name, train, sampled_train, args.train_fit

@@ -38,6 +38,7 @@ import torch
 from semsoft_eval.confidence import auroc2
 from semsoft_eval.distill.data import TASKS, load_task, split_items_with_warmup
 from semsoft_eval.distill.evaluation import (
+    Signal,
     closeness,
     label_signals,
     score,
@@ -57,7 +58,16 @@ from semsoft_eval.distill.targets import (
 )
 from semsoft_eval.distill.training import load_adapter, save_adapter, train_lora
 
-__all__ = ["DistillConfig", "run_distill", "format_markdown", "add_parser", "run"]
+__all__ = [
+    "DistillConfig",
+    "run_distill",
+    "load_student",
+    "read_verbal",
+    "read_arm",
+    "format_markdown",
+    "add_parser",
+    "run",
+]
 
 
 @dataclass
@@ -98,7 +108,7 @@ class DistillConfig:
     progress: bool | None = None
 
 
-def _load(config: DistillConfig, warmup: Path | None = None) -> tuple[Any, Any]:
+def load_student(config: DistillConfig, warmup: Path | None = None) -> tuple[Any, Any]:
     """The model in float32 on its device; with ``warmup``, that adapter merged in."""
     from semsoft_plugin import models
 
@@ -141,7 +151,7 @@ def _answer_warmup(config: DistillConfig, items: list[Any], out: Path) -> dict[s
             i.question for i in items
         ]:
             return {**info["report"], "reused": True}
-    model, tokenizer = _load(config)
+    model, tokenizer = load_student(config)
     start = time.perf_counter()
     peft_model, losses = train_lora(
         model, tokenizer, build_answer_examples(tokenizer, items), rank=config.rank,
@@ -168,11 +178,12 @@ def _answer_warmup(config: DistillConfig, items: list[Any], out: Path) -> dict[s
     return {**report, "reused": False}
 
 
-def _signals(
-    config: DistillConfig, model: Any, tokenizer: Any, held: list[Any], tag: str
-) -> tuple[Any, Any]:
+def read_verbal(
+    config: DistillConfig, model: Any, tokenizer: Any, items: list[Any], tag: str
+) -> tuple[Signal, Signal]:
+    """The greedy verbal confidence and its logit entropy, read with the run's settings."""
     return verbal_signal(
-        model, tokenizer, held, name=tag, batch_size=config.eval_batch_size, match=config.match,
+        model, tokenizer, items, name=tag, batch_size=config.eval_batch_size, match=config.match,
         max_new_tokens=config.eval_max_new_tokens, progress=config.progress,
     )  # fmt: skip
 
@@ -188,7 +199,7 @@ def _arm(
     warmup: Path | None,
     held_targets: list[float],
 ) -> dict[str, Any]:
-    model, tokenizer = _load(config, warmup)
+    model, tokenizer = load_student(config, warmup)
     start = time.perf_counter()
     peft_model, losses = train_lora(
         model, tokenizer, examples, rank=config.rank, alpha=config.alpha, lr=config.lr,
@@ -210,10 +221,9 @@ def _arm(
     )
     del peft_model, model
     gc.collect()
-    base, tokenizer = _load(config, warmup)
+    base, tokenizer = load_student(config, warmup)
     tuned = load_adapter(base, adapter)  # what a user gets: the adapter read back from disk
-    verbal, entropy = _signals(config, tuned, tokenizer, held, f"verbal after ({name})")
-    expected = stated_value_signal(tuned, tokenizer, held, verbal)
+    readings = read_arm(config, name, tuned, tokenizer, held, teacher, held_targets)
     del tuned, base
     gc.collect()
     return {
@@ -225,9 +235,30 @@ def _arm(
         "loss_last": round(float(np.mean(losses[-5:])), 4) if losses else None,
         "train_s": round(train_s, 1),
         "train_s_per_example_epoch": round(train_s / (len(examples) * config.epochs), 3),
+        **readings,
+    }
+
+
+def read_arm(
+    config: DistillConfig,
+    name: str,
+    tuned: Any,
+    tokenizer: Any,
+    held: list[Any],
+    teacher: Signal,
+    held_targets: list[float],
+) -> dict[str, Any]:
+    """A trained student's held-out readings, as the report keeps them.
+
+    The greedy statement (and its logit entropy), the expected stated value, how often
+    each confidence was stated, and the AUROC2 of the held-out targets themselves against
+    this student's correctness: what a student that repeated the teacher exactly would get.
+    """
+    verbal, entropy = read_verbal(config, tuned, tokenizer, held, f"verbal after ({name})")
+    expected = stated_value_signal(tuned, tokenizer, held, verbal)
+    return {
         "verbal": score(verbal),
         "verbal_closeness_to_self_consistency": closeness(verbal, teacher),
-        # a student that stated every held-out target exactly: what this teacher allows
         "target_ceiling_auroc2": _finite(auroc2(verbal.correct, held_targets)),
         "stated_values": stated_values(verbal),
         "verbal_expected": {
@@ -255,7 +286,7 @@ def run_distill(config: DistillConfig) -> dict[str, Any]:
     )
     warmup_report = _answer_warmup(config, warm_items, out) if warm_items else None
     warmup = Path(warmup_report["adapter"]) if warmup_report else None
-    model, tokenizer = _load(config, warmup)
+    model, tokenizer = load_student(config, warmup)
     settings = dict(
         n=config.n, temperature=config.temperature, seed=config.seed, match=config.match,
         max_new_tokens=max_new,
@@ -306,7 +337,7 @@ def run_distill(config: DistillConfig) -> dict[str, Any]:
 
     held_targets = [s.target for s in sampled_held]
     teacher = self_consistency_signal(sampled_held, sample_s * len(held) / len(sampled))
-    before, entropy = _signals(config, model, tokenizer, held, "verbal before")
+    before, entropy = read_verbal(config, model, tokenizer, held, "verbal before")
     one_pass = [entropy]
     if label_task:
         one_pass += label_signals(model, tokenizer, held, batch_size=config.eval_batch_size)

@@ -60,6 +60,13 @@ class SampledItem:
     modal_correct: bool
     target: float
 
+    @classmethod
+    def from_json(cls, stored: dict[str, Any]) -> SampledItem:
+        """The item as :func:`sample_cached` stores it (``dataclasses.asdict``) read back."""
+        return cls(
+            **{**stored, "aliases": tuple(stored["aliases"]), "samples": tuple(stored["samples"])}
+        )
+
 
 @dataclass(frozen=True)
 class Example:
@@ -146,10 +153,7 @@ def sample_cached(
     if cache.is_file() and not resample:
         stored = json.loads(cache.read_text())
         if stored.get("key") == key:
-            return [
-                SampledItem(**{**s, "aliases": tuple(s["aliases"]), "samples": tuple(s["samples"])})
-                for s in stored["items"]
-            ], None
+            return [SampledItem.from_json(s) for s in stored["items"]], None
     start = time.perf_counter()
     sampled = sample_items(model, tokenizer, items, **kwargs)
     seconds = time.perf_counter() - start
