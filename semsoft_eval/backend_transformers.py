@@ -101,7 +101,7 @@ class TransformersBackend:
         label's continuation in one batched pass on copies of that cache."""
         from tqdm.auto import tqdm
 
-        from semsoft_plugin.hf import format_prompt, left_padded
+        from semsoft_plugin.hf import float32_head, format_prompt, left_padded
 
         tokenizer, model = self.tokenizer, self.model
         sequences = labels.token_sequences
@@ -118,7 +118,7 @@ class TransformersBackend:
             encoded = left_padded(tokenizer, [prompts[i] for i in batch], pad_id)
             input_ids, mask = encoded["input_ids"], encoded["attention_mask"]
             positions = (mask.cumsum(-1) - 1).clamp_min(0)
-            with torch.inference_mode():
+            with torch.inference_mode(), float32_head(model):
                 first = model(
                     input_ids=input_ids.to(device),
                     attention_mask=mask.to(device),

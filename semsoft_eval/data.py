@@ -12,7 +12,11 @@ Built-in shortcuts read the files in the project's shared data folder, found as
 * ``ekman``: the same comments mapped to Ekman's 6 emotions + neutral;
 * ``davidson``: tweets; soft label p(toxic) = (hate_speech + offensive_language) / count,
   hard label = the majority class (hate or offensive vs neither);
-* ``sst2``: SST-2 dev (0 = negative, 1 = positive).
+* ``sst2``: SST-2 dev (0 = negative, 1 = positive);
+* ``agnews``: AG News (half of the published test file), 4 news topics;
+* ``trec``: TREC question types (training split), the 6 coarse classes;
+* ``convabuse``: ConvAbuse validation messages; soft label p(abusive) = the share of
+  the message's raters who marked it abusive, hard label = that share above 0.5.
 """
 
 from __future__ import annotations
@@ -38,7 +42,18 @@ __all__ = [
 ]
 
 DATA_ENV = "SEMSOFT_DATA"
-BUILTIN = ("goemotions", "ekman", "davidson", "sst2")
+BUILTIN = ("goemotions", "ekman", "davidson", "sst2", "agnews", "trec", "convabuse")
+
+# Single-word label names, so that each is one answer token on the embedded models.
+AGNEWS_LABELS = ("world", "sports", "business", "technology")  # classes.txt order
+TREC_LABELS = {
+    "ABBR": "abbreviation",
+    "DESC": "description",
+    "ENTY": "entity",
+    "HUM": "human",
+    "LOC": "location",
+    "NUM": "number",
+}
 
 
 @dataclass
@@ -265,6 +280,52 @@ def _sst2(path: Path) -> EvalData:
     )
 
 
+def _agnews(path: Path) -> EvalData:
+    texts, targets = [], []
+    for number, row in enumerate(_read_records(path), start=2):
+        try:
+            target = int(str(row["Class Index"])) - 1
+        except (KeyError, ValueError):
+            raise ValueError(f"{path}:{number}: expected a 'Class Index' of 1-4") from None
+        if not 0 <= target < len(AGNEWS_LABELS):
+            raise ValueError(f"{path}:{number}: Class Index {target + 1} is not 1-4")
+        texts.append(f"{row['Title']}. {row['Description']}")
+        targets.append(target)
+    return EvalData(
+        name="agnews",
+        texts=texts,
+        labels=list(AGNEWS_LABELS),
+        targets=np.array(targets, dtype=np.int64),
+        task="topic",
+        source={"data_file": str(path)},
+    )
+
+
+def _trec(path: Path) -> EvalData:
+    names = list(TREC_LABELS.values())
+    texts, targets = [], []
+    if not path.is_file():
+        raise ValueError(f"data file not found: {path}")
+    lines = path.read_text(encoding="latin-1").splitlines()  # the published file is latin-1
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        head, _, text = line.partition(" ")
+        coarse = head.partition(":")[0]
+        if coarse not in TREC_LABELS or not text.strip():
+            raise ValueError(f"{path}:{number}: expected 'COARSE:fine question', got {line[:40]!r}")
+        texts.append(text.strip())
+        targets.append(names.index(TREC_LABELS[coarse]))
+    return EvalData(
+        name="trec",
+        texts=texts,
+        labels=names,
+        targets=np.array(targets, dtype=np.int64),
+        task="question",
+        source={"data_file": str(path)},
+    )
+
+
 def load_builtin(name: str, *, any_gold: bool = False) -> EvalData:
     """One of :data:`BUILTIN`, read from :func:`data_dir`."""
     root = data_dir()
@@ -286,6 +347,20 @@ def load_builtin(name: str, *, any_gold: bool = False) -> EvalData:
         return _davidson(path)
     if name == "sst2":
         return _sst2(root / "sst2/dev.txt")
+    if name == "agnews":
+        return _agnews(root / "agnews/dev.csv")
+    if name == "trec":
+        return _trec(root / "trec/train.txt")
+    if name == "convabuse":
+        data = load_table(
+            root / "convabuse/valid_soft.csv",
+            prob_column="p_abusive",
+            labels=["no", "yes"],
+            name="convabuse",
+            task="abuse",
+        )
+        data.source["raters"] = "p_abusive"
+        return data
     raise ValueError(
         f"unknown dataset {name!r}; built-in ones are {', '.join(BUILTIN)}, or give --data-file"
     )

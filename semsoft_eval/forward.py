@@ -52,7 +52,8 @@ __all__ = [
 ]
 
 STORE_K = 1024  # transformers: top logits kept per item (the tune grid has k <= 200)
-_FORMAT = 1  # bump when what is stored changes
+# Bump when what is stored changes. 2: transformers logits from a float32 head.
+_FORMAT = 2
 
 
 @dataclass

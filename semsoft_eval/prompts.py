@@ -33,6 +33,27 @@ TEMPLATES: dict[str, PromptTemplate] = {
         ),
         answer_prefix="Toxic:",
     ),
+    "abuse": PromptTemplate(
+        user=(
+            "Is this message to a conversational assistant abusive? Answer {labels}.\n\n"
+            "Message: {text}"
+        ),
+        answer_prefix="Abusive:",
+    ),
+    "topic": PromptTemplate(
+        user=(
+            "Which topic is this news article about? Choose one of: {labels}.\n\n"
+            "Article: {text}\n\nAnswer with the topic only."
+        ),
+        answer_prefix="Topic:",
+    ),
+    "question": PromptTemplate(
+        user=(
+            "What type of answer does this question ask for? Choose one of: {labels}.\n\n"
+            "Question: {text}\n\nAnswer with the type only."
+        ),
+        answer_prefix="Type:",
+    ),
     "generic": PromptTemplate(
         user="Classify the text into one of these labels: {labels}.\n\nText: {text}\n\nAnswer with the label only.",
         answer_prefix="Label:",

@@ -26,6 +26,7 @@ DEFAULT_NORMALIZE_VOTES = True
 DEFAULT_RESIDUAL = True
 DEFAULT_TAU_QUANTILE: float | None = None
 DEFAULT_SEMANTIC_WEIGHT = 0.5
+DEFAULT_NEAREST_VOTE = False
 
 MAX_K = 4096
 
@@ -71,6 +72,14 @@ class SemsoftConfig:
         cosine as weight), so halving their pull is a shrinkage: on the dev sets
         ``a = 0.5`` kept a third to a half of the NLL gain on over-confident models
         and hurt no accurate one (README, "Choosing the defaults").
+    nearest_vote : bool
+        With ``residual``: a kept token votes for its *nearest* label only, and claims
+        the share of its mass given by its margin over the second nearest label,
+        ``(w_1 - w_2) / (1 - tau)``, instead of sharing its claim among the labels in
+        proportion to the cosines. Antonym labels (" yes"/" no") are close to each
+        other and to each other's spellings, so a shared claim hands part of the
+        strongest vote for one label (" No" for "no") to its antonym; a token equally
+        near two labels claims nothing and its mass follows the constrained softmax.
     """
 
     k: int = DEFAULT_K
@@ -82,13 +91,14 @@ class SemsoftConfig:
     residual: bool = DEFAULT_RESIDUAL
     tau_quantile: float | None = DEFAULT_TAU_QUANTILE
     semantic_weight: float = DEFAULT_SEMANTIC_WEIGHT
+    nearest_vote: bool = DEFAULT_NEAREST_VOTE
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
             raise ValueError(f"k={self.k!r} must be an int in [1, {MAX_K}]")
         if not isinstance(self.tau, int | float) or not -1.0 <= float(self.tau) < 1.0:
             raise ValueError(f"tau={self.tau!r} must be a float in [-1, 1)")
-        for name in ("center", "own_vote", "normalize_votes", "residual"):
+        for name in ("center", "own_vote", "normalize_votes", "residual", "nearest_vote"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         t = self.temperature
@@ -120,6 +130,7 @@ class SemsoftConfig:
             residual=False,
             tau_quantile=None,
             semantic_weight=1.0,
+            nearest_vote=False,
         )
 
     @classmethod
@@ -135,6 +146,7 @@ class SemsoftConfig:
             residual=False,
             tau_quantile=None,
             semantic_weight=1.0,
+            nearest_vote=False,
         )
 
     def replace(self, **changes: Any) -> SemsoftConfig:

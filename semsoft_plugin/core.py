@@ -320,10 +320,20 @@ class SemanticSoftmax:
             weights = torch.where(is_own.unsqueeze(-1), own_weight, weights)
 
         votes = weights.sum(-1)  # [B, K]
-        if cfg.residual:
+        nearest_only = cfg.residual and cfg.nearest_vote and self.num_labels > 1
+        if nearest_only:
+            # All of a token's claim goes to its nearest label, by its margin over the
+            # second nearest: a token as near an antonym as its own label claims nothing.
+            best = weights.topk(2, dim=-1)
+            nearest = best.indices[..., 0]
+            scale = (1.0 - tau[nearest]).clamp_min(1e-6)
+            margin = best.values[..., 0] - best.values[..., 1]
+            closeness = (margin / scale).clamp(0.0, 1.0)
+            weights = torch.nn.functional.one_hot(nearest, self.num_labels).to(weights.dtype)
+        elif cfg.residual:
             # How close each token is to its nearest label: 1 for a label's own token.
             closeness = (weights / (1.0 - tau).clamp_min(1e-6)).amax(-1).clamp(0.0, 1.0)
-        if cfg.normalize_votes or cfg.residual:
+        if not nearest_only and (cfg.normalize_votes or cfg.residual):
             weights = weights / votes.clamp_min(1e-30).unsqueeze(-1)
 
         top_p_dev = top_p.to(device)

@@ -112,6 +112,7 @@ _RULES = {
     "residual": _FLAG_RULE,
     "tau_quantile": "a finite number in (0, 1)",
     "semantic_weight": "a finite number in [0, 1]",
+    "nearest_vote": _FLAG_RULE,
 }
 
 

@@ -47,6 +47,7 @@ _METHOD_KWARGS = (
     "residual",
     "tau_quantile",
     "semantic_weight",
+    "nearest_vote",
 )
 
 
