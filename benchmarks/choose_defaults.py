@@ -60,7 +60,7 @@ K = 50
 
 # name -> (config, auto_variants): the label set's automatic capitalised/upper-case
 # spellings as own tokens (on in the first releases, off now) is a candidate too.
-SETS = "goemotions:300,ekman:200,sst2:200,agnews:200,trec:200,convabuse:300,davidson:200"
+SETS = "goemotions:300,ekman:300,sst2:300,agnews:300,trec:300,convabuse:300,davidson:300"
 CANDIDATES: dict[str, tuple[SemsoftConfig, bool]] = {
     "paper": (SemsoftConfig.paper(k=K), False),
     "shared": (SemsoftConfig.shared_votes(k=K), True),  # the first default

@@ -73,7 +73,11 @@ def _compact(
     tokens = labels.label_tokens
     # Anchors enter through their embedding rows only (their logits may stay -inf).
     anchors = torch.tensor(tokens.anchors, dtype=forward.label_ids.dtype)
-    keep = torch.unique(torch.cat([top_ids.reshape(-1), forward.label_ids, anchors]))  # sorted
+    # A label's own spellings (automatic variants) may lie outside both the kept top-K
+    # and the label ids the forwards stored; beyond the top 1024 their probability is
+    # negligible, so they enter with logit -inf.
+    own = torch.tensor([t for ids in tokens.own_token_ids for t in ids], dtype=anchors.dtype)
+    keep = torch.unique(torch.cat([top_ids.reshape(-1), forward.label_ids, anchors, own]))
     logits = torch.full((forward.n, len(keep)), float("-inf"))
     logits.scatter_(
         1, torch.searchsorted(keep, forward.label_ids).expand(forward.n, -1), forward.label_logits

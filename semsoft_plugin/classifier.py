@@ -112,6 +112,10 @@ class Classifier:
         assumes the call's texts are not dominated by one label) or read from
         content-free inputs scored the same way (Zhao et al., 2021; see
         :meth:`content_free_bias`: three forward passes per classifier)
+    exact_head : transformers: compute the decision step's logits with a float32 head
+        (:func:`~semsoft_plugin.hf.float32_head`) when the model is bf16/fp16, so
+        different texts do not tie on bf16's coarse grid (a vLLM engine built by
+        :meth:`from_pretrained` runs its head in float32 the same way)
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class Classifier:
         batch_size: int = 8,
         progress: bool | None = False,
         calibrate: str | None = None,
+        exact_head: bool = True,
         **overrides: Any,
     ) -> None:
         if calibrate not in CALIBRATIONS:
@@ -158,6 +163,7 @@ class Classifier:
         self.progress = progress
         self._classes = tuple(sorted(label_set.names))
         self.calibrate = calibrate
+        self.exact_head = exact_head
         self._bias: np.ndarray | None = None
 
     @classmethod
@@ -179,7 +185,8 @@ class Classifier:
         backend : ``"hf"`` (transformers; ``dtype`` of the weights, default
             ``models.default_dtype()``: bf16 where the CPU has native bf16, else float32) or ``"vllm"`` (a ``vllm.LLM`` built
             with the plugin and ``max_logprobs = k``; ``engine_args`` go to it, e.g.
-            ``{"tensor_parallel_size": 4}`` or ``{"dtype": "float32"}``)
+            ``{"tensor_parallel_size": 4}`` or ``{"dtype": "float32"}``; the head runs in
+            float32 unless ``hf_overrides`` sets another ``head_dtype``)
         **kwargs : the constructor's keywords (``prompt``, ``config``, ``batch_size``, ...)
         """
         from semsoft_plugin import models
@@ -197,6 +204,9 @@ class Classifier:
 
         k = (kwargs.get("config") or SemsoftConfig()).replace(k=kwargs.get("k")).k
         args = {"max_logprobs": k, **dict(engine_args or {})}
+        # The decision step's logits from a float32 head (vLLM's own option): in bf16 they
+        # fall on a coarse grid, so different texts tie and scores move with the batch.
+        args["hf_overrides"] = {"head_dtype": "float32", **dict(args.get("hf_overrides") or {})}
         # If the entry point is installed too, the second copy of the processor stands down.
         llm = LLM(str(models.resolve(model)), logits_processors=[ENTRY_POINT], **args)
         return cls(llm, None, labels, **kwargs)
@@ -305,6 +315,7 @@ class Classifier:
             max_new_tokens=1,
             batch_size=self.batch_size,
             progress=self.progress,
+            exact_head=self.exact_head,
         )
         return (
             [c.probs for c in classified],
