@@ -358,6 +358,32 @@ def float32_head(model: Any) -> Iterator[None]:
 Classification = LabelResult
 
 
+def padding_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into left-padded batches: sorted by length, at most
+    ``batch_size`` each, and a batch is cut early where padding would fill more than
+    half of it (rows x longest > 2 x the rows' own lengths), so one very long input
+    runs with inputs of its own length instead of padding a whole batch to its size.
+    Results keep input order; the grouping depends only on the lengths.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    real = 0
+    for index in order:
+        batch = batches[-1] if batches else None
+        grown = real + lengths[index]
+        if (
+            batch is None
+            or len(batch) == batch_size
+            or (len(batch) + 1) * lengths[index] > 2 * grown
+        ):
+            batches.append([index])
+            real = lengths[index]
+        else:
+            batch.append(index)
+            real = grown
+    return batches
+
+
 def classify(
     model: Any,
     tokenizer: Any,
@@ -430,9 +456,7 @@ def classify(
     if beams > 1:
         raise ValueError(f"classify: num_beams={beams}: {_BEAM_MESSAGE}")
     texts = [format_prompt(tokenizer, item) for item in inputs]
-    # Length-sorted batches waste less compute on padding; results keep input order.
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i][0]))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = padding_batches([len(text) for text, _ in texts], batch_size)
     show = progress if progress is not None else len(batches) > 1
     results: list[Classification | None] = [None] * len(texts)
     device = next(model.parameters()).device
