@@ -430,22 +430,6 @@ class Classifier:
             [c.fallback for c in classified],
         )
 
-    def settings(self) -> dict[str, Any]:
-        """What the scores depend on besides the texts, as JSON-ready values: a run
-        resumed with other settings would mix rows scored two ways (``semsoft classify
-        --resume`` compares these)."""
-        return {
-            "backend": self.backend,
-            "labels": list(self.labels.names),
-            "prompt": self.prompt.to_dict(),
-            "config": self.config.to_dict(),
-            "calibrate": self.calibrate,
-            "batch_size": self.batch_size,
-            "max_text_tokens": self.max_text_tokens,
-            "truncate": self.truncate,
-            "context_length": self.context_length(),
-        }
-
     def __repr__(self) -> str:
         return (
             f"Classifier(backend={self.backend!r}, labels={list(self.labels.names)}, "
