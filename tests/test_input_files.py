@@ -336,3 +336,19 @@ def test_output_in_a_missing_folder_is_refused_before_loading(tmp_path, capsys, 
     (tmp_path / "sub.csv").mkdir()
     assert classify_file(inp, tmp_path / output) == 2
     assert message.format(tmp=tmp_path) in one_line_error(capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_classifier_cuts_a_text_to_the_engines_context():
+    pytest.importorskip("vllm")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine = {"dtype": "float32", "enforce_eager": True, "max_model_len": 160, "seed": 0}
+    clf = Classifier.from_pretrained("default", LABELS, backend="vllm", engine_args=engine)
+    assert clf.context_length() == 160
+    long = " ".join([GOOD] * 60)  # about 600 tokens: the engine would refuse the prompt
+    details = clf.predict_details([long, BAD])
+    assert details.truncated[0] > 400 and details.truncated[1] == 0
+    cut = clf.inputs([long])[0][-2]["content"].split("Text: ", 1)[1].rsplit("\nAnswer with", 1)[0]
+    np.testing.assert_allclose(clf.predict_proba([cut, BAD]), details.probs, atol=1e-6)
