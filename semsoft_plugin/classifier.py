@@ -22,7 +22,7 @@ outputs are): ``import semsoft_plugin`` stays torch-only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -318,10 +318,10 @@ class Classifier:
 
     def _fit_one(self, index: int, text: str, budget: int | None) -> tuple[str, int]:
         """One text cut at a token boundary to fit; (text, tokens dropped)."""
-        ids, starts = _token_starts(self.tokenizer, text)
-        keep = len(ids) if self.max_text_tokens is None else min(len(ids), self.max_text_tokens)
+        size, prefix = _token_prefixes(self.tokenizer, text)
+        keep = size if self.max_text_tokens is None else min(size, self.max_text_tokens)
         for _ in range(4):  # the cut text can tokenise with the prompt a token longer
-            piece = text[: starts[keep]] if keep < len(ids) else text
+            piece = prefix(keep)
             over = 0 if budget is None else self._prompt_length(piece) - budget
             if over <= 0:
                 break
@@ -334,11 +334,11 @@ class Classifier:
                 )
         else:
             raise ValueError(f"texts[{index}] could not be cut to fit the context")
-        dropped = len(ids) - keep
+        dropped = size - keep
         if dropped and not self.truncate:
             limit = "max_text_tokens" if keep == self.max_text_tokens else "the context"
             raise ValueError(
-                f"texts[{index}] has {len(ids)} tokens; {limit} leaves room for {keep} "
+                f"texts[{index}] has {size} tokens; {limit} leaves room for {keep} "
                 "(pass truncate=True to score its first tokens)"
             )
         return piece, dropped
@@ -437,15 +437,14 @@ class Classifier:
         )
 
 
-def _token_starts(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
-    """The text's token ids (no special tokens) and the character offset where each
-    starts, so a cut after ``n`` tokens is ``text[:starts[n]]``, exact in the original
-    string. Tokenizers without offsets fall back to decoding the kept ids' lengths."""
+def _token_prefixes(tokenizer: Any, text: str) -> tuple[int, Callable[[int], str]]:
+    """The number of tokens of ``text`` (no special tokens) and a function giving the
+    text of its first ``n`` tokens: cut at the character offset where token ``n`` starts,
+    exact in the original string (fast tokenizers); decoded otherwise."""
     try:
         encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = list(encoded["input_ids"]), list(encoded["offset_mapping"])
-        return ids, [int(start) for start, _ in offsets]
+        starts = [int(start) for start, _ in encoded["offset_mapping"]]
+        return len(starts), lambda n: text[: starts[n]] if n < len(starts) else text
     except (NotImplementedError, KeyError, TypeError, ValueError):
         ids = tokenizer.encode(text, add_special_tokens=False)
-        starts = [len(tokenizer.decode(ids[:n])) for n in range(len(ids))]
-        return ids, starts
+        return len(ids), lambda n: tokenizer.decode(ids[:n]) if n < len(ids) else text
