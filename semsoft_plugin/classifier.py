@@ -40,7 +40,7 @@ from semsoft_plugin.prompting import (
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BACKENDS", "Classifier", "Predictions", "text_list"]
+__all__ = ["BACKENDS", "Classifier", "Predictions", "item_list", "text_list"]
 
 BACKENDS = ("hf", "vllm")
 CALIBRATIONS = (None, "contextual", "batch")
@@ -88,6 +88,21 @@ def _rows(dicts: Sequence[Mapping[str, float]], names: Sequence[str]) -> np.ndar
     return rows / rows.sum(axis=1, keepdims=True)
 
 
+def item_list(items: Any, name: str, kind: str) -> list[Any]:
+    """Any one-dimensional iterable as a list (numpy arrays and pandas Series through
+    ``tolist``: Python values, a Series' values not its index); a single string, a
+    non-iterable or a 2-D array is a ``ValueError`` naming ``name``."""
+    if isinstance(items, str | bytes):
+        raise ValueError(f"{name} must be an iterable of {kind}, not a single string")
+    if not isinstance(items, Iterable):
+        raise ValueError(f"{name} must be an iterable of {kind}, not {type(items).__name__}")
+    if getattr(items, "ndim", 1) != 1:
+        raise ValueError(
+            f"{name} must be one-dimensional, got shape {getattr(items, 'shape', None)}"
+        )
+    return list(items.tolist() if hasattr(items, "tolist") else items)
+
+
 def text_list(texts: Iterable[str]) -> list[str]:
     """``texts`` as a list of non-empty strings; ``ValueError`` naming the bad element.
 
@@ -96,13 +111,7 @@ def text_list(texts: Iterable[str]) -> list[str]:
     (iterating it would classify its characters), and so is an element that is not a
     string (a NaN from a pandas column, a number, ``None``), by index and type.
     """
-    if isinstance(texts, str | bytes):
-        raise ValueError("texts must be an iterable of strings, not a single string")
-    if not isinstance(texts, Iterable):
-        raise ValueError(f"texts must be an iterable of strings, not {type(texts).__name__}")
-    if getattr(texts, "ndim", 1) != 1:
-        raise ValueError(f"texts must be one-dimensional, got shape {texts.shape}")  # type: ignore[attr-defined]
-    values = texts.tolist() if hasattr(texts, "tolist") else list(texts)  # numpy, pandas
+    values = item_list(texts, "texts", "strings")
     for index, text in enumerate(values):
         if not isinstance(text, str):
             raise ValueError(

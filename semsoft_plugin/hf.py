@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -387,7 +387,7 @@ def padding_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
 def classify(
     model: Any,
     tokenizer: Any,
-    inputs: Sequence[str | Sequence[Mapping[str, str]]],
+    inputs: Iterable[str | Sequence[Mapping[str, str]]],
     labels: Sequence[str] | LabelSet,
     *,
     config: SemsoftConfig | None = None,
@@ -406,7 +406,8 @@ def classify(
     Parameters
     ----------
     model, tokenizer : a transformers causal LM and its tokenizer
-    inputs : strings (used as is) or chat message lists (chat template applied)
+    inputs : strings (used as is) or chat message lists (chat template applied), in
+        any iterable (list, tuple, numpy array, pandas Series, generator)
     labels : label names (scored as leading-space whole words, see
         :class:`~semsoft_plugin.labels.LabelSet`) or a ready LabelSet
     config, **overrides : Semantic Softmax settings
@@ -425,8 +426,9 @@ def classify(
     """
     from tqdm.auto import tqdm
 
-    if isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
-        raise ValueError("inputs must be a list of strings or of chat message lists")
+    from semsoft_plugin.classifier import item_list
+
+    inputs = item_list(inputs, "inputs", "strings or chat message lists")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive int")
     label_set = labels if isinstance(labels, LabelSet) else LabelSet(labels, tokenizer)

@@ -216,6 +216,19 @@ def test_classifier_takes_arrays_series_tuples_and_generators(model_and_tokenize
         clf.predict_proba(iter([3, GOOD]))
     with pytest.raises(ValueError, match=r"one-dimensional, got shape \(1, 2\)"):
         clf.predict_proba(np.array([texts]))
+    # The transformers adapter's batch function takes the same iterables.
+    from semsoft_plugin.hf import classify
+
+    prompts = clf.inputs(texts)
+    plain = [r.probs for r in classify(model, tokenizer, prompts, LABELS, mode="observe")]
+    for given in (tuple(prompts), (p for p in prompts)):
+        assert [r.probs for r in classify(model, tokenizer, given, LABELS, mode="observe")] == plain
+    strings = [f"Review: {t}\nSentiment:" for t in texts]
+    plain = [r.probs for r in classify(model, tokenizer, strings, LABELS)]
+    for given in (np.array(strings), pd.Series(strings), iter(strings)):
+        assert [r.probs for r in classify(model, tokenizer, given, LABELS)] == plain
+    with pytest.raises(ValueError, match="inputs must be an iterable .* not a single string"):
+        classify(model, tokenizer, strings[0], LABELS)
 
 
 # ---------------------------------------------------------------------------
