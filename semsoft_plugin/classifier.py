@@ -22,19 +22,25 @@ outputs are): ``import semsoft_plugin`` stays torch-only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from semsoft_plugin.calibration import CONTENT_FREE, batch_calibrate, debias
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.labels import LabelSet
-from semsoft_plugin.prompting import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
+from semsoft_plugin.prompting import (
+    DEFAULT_TEMPLATE,
+    PromptTemplate,
+    build_inputs,
+    encode_prompts,
+    format_prompt,
+)
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BACKENDS", "Classifier", "Predictions"]
+__all__ = ["BACKENDS", "Classifier", "Predictions", "item_list", "text_list"]
 
 BACKENDS = ("hf", "vllm")
 CALIBRATIONS = (None, "contextual", "batch")
@@ -56,6 +62,8 @@ class Predictions:
     coverage : ``[N]`` share of the top-K mass that voted for some label
     fallback : ``[N]`` bool, True where no kept token voted for any label and
         ``probs`` is the constrained softmax
+    truncated : ``[N]`` int, the number of tokens cut from the end of each text to fit
+        the model's context (or ``max_text_tokens``); 0 where the whole text was scored
     """
 
     labels: tuple[str, ...]
@@ -64,6 +72,7 @@ class Predictions:
     constrained: np.ndarray
     coverage: np.ndarray
     fallback: np.ndarray
+    truncated: np.ndarray
 
     def __len__(self) -> int:
         return len(self.label)
@@ -77,6 +86,40 @@ def _rows(dicts: Sequence[Mapping[str, float]], names: Sequence[str]) -> np.ndar
     rows = np.array([[d[n] for n in names] for d in dicts], dtype=np.float64)
     rows = rows.reshape(len(dicts), len(names))
     return rows / rows.sum(axis=1, keepdims=True)
+
+
+def item_list(items: Any, name: str, kind: str) -> list[Any]:
+    """Any one-dimensional iterable as a list (numpy arrays and pandas Series through
+    ``tolist``: Python values, a Series' values not its index); a single string, a
+    non-iterable or a 2-D array is a ``ValueError`` naming ``name``."""
+    if isinstance(items, str | bytes):
+        raise ValueError(f"{name} must be an iterable of {kind}, not a single string")
+    if not isinstance(items, Iterable):
+        raise ValueError(f"{name} must be an iterable of {kind}, not {type(items).__name__}")
+    if getattr(items, "ndim", 1) != 1:
+        raise ValueError(
+            f"{name} must be one-dimensional, got shape {getattr(items, 'shape', None)}"
+        )
+    return list(items.tolist() if hasattr(items, "tolist") else items)
+
+
+def text_list(texts: Iterable[str]) -> list[str]:
+    """``texts`` as a list of non-empty strings; ``ValueError`` naming the bad element.
+
+    Any iterable is taken, as scikit-learn users pass them: a list, tuple, numpy array,
+    pandas Series (its values, not its index), generator. A single string is refused
+    (iterating it would classify its characters), and so is an element that is not a
+    string (a NaN from a pandas column, a number, ``None``), by index and type.
+    """
+    values = item_list(texts, "texts", "strings")
+    for index, text in enumerate(values):
+        if not isinstance(text, str):
+            raise ValueError(
+                f"texts[{index}] = {text!r:.60} is a {type(text).__name__}, not a string"
+            )
+        if not text.strip():
+            raise ValueError(f"texts[{index}] = {text!r} is not a non-empty string")
+    return [str(text) for text in values]
 
 
 def _is_vllm(model: Any) -> bool:
@@ -106,6 +149,14 @@ class Classifier:
     batch_size : texts per forward pass (transformers; vLLM schedules its own)
     progress : show the adapter's progress bar (default: when there is more than one
         batch)
+    max_text_tokens : at most this many tokens of each text are scored (a cost bound);
+        default: as many as the model's context holds with the prompt around them
+    truncate : what to do with a text longer than that: ``True`` (default) keeps its
+        first tokens, cut at a token boundary, and reports the number of tokens dropped
+        in ``Predictions.truncated``; ``False`` refuses it (``ValueError`` naming its
+        index and length). A text is never scored at positions the model was not
+        trained for: the context is ``max_position_embeddings`` (transformers) or the
+        engine's ``max_model_len`` (vLLM), less the one decision token.
     calibrate : ``None``, ``"batch"`` or ``"contextual"``: also divide out the prompt's
         label bias, estimated as the mean distribution of the texts of each call (batch
         calibration, Zhou et al., 2024; no extra pass, at least 16 texts a call; it
@@ -130,8 +181,16 @@ class Classifier:
         progress: bool | None = False,
         calibrate: str | None = None,
         exact_head: bool = True,
+        max_text_tokens: int | None = None,
+        truncate: bool = True,
         **overrides: Any,
     ) -> None:
+        if max_text_tokens is not None and (
+            isinstance(max_text_tokens, bool)
+            or not isinstance(max_text_tokens, int)
+            or max_text_tokens < 1
+        ):
+            raise ValueError(f"max_text_tokens={max_text_tokens!r} must be a positive int")
         if calibrate not in CALIBRATIONS:
             raise ValueError(f"calibrate={calibrate!r} must be one of {CALIBRATIONS}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -164,7 +223,10 @@ class Classifier:
         self._classes = tuple(sorted(label_set.names))
         self.calibrate = calibrate
         self.exact_head = exact_head
+        self.max_text_tokens = max_text_tokens
+        self.truncate = bool(truncate)
         self._bias: np.ndarray | None = None
+        self._overhead: int | None = None
 
     @classmethod
     def from_pretrained(
@@ -220,31 +282,92 @@ class Classifier:
 
         return np.array(self._classes)
 
-    def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
+    def predict_proba(self, texts: Iterable[str]) -> np.ndarray:
         """``[N, L]`` float64 calibrated probabilities (Semantic Softmax), rows sum to 1."""
         return self.predict_details(texts).probs
 
-    def predict(self, texts: Sequence[str]) -> np.ndarray:
+    def predict(self, texts: Iterable[str]) -> np.ndarray:
         """The calibrated label of each text (an element of ``classes_``)."""
         import numpy as np
 
         return np.array(self.predict_details(texts).label)
 
     # -- everything ---------------------------------------------------------
-    def inputs(self, texts: Sequence[str]) -> list[Any]:
-        """The prompts (chat message lists, or strings without a chat template)."""
-        if isinstance(texts, str) or not isinstance(texts, Sequence):
-            raise ValueError("texts must be a list of strings, not a single string")
-        for index, text in enumerate(texts):
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"texts[{index}] = {text!r} is not a non-empty string")
-        return build_inputs(self.prompt, list(texts), list(self.labels.names), self.tokenizer)
+    def inputs(self, texts: Iterable[str]) -> list[Any]:
+        """The prompts (chat message lists, or strings without a chat template), each
+        text cut to the length bound (see ``max_text_tokens``)."""
+        return self._fitted(text_list(texts))[0]
 
-    def predict_details(self, texts: Sequence[str]) -> Predictions:
-        """Labels, calibrated and constrained probabilities, coverage and fallback flags."""
+    # -- the length bound ------------------------------------------------------
+    def context_length(self) -> int | None:
+        """Tokens the model attends to: the vLLM engine's ``max_model_len``, else the
+        transformers config's ``max_position_embeddings`` (``None`` if it has none)."""
+        if self.backend == "vllm":
+            return int(self.model.llm_engine.model_config.max_model_len)
+        n = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
+
+    def _prompt_length(self, text: str) -> int:
+        item = build_inputs(self.prompt, [text], list(self.labels.names), self.tokenizer)[0]
+        return len(encode_prompts(self.tokenizer, [format_prompt(self.tokenizer, item)])[0])
+
+    def _fitted(self, texts: list[str]) -> tuple[list[Any], list[int]]:
+        """The prompts for ``texts`` within the length bound, and the tokens cut per text.
+
+        The prompt is encoded exactly as the engines encode it, so the bound holds for
+        the tokens they see: at most ``context_length() - 1`` (the decision token
+        follows the prompt), and at most ``max_text_tokens`` of the text. A text whose
+        UTF-8 length plus the prompt's own tokens is within both bounds needs no check
+        (a token is at least one byte); only longer ones are tokenised here.
+        """
+        context = self.context_length()
+        budget = None if context is None else context - 1
+        if self._overhead is None:
+            self._overhead = self._prompt_length("x")
+        cut = [0] * len(texts)
+        fitted = list(texts)
+        for index, text in enumerate(texts):
+            size = len(text.encode("utf-8"))
+            small_enough = self.max_text_tokens is None or size <= self.max_text_tokens
+            if small_enough and (budget is None or size + self._overhead + 8 <= budget):
+                continue
+            fitted[index], cut[index] = self._fit_one(index, text, budget)
+        prompts = build_inputs(self.prompt, fitted, list(self.labels.names), self.tokenizer)
+        return prompts, cut
+
+    def _fit_one(self, index: int, text: str, budget: int | None) -> tuple[str, int]:
+        """One text cut at a token boundary to fit; (text, tokens dropped)."""
+        size, prefix = _token_prefixes(self.tokenizer, text)
+        keep = size if self.max_text_tokens is None else min(size, self.max_text_tokens)
+        for _ in range(4):  # the cut text can tokenise with the prompt a token longer
+            piece = prefix(keep)
+            over = 0 if budget is None else self._prompt_length(piece) - budget
+            if over <= 0:
+                break
+            keep -= over
+            if keep < 1:
+                raise ValueError(
+                    f"texts[{index}]: the prompt without the text is about "
+                    f"{self._overhead} tokens; it leaves no room for text in the context of "
+                    f"{budget + 1 if budget is not None else '?'} tokens"
+                )
+        else:
+            raise ValueError(f"texts[{index}] could not be cut to fit the context")
+        dropped = size - keep
+        if dropped and not self.truncate:
+            limit = "max_text_tokens" if keep == self.max_text_tokens else "the context"
+            raise ValueError(
+                f"texts[{index}] has {size} tokens; {limit} leaves room for {keep} "
+                "(pass truncate=True to score its first tokens)"
+            )
+        return piece, dropped
+
+    def predict_details(self, texts: Iterable[str]) -> Predictions:
+        """Labels, calibrated and constrained probabilities, coverage, fallback flags and
+        the tokens cut from each text (see ``max_text_tokens``)."""
         import numpy as np
 
-        inputs = self.inputs(texts)
+        inputs, cut = self._fitted(text_list(texts))
         classes = self._classes
         if self.calibrate == "batch" and len(inputs) < MIN_BATCH_CALIBRATION:
             raise ValueError(
@@ -254,7 +377,9 @@ class Classifier:
             )
         if not inputs:
             empty = np.zeros((0, len(classes)))
-            return Predictions(classes, [], empty, empty.copy(), np.zeros(0), np.zeros(0, bool))
+            return Predictions(
+                classes, [], empty, empty.copy(), np.zeros(0), np.zeros(0, bool), np.zeros(0, int)
+            )
         probs, constrained, coverage, fallback = self._score(inputs)
         p = _rows(probs, classes)
         if self.calibrate == "contextual":
@@ -268,6 +393,7 @@ class Classifier:
             constrained=_rows(constrained, classes),
             coverage=np.array(coverage, dtype=np.float64),
             fallback=np.array(fallback, dtype=bool),
+            truncated=np.array(cut, dtype=np.int64),
         )
 
     def content_free_bias(self) -> np.ndarray:
@@ -329,3 +455,16 @@ class Classifier:
             f"Classifier(backend={self.backend!r}, labels={list(self.labels.names)}, "
             f"config={self.config})"
         )
+
+
+def _token_prefixes(tokenizer: Any, text: str) -> tuple[int, Callable[[int], str]]:
+    """The number of tokens of ``text`` (no special tokens) and a function giving the
+    text of its first ``n`` tokens: cut at the character offset where token ``n`` starts,
+    exact in the original string (fast tokenizers); decoded otherwise."""
+    try:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts = [int(start) for start, _ in encoded["offset_mapping"]]
+        return len(starts), lambda n: text[: starts[n]] if n < len(starts) else text
+    except (NotImplementedError, KeyError, TypeError, ValueError):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return len(ids), lambda n: tokenizer.decode(ids[:n]) if n < len(ids) else text

@@ -185,6 +185,19 @@ def _add_classify_parser(subparsers: Any) -> None:
     files = parser.add_argument_group("a file")
     files.add_argument("--input", help="CSV, TSV or JSONL file with a text column")
     files.add_argument("--text-column", default="text", help="the column to classify")
+    files.add_argument(
+        "--encoding",
+        default="utf-8",
+        help="the input file's text encoding (default utf-8, with or without a BOM), "
+        "e.g. latin-1 or cp1252 for older exports",
+    )
+    files.add_argument(
+        "--max-text-tokens",
+        type=int,
+        metavar="N",
+        help="score at most the first N tokens of each text (default: what the model's "
+        "context holds); the 'truncated' column counts the tokens cut",
+    )
     files.add_argument("--output", help="where the scored rows go: .csv, .tsv or .jsonl")
     files.add_argument("--batch-size", type=int, default=8, help="rows per forward pass")
     files.add_argument(
@@ -242,6 +255,7 @@ def _classifier(args: argparse.Namespace, labels: list[str], template: Any, conf
         prompt=template,
         config=config,
         batch_size=args.batch_size,
+        max_text_tokens=getattr(args, "max_text_tokens", None),
     )
 
 
@@ -256,6 +270,8 @@ def _run_classify(args: argparse.Namespace) -> int:
         )
     if isinstance(args.batch_size, bool) or args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} must be a positive integer")
+    if args.max_text_tokens is not None and args.max_text_tokens < 1:
+        raise ValueError(f"--max-text-tokens {args.max_text_tokens} must be a positive integer")
     labels = _parse_labels(args.labels)
     config = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
     config = config.replace(k=args.k, tau=args.tau)
@@ -301,7 +317,8 @@ def _by_label(columns: Sequence[str], row: Any, labels: Sequence[str]) -> dict[s
 
 
 def _text_of(value: Any) -> str:
-    if value is None:
+    """A row's text: missing (``None``, or NaN as pandas writes a missing value) is ''."""
+    if value is None or (isinstance(value, float) and value != value):
         return ""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
@@ -311,23 +328,123 @@ def _row_list(numbers: list[int], limit: int = 20) -> str:
     return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
 
 
+def _output_path(args: argparse.Namespace) -> Path:
+    """``--output`` checked before anything is read or loaded: a known suffix, a folder
+    that exists and is writable, not a folder itself, and not the input file under
+    another name (a hard link or a symbolic link: compared by device and inode, so
+    even ``--overwrite`` cannot truncate the input)."""
+    from semsoft_plugin.tables import table_format
+
+    table_format(args.input)
+    table_format(args.output, role="output file")
+    output = Path(args.output)
+    folder = output.parent
+    if not folder.is_dir():
+        raise ValueError(f"--output {output}: folder {folder} does not exist")
+    if output.is_dir():
+        raise ValueError(f"--output {output} is a folder; name a file in it")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--output {output}: folder {folder} is not writable")
+    source = Path(args.input)
+    same = source.resolve() == output.resolve()
+    if not same and source.exists() and output.exists():
+        same = os.path.samefile(source, output)
+    if same:
+        raise ValueError(f"--output {output} is the input file {source} (the same file on disk)")
+    return output
+
+
+def settings_path(output: str | Path) -> Path:
+    """The sidecar of an output file: ``OUTPUT.semsoft.json`` beside it."""
+    output = Path(output)
+    return output.with_name(output.name + ".semsoft.json")
+
+
+def _run_settings(
+    args: argparse.Namespace, labels: list[str], template: Any, config: Any
+) -> dict[str, Any]:
+    """What a file's rows were scored with, flattened to dotted names (``config.k``):
+    everything besides the texts that changes a written value."""
+    from semsoft_plugin.models import default_dtype
+
+    settings: dict[str, Any] = {
+        "model": args.model,
+        "backend": args.backend,
+        "dtype": default_dtype() if args.dtype == "auto" else args.dtype,
+        "engine_args": args.engine_args,
+        "labels": labels,
+        "batch_size": args.batch_size,
+        "max_text_tokens": args.max_text_tokens,
+        "review_below": args.review_below,
+        "text_column": args.text_column,
+        "column_prefix": args.column_prefix,
+    }
+    if args.backend == "vllm":  # transformers' dtype does not apply; engine_args does
+        settings["dtype"] = None
+    settings.update({f"prompt.{k}": v for k, v in template.to_dict().items()})
+    settings.update({f"config.{k}": v for k, v in config.to_dict().items()})
+    # Through JSON and back: what is compared is what the sidecar holds.
+    return dict(json.loads(json.dumps(settings)))
+
+
+def _check_settings(output: Path, settings: dict[str, Any]) -> None:
+    """``--resume``: refuse to continue rows scored with other settings, by name."""
+    sidecar = settings_path(output)
+    try:
+        recorded = json.loads(sidecar.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(
+            f"--resume: {output} has no settings record {sidecar.name}, so its rows cannot be "
+            "checked against this run's settings: pass --overwrite to score it again"
+        ) from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--resume: {sidecar} is not readable JSON ({error})") from None
+    recorded = recorded.get("settings") if isinstance(recorded, dict) else None
+    if not isinstance(recorded, dict):
+        raise ValueError(f"--resume: {sidecar} holds no 'settings' object")
+    differ = [
+        k for k in sorted(set(recorded) | set(settings)) if recorded.get(k) != settings.get(k)
+    ]
+    if differ:
+        shown = "; ".join(
+            f"{k}: {json.dumps(recorded.get(k))} then, {json.dumps(settings.get(k))} now"
+            for k in differ[:4]
+        )
+        raise ValueError(
+            f"--resume: the rows in {output} were scored with other settings ({shown}); "
+            "resume with the same settings, or pass --overwrite"
+        )
+
+
+def _write_settings(output: Path, settings: dict[str, Any]) -> None:
+    """Record the settings beside a new output (written whole, then renamed)."""
+    sidecar = settings_path(output)
+    staged = sidecar.with_name(sidecar.name + ".tmp")
+    body = {"semsoft_classify": 1, "settings": settings}
+    staged.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(staged, sidecar)
+
+
 def _run_classify_file(
     args: argparse.Namespace, labels: list[str], template: Any, config: Any
 ) -> int:
     """Score every row of ``--input`` into ``--output``, a batch at a time.
 
     Each output row holds the input row's columns, then ``label``, ``p_<label>``
-    (Semantic Softmax), ``constrained_<label>``, ``coverage``, ``fallback`` and
-    ``review`` (top probability below ``--review-below``). Rows whose text is empty are
-    not scored and not written; they are named in one line on stderr. Each batch is
-    written and flushed when it finishes. ``--resume`` keeps the complete rows already
-    in the output (checking that they are this input's rows, in order) and restarts at
-    the start of the batch it stopped in, so with the same ``--batch-size`` every row
-    is computed in the same batch as in an uninterrupted run: the same numbers.
+    (Semantic Softmax), ``constrained_<label>``, ``coverage``, ``fallback``, ``review``
+    (top probability below ``--review-below``) and ``truncated`` (tokens cut from the
+    end of a text longer than the context or ``--max-text-tokens``; 0 for most rows).
+    Rows whose text is empty are not scored and not written; they are named in one
+    line on stderr. Each batch is written and flushed when it finishes. The settings
+    that change a value are recorded in ``OUTPUT.semsoft.json``. ``--resume`` keeps
+    the complete rows already in the output (checking that they are this input's
+    rows, in order, scored with the same settings) and restarts at the start of the
+    batch it stopped in, so with the same ``--batch-size`` every row is computed in
+    the same batch as in an uninterrupted run: the same numbers.
     """
     from tqdm.auto import tqdm
 
-    from semsoft_plugin.tables import TableWriter, read_output, read_records, table_format
+    from semsoft_plugin.tables import TableWriter, read_output, read_records
 
     if not 0.0 <= args.review_below <= 1.0:
         raise ValueError(f"--review-below {args.review_below} must be a probability in [0, 1]")
@@ -337,17 +454,13 @@ def _run_classify_file(
         raise ValueError("--input needs --output (a .csv, .tsv or .jsonl file)")
     if args.resume and args.overwrite:
         raise ValueError("give --resume or --overwrite, not both")
-    table_format(args.input)
-    table_format(args.output, role="output file")
-    output = Path(args.output)
-    if Path(args.input).resolve() == output.resolve():
-        raise ValueError(f"--output {output} is the input file")
+    output = _output_path(args)
     exists = output.exists() and output.stat().st_size > 0
     if exists and not (args.resume or args.overwrite):
         raise ValueError(
             f"--output {output} exists: pass --resume to continue it or --overwrite to replace it"
         )
-    records = read_records(Path(args.input))
+    records = read_records(Path(args.input), encoding=args.encoding)
     columns = list(dict.fromkeys(key for record in records for key in record))
     if args.text_column not in columns:
         raise ValueError(f"{args.input}: no column {args.text_column!r}; columns are {columns}")
@@ -359,7 +472,7 @@ def _run_classify_file(
         label_col,
         *p_cols,
         *c_cols,
-        *(f"{prefix}{c}" for c in ("coverage", "fallback", "review")),
+        *(f"{prefix}{c}" for c in ("coverage", "fallback", "review", "truncated")),
     ]
     clash = [c for c in added if c in columns]
     if clash:
@@ -377,8 +490,10 @@ def _run_classify_file(
             file=sys.stderr,
         )
 
+    settings = _run_settings(args, labels, template, config)
+    resuming = args.resume and exists
     done: list[dict[str, Any]] = (
-        read_output(output, out_columns, required=added) if args.resume and exists else []
+        read_output(output, out_columns, required=added) if resuming else []
     )
     if len(done) > len(todo):
         raise ValueError(f"--resume: {output} holds {len(done)} rows, the input only {len(todo)}")
@@ -388,12 +503,19 @@ def _run_classify_file(
                 f"--resume: row {n} of {output} is not row {index + 1} of {args.input} "
                 f"(column {args.text_column!r} differs): not this input's output"
             )
+    if resuming:
+        _check_settings(output, settings)
     # Restart at the start of the batch the last run stopped in (see the docstring).
     start = len(done) // args.batch_size * args.batch_size
     counts: Counter[str] = Counter(str(r.get(label_col)) for r in done)
     review = sum(str(r.get(f"{prefix}review")).lower() == "true" for r in done)
+    truncated = [
+        todo[n] + 1 for n, r in enumerate(done) if str(r.get(f"{prefix}truncated")) not in ("0", "")
+    ]
 
     classifier = _classifier(args, labels, template, config) if len(done) < len(todo) else None
+    if not resuming:
+        _write_settings(output, settings)
     writer = TableWriter(output, out_columns, append=args.resume)
     bar = tqdm(total=len(todo), initial=len(done), unit="row", desc="classify", file=sys.stderr)
     began, scored = time.perf_counter(), 0
@@ -413,12 +535,17 @@ def _run_classify_file(
                 row[f"{prefix}coverage"] = float(details.coverage[j])
                 row[f"{prefix}fallback"] = bool(details.fallback[j])
                 row[f"{prefix}review"] = top < args.review_below
+                row[f"{prefix}truncated"] = int(details.truncated[j])
                 rows.append(row)
-            fresh = rows[max(0, len(done) - first) :]  # rows a resumed run already has
-            writer.write(fresh)
+            skip = max(0, len(done) - first)  # rows a resumed run already has
+            fresh = rows[skip:]
+            writer.write(fresh, names=[f"input row {i + 1}" for i in batch[skip:]])
             scored += len(fresh)
             counts.update(r[label_col] for r in fresh)
             review += sum(r[f"{prefix}review"] for r in fresh)
+            truncated += [
+                i + 1 for i, r in zip(batch[skip:], fresh, strict=True) if r[f"{prefix}truncated"]
+            ]
             bar.update(len(fresh))
     except KeyboardInterrupt:
         bar.close()
@@ -441,6 +568,11 @@ def _run_classify_file(
     share = review / total if total else 0.0
     print(f"review (top probability < {args.review_below:g}): {review} rows ({share:.1%})")
     print("labels: " + ", ".join(f"{label} {counts.get(label, 0)}" for label in labels))
+    if truncated:
+        print(
+            f"truncated to fit the context or --max-text-tokens: {len(truncated)} rows "
+            f"(input row {_row_list(truncated)}; column {prefix}truncated counts the tokens cut)"
+        )
     return 0
 
 

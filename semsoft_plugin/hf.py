@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -358,10 +358,36 @@ def float32_head(model: Any) -> Iterator[None]:
 Classification = LabelResult
 
 
+def padding_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into left-padded batches: sorted by length, at most
+    ``batch_size`` each, and a batch is cut early where padding would fill more than
+    half of it (rows x longest > 2 x the rows' own lengths), so one very long input
+    runs with inputs of its own length instead of padding a whole batch to its size.
+    Results keep input order; the grouping depends only on the lengths.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    real = 0
+    for index in order:
+        batch = batches[-1] if batches else None
+        grown = real + lengths[index]
+        if (
+            batch is None
+            or len(batch) == batch_size
+            or (len(batch) + 1) * lengths[index] > 2 * grown
+        ):
+            batches.append([index])
+            real = lengths[index]
+        else:
+            batch.append(index)
+            real = grown
+    return batches
+
+
 def classify(
     model: Any,
     tokenizer: Any,
-    inputs: Sequence[str | Sequence[Mapping[str, str]]],
+    inputs: Iterable[str | Sequence[Mapping[str, str]]],
     labels: Sequence[str] | LabelSet,
     *,
     config: SemsoftConfig | None = None,
@@ -380,7 +406,8 @@ def classify(
     Parameters
     ----------
     model, tokenizer : a transformers causal LM and its tokenizer
-    inputs : strings (used as is) or chat message lists (chat template applied)
+    inputs : strings (used as is) or chat message lists (chat template applied), in
+        any iterable (list, tuple, numpy array, pandas Series, generator)
     labels : label names (scored as leading-space whole words, see
         :class:`~semsoft_plugin.labels.LabelSet`) or a ready LabelSet
     config, **overrides : Semantic Softmax settings
@@ -399,8 +426,9 @@ def classify(
     """
     from tqdm.auto import tqdm
 
-    if isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
-        raise ValueError("inputs must be a list of strings or of chat message lists")
+    from semsoft_plugin.classifier import item_list
+
+    inputs = item_list(inputs, "inputs", "strings or chat message lists")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive int")
     label_set = labels if isinstance(labels, LabelSet) else LabelSet(labels, tokenizer)
@@ -430,9 +458,7 @@ def classify(
     if beams > 1:
         raise ValueError(f"classify: num_beams={beams}: {_BEAM_MESSAGE}")
     texts = [format_prompt(tokenizer, item) for item in inputs]
-    # Length-sorted batches waste less compute on padding; results keep input order.
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i][0]))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = padding_batches([len(text) for text, _ in texts], batch_size)
     show = progress if progress is not None else len(batches) > 1
     results: list[Classification | None] = [None] * len(texts)
     device = next(model.parameters()).device

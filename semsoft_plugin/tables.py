@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,9 +24,13 @@ __all__ = [
     "OUTPUT_SUFFIXES",
     "TableWriter",
     "cell",
+    "json_safe",
+    "read_delimited",
+    "read_jsonl",
     "read_lines",
     "read_output",
     "read_records",
+    "read_text",
     "table_format",
 ]
 
@@ -49,48 +54,199 @@ def table_format(path: str | Path, *, role: str = "data file") -> str:
     return _FORMATS[suffix]
 
 
-def read_lines(path: Path) -> list[str]:
-    """The non-blank lines of a UTF-8 text file; ``ValueError`` if missing or empty."""
+def read_text(path: Path, encoding: str = "utf-8") -> str:
+    """The whole text of ``path`` decoded with ``encoding``.
+
+    UTF-8 is read as ``utf-8-sig``: a byte-order mark at the start (Excel's "CSV
+    UTF-8") is dropped instead of ending up in the first column's name. A byte that
+    does not decode is a ``ValueError`` naming the file, the line and the byte, and
+    suggesting ``--encoding`` (a latin-1 or cp1252 export read as UTF-8 is the usual
+    case); nothing is replaced silently.
+    """
+    codec = _codec(encoding)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
+    try:
+        return data.decode(codec)
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        byte = data[error.start : error.start + 1].hex()
+        raise ValueError(
+            f"{path}:{line}: not valid {encoding} (byte 0x{byte} at offset {error.start}); "
+            "pass the file's encoding, e.g. --encoding latin-1 or --encoding cp1252"
+        ) from None
+
+
+def _codec(encoding: str) -> str:
+    """The codec to decode with: ``utf-8-sig`` for UTF-8; ``ValueError`` if unknown."""
+    import codecs
+
+    try:
+        name = codecs.lookup(encoding).name
+    except LookupError:
+        raise ValueError(f"--encoding {encoding!r} is not a known text encoding") from None
+    return "utf-8-sig" if name in ("utf-8", "utf-8-sig") else name
+
+
+def read_lines(path: Path, encoding: str = "utf-8") -> list[str]:
+    """The non-blank lines of a text file; ``ValueError`` if missing or empty."""
     if not path.is_file():
         raise ValueError(f"data file not found: {path}")
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [line for line in read_text(path, encoding).splitlines() if line.strip()]
     if not lines:
         raise ValueError(f"data file {path} is empty")
     return lines
 
 
-def read_records(path: Path) -> list[dict[str, object]]:
-    """The rows of a CSV, TSV or JSONL file as dicts (CSV values are strings)."""
+def read_records(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]:
+    """The rows of a CSV, TSV or JSONL file as dicts (CSV values are strings).
+
+    Malformed files are refused with the file and line named, never read with rows
+    lost: see :func:`read_delimited` and :func:`read_jsonl`.
+    """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"data file not found: {path}")
     kind = table_format(path)
     if kind == "jsonl":
-        records = []
-        for number, line in enumerate(read_lines(path), start=1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: each JSONL line must be an object")
-            records.append(record)
-        return records
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle, delimiter="," if kind == "csv" else "\t")
-        records = list(reader)
+        return read_jsonl(path, encoding)
+    return read_delimited(path, "," if kind == "csv" else "\t", encoding)
+
+
+def read_jsonl(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]:
+    """The objects of a JSON-lines file, one per non-blank line.
+
+    A line that is not a JSON object, or an object with a key twice (``json`` would
+    keep the last value and drop the first in silence), is refused naming the line.
+    """
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        twice = sorted({key for key in keys if keys.count(key) > 1})
+        if twice:
+            raise _DuplicateKey(twice)
+        return dict(pairs)
+
+    records = []
+    for number, line in enumerate(read_lines(path, encoding), start=1):
+        try:
+            record = json.loads(line, object_pairs_hook=unique)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        except _DuplicateKey as error:
+            raise ValueError(f"{path}:{number}: key(s) {error.args[0]} appear twice") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: each JSONL line must be an object")
+        records.append(record)
+    return records
+
+
+class _DuplicateKey(Exception):
+    """A JSON object with a repeated key (raised from the decoder's pairs hook)."""
+
+
+def read_delimited(path: Path, delimiter: str, encoding: str = "utf-8") -> list[dict[str, object]]:
+    """The rows of a CSV/TSV file under its header, every row checked against it.
+
+    Refused, naming the file and line: a header with an empty or repeated column name
+    (a dict would drop one of the two columns); a row with more or fewer fields than
+    the header (``csv.DictReader`` files the extra fields under ``None`` and fills the
+    missing ones with ``None``); a quoted field that is never closed (an unbalanced
+    quote would otherwise swallow the rest of the file into one text, so the error
+    names the line where that field starts) or text after a closing quote. Blank
+    lines are skipped. A BOM left in a name (a second one, after a concatenation) is
+    removed.
+    """
+    reader = csv.reader(
+        io.StringIO(read_text(path, encoding), newline=""), delimiter=delimiter, strict=True
+    )
+    header: list[str] | None = None
+    records: list[dict[str, object]] = []
+    start = 1
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as error:
+            what = (
+                "a quoted field opened on this line is never closed (unbalanced quote)"
+                if "end of data" in str(error)
+                else f"malformed quoting ({error})"
+            )
+            raise ValueError(f"{path}:{start}: {what}") from None
+        line, start = start, reader.line_num + 1
+        if not row:
+            continue
+        if header is None:
+            header = [name.replace("\ufeff", "") for name in row]
+            _check_header(path, line, header)
+            continue
+        if len(row) != len(header):
+            raise ValueError(
+                f"{path}:{line}: {len(row)} field(s), the header has {len(header)} "
+                f"({header}); quote fields holding {delimiter!r}"
+            )
+        records.append(dict(zip(header, row, strict=True)))
     if not records:
         raise ValueError(f"data file {path} is empty (no rows under the header)")
     return records
 
 
+def _check_header(path: Path, line: int, header: list[str]) -> None:
+    empty = [i + 1 for i, name in enumerate(header) if not name.strip()]
+    if empty:
+        raise ValueError(f"{path}:{line}: header column(s) {empty} have no name")
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise ValueError(f"{path}:{line}: header names column(s) {twice} more than once")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinity (at any depth) replaced by ``None``.
+
+    JSON has no NaN: a passthrough column holding one (pandas writes NaN for a missing
+    value, and Python's ``json`` reads ``NaN`` from a JSONL file) is written as
+    ``null`` in JSON lines and as an empty cell in CSV/TSV, the same as a missing
+    value, instead of failing the batch after it was scored.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
+
+
 def cell(value: Any) -> str:
-    """A value as CSV text: strings as they are, JSON for everything else, '' for None."""
+    """A value as CSV text: strings as they are, JSON for everything else, '' for None
+    (and for NaN or infinity, see :func:`json_safe`)."""
+    value = json_safe(value)
     if value is None:
         return ""
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _json_line(record: Mapping[str, Any]) -> str:
+    return json.dumps(json_safe(record), ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _unwritable(path: Path, name: str, record: Mapping[str, Any], error: Exception) -> str:
+    """The message for a record that cannot be encoded: the first bad column named."""
+    for column, value in record.items():
+        try:
+            cell(value)
+        except (TypeError, ValueError) as bad:
+            return (
+                f"{path}: {name}, column {column!r}: "
+                f"{type(value).__name__} value {value!r:.80} cannot be written ({bad})"
+            )
+    return f"{path}: {name} cannot be written ({error})"
 
 
 class TableWriter:
@@ -109,19 +265,26 @@ class TableWriter:
         self.columns = list(columns)
         fresh = not append or not self.path.exists() or self.path.stat().st_size == 0
         self._handle = self.path.open("w" if fresh else "a", encoding="utf-8", newline="")
+        self._rows = 0  # data rows written by this writer (error messages count from 1)
         if fresh and self.kind != "jsonl":
             self._write_text(self._encode([dict(zip(self.columns, self.columns, strict=True))]))
 
-    def _encode(self, records: Sequence[Mapping[str, Any]]) -> str:
+    def _encode(
+        self, records: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None
+    ) -> str:
         buffer = io.StringIO()
-        if self.kind == "jsonl":
-            for record in records:
-                buffer.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-        else:
-            writer = csv.writer(
-                buffer, delimiter="," if self.kind == "csv" else "\t", lineterminator="\n"
-            )
-            writer.writerows([[cell(r.get(c)) for c in self.columns] for r in records])
+        writer = csv.writer(
+            buffer, delimiter="," if self.kind == "csv" else "\t", lineterminator="\n"
+        )
+        for number, record in enumerate(records):
+            try:
+                if self.kind == "jsonl":
+                    buffer.write(_json_line(record))
+                else:
+                    writer.writerow([cell(record.get(c)) for c in self.columns])
+            except (TypeError, ValueError) as error:
+                name = names[number] if names else f"record {self._rows + number + 1}"
+                raise ValueError(_unwritable(self.path, name, record, error)) from None
         return buffer.getvalue()
 
     def _write_text(self, text: str) -> None:
@@ -129,10 +292,18 @@ class TableWriter:
         self._handle.flush()
         os.fsync(self._handle.fileno())
 
-    def write(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Write a batch of records and make it durable before returning."""
+    def write(
+        self, records: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None
+    ) -> None:
+        """Write a batch of records and make it durable before returning.
+
+        A value that cannot be written is a ``ValueError`` naming its record (by
+        ``names``, e.g. ``"input row 7"``, else its number among the records this
+        writer wrote) and its column, raised before anything of the batch is written.
+        """
         if records:
-            self._write_text(self._encode(records))
+            self._write_text(self._encode(records, names))
+            self._rows += len(records)
 
     def close(self) -> None:
         self._handle.close()

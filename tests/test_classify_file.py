@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from semsoft_plugin import Classifier
-from semsoft_plugin.cli import main
+from semsoft_plugin.cli import main, settings_path
 from semsoft_plugin.prompting import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
 from semsoft_plugin.tables import TableWriter, read_output
 
@@ -35,6 +35,7 @@ ADDED = [
     "coverage",
     "fallback",
     "review",
+    "truncated",
 ]
 ROWS = [
     {"id": "1", "text": "I loved this film, the acting was wonderful.", "gold": "positive"},
@@ -94,7 +95,7 @@ for name in list(sys.modules):
     if name.partition(".")[0] in HIDDEN:
         del sys.modules[name]
 sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
-from semsoft_plugin.cli import main
+from semsoft_plugin.cli import main, settings_path
 report = []
 for argv in json.loads(sys.argv[2]):
     del asked[:]
@@ -235,6 +236,7 @@ def test_resume_after_a_stop_half_way_gives_the_same_rows(tmp_path, capsys):
     lines = full.split("\n")
     cut = tmp_path / "cut.csv"
     cut.write_text("\n".join(lines[:5]) + "\n" + lines[5][:10])
+    settings_path(cut).write_bytes(settings_path(whole).read_bytes())  # written at its start
     capsys.readouterr()
     assert classify_file(inp, cut, "--batch-size", "2", "--resume") == 0
     out = capsys.readouterr().out
