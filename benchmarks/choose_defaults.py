@@ -238,15 +238,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="default,qwen2.5-coder-1.5b")
     parser.add_argument("--sets", default=SETS)
+    parser.add_argument(
+        "--sets-for",
+        action="append",
+        default=[],
+        metavar="MODEL=SETS",
+        help="other --sets for one model (e.g. fewer items on a slow model)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
     parser.add_argument("--collect", action="store_true", help="run missing forward passes")
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--out", default="benchmarks/results/defaults-loko.json")
     args = parser.parse_args()
 
+    sets_for = dict(item.split("=", 1) for item in args.sets_for)
     pairs: dict[str, dict[str, Any]] = {}
     for model in args.models.split(","):
-        for spec in args.sets.split(","):
+        for spec in sets_for.get(model, args.sets).split(","):
             dataset, limit = spec.split(":")
             try:
                 pair = load_pair(model, dataset, int(limit), args.seed, args.collect)
