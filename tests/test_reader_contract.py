@@ -79,10 +79,14 @@ def test_reader_never_returns_a_bound_for_a_label_outside_the_top_k(
     assert got.label == "superb"
     for label in LABELS:
         assert got.probs[label] == pytest.approx(want.probs[label], abs=1e-4)
-        assert got.constrained_probs[label] == pytest.approx(want.constrained_probs[label], abs=1e-4)
+        assert got.constrained_probs[label] == pytest.approx(
+            want.constrained_probs[label], abs=1e-4
+        )
 
 
-def test_constrained_pick_and_argmax_always_agree(decision, model_and_tokenizer, default_checkpoint):
+def test_constrained_pick_and_argmax_always_agree(
+    decision, model_and_tokenizer, default_checkpoint
+):
     """A greedy constrained pick that is not the scores' argmax is refused naming both;
     a sampled pick (temperature > 0) may be any label and is reported as emitted."""
     from semsoft_plugin.scoring import EmittedLabelMismatch, read_scores
