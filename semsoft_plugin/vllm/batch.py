@@ -126,6 +126,9 @@ def classify_vllm(
     outputs = llm.generate(token_prompts, params, use_tqdm=use_tqdm)
     answer_ids = list(scoring.labels.answer_token_ids)
     greedy = params.temperature == 0.0
+    # A max_tokens the caller set may cut the text on purpose (1: scores only); the
+    # default length holds every label, so a cut text there is refused.
+    check_text = max_tokens is None
 
     def reread(i: int, known: Mapping[int, float]) -> LabelResult:
         completion = outputs[i].outputs[0]
@@ -136,7 +139,7 @@ def classify_vllm(
             return read_scores(
                 request,
                 positions,
-                completion.text,
+                completion.text if check_text else None,
                 model=client,
                 emitted_ids=list(completion.token_ids)[: len(positions)],
                 known=known,
@@ -150,7 +153,7 @@ def classify_vllm(
     first: list[LabelResult | None] = []
     for i, out in enumerate(outputs):
         try:
-            first.append(label_scores(out, params, client))
+            first.append(label_scores(out, params, client, check_text=check_text))
         except MissingLabelLogprobs:
             first.append(None)
         except ValueError as error:

@@ -48,6 +48,7 @@ def label_scores(
     *,
     choice: int = 0,
     allow_download: bool = False,
+    check_text: bool = True,
     **options: Any,
 ) -> LabelResult:
     """Semantic Softmax scores of an offline ``RequestOutput``.
@@ -64,6 +65,8 @@ def label_scores(
         path or a name, such an output is refused (``MissingLabelLogprobs``): no bound
         stands in for a missing log-probability
     choice : which completion (``n > 1`` gives ``n``), in vLLM's order
+    check_text : refuse a text that is only the start of a label (``CutLabel``); False
+        where ``max_tokens`` was set short on purpose (only the scores are wanted)
     allow_download : a model name not on this machine yet (a known name not cached, a
         hub ``owner/name`` not in the hub cache) is refused unless True: reading scores
         never starts a download by itself
@@ -111,7 +114,7 @@ def label_scores(
     return read_scores(
         request,
         {int(t): float(lp.logprob) for t, lp in entries.items()},
-        completion.text,
+        completion.text if check_text else None,
         model=client,
         emitted_ids=generated,
         fetch=fetch,
