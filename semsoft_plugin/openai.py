@@ -211,8 +211,9 @@ def openai_label_scores(
         scores need that are outside the returned top-k are then fetched exactly with
         one follow-up (:func:`openai_fetch`, vLLM servers); without it such a response
         is refused with :class:`~semsoft_plugin.scoring.MissingLabelLogprobs`
-    greedy_pick : whether the server picked greedily (default: from the request's
-        ``temperature``, 0 when not known); only a greedy pick must be the argmax
+    greedy_pick : whether the server picked greedily (default: from the ``create``
+        keywords' ``temperature`` when given them, else greedy); only a greedy pick
+        must be the argmax of the scores
 
     Follows the reader contract (:func:`semsoft_plugin.scoring.read_scores`): exact
     scores or a named refusal. Raises ``ValueError`` when the choice carries no
@@ -290,14 +291,14 @@ def openai_label_scores(
 
 def _sent_with(request: Any, options: Mapping[str, Any]) -> tuple[bool, bool]:
     """Whether the request ran with the plugin and greedily, as far as the reader can
-    tell (a bare label list: the plugin, greedy, unless ``plugin=`` /
-    ``temperature=`` say otherwise)."""
-    kwargs: Mapping[str, Any] = request if isinstance(request, Mapping) else options
-    plugin = bool(options.get("plugin", True))
+    tell: from the ``create`` keywords when given them; for a bare label list, the
+    plugin (unless ``plugin=False``) and a greedy pick (``greedy_pick=`` says otherwise;
+    a ``temperature`` option there is the method's, not the sampler's)."""
     if isinstance(request, Mapping):
         plugin = "vllm_xargs" in (request.get("extra_body") or {})
-    temperature = kwargs.get("temperature", 0.0)
-    return plugin, temperature is not None and float(temperature) == 0.0
+        temperature = request.get("temperature", 1.0)  # the API's default
+        return plugin, temperature is not None and float(temperature) == 0.0
+    return bool(options.get("plugin", True)), True
 
 
 def openai_fetch(

@@ -316,10 +316,15 @@ def read_scores(
         step_logprobs: Logprobs = top_logprobs
     else:
         positions = list(top_logprobs)
-        if not generated and request.trigger is None:
+        if request.trigger is None:
             step = 0
+        elif not generated:
+            raise ValueError(
+                f"the decision step follows the trigger {request.trigger!r}: give "
+                "emitted_ids (the generated token ids) to locate it"
+            )
         else:
-            step = _decision_step(client, request, generated or [0] * len(positions))
+            step = _decision_step(client, request, generated)
         if step >= len(positions) or positions[step] is None:
             raise ValueError(
                 f"the output carries no log-probabilities at its decision step {step} "
