@@ -287,6 +287,32 @@ def test_incompatible_sampling_settings_are_refused():
     assert sv.sampling_params(SENTIMENT, mode="observe", repetition_penalty=1.2).logprobs == 50
 
 
+def test_routes_places_and_cutting_stops_are_refused_before_the_engine():
+    """Issue 26 items 10-12 without a server: the middleware's verdict on each route and
+    place, and the stop checks of validate_params (no tokenizer needed)."""
+    good = sv.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
+    body = {"model": "m", "prompt": "x", "vllm_xargs": {**good, "semsoft_k": True}}
+    for path in ("/invocations", "/v1/chat/completions/batch", "/v1/messages", "/v1/responses"):
+        message = sadm._check_http_body(json.dumps(body).encode(), path, None)
+        assert message is not None and f"not supported on {path}" in message, (path, message)
+    generate = {"token_ids": [1], "sampling_params": {"extra_args": {"semsoft_labels": SENTIMENT}}}
+    message = sadm._check_http_body(json.dumps(generate).encode(), "/inference/v1/generate", None)
+    assert message is not None and "semsoft_labels (in sampling_params.extra_args)" in message
+    plain = {"model": "m", "prompt": "x", "max_tokens": 3}
+    assert sadm._check_http_body(json.dumps(plain).encode(), "/invocations", None) is None
+    top = {**body, "vllm_xargs": good, "semsoft_k": 7}
+    message = sadm._check_http_body(json.dumps(top).encode(), "/v1/completions", None)
+    assert message is not None and "send semsoft options in vllm_xargs" in message
+    near = {**body, "vllm_xargs": {"SEMSOFT_LABELS": SENTIMENT}}
+    message = sadm._check_http_body(json.dumps(near).encode(), "/v1/completions", None)
+    assert message is not None and "did you mean 'semsoft_labels'" in message
+    for stop in ([" pos"], "negative", ["ive"]):
+        with pytest.raises(ValueError, match="would cut the label"):
+            sv.sampling_params(SENTIMENT, stop=stop)
+    assert sv.sampling_params(SENTIMENT, stop=["\n", "."]).stop == ["\n", "."]
+    assert sv.sampling_params(SENTIMENT, mode="observe", stop=[" pos"]).stop == [" pos"]
+
+
 def test_entry_point_declared_in_pyproject_loads_the_class():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     value = declared["vllm.logits_processors"]["semsoft"]
