@@ -145,6 +145,13 @@ class LabelSet:
             ids = tuple(_encode(tokenizer, answer_text))
             if not ids:
                 raise ValueError(f"label {name!r} tokenises to nothing ({answer_text!r})")
+            control = _special_in(tokenizer, ids)
+            if control:
+                raise ValueError(
+                    f"label {name!r} holds the tokenizer's special token(s) {control}: an "
+                    "engine cannot emit a control token as text (its text would be empty "
+                    "or cut), so it cannot be a label; spell the label another way"
+                )
             spelled.append((name, answer_text, ids))
 
         by_sequence: dict[tuple[int, ...], str] = {}
@@ -395,6 +402,17 @@ def _token_strings(tokenizer: Any, ids: list[int]) -> list[Any] | None:
         return None if decode is None else [decode([t]) for t in ids]
     except Exception as error:  # an id outside a foreign tokenizer's vocabulary
         return [repr(error)]
+
+
+def _special_in(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """The special (control) tokens among ``ids``, by their text: a label spelling one
+    (``"<|im_end|>"``) encodes to a control id that decodes to nothing as text."""
+    special = set(getattr(tokenizer, "all_special_ids", None) or ())
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special |= {int(i) for i, t in decoder.items() if getattr(t, "special", False)}
+    found = [t for t in ids if t in special]
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    return [str(convert(t)) if convert else str(t) for t in dict.fromkeys(found)]
 
 
 def _decodes_to_text(tokenizer: Any, token_id: int) -> bool:

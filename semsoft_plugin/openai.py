@@ -11,7 +11,7 @@ object and the labels are never passed twice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from semsoft_plugin.config import SemsoftConfig
@@ -24,9 +24,19 @@ from semsoft_plugin.request import (
     parse_request,
 )
 from semsoft_plugin.result import LabelResult
-from semsoft_plugin.scoring import _client_model, _decision_step, _Model, _score_top_k
+from semsoft_plugin.scoring import _client_model, _decision_step, _Model, read_scores
 
-__all__ = ["OpenAIRequest", "openai_label_probs", "openai_label_scores", "openai_request"]
+# vLLM's cap on logprob_token_ids per request (vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS;
+# not imported: this module works without vLLM).
+_MAX_LOGPROB_TOKEN_IDS = 128
+
+__all__ = [
+    "OpenAIRequest",
+    "openai_fetch",
+    "openai_label_probs",
+    "openai_label_scores",
+    "openai_request",
+]
 
 
 class OpenAIRequest(dict[str, Any]):
@@ -81,6 +91,7 @@ def openai_request(
     if plugin:
         body["vllm_xargs"] = request.to_extra_args()
         body["return_tokens_as_token_ids"] = True
+        body["return_token_ids"] = True  # the prompt's ids, for an exact follow-up
     if body:
         kwargs["extra_body"] = body
     return OpenAIRequest(kwargs, request)
@@ -90,14 +101,17 @@ def _get(obj: Any, name: str) -> Any:
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
-def _openai_token(model: _Model, token: str) -> int:
+def _openai_token(model: _Model, token: str, api: str = "chat") -> int:
     if token.startswith("token_id:"):
         return int(token[len("token_id:") :])
     token_id = model.token_id(token)
     if token_id is None:
+        # The completions advice only helps a chat response (and must not be given to one
+        # that already is a completions response).
+        also = " or use the completions API" if api == "chat" else ""
         raise ValueError(
             f"token {token!r} maps to no unique token id; ask the server for "
-            "return_tokens_as_token_ids (vLLM) or use the completions API"
+            f"return_tokens_as_token_ids (vLLM){also}"
         )
     return token_id
 
@@ -175,6 +189,8 @@ def openai_label_scores(
     *,
     choice: int = 0,
     allow_download: bool = False,
+    client: Any = None,
+    greedy_pick: bool | None = None,
     **options: Any,
 ) -> LabelResult:
     """Semantic Softmax scores of an ``openai`` chat or completion response.
@@ -191,13 +207,28 @@ def openai_label_scores(
         its tokenizer and output embeddings); a name not on this machine yet is
         refused unless ``allow_download=True`` (reading never downloads by itself)
     choice : which choice (``n > 1`` gives ``n``; chunks are grouped by their index)
+    client : the ``openai.OpenAI`` client the request went through: answer tokens the
+        scores need that are outside the returned top-k are then fetched exactly with
+        one follow-up (:func:`openai_fetch`, vLLM servers); without it such a response
+        is refused with :class:`~semsoft_plugin.scoring.MissingLabelLogprobs`
+    greedy_pick : whether the server picked greedily (default: from the ``create``
+        keywords' ``temperature`` when given them, else greedy); only a greedy pick
+        must be the argmax of the scores
 
-    Raises ``ValueError`` when the choice carries no decision step (no generated token
-    with log-probabilities, or a trigger never written) or its decision-step
-    log-probabilities are NaN/inf.
+    Follows the reader contract (:func:`semsoft_plugin.scoring.read_scores`): exact
+    scores or a named refusal. Raises ``ValueError`` when the choice carries no
+    decision step (no generated token with log-probabilities, or a trigger never
+    written) or its decision-step log-probabilities are NaN/inf;
+    ``MissingLabelLogprobs`` (needed label log-probs not returned, no ``client``),
+    ``EmittedLabelMismatch`` (the greedy constrained pick is not the argmax) and
+    ``CutLabel`` (the text is only the start of a label), all ``ValueError``.
     """
     semsoft = _semsoft_of(request, options)
-    client = _client_model(model, allow_download=allow_download)
+    plugin, greedy = _sent_with(request, options)
+    fetch_client = client
+    if greedy_pick is not None:
+        greedy = greedy_pick
+    reader = _client_model(model, allow_download=allow_download)
     if _get(response, "choices") is None and isinstance(response, Iterable):
         response = _gather_chunks(response)
     choices = list(_get(response, "choices") or [])
@@ -208,28 +239,119 @@ def openai_label_scores(
     if logprobs is None:
         raise ValueError("the response holds no log-probabilities (see openai_request)")
     content = _get(logprobs, "content")
-    steps: list[tuple[int, dict[int, float], dict[int, float]]] = []
+    tops: list[dict[int, float]] = []
+    generated: list[int] = []
     if content is not None:  # chat
+        api = "chat"
+        text = _get(_get(picked, "message") or _get(picked, "delta") or {}, "content")
         for entry in content:
             top = {
-                _openai_token(client, _get(t, "token")): float(_get(t, "logprob"))
+                _openai_token(reader, _get(t, "token")): float(_get(t, "logprob"))
                 for t in _get(entry, "top_logprobs") or []
             }
-            chosen = _openai_token(client, _get(entry, "token"))
-            steps.append((chosen, top, {chosen: float(_get(entry, "logprob"))}))
+            chosen = _openai_token(reader, _get(entry, "token"))
+            top.setdefault(chosen, float(_get(entry, "logprob")))  # beyond the top-k
+            generated.append(chosen)
+            tops.append(top)
     else:  # completions
+        api = "completions"
+        text = _get(picked, "text")
         tokens = _get(logprobs, "tokens") or []
         token_logprobs = _get(logprobs, "token_logprobs") or []
-        tops = _get(logprobs, "top_logprobs") or []
+        top_lists = _get(logprobs, "top_logprobs") or []
         start = _generated_start(picked, token_logprobs)
-        for token, logprob, top in list(zip(tokens, token_logprobs, tops, strict=False))[start:]:
-            chosen = _openai_token(client, token)
-            parsed = {_openai_token(client, t): float(v) for t, v in (top or {}).items()}
-            steps.append((chosen, parsed, {chosen: float(logprob)}))
-    generated = [chosen for chosen, _, _ in steps]
-    step = _decision_step(client, semsoft, generated)
-    _, top, extra = steps[step]
-    return _score_top_k(client, semsoft, top, extra, generated, step)
+        if start and isinstance(text, str):  # an echo: the text holds the prompt too
+            text = None
+        for token, logprob, top in list(zip(tokens, token_logprobs, top_lists, strict=False))[
+            start:
+        ]:
+            chosen = _openai_token(reader, token, api)
+            parsed = {_openai_token(reader, t, api): float(v) for t, v in (top or {}).items()}
+            parsed.setdefault(chosen, float(logprob))
+            generated.append(chosen)
+            tops.append(parsed)
+    step = _decision_step(reader, semsoft, generated)
+    fetch = None
+    if fetch_client is not None:
+        prompt = _get(picked, "prompt_token_ids") or _get(response, "prompt_token_ids")
+        fetch = openai_fetch(
+            fetch_client, _get(response, "model"), prompt, generated[:step], model=reader
+        )
+    return read_scores(
+        semsoft,
+        tops[step],
+        text if isinstance(text, str) else None,
+        model=reader,
+        emitted_ids=generated,
+        fetch=fetch,
+        greedy=greedy,
+        constrained=plugin,
+    )
+
+
+def _sent_with(request: Any, options: Mapping[str, Any]) -> tuple[bool, bool]:
+    """Whether the request ran with the plugin and greedily, as far as the reader can
+    tell: from the ``create`` keywords when given them; for a bare label list, the
+    plugin (unless ``plugin=False``) and a greedy pick (``greedy_pick=`` says otherwise;
+    a ``temperature`` option there is the method's, not the sampler's)."""
+    if isinstance(request, Mapping):
+        plugin = "vllm_xargs" in (request.get("extra_body") or {})
+        temperature = request.get("temperature", 1.0)  # the API's default
+        return plugin, temperature is not None and float(temperature) == 0.0
+    return bool(options.get("plugin", True)), True
+
+
+def openai_fetch(
+    client: Any,
+    served_model: str | None,
+    prompt_token_ids: Sequence[int] | None,
+    generated: Sequence[int] = (),
+    *,
+    model: Any = None,
+) -> Callable[[list[int]], dict[int, float]]:
+    """A follow-up that asks a vLLM server for exact decision-step log-probs of tokens.
+
+    One completions request on the prompt's token ids plus the tokens generated before
+    the decision step, ``max_tokens=1`` and ``logprob_token_ids`` (vLLM 0.32: exactly
+    those tokens' raw log-probs, at most 128 a request); it does not opt in, so the
+    plugin leaves it untouched and the prefix cache serves the prompt. Used by
+    :func:`openai_label_scores` (``client=``) for answer tokens outside the returned
+    top-k. ``prompt_token_ids`` come back when the request asked for
+    ``return_token_ids`` (:func:`openai_request` does).
+    """
+    from semsoft_plugin.scoring import MissingLabelLogprobs
+
+    def fetch(token_ids: list[int]) -> dict[int, float]:
+        if not prompt_token_ids:
+            raise MissingLabelLogprobs(
+                [],
+                token_ids,
+                "the response does not carry its prompt token ids to ask for them (send "
+                "return_token_ids: true, as openai_request does)",
+            )
+        found: dict[int, float] = {}
+        for begin in range(0, len(token_ids), _MAX_LOGPROB_TOKEN_IDS):
+            chunk = [int(t) for t in token_ids[begin : begin + _MAX_LOGPROB_TOKEN_IDS]]
+            reply = client.completions.create(
+                model=served_model,
+                prompt=[int(t) for t in (*prompt_token_ids, *generated)],
+                max_tokens=1,
+                temperature=0.0,
+                logprobs=1,
+                extra_body={"logprob_token_ids": chunk, "return_tokens_as_token_ids": True},
+            )
+            tops = _get(_get(_get(reply, "choices")[0], "logprobs"), "top_logprobs")[0]
+            for token, value in (tops or {}).items():
+                key = (
+                    int(token[len("token_id:") :])
+                    if str(token).startswith("token_id:")
+                    else (_openai_token(model, token, "completions") if model is not None else None)
+                )
+                if key is not None and key in chunk:
+                    found[key] = float(value)
+        return found
+
+    return fetch
 
 
 def openai_label_probs(

@@ -27,8 +27,10 @@ from here.
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +42,7 @@ __all__ = [
     "DEFAULT_PROMPT",
     "DEFAULT_TEMPLATE",
     "PromptTemplate",
+    "PromptText",
     "build_inputs",
     "encode_prompts",
     "format_prompt",
@@ -114,21 +117,109 @@ def load_template(path: str | Path) -> PromptTemplate:
     return PromptTemplate(**data)
 
 
+class PromptText(str):
+    """A rendered prompt that knows where untrusted text spelled a special token.
+
+    ``literal_spans`` are the ``(start, end)`` character spans of the prompt where the
+    *text* (a chat message's content, an item inserted into a template) spelled a
+    special token such as ``<|im_end|>``: :func:`encode_prompts` encodes them as text,
+    so a text cannot close its turn and forge another (issue 26). Everywhere else the
+    prompt's special tokens are the chat template's own. A plain ``str`` (built by
+    concatenation, say) loses the spans and is encoded as the tokenizer reads it.
+    """
+
+    literal_spans: tuple[tuple[int, int], ...]
+
+    def __new__(cls, text: str, literal_spans: Sequence[tuple[int, int]] = ()) -> PromptText:
+        made = super().__new__(cls, text)
+        made.literal_spans = tuple(literal_spans)
+        return made
+
+
+def _special_tokens(tokenizer: Any) -> dict[str, int]:
+    """The tokenizer's special (control) tokens: text -> id."""
+    found: dict[str, int] = {}
+    for token_id, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(token, "special", False) and getattr(token, "content", ""):
+            found[str(token.content)] = int(token_id)
+    for text in getattr(tokenizer, "all_special_tokens", None) or ():
+        if text and text not in found:
+            token_id = tokenizer.convert_tokens_to_ids(text)
+            if isinstance(token_id, int):
+                found[text] = token_id
+    return found
+
+
+def _special_pattern(specials: Mapping[str, int]) -> re.Pattern[str] | None:
+    if not specials:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
+
+
+def _literal(
+    render: Callable[[Callable[[str], str]], str], tokenizer: Any
+) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """``render(mask)`` with the special-token strings the untrusted parts spell (each
+    part goes through ``mask``) kept as text: they are swapped for private placeholders
+    before rendering and put back after, and their spans are returned."""
+    pattern = _special_pattern(_special_tokens(tokenizer))
+    if pattern is None:
+        return render(lambda part: part), ()
+    nonce = secrets.token_hex(8)
+    originals: list[str] = []
+
+    def mask(part: str) -> str:
+        def swap(match: re.Match[str]) -> str:
+            originals.append(match.group(0))
+            return f"\ue000{nonce}:{len(originals) - 1}\ue001"
+
+        return pattern.sub(swap, part)
+
+    rendered = render(mask)
+    if not originals:
+        return rendered, ()
+    out: list[str] = []
+    spans: list[tuple[int, int]] = []
+    size = 0
+    for piece in re.split(f"(\ue000{nonce}:[0-9]+\ue001)", rendered):
+        if piece.startswith(f"\ue000{nonce}:"):
+            piece = originals[int(piece[len(nonce) + 2 : -1])]
+            spans.append((size, size + len(piece)))
+        out.append(piece)
+        size += len(piece)
+    return "".join(out), tuple(spans)
+
+
 def build_inputs(
     template: PromptTemplate, texts: list[str], labels: list[str], tokenizer: Any
 ) -> list[Any]:
-    """Chat message lists (or plain strings without a chat template) for ``classify``."""
+    """Chat message lists (or plain strings without a chat template) for ``classify``.
+
+    The texts are untrusted: without a chat template the plain prompt is a
+    :class:`PromptText` whose special-token strings from the text stay text; with one,
+    :func:`format_prompt` treats every message's content that way."""
     if getattr(tokenizer, "chat_template", None) is None:
-        return [template.plain(t, labels) for t in texts]
+        out: list[Any] = []
+        for t in texts:
+
+            def render(mask: Callable[[str], str], t: str = t) -> str:
+                return template.plain(mask(t), labels)
+
+            text, spans = _literal(render, tokenizer)
+            out.append(PromptText(text, spans) if spans else text)
+        return out
     return [template.messages(t, labels) for t in texts]
 
 
 def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tuple[str, bool]:
     """The prompt text for one input, and whether it already holds special tokens.
 
-    A string is used as is. A chat message list goes through the chat template: with
-    a generation prompt, or, when the last message is the assistant's, continuing
-    that message (how an answer prefix like ``"Emotion:"`` is pre-filled).
+    A string is used as is (a :class:`PromptText` keeps its spans). A chat message list
+    goes through the chat template: with a generation prompt, or, when the last message
+    is the assistant's, continuing that message (how an answer prefix like
+    ``"Emotion:"`` is pre-filled). Message contents are text: a special-token string
+    in one (``<|im_end|>``) is returned as a :class:`PromptText` span, which
+    :func:`encode_prompts` encodes as text, never as the control token.
     """
     if isinstance(item, str):
         return item, False
@@ -138,18 +229,76 @@ def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tu
         raise ValueError("chat messages given but the tokenizer has no chat template")
     last: Mapping[str, str] = item[-1]  # type: ignore[assignment]  # checked: all Mappings
     continue_last = last.get("role") == "assistant"
-    text = tokenizer.apply_chat_template(
-        list(item),
-        tokenize=False,
-        add_generation_prompt=not continue_last,
-        continue_final_message=continue_last,
-    )
-    return text, True
+
+    given: list[Mapping[str, Any]] = list(item)  # type: ignore[arg-type]  # checked above
+
+    def render(mask: Callable[[str], str]) -> str:
+        messages = [
+            {**m, "content": mask(m["content"])} if isinstance(m.get("content"), str) else dict(m)
+            for m in given
+        ]
+        return str(
+            tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=not continue_last,
+                continue_final_message=continue_last,
+            )
+        )
+
+    text, spans = _literal(render, tokenizer)
+    return (PromptText(text, spans) if spans else text), True
+
+
+def _encode_literal(tokenizer: Any, text: PromptText, add_special_tokens: bool) -> list[int]:
+    """Token ids of a :class:`PromptText`: split at the special tokens outside its
+    literal spans (as the tokenizer itself splits at special tokens), every piece in
+    between encoded with ``split_special_tokens=True``, so the text's spellings of
+    special tokens become ordinary tokens."""
+    specials = _special_tokens(tokenizer)
+    pattern = _special_pattern(specials)
+    spans = text.literal_spans
+    plain = str(text)
+
+    def piece(part: str) -> list[int]:
+        if not part:
+            return []
+        return list(tokenizer.encode(part, add_special_tokens=False, split_special_tokens=True))
+
+    ids: list[int] = []
+    start = 0
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    for match in pattern.finditer(plain) if pattern is not None else ():
+        if any(a < match.end() and match.start() < b for a, b in spans):
+            continue  # the text spelled it: text, encoded with its piece
+        token_id = specials[match.group(0)]
+        before = plain[start : match.start()]
+        if getattr(decoder.get(token_id), "lstrip", False):
+            before = before.rstrip()
+        ids += piece(before)
+        ids.append(token_id)
+        start = match.end()
+        if getattr(decoder.get(token_id), "rstrip", False):
+            while start < len(plain) and plain[start].isspace():
+                start += 1
+    ids += piece(plain[start:])
+    if add_special_tokens:  # the tokenizer's own BOS/EOS around the whole prompt
+        bare = list(tokenizer.encode("a", add_special_tokens=False))
+        full = list(tokenizer.encode("a", add_special_tokens=True))
+        at = next(i for i in range(len(full) - len(bare) + 1) if full[i : i + len(bare)] == bare)
+        ids = full[:at] + ids + full[at + len(bare) :]
+    return ids
 
 
 def encode_prompts(tokenizer: Any, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
-    """Token ids of :func:`format_prompt` outputs; special tokens are added only to plain text."""
-    encoded = [tokenizer.encode(text, add_special_tokens=not special) for text, special in texts]
+    """Token ids of :func:`format_prompt` outputs; special tokens are added only to plain
+    text. A :class:`PromptText` keeps the special-token strings its text spelled as text."""
+    encoded = [
+        _encode_literal(tokenizer, text, not special)
+        if isinstance(text, PromptText) and text.literal_spans
+        else tokenizer.encode(text, add_special_tokens=not special)
+        for text, special in texts
+    ]
     if any(len(ids) == 0 for ids in encoded):
         raise ValueError("an input tokenises to nothing: give a non-empty prompt")
     return encoded

@@ -19,7 +19,7 @@ import dataclasses
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -209,6 +209,7 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
     """
     if not extra_args:
         return None
+    check_near_misses(extra_args)
     present = {k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")}
     if not present:
         return None
@@ -226,6 +227,37 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
             while len(_PARSED) > _PARSED_SIZE:
                 _PARSED.popitem(last=False)
     return request
+
+
+def near_misses(keys: Iterable[Any]) -> list[tuple[str, str | None]]:
+    """Keys that look like semsoft options but are not spelled as one (``SEMSOFT_LABELS``,
+    ``semsoft-labels``, ``semsoftLabels``), each with the key it most likely means."""
+    found = []
+    for key in keys:
+        if not isinstance(key, str) or key in _KEYS or key.startswith("semsoft_"):
+            continue
+        folded = key.strip().lower().replace("-", "_").replace(" ", "_").replace(".", "_")
+        if not folded.replace("_", "").startswith("semsoft"):
+            continue
+        squashed = folded.replace("_", "")
+        meant = next((k for k in sorted(_KEYS) if k.replace("_", "") == squashed), None)
+        found.append((key, meant))
+    return found
+
+
+def check_near_misses(mapping: Mapping[Any, Any], where: str = "") -> None:
+    """``ValueError`` naming a near-miss semsoft key: without this the request would
+    carry no ``semsoft_labels`` and run unconstrained without a word."""
+    misses = near_misses(mapping)
+    if misses:
+        key, meant = misses[0]
+        hint = f"did you mean {meant!r}? " if meant else ""
+        raise ValueError(
+            f"{_show(key)}{where} looks like a semsoft option but is not one: {hint}semsoft "
+            "keys are lower-case with underscores (known: semsoft_labels, semsoft_mode, "
+            "semsoft_k, ...); as sent it would be ignored (a request without semsoft_labels "
+            "runs unconstrained)"
+        )
 
 
 def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:

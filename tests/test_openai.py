@@ -47,9 +47,15 @@ for name in list(sys.modules):
         del sys.modules[name]
 sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
 from semsoft_plugin.openai import openai_label_scores, openai_request
+from semsoft_plugin.scoring import MissingLabelLogprobs
 labels, options, checkpoint, response = json.loads(sys.stdin.read())
 request = openai_request(labels, **options)
-scores = openai_label_scores(response, request, checkpoint)
+try:
+    scores = openai_label_scores(response, request, checkpoint)
+except MissingLabelLogprobs as refused:
+    print("REPORT" + json.dumps({"missing": list(refused.labels), "kwargs": request,
+        "vllm": [m for m in sys.modules if m.startswith("vllm")]}))
+    sys.exit(0)
 again = openai_label_scores(response, json.loads(json.dumps(request)), checkpoint)
 assert again == scores
 print("REPORT" + json.dumps({
@@ -87,11 +93,13 @@ def test_openai_reader_without_vllm_equals_dense(model_and_tokenizer, default_ch
     dense = scorer(logits)
     top_lp, top_ids = torch.topk(torch.log_softmax(logits, -1), config.k)
     # The reader sees the top-k only: it gives what the core gives on that sparse row,
-    # which is the dense result unless the default's pool needs an answer token's
-    # log-prob the server did not return (then the smallest kept one bounds it).
+    # which is the dense result; where the default's pool needs an answer token's
+    # log-prob the server did not return, it refuses naming the label (reader contract).
     want = scorer.score_top_k(top_ids, top_lp)
-    answers_kept = set(label_set.answer_token_ids) <= set(top_ids.tolist())
-    if answers_kept or config.semantic_weight == 1.0:
+    kept = set(top_ids.tolist())
+    not_kept = [n for n, t in zip(LABELS, label_set.answer_token_ids, strict=True) if t not in kept]
+    exact = not not_kept or config.semantic_weight == 1.0
+    if exact:
         torch.testing.assert_close(want.semantic, dense.semantic, rtol=1e-5, atol=1e-6)
     payload = [LABELS, options, str(default_checkpoint), _chat_response(logits, config.k)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -106,6 +114,9 @@ def test_openai_reader_without_vllm_equals_dense(model_and_tokenizer, default_ch
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.split("REPORT", 1)[1])
     assert report["vllm"] == []
+    assert report.get("missing", []) == ([] if exact else not_kept)
+    if not exact:
+        return
     # The options round-trip through the request's extra body, labels included.
     xargs = report["kwargs"]["extra_body"]["vllm_xargs"]
     assert xargs["semsoft_labels"] == LABELS and xargs["semsoft_k"] == config.k

@@ -48,3 +48,23 @@ def test_build_request_refuses_what_the_server_refuses():
         build_request([f"l{i}" for i in range(65)])
     with pytest.raises(ValueError, match="twice"):
         build_request(["a", "a"])
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("SEMSOFT_LABELS", "semsoft_labels"),
+        ("semsoft-labels", "semsoft_labels"),
+        ("semsoftLabels", "semsoft_labels"),
+        ("Semsoft_K", "semsoft_k"),
+        ("semsoft.mode", "semsoft_mode"),
+    ],
+)
+def test_near_miss_keys_are_refused_by_name(key, meant):
+    """Issue 26 item 12: a near-miss of a semsoft key used to leave the request without
+    semsoft_labels, so it ran unconstrained without a word."""
+    with pytest.raises(ValueError, match=f"{key!r} looks like a semsoft option.*{meant!r}"):
+        parse_request({key: LABELS})
+    with pytest.raises(ValueError, match=f"{key!r} looks like a semsoft option"):
+        parse_request({**build_request(LABELS).to_extra_args(), key: 1})
+    assert parse_request({"temperature_semsoft": 1, "other": 2}) is None

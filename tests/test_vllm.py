@@ -287,6 +287,32 @@ def test_incompatible_sampling_settings_are_refused():
     assert sv.sampling_params(SENTIMENT, mode="observe", repetition_penalty=1.2).logprobs == 50
 
 
+def test_routes_places_and_cutting_stops_are_refused_before_the_engine():
+    """Issue 26 items 10-12 without a server: the middleware's verdict on each route and
+    place, and the stop checks of validate_params (no tokenizer needed)."""
+    good = sv.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
+    body = {"model": "m", "prompt": "x", "vllm_xargs": {**good, "semsoft_k": True}}
+    for path in ("/invocations", "/v1/chat/completions/batch", "/v1/messages", "/v1/responses"):
+        message = sadm._check_http_body(json.dumps(body).encode(), path, None)
+        assert message is not None and f"not supported on {path}" in message, (path, message)
+    generate = {"token_ids": [1], "sampling_params": {"extra_args": {"semsoft_labels": SENTIMENT}}}
+    message = sadm._check_http_body(json.dumps(generate).encode(), "/inference/v1/generate", None)
+    assert message is not None and "semsoft_labels (in sampling_params.extra_args)" in message
+    plain = {"model": "m", "prompt": "x", "max_tokens": 3}
+    assert sadm._check_http_body(json.dumps(plain).encode(), "/invocations", None) is None
+    top = {**body, "vllm_xargs": good, "semsoft_k": 7}
+    message = sadm._check_http_body(json.dumps(top).encode(), "/v1/completions", None)
+    assert message is not None and "send semsoft options in vllm_xargs" in message
+    near = {**body, "vllm_xargs": {"SEMSOFT_LABELS": SENTIMENT}}
+    message = sadm._check_http_body(json.dumps(near).encode(), "/v1/completions", None)
+    assert message is not None and "did you mean 'semsoft_labels'" in message
+    for stop in ([" pos"], "negative", ["ive"]):
+        with pytest.raises(ValueError, match="would cut the label"):
+            sv.sampling_params(SENTIMENT, stop=stop)
+    assert sv.sampling_params(SENTIMENT, stop=["\n", "."]).stop == ["\n", "."]
+    assert sv.sampling_params(SENTIMENT, mode="observe", stop=[" pos"]).stop == [" pos"]
+
+
 def test_entry_point_declared_in_pyproject_loads_the_class():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     value = declared["vllm.logits_processors"]["semsoft"]
@@ -990,7 +1016,12 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
 
     # Still serving, opted in and opted out, completions API too.
     again = ask(PROMPTS["dog"], EMOTIONS)
-    assert sv.openai_label_probs(again, EMOTIONS, checkpoint).keys() == set(EMOTIONS)
+    # " disapproval" lies outside the top-50 here: the client fetches its exact log-prob
+    with pytest.raises(ValueError, match="'disapproval'"):
+        sv.openai_label_probs(again, EMOTIONS, checkpoint)
+    probs = sv.openai_label_probs(again, EMOTIONS, checkpoint, client=client)
+    for label, p in hf_results["dog"].probs.items():
+        assert probs[label] == pytest.approx(p, abs=ATOL)
     plain = client.completions.create(
         model="smollm2", prompt="The capital of France is", max_tokens=5, temperature=0
     )
@@ -1213,6 +1244,62 @@ def test_cpu_platform_turns_async_scheduling_off(checkpoint):
     sv.validate_params(sv.sampling_params(MULTI, trigger="Answer:"), vllm_config=config)
 
 
+def test_server_reader_never_reverses_scores_outside_the_top_k(server, checkpoint, hf_model):
+    """Issue 26 item 1, the issue's example on the float32 server (``logprobs: 50``):
+    labels ``superb,dreadful`` whose answer tokens are both far outside the top-50. The
+    engine emits " superb" (transformers: superb .906); the old reader bounded the
+    missing " dreadful" by the smallest kept probability and returned superb .109. Now
+    the reader refuses naming "dreadful", or, given the client, fetches the exact
+    log-prob with one follow-up and equals transformers, agreeing with the text."""
+    import openai
+
+    from semsoft_plugin import hf
+    from semsoft_plugin.scoring import MissingLabelLogprobs
+
+    model, tok = hf_model
+    prompt = "I loved this film, the acting was wonderful."
+    labels = ["superb", "dreadful"]
+    want = hf.classify(model, tok, [prompt], labels)[0]
+    client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
+    request = sv.openai_request(labels, api="completions")
+    response = client.completions.create(model="smollm2", prompt=prompt, **request)
+    assert response.choices[0].text.strip() == want.label == "superb"
+    with pytest.raises(MissingLabelLogprobs, match="'dreadful'"):
+        sv.openai_label_probs(response, request, checkpoint)
+    got = sv.openai_label_scores(response, request, checkpoint, client=client)
+    assert got.label == "superb" == max(got.probs, key=got.probs.__getitem__)
+    for label in labels:
+        assert got.probs[label] == pytest.approx(want.probs[label], abs=ATOL)
+    chat = sv.openai_request(labels, extra_body=CONTINUE)
+    reply = client.chat.completions.create(
+        model="smollm2", messages=chat_of(prompt), **chat
+    )  # the chat API: the same contract, prompt ids from return_token_ids
+    scores = sv.openai_label_scores(reply, chat, checkpoint, client=client)
+    assert reply.choices[0].message.content.strip() == scores.label
+    assert scores.label == max(scores.probs, key=scores.probs.__getitem__)
+
+
+def chat_of(text: str) -> list[dict[str, str]]:
+    return chat(f"Describe this review in one word: {text}", "Word:")
+
+
+def test_server_reader_says_when_max_tokens_cut_the_label(server, checkpoint, tokenizer):
+    """Issue 26 item 11: a small max_tokens cuts a multi-token label (" disapproval" is
+    two tokens): the reader says the text was cut instead of reporting the label."""
+    import openai
+
+    from semsoft_plugin.scoring import CutLabel
+
+    client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
+    request = sv.openai_request(MULTI, extra_body=CONTINUE)
+    request["max_tokens"] = 1
+    messages = chat("Which word fits 'I disapprove of this'? disapproval or annoyance.", "Word:")
+    reply = client.chat.completions.create(model="smollm2", messages=messages, **request)
+    assert reply.choices[0].finish_reason == "length"
+    with pytest.raises(CutLabel, match="the text was cut"):
+        sv.openai_label_scores(reply, request, checkpoint)
+
+
 # ---------------------------------------------------------------------------
 # The server under hostile input
 # ---------------------------------------------------------------------------
@@ -1254,6 +1341,14 @@ def _chat_body(labels, xargs=None, **fields) -> dict:
 
 def _error(reply: dict) -> str:
     return reply["error"]["message"]
+
+
+def _hf_tokenizer():
+    from transformers import AutoTokenizer
+
+    from semsoft_plugin import models
+
+    return AutoTokenizer.from_pretrained(str(models.resolve("default")))
 
 
 def test_server_refuses_the_hostile_table_with_400(server):
@@ -1307,6 +1402,49 @@ def test_server_refuses_the_hostile_table_with_400(server):
     ):
         status, reply = _post(server, "/completions", {**completions, **extra})
         assert status == 400 and message in _error(reply), reply
+    # Issue 26 items 10-12: every route that takes sampling options, labels the engine
+    # cannot emit as text, stops that would cut a label, near-miss keys.
+    root = server.removesuffix("/v1")
+    k_true = {**good, "semsoft_k": True}
+    routed = {
+        "/invocations": _chat_body(SENTIMENT, k_true),
+        "/v1/chat/completions/batch": {**_chat_body(SENTIMENT, k_true), "messages": [PROMPTS["review"]]},
+        "/v1/messages": {
+            "model": "smollm2", "max_tokens": 4, "stream": True, "vllm_xargs": good,
+            "messages": [{"role": "user", "content": "Great film. Sentiment?"}],
+        },
+        "/v1/responses": {"model": "smollm2", "input": "Great film.", "vllm_xargs": good},
+        "/inference/v1/generate": {
+            "model": "smollm2", "token_ids": [1, 2, 3],
+            "sampling_params": {"max_tokens": 2, "extra_args": good},
+        },
+    }  # fmt: skip
+    for path, body in routed.items():
+        status, reply = _post(root, path, body)
+        assert status == 400, (path, reply)
+        assert f"is not supported on {path}" in _error(reply), (path, _error(reply))
+    positive = LabelSet(SENTIMENT, _hf_tokenizer()).answer_token_ids[0]
+    refused = {
+        "special label": (_chat_body(["<|im_end|>", "positive"]), r"'<\|im_end\|>'.*special"),
+        "endoftext label": (_chat_body(["negative", "<|endoftext|>"]), "special token"),
+        "stop cuts": (_chat_body(SENTIMENT, stop=[" pos"]), "stop=' pos' would cut the label 'positive'"),
+        "stop equals": (_chat_body(SENTIMENT, stop="negative"), "would cut the label 'negative'"),
+        "stop ids": (_chat_body(SENTIMENT, stop_token_ids=[positive]), "stop_token_ids"),
+        "SEMSOFT_LABELS": (
+            _chat_body(SENTIMENT, {"SEMSOFT_LABELS": SENTIMENT}), "did you mean 'semsoft_labels'"
+        ),
+        "semsoft-labels": (
+            _chat_body(SENTIMENT, {"semsoft-labels": SENTIMENT}), "did you mean 'semsoft_labels'"
+        ),
+        "top-level key": ({**_chat_body(SENTIMENT), "semsoft_k": 7}, "send semsoft options in vllm_xargs"),
+    }  # fmt: skip
+    for name, (body, message) in refused.items():
+        status, reply = _post(server, "/chat/completions", body)
+        assert status == 400, (name, reply)
+        assert re.search(message, _error(reply)), (name, _error(reply))
+    # A stop that cannot cut a label still serves.
+    status, reply = _post(server, "/chat/completions", _chat_body(SENTIMENT, stop=["\n"]))
+    assert status == 200, reply
 
 
 def test_server_readers_take_every_response_shape(server, checkpoint):
@@ -1330,7 +1468,7 @@ def test_server_readers_take_every_response_shape(server, checkpoint):
     sampled = client.chat.completions.create(**chat, **{**base, "temperature": 0.8}, n=2)
     assert len(sampled.choices) == 2
     for i in range(2):
-        scores = sv.openai_label_scores(sampled, SENTIMENT, checkpoint, choice=i)
+        scores = sv.openai_label_scores(sampled, SENTIMENT, checkpoint, choice=i, greedy_pick=False)
         assert close(scores.probs) and sampled.choices[i].message.content.strip() == scores.label
     with pytest.raises(ValueError, match="choice=2: the response holds 2"):
         sv.openai_label_scores(sampled, SENTIMENT, checkpoint, choice=2)
@@ -1362,15 +1500,19 @@ def test_server_readers_take_every_response_shape(server, checkpoint):
 
 def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokenizer):
     """Hypothesis-generated bad ``vllm_xargs`` (random types, sizes, unicode, huge
-    numbers, NaN/inf, unknown keys, legacy guided fields, streaming or not), each sent
-    concurrently with a good request: every bad one is a 400 naming a semsoft option
-    or vLLM's own field check, every good one scores as when sent alone, and the server
-    is alive at the end. Loopback only; bounded to 40 examples."""
+    numbers, NaN/inf, unknown keys, near-miss keys, legacy guided fields, streaming or
+    not, labels the engine cannot emit, stops that cut a label), on every route that
+    takes sampling options (only chat/completions and completions read semsoft options),
+    each sent concurrently with a good request: every bad one is a 400 naming a semsoft
+    option or vLLM's own field check, every good one scores as when sent alone, and the
+    server is alive at the end. Loopback only; bounded to 40 examples."""
     from concurrent.futures import ThreadPoolExecutor
 
+    import openai
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
+    client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
     pool = [
         (PROMPTS["review"], SENTIMENT),
         (PROMPTS["short"], SENTIMENT),
@@ -1384,7 +1526,7 @@ def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokeniz
     def score(body: dict, labels: list[str]) -> dict[str, float]:
         status, reply = _post(server, "/chat/completions", body)
         assert status == 200, reply
-        return sv.openai_label_probs(reply, labels, checkpoint)
+        return sv.openai_label_probs(reply, labels, checkpoint, client=client)
 
     alone = [score(*good(i)) for i in range(len(pool))]
 
@@ -1417,6 +1559,21 @@ def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokeniz
     counter = iter(range(10**6))
     seen = {"bad": 0, "good": 0}
 
+    # Issue 26: the routes other than chat/completions refuse any semsoft body; labels the
+    # engine cannot emit and stops that cut a label are refused on the supported route.
+    positive = LabelSet(SENTIMENT, tokenizer).answer_token_ids[0]
+    routes = st.sampled_from(
+        ["/v1/chat/completions"] * 3
+        + ["/v1/chat/completions/batch", "/invocations", "/v1/messages", "/v1/responses"]
+    )
+    cuts = st.sampled_from(
+        [None, None, None, {"stop": [" pos"]}, {"stop": "negative"},
+         {"stop_token_ids": [positive]}, {"labels": ["<|im_end|>", "negative"]},
+         {"labels": ["positive", "<|endoftext|>"]}, {"key": "SEMSOFT_LABELS"},
+         {"key": "semsoft-labels"}]
+    )  # fmt: skip
+    root = server.removesuffix("/v1")
+
     @settings(
         max_examples=40,
         deadline=None,
@@ -1424,19 +1581,27 @@ def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokeniz
         derandomize=True,
         suppress_health_check=list(HealthCheck),
     )
-    @given(key=keys, value=values, stream=st.booleans(), guided=st.booleans())
-    def run(key, value, stream, guided):
+    @given(
+        key=keys, value=values, stream=st.booleans(), guided=st.booleans(), route=routes, cut=cuts
+    )
+    def run(key, value, stream, guided, route, cut):
         base = sv.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
         xargs = {**base, key: value}
         body = _chat_body(SENTIMENT, xargs, stream=stream)
+        if cut is not None and "labels" in cut:
+            xargs["semsoft_labels"] = cut["labels"]
+        elif cut is not None and "key" in cut:
+            xargs[cut["key"]] = SENTIMENT
+        elif cut is not None:
+            body.update(cut)
         if guided:
             body["guided_choice"] = SENTIMENT
-        elif not refused_here(xargs):
+        elif route == "/v1/chat/completions" and cut is None and not refused_here(xargs):
             return  # a valid value by chance: not a bad request
         i = next(counter)
         good_body, labels = good(i)
         with ThreadPoolExecutor(2) as workers:
-            bad_reply = workers.submit(_post, server, "/chat/completions", json.dumps(body))
+            bad_reply = workers.submit(_post, root, route, json.dumps(body))
             good_probs = workers.submit(score, good_body, labels)
             status, reply = bad_reply.result()
             probs = good_probs.result()

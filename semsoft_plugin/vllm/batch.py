@@ -12,12 +12,12 @@ from typing import Any
 from semsoft_plugin.config import SemsoftConfig
 from semsoft_plugin.labels import LabelSet, label_names
 from semsoft_plugin.request import Mode
-from semsoft_plugin.scoring import _client_model, _score_top_k
+from semsoft_plugin.result import LabelResult
+from semsoft_plugin.scoring import MissingLabelLogprobs, _client_model, _decision_step, read_scores
 from semsoft_plugin.vllm.params import sampling_params
 from semsoft_plugin.vllm.reader import (
     _fetch_logprobs,
     _request_of,
-    _top_k_logprobs,
     label_scores,
 )
 
@@ -124,46 +124,72 @@ def classify_vllm(
             "not know (it binds label names itself): pass the label names"
         )
     outputs = llm.generate(token_prompts, params, use_tqdm=use_tqdm)
-    scores = []
-    for i, out in enumerate(outputs):
+    answer_ids = list(scoring.labels.answer_token_ids)
+    greedy = params.temperature == 0.0
+    # A max_tokens the caller set may cut the text on purpose (1: scores only); the
+    # default length holds every label, so a cut text there is refused.
+    check_text = max_tokens is None
+
+    def reread(i: int, known: Mapping[int, float]) -> LabelResult:
+        completion = outputs[i].outputs[0]
+        positions = [
+            {int(t): float(lp.logprob) for t, lp in p.items()} for p in completion.logprobs
+        ]
         try:
-            scores.append(label_scores(out, params, client))
+            return read_scores(
+                request,
+                positions,
+                completion.text if check_text else None,
+                model=client,
+                emitted_ids=list(completion.token_ids)[: len(positions)],
+                known=known,
+                greedy=greedy,
+            )
         except ValueError as error:
             raise ValueError(f"prompt {i}: {error}") from None
-    answer_ids = list(scoring.labels.answer_token_ids)
+
+    # First pass without follow-ups: the outputs whose needed answer tokens (or asked
+    # token_ids) are outside the top-k get one batched one-token follow-up each.
+    first: list[LabelResult | None] = []
+    for i, out in enumerate(outputs):
+        try:
+            first.append(label_scores(out, params, client, check_text=check_text))
+        except MissingLabelLogprobs:
+            first.append(None)
+        except ValueError as error:
+            raise ValueError(f"prompt {i}: {error}") from None
     steps = [
-        {int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[s.decision_step].items()}
-        for s, out in zip(scores, outputs, strict=True)
+        {
+            int(t): float(lp.logprob)
+            for t, lp in out.outputs[0]
+            .logprobs[s.decision_step if s is not None else _step(client, request, out)]
+            .items()
+        }
+        for s, out in zip(first, outputs, strict=True)
     ]
     probe_ids = list(dict.fromkeys(answer_ids + extra_ids))
     missing = [
         i
-        for i, s in enumerate(scores)
-        if (s.constrained_probs is None and (constrained or s.fallback))
+        for i, s in enumerate(first)
+        if s is None
+        or (s.constrained_probs is None and constrained)
         or any(t not in steps[i] for t in extra_ids)
     ]
     if missing:
-        # One-token follow-ups at the decision step.
         follow = [
             TokensPrompt(
                 prompt_token_ids=encoded[i]
-                + list(outputs[i].outputs[0].token_ids[: scores[i].decision_step])
+                + list(outputs[i].outputs[0].token_ids[: _step(client, request, outputs[i])])
             )
             for i in missing
         ]
         fetched = _fetch_logprobs(llm, follow, probe_ids, use_tqdm=use_tqdm)
         for i, found in zip(missing, fetched, strict=True):
             steps[i].update(found)
-        for i in missing:
-            if scores[i].constrained_probs is not None:
-                continue
-            # Scored again with every answer token's log-prob known: the constrained
-            # softmax (and the default's pool with it) is then exact, as transformers has it.
-            decision = scores[i].decision_step
-            assert decision is not None  # a reader's result always carries its decision step
-            top = _top_k_logprobs(outputs[i].outputs[0].logprobs[decision], cfg.k)
-            generated = list(outputs[i].outputs[0].token_ids)
-            scores[i] = _score_top_k(client, request, top, steps[i], generated, decision)
+            # Scored again with every answer token's log-prob known: exact, as
+            # transformers has it.
+            first[i] = reread(i, steps[i])
+    scores = [s for s in first if s is not None]
     results = []
     for s, out, step in zip(scores, outputs, steps, strict=True):
         result = {
@@ -186,3 +212,9 @@ def classify_vllm(
             result["token_logprobs"] = {t: step[t] for t in extra_ids}
         results.append(result)
     return results
+
+
+def _step(client: Any, request: Any, out: Any) -> int:
+    """The decision step of an offline output (its generated tokens with log-probs)."""
+    completion = out.outputs[0]
+    return _decision_step(client, request, list(completion.token_ids)[: len(completion.logprobs)])

@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm import SamplingParams
 
-from semsoft_plugin.request import _show, parse_request
+from semsoft_plugin.request import _show, check_near_misses, near_misses, parse_request
 from semsoft_plugin.vllm.params import validate_params
 
 __all__ = ["admission"]
@@ -30,11 +30,13 @@ async def admission(request: Any, call_next: Any) -> Any:
     body first, the same checks give streaming requests the same HTTP 400 as the
     others. The body also shows what never reaches ``validate_params``: vLLM's removed
     ``guided_*`` fields (ignored by vLLM 0.32, so they would not constrain anything) and
-    a JSON ``true`` given as a number (``vllm_xargs`` turns it into 1). Requests that
-    do not opt in pass untouched.
+    a JSON ``true`` given as a number (``vllm_xargs`` turns it into 1). Every POST
+    route is looked at: semsoft options (or near misses such as ``SEMSOFT_LABELS``) on a
+    route other than :data:`SUPPORTED_ROUTES`, or outside ``vllm_xargs``, are refused
+    with HTTP 400 naming the key. Requests that do not opt in pass untouched.
     """
-    path = request.url.path.rstrip("/")
-    if request.method == "POST" and path.endswith("/completions"):
+    if request.method == "POST":
+        path = request.url.path.rstrip("/")
         config = getattr(request.app.state, "vllm_config", None)
         message = _check_http_body(await request.body(), path, config)
         if message is not None:
@@ -45,21 +47,64 @@ async def admission(request: Any, call_next: Any) -> Any:
     return await call_next(request)
 
 
+# The routes whose requests semsoft reads and checks; every other route that could carry
+# sampling options (/invocations, /v1/chat/completions/batch, /v1/messages, /v1/responses,
+# /inference/v1/generate, ...) is refused when a body holds semsoft options, instead of
+# running them by other rules (k=true as k=1, guided fields ignored, a 200 then an error).
+SUPPORTED_ROUTES = ("/v1/chat/completions", "/v1/completions")
+
+
+def _ours(key: Any) -> bool:
+    return isinstance(key, str) and (key.startswith("semsoft_") or bool(near_misses([key])))
+
+
+def _option_places(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Where a body can carry per-request options, on any vLLM route: ``vllm_xargs``,
+    ``sampling_params`` and its ``extra_args``, ``extra_args``, an ``extra_body`` sent
+    as a field (and its ``vllm_xargs``), and the top level."""
+    places: list[tuple[str, dict[str, Any]]] = [("the request body", data)]
+    for name in ("vllm_xargs", "extra_args", "sampling_params", "extra_body"):
+        inner = data.get(name)
+        if isinstance(inner, dict):
+            places.append((name, inner))
+            for sub in ("extra_args", "vllm_xargs"):
+                nested = inner.get(sub)
+                if isinstance(nested, dict):
+                    places.append((f"{name}.{sub}", nested))
+    return places
+
+
 def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
-    """The refusal for an opted-in chat/completions body, or None (also for bodies
-    vLLM will refuse itself: malformed JSON, wrong field types)."""
+    """The refusal for a body that holds semsoft options (or near misses of them), or
+    None (also for bodies vLLM will refuse itself: malformed JSON, wrong field types)."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
-    xargs = data.get("vllm_xargs")
-    if not isinstance(xargs, dict) or not any(
-        isinstance(k, str) and k.startswith("semsoft_") for k in xargs
-    ):
+    found = [(where, k) for where, place in _option_places(data) for k in place if _ours(k)]
+    if not found:
         return None
+    supported = path.endswith(SUPPORTED_ROUTES)
     try:
+        for where, place in _option_places(data):
+            check_near_misses(place, f" (in {where})")
+        if not supported:
+            where, key = found[0]
+            raise ValueError(
+                f"{key} (in {where}) is not supported on {path or '/'}: semsoft options are "
+                f"read on {' and '.join(SUPPORTED_ROUTES)} only (this route would ignore them "
+                "or apply them by other rules)"
+            )
+        misplaced = [(w, k) for w, k in found if w != "vllm_xargs"]
+        if misplaced:
+            where, key = misplaced[0]
+            raise ValueError(
+                f"{key} (in {where}) is not read there: send semsoft options in vllm_xargs "
+                "(openai_request builds them)"
+            )
+        xargs = data["vllm_xargs"]
         legacy = sorted(k for k, v in data.items() if k.startswith("guided_") and v is not None)
         if legacy:
             raise ValueError(

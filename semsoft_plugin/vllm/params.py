@@ -108,11 +108,35 @@ def validate_params(
                 "change the decision-step logits, so the label would not follow P_sem "
                 f"(use {KEY_MODE}='observe' to keep them)"
             )
+    _check_stops(request, params)
     config = vllm_config if vllm_config is not None else _admission_config()
     if config is not None:
-        multi_token = _check_label_set(request, config.model_config)
+        multi_token, label_ids = _check_label_set(request, config.model_config)
         _check_servable(request, params, config, multi_token)
+        cut = sorted(set(params.stop_token_ids or ()) & label_ids)
+        if cut and request.mode == "constrain":
+            raise ValueError(
+                f"stop_token_ids {cut[:5]} are tokens of the labels: the engine would stop "
+                "inside a label and the text would be cut; drop them"
+            )
     return request
+
+
+def _check_stops(request: SemsoftRequest, params: SamplingParams) -> None:
+    """Refuse stop strings that would cut an emitted label (a stop inside
+    ``" positive"`` ends the text at ``" pos"`` while the scores name the whole label)."""
+    if request.mode != "constrain" or not params.stop:
+        return
+    stops = [params.stop] if isinstance(params.stop, str) else list(params.stop)
+    prefix = " " if request.leading_space else ""
+    for label in request.labels:
+        text = prefix + label.strip()
+        for stop in stops:
+            if stop and stop in text:
+                raise ValueError(
+                    f"stop={stop!r} would cut the label {label!r} (its text {text!r} holds "
+                    "it): the engine would end the text inside the label; drop that stop"
+                )
 
 
 def _check_servable(
@@ -168,7 +192,7 @@ _ADMISSION_FRAMES = 8
 _TOKENIZERS: dict[tuple[Any, ...], Any] = {}
 _TOKENIZERS_LOCK = threading.Lock()
 # (tokenizer, labels, leading space) -> (refusal or None, any multi-token label); LRU-bounded.
-_ADMITTED: OrderedDict[tuple[Any, ...], tuple[str | None, bool]] = OrderedDict()
+_ADMITTED: OrderedDict[tuple[Any, ...], tuple[str | None, bool, frozenset[int]]] = OrderedDict()
 
 
 def _tokenizer_key(model_config: Any) -> tuple[Any, ...]:
@@ -194,10 +218,11 @@ def _load_tokenizer(model_config: Any) -> Any:
     return found
 
 
-def _check_label_set(request: SemsoftRequest, model_config: Any) -> bool:
-    """Refuse labels the engine's tokenizer cannot tell apart (``ValueError`` naming
-    them); else whether some label takes several tokens. Outcomes are cached per
-    distinct label set, at most ``_CACHE_SIZE``."""
+def _check_label_set(request: SemsoftRequest, model_config: Any) -> tuple[bool, frozenset[int]]:
+    """Refuse labels the engine's tokenizer cannot tell apart or cannot emit as text
+    (``ValueError`` naming them); else whether some label takes several tokens, and
+    every label token id. Outcomes are cached per distinct label set, at most
+    ``_CACHE_SIZE``."""
     key = (_tokenizer_key(model_config), request.labels, request.leading_space)
     with _TOKENIZERS_LOCK:
         outcome = _ADMITTED.get(key)
@@ -210,17 +235,18 @@ def _check_label_set(request: SemsoftRequest, model_config: Any) -> bool:
                 _load_tokenizer(model_config),
                 leading_space=request.leading_space,
             )
-            outcome = (None, bool(labels.multi_token_labels))
+            ids = frozenset(t for seq in labels.token_sequences for t in seq)
+            outcome = (None, bool(labels.multi_token_labels), ids)
         except ValueError as error:
-            outcome = (str(error), False)
+            outcome = (str(error), False, frozenset())
         with _TOKENIZERS_LOCK:
             _ADMITTED[key] = outcome
             while len(_ADMITTED) > _CACHE_SIZE:
                 _ADMITTED.popitem(last=False)
-    refusal, multi_token = outcome
+    refusal, multi_token, label_ids = outcome
     if refusal is not None:
         raise ValueError(f"{KEY_LABELS}: {refusal}")
-    return multi_token
+    return multi_token, label_ids
 
 
 def sampling_params(

@@ -1,8 +1,8 @@
 """Reading Semantic Softmax scores from an offline vLLM ``RequestOutput``.
 
 The output carries the decision step's top-``k`` raw log-probabilities (the request
-asked for ``logprobs=k``); :func:`label_scores` hands them to the engine-neutral
-:func:`semsoft_plugin.scoring._score_top_k`, the same code the OpenAI reader uses.
+asked for ``logprobs=k``); :func:`label_scores` hands them to the reader contract,
+:func:`semsoft_plugin.scoring.read_scores`, the same code the OpenAI reader uses.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from vllm import SamplingParams
 
 from semsoft_plugin.request import SemsoftRequest, parse_request
 from semsoft_plugin.result import LabelResult
-from semsoft_plugin.scoring import _client_model, _decision_step, _Model, _score_top_k
+from semsoft_plugin.scoring import _client_model, _decision_step, read_scores
 from semsoft_plugin.vllm.params import sampling_params
 from semsoft_plugin.vllm.processor import _unscored_reason
 
@@ -48,6 +48,7 @@ def label_scores(
     *,
     choice: int = 0,
     allow_download: bool = False,
+    check_text: bool = True,
     **options: Any,
 ) -> LabelResult:
     """Semantic Softmax scores of an offline ``RequestOutput``.
@@ -59,17 +60,22 @@ def label_scores(
         label list plus the same ``options``
     model : the ``vllm.LLM`` (or its checkpoint directory / model name): the reader
         needs the tokenizer and the output embeddings, loaded once per model. Given the
-        ``LLM``, answer tokens outside the returned top-k are fetched with one
-        ``max_tokens=1`` request, so the scores equal transformers'; given a path or a
-        name, such a token counts with the smallest kept probability (an upper bound)
+        ``LLM``, answer tokens the scores need outside the returned top-k are fetched
+        with one ``max_tokens=1`` request, so the scores equal transformers'; given a
+        path or a name, such an output is refused (``MissingLabelLogprobs``): no bound
+        stands in for a missing log-probability
     choice : which completion (``n > 1`` gives ``n``), in vLLM's order
+    check_text : refuse a text that is only the start of a label (``CutLabel``); False
+        where ``max_tokens`` was set short on purpose (only the scores are wanted)
     allow_download : a model name not on this machine yet (a known name not cached, a
         hub ``owner/name`` not in the hub cache) is refused unless True: reading scores
         never starts a download by itself
 
     Raises ``ValueError`` for this request only when it cannot be scored: it carries
     no decision step, its decision-step log-probabilities are NaN/inf, or the engine's
-    processor could not score its row and left it unconstrained (the reason is named).
+    processor could not score its row and left it unconstrained (the reason is named);
+    and, by the reader contract (:func:`~semsoft_plugin.scoring.read_scores`),
+    ``MissingLabelLogprobs``, ``EmittedLabelMismatch`` or ``CutLabel``.
     """
     request = _request_of(params, options)
     client = _client_model(model, allow_download=allow_download)
@@ -94,41 +100,26 @@ def label_scores(
             "and no scores are given for it"
         )
     entries = completion.logprobs[step]
-    top = _top_k_logprobs(entries, request.config.k)
-    extra = {int(t): float(lp.logprob) for t, lp in entries.items()}
+    fetch = None
     prompt_ids = getattr(request_output, "prompt_token_ids", None)
     if getattr(model, "llm_engine", None) is not None and prompt_ids is not None:
-        extra.update(
-            _missing_answer_logprobs(model, client, request, prompt_ids, generated, step, extra)
-        )
-    return _score_top_k(client, request, top, extra, generated, step)
+        from vllm.inputs import TokensPrompt
 
+        follow = TokensPrompt(prompt_token_ids=list(prompt_ids) + list(generated[:step]))
 
-def _missing_answer_logprobs(
-    llm: Any,
-    client: _Model,
-    request: SemsoftRequest,
-    prompt_ids: Sequence[int],
-    generated: Sequence[int],
-    step: int,
-    known: Mapping[int, float],
-) -> dict[int, float]:
-    """The decision step's raw log-probs of answer tokens the output does not hold.
+        def fetch(token_ids: list[int]) -> dict[int, float]:
+            return _fetch_logprobs(model, [follow], token_ids)[0]
 
-    The default pools the semantic distribution with the constrained softmax, which
-    needs every answer token's log-prob; the output has only the top-k. One
-    ``max_tokens=1`` request on ``prompt + generated[:step]`` (the prefix cache serves
-    the prompt) fetches them, so the offline reader equals transformers. Not sent with
-    ``semantic_weight=1``, where the top-k is all there is to read.
-    """
-    answer_ids = client.scoring(request).labels.answer_token_ids
-    missing = [t for t in dict.fromkeys(answer_ids) if t not in known]
-    if not missing or request.config.semantic_weight == 1.0:
-        return {}
-    from vllm.inputs import TokensPrompt
-
-    prompt = TokensPrompt(prompt_token_ids=list(prompt_ids) + list(generated[:step]))
-    return _fetch_logprobs(llm, [prompt], missing)[0]
+    greedy = params.temperature == 0.0 if isinstance(params, SamplingParams) else True
+    return read_scores(
+        request,
+        {int(t): float(lp.logprob) for t, lp in entries.items()},
+        completion.text if check_text else None,
+        model=client,
+        emitted_ids=generated,
+        fetch=fetch,
+        greedy=greedy,
+    )
 
 
 def _top_k_logprobs(entries: Mapping[int, Any], k: int) -> dict[int, float]:
