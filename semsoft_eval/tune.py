@@ -144,7 +144,8 @@ def tune(
         "semantic-default": metrics.classification_metrics(probs[-1], targets, gold_sets),
     }
     for choice in fold_choices:
-        choice["config"] = {k: getattr(configs[choice.pop("entry")], k) for k in grid}
+        entry = configs[choice.pop("entry")]
+        choice["config"] = {k: getattr(entry, k) for k in grid}
     return TuneResult(
         fit.config, fit, cross_validated, fold_choices, time.perf_counter() - started
     )
