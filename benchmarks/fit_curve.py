@@ -61,7 +61,7 @@ def pair_curve(
     draws: int,
     margin: float,
     seed: int,
-    start_entry: int | None,
+    single: dict[str, int],
 ) -> dict[str, Any]:
     """Per size: each method's test scores averaged over the draws, and fit - temperature."""
     log_grid = np.log(np.clip(grid, 1e-30, 1.0))
@@ -73,14 +73,19 @@ def pair_curve(
         rows: dict[str, list[dict[str, float]]] = {"fit": [], "temperature": [], "default": []}
         kept_default = 0
         weights = []
+        null_adopted, null_harm = 0, []
         for draw in range(draws):
             order = np.random.default_rng([seed, size, draw]).permutation(len(y))
             train, test = order[:size], order[size:]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # rare labels: unstratified folds, said once
                 best, t, keep, _ = fitting.fit_probs(
-                    grid[:, train], start[train], y[train], margin=margin, seed=seed,
-                    start_entry=start_entry,
+                    grid[:, train],
+                    start[train],
+                    y[train],
+                    margin=margin,
+                    seed=seed,
+                    single=single,
                 )
             kept_default += keep
             fitted = start[test] if keep else fitting.apply_temperature(log_grid[best, test], t)
@@ -91,6 +96,26 @@ def pair_curve(
                 _scores(fitting.apply_temperature(log_con[test], t_con), y[test])
             )
             rows["default"].append(_scores(start[test], y[test]))
+            # Uninformative labels: drawn from the default's own distribution, so the
+            # default is right and any move away from it is overfitting.
+            rng = np.random.default_rng([seed, size, draw, 1])
+            y_null = (
+                (rng.random(len(y))[:, None] > start.cumsum(1)).sum(1).clip(0, len(start[0]) - 1)
+            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                best, t, keep, _ = fitting.fit_probs(
+                    grid[:, train], start[train], y_null[train], margin=margin, seed=seed,
+                    single=single,
+                )  # fmt: skip
+            null_adopted += not keep
+            moved = start[test] if keep else fitting.apply_temperature(log_grid[best, test], t)
+            null_harm.append(
+                float(
+                    fitting.nll(moved, y_null[test]).mean()
+                    - fitting.nll(start[test], y_null[test]).mean()
+                )
+            )
         diff = np.array(
             [f["nll"] - t["nll"] for f, t in zip(rows["fit"], rows["temperature"], strict=True)]
         )
@@ -105,6 +130,11 @@ def pair_curve(
                 "share_fit_at_or_below": float((diff <= 0).mean()),
             },
             "kept_default_share": kept_default / draws,
+            "uninformative_labels": {
+                "adopted_share": null_adopted / draws,
+                "test_nll_harm_mean": float(np.mean(null_harm)),
+                "test_nll_harm_max": float(np.max(null_harm)),
+            },
             "fitted_weights": weights,
         }
     return out
@@ -126,8 +156,7 @@ def main() -> int:
 
     start_config = SemsoftConfig()
     configs = fitting.grid_configs({"semantic_weight": fitting.DEFAULT_WEIGHTS}, start_config)
-    base = start_config.replace(temperature=1.0)
-    start_entry = configs.index(base) if base in configs else None
+    single = fitting.single_entries(configs, start_config)
     pairs: dict[str, Any] = {}
     missing = []
     for model in args.models.split(","):
@@ -142,16 +171,21 @@ def main() -> int:
             probs, _ = fitting.grid_probs(
                 forward, pair["embeddings"], labels, [*configs, start_config]
             )
-            constrained = torch.softmax(
-                forward.label_logits[:, : len(labels)].double(), -1
-            ).numpy()
+            constrained = torch.softmax(forward.label_logits[:, : len(labels)].double(), -1).numpy()
             pairs[f"{model}/{dataset}"] = {
                 "model": model,
                 "kind": dataset,
                 "n": len(y),
                 "sizes": pair_curve(
-                    probs[:-1], probs[-1], constrained, y, sizes=SIZES, draws=args.draws,
-                    margin=args.margin, seed=args.seed, start_entry=start_entry,
+                    probs[:-1],
+                    probs[-1],
+                    constrained,
+                    y,
+                    sizes=SIZES,
+                    draws=args.draws,
+                    margin=args.margin,
+                    seed=args.seed,
+                    single=single,
                 ),  # fmt: skip
             }
             print(f"{model}/{dataset} done", flush=True)
@@ -192,19 +226,22 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "| model / data | labels | NLL fit | NLL temperature | NLL default | fit − temp. "
         "(sd) | draws fit ≤ temp. | ECE fit | ECE temp. | ECE default | acc fit | acc temp. "
-        "| default kept |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| default kept | uninformative labels: fit moved (mean / max NLL harm) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, pair in result["pairs"].items():
         for size, row in pair["sizes"].items():
             d = row["fit_minus_temperature_nll"]
+            u = row["uninformative_labels"]
             lines.append(
                 f"| {key} | {size} | {row['fit']['nll']:.3f} | {row['temperature']['nll']:.3f} "
                 f"| {row['default']['nll']:.3f} | {d['mean']:+.3f} ({d['sd']:.3f}) | "
                 f"{d['share_fit_at_or_below']:.0%} | {row['fit']['ece']:.3f} | "
                 f"{row['temperature']['ece']:.3f} | {row['default']['ece']:.3f} | "
                 f"{row['fit']['accuracy']:.3f} | {row['temperature']['accuracy']:.3f} | "
-                f"{row['kept_default_share']:.0%} |"
+                f"{row['kept_default_share']:.0%} | "
+                f"{u['adopted_share']:.0%} ({u['test_nll_harm_mean']:+.4f} / "
+                f"{u['test_nll_harm_max']:+.3f}) |"
             )
     return "\n".join(lines)
 

@@ -204,7 +204,7 @@ def _semantic_fit(m: MethodInputs) -> MethodResult:
     grid, _ = grid_probs(m.forward, m.embeddings, m.labels, configs)
     probs, choices = fitting.cross_fit(
         grid, m.semantic().probs, m.targets, m.fold_ids,
-        start_entry=fitting.start_entry(configs, m.config), seed=m.seed,
+        single=fitting.single_entries(configs, m.config), seed=m.seed,
     )  # fmt: skip
     for choice in choices:
         choice["semantic_weight"] = configs[choice.pop("entry")].semantic_weight

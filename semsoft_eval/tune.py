@@ -123,7 +123,7 @@ def tune(
     configs = grid_configs(grid, start.replace(temperature=1.0))
     probs, _ = grid_probs(forward, embeddings, labels, [*configs, start], progress=progress)
     options = {
-        "start_entry": fitting.start_entry(configs, start),
+        "single": fitting.single_entries(configs, start),
         "temperature": temperature,
         "n_folds": n_folds,
         "margin": margin,

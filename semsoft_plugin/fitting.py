@@ -56,7 +56,7 @@ __all__ = [
     "fit_probs",
     "fitted_probs",
     "cross_fit",
-    "start_entry",
+    "single_entries",
     "fit_temperature",
     "grid_configs",
     "grid_probs",
@@ -179,9 +179,7 @@ def _compact(
     )
     keep = torch.unique(torch.cat([top_ids.reshape(-1), label_ids, extra]))  # sorted
     logits = torch.full((n, len(keep)), float("-inf"))
-    logits.scatter_(
-        1, torch.searchsorted(keep, label_ids).expand(n, -1), kept.label_logits.float()
-    )
+    logits.scatter_(1, torch.searchsorted(keep, label_ids).expand(n, -1), kept.label_logits.float())
     logits.scatter_(1, torch.searchsorted(keep, top_ids), kept.top_logits[:, :max_k].float())
     where = {int(t): i for i, t in enumerate(keep.tolist())}
     remapped = LabelTokens(
@@ -349,9 +347,9 @@ class FitResult:
     gain_se : its standard error (paired over items)
     margin : the rule: adopt when ``gain > margin * gain_se`` and ``gain > 0``
     nll_start, nll_fitted : out-of-fold mean NLL of ``start`` and of the procedure
-    procedure : the procedure adopted (or the best checked when none passed):
-        ``"grid"`` (every grid entry with its temperature) or ``"temperature"`` (a
-        temperature on ``start`` alone)
+    procedure : the procedure adopted (``"grid"`` when none passed): ``"grid"``
+        (every grid entry with its temperature) or ``"temperature"`` (a temperature on
+        ``start`` alone)
     procedures : each checked procedure's gain, standard error, pass and NLL
     in_sample : per grid entry, the training NLL with its own fitted temperature
     fold_choices : the setting chosen on each fold's training part
@@ -433,7 +431,7 @@ def fit_probs(
     start: np.ndarray,
     targets: Any,
     *,
-    start_entry: int | None = None,
+    single: Mapping[str, int] | None = None,
     temperature: bool = True,
     n_folds: int = 5,
     margin: float = 1.0,
@@ -443,11 +441,11 @@ def fit_probs(
     ``start`` ``[N, L]`` of the starting setting (scored as is). Returns ``(entry,
     temperature, kept_default, stats)``.
 
-    Two procedures are checked out of fold against ``start``: the whole grid with a
-    temperature each, and (with ``start_entry``, the grid entry that is ``start`` at
-    ``T = 1``) a temperature alone on ``start``, which has one parameter and so less
-    variance where only the temperature matters. Each is adopted only if its gain
-    passes the rule (module docstring); of those that pass, the larger gain wins.
+    Procedures are checked out of fold against ``start``: the whole grid with a
+    temperature each, and each ``single`` entry (name -> grid entry, e.g. from
+    :func:`single_entries`: ``start`` at ``T = 1``) with a temperature alone: one parameter, so less variance where only the temperature
+    matters. Each is adopted only if its gain passes the rule (module docstring); of
+    those that pass, the larger gain wins.
     ``n_folds`` is lowered to half the number of items when there are fewer.
     """
     y = _check_targets(targets, grid.shape[1], grid.shape[2])
@@ -461,8 +459,8 @@ def fit_probs(
     start_nll = nll(start, y)
     fold_ids = stratified_folds(y, folds, seed)
     subsets = {"grid": np.arange(len(grid))}
-    if start_entry is not None and temperature and len(grid) > 1:
-        subsets["temperature"] = np.array([start_entry])
+    if temperature and len(grid) > 1:
+        subsets.update({name: np.array([entry]) for name, entry in (single or {}).items()})
     checked: dict[str, dict[str, Any]] = {}
     for name, entries in subsets.items():
         fitted_nll, choices = _out_of_fold(log_grid[entries], y, fold_ids, temperature)
@@ -494,8 +492,9 @@ def fit_probs(
         "gain_se": checked[chosen]["gain_se"],
         "nll_start": float(start_nll.mean()),
         "nll_fitted": checked[chosen]["nll"],
-        "procedures": {k: {x: v[x] for x in ("gain", "gain_se", "passes", "nll")}
-                       for k, v in checked.items()},
+        "procedures": {
+            k: {x: v[x] for x in ("gain", "gain_se", "passes", "nll")} for k, v in checked.items()
+        },
         "scores": scores_all.tolist(),
         "temperatures": temps_all.tolist(),
         "fold_choices": checked[chosen]["fold_choices"],
@@ -532,10 +531,19 @@ def cross_fit(
     return out, choices
 
 
-def start_entry(configs: Sequence[SemsoftConfig], start: SemsoftConfig) -> int | None:
-    """The grid entry that is ``start`` without its temperature, if the grid has it."""
-    base = start.replace(temperature=1.0)
-    return next((i for i, c in enumerate(configs) if c == base), None)
+def single_entries(configs: Sequence[SemsoftConfig], start: SemsoftConfig) -> dict[str, int]:
+    """The one-parameter procedures :func:`fit_probs` checks beside the grid, where the
+    grid has their entry: ``"temperature"`` (``start`` at ``T = 1``). (Temperature
+    scaling of the constrained softmax as a third procedure was measured and dropped:
+    one more choice among noisy out-of-fold estimates did not lower the test NLL,
+    ``docs/few-labels.md``.)"""
+    wanted = {"temperature": start.replace(temperature=1.0)}
+    out: dict[str, int] = {}
+    for name, config in wanted.items():
+        found = next((i for i, c in enumerate(configs) if c == config), None)
+        if found is not None and found not in out.values():
+            out[name] = found
+    return out
 
 
 def fit_config(
@@ -600,7 +608,7 @@ def fit_from_grid(
         probs[:-1],
         probs[-1],
         targets,
-        start_entry=start_entry(configs, start),
+        single=single_entries(configs, start),
         temperature=temperature,
         n_folds=n_folds,
         margin=margin,

@@ -135,7 +135,9 @@ def test_fit_keeps_the_default_when_labels_carry_no_evidence_against_it() -> Non
     grid = _grid_of(z)
     for seed in range(8):
         y = _sample(start, seed)
-        entry, t, kept, stats = fitting.fit_probs(grid, start, y, start_entry=0, seed=seed)
+        entry, t, kept, stats = fitting.fit_probs(
+            grid, start, y, single={"temperature": 0}, seed=seed
+        )
         assert kept, (seed, stats["procedures"])
         assert 0 <= entry < len(grid) and 0.05 <= t <= 20
 
@@ -146,7 +148,7 @@ def test_fit_adopts_a_real_improvement_and_finds_its_temperature() -> None:
     z = np.random.default_rng(4).normal(size=(150, 4)) * 3
     start = _softmax(z)
     y = _sample(_softmax(z / 3), 0)
-    entry, t, kept, stats = fitting.fit_probs(_grid_of(z), start, y, start_entry=0)
+    entry, t, kept, stats = fitting.fit_probs(_grid_of(z), start, y, single={"temperature": 0})
     assert not kept and entry == 0
     assert t == pytest.approx(3.0, rel=0.35)
     assert stats["gain"] > stats["gain_se"] > 0
