@@ -24,11 +24,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -152,6 +150,8 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/fit-curve.json")
     args = parser.parse_args()
 
+    # benchmarks/ is on sys.path when run as a script
+    from _cli import write_results
     from choose_defaults import load_pair  # the same samples and cached passes
 
     start_config = SemsoftConfig()
@@ -204,12 +204,7 @@ def main() -> int:
         "command": " ".join(["python", "benchmarks/fit_curve.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
-    text = markdown(result)
-    out.with_suffix(".md").write_text(text + "\n")
-    print(text)
+    write_results(result, args.out, markdown(result))
     return 0
 
 
