@@ -27,3 +27,13 @@ def report(
     print_table(result)
     if out:
         Path(out).write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+
+
+def write_results(result: dict[str, Any], out: str | Path, text: str) -> None:
+    """Write the result as strict JSON at ``out`` and its Markdown ``text`` beside it
+    (same name, ``.md``), creating the folder; print the Markdown."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    path.with_suffix(".md").write_text(text + "\n")
+    print(text)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from semsoft_eval.backends import DecisionStep, Generations, Prompt
+from semsoft_plugin.fitting import kept_from_top_logprobs
 from semsoft_plugin.labels import LabelSet
 from semsoft_plugin.tokens import OutputEmbeddings
 
@@ -82,21 +83,11 @@ class VLLMBackend:
             self.model, list(inputs), labels.names, keep_logprobs=store_k,
             token_ids=list(token_ids), max_tokens=1, use_tqdm=progress,
         )  # fmt: skip
-        widths = {len(r["top_logprobs"]) for r in results}
-        if len(widths) != 1:
-            raise ValueError(f"the engine returned ragged top log-probabilities (widths {widths})")
-        ids = torch.tensor([list(r["top_logprobs"]) for r in results], dtype=torch.long)
-        values = torch.tensor(
-            [list(r["top_logprobs"].values()) for r in results], dtype=torch.float32
-        )
-        values, order = values.sort(dim=1, descending=True)
-        label_values = torch.tensor(
-            [[r["token_logprobs"][t] for t in token_ids] for r in results], dtype=torch.float32
-        )
+        kept = kept_from_top_logprobs(results, list(token_ids))
         return DecisionStep(
-            top_ids=ids.gather(1, order),
-            top_values=values,
-            label_values=label_values,
+            top_ids=kept.top_ids,
+            top_values=kept.top_logits,
+            label_values=kept.label_logits,
             check=torch.tensor([[r["probs"][n] for n in labels.names] for r in results]),
             vocab_size=self.embeddings().vocab_size,
         )

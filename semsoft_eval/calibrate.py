@@ -1,5 +1,8 @@
 """Post-hoc pieces shared by ``eval`` and ``tune``: folds, temperature fitting, baselines.
 
+The folds and the NLL temperature fit are the plugin's (:mod:`semsoft_plugin.fitting`,
+which ``Classifier.fit`` runs), re-exported here.
+
 Everything that needs labels (temperature scaling, the label prior) is *cross-fitted*:
 the items are split into folds, and each fold is scored with what was fitted on the
 other folds, so every item gets an out-of-fold prediction and no figure is scored on
@@ -8,13 +11,12 @@ the data it was fitted to.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 from semsoft_eval.metrics import ece_numpy
+from semsoft_plugin import fitting
 from semsoft_plugin.calibration import debias
+from semsoft_plugin.fitting import apply_temperature, stratified_folds
 
 __all__ = [
     "folds",
@@ -27,8 +29,6 @@ __all__ = [
 ]
 
 _EPS = 1e-12
-# Temperatures searched: wide enough for a ten-fold over- or under-confident model.
-_LOG_T_BOUNDS = (np.log(0.05), np.log(20.0))
 
 
 def folds(n: int, n_folds: int, seed: int = 0) -> np.ndarray:
@@ -39,69 +39,21 @@ def folds(n: int, n_folds: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).permutation(ids)
 
 
-def stratified_folds(targets: np.ndarray, n_folds: int, seed: int = 0) -> np.ndarray:
-    """A fold id per item with each label's share kept in every fold (scikit-learn's
-    ``StratifiedKFold``, shuffled by ``seed``).
-
-    With an imbalanced label set a plain split can leave a rare label out of a training
-    part altogether, and what is fitted there never sees it. When some label has fewer
-    items than folds no split can hold it in every fold: ``KFold`` is used instead,
-    with a warning naming the label counts.
-    """
-    from sklearn.model_selection import KFold, StratifiedKFold
-
-    targets = np.asarray(targets)
-    n = len(targets)
-    if n_folds < 2 or n < n_folds:
-        raise ValueError(f"need at least {n_folds} items for {n_folds} folds, got {n}")
-    counts = np.unique(targets, return_counts=True)[1]
-    splitter: KFold | StratifiedKFold
-    if counts.min() < n_folds:
-        warnings.warn(
-            f"a label has {counts.min()} items, fewer than the {n_folds} folds: "
-            "the folds are not stratified (KFold)",
-            stacklevel=2,
-        )
-        splitter = KFold(n_folds, shuffle=True, random_state=seed)
-    else:
-        splitter = StratifiedKFold(n_folds, shuffle=True, random_state=seed)
-    ids = np.empty(n, dtype=np.int64)
-    for fold, (_, held) in enumerate(splitter.split(np.zeros(n), targets)):
-        ids[held] = fold
-    return ids
-
-
-def apply_temperature(log_probs: np.ndarray, temperature: float) -> np.ndarray:
-    """``softmax(log_probs / T)`` row-wise."""
-    z = np.asarray(log_probs, dtype=np.float64) / temperature
-    z = z - z.max(1, keepdims=True)
-    p = np.exp(z)
-    return p / p.sum(1, keepdims=True)
-
-
-def _nll(log_probs: np.ndarray, targets: np.ndarray, temperature: float) -> float:
-    p = apply_temperature(log_probs, temperature)
-    return float(-np.log(np.clip(p[np.arange(len(targets)), targets], _EPS, 1.0)).mean())
-
-
 def _ece(log_probs: np.ndarray, targets: np.ndarray, temperature: float) -> float:
     p = apply_temperature(log_probs, temperature)
     return float(ece_numpy(p.max(1), p.argmax(1) == targets))
 
 
 def fit_temperature(log_probs: np.ndarray, targets: np.ndarray, objective: str = "nll") -> float:
-    """The temperature minimising NLL (smooth: bounded scalar search on log T) or ECE
-    (not smooth: a grid of 81 log-spaced values, ties to the value nearest 1)."""
+    """The temperature minimising NLL (the plugin's
+    :func:`~semsoft_plugin.fitting.fit_temperature`: convex in ``1/T``, golden-section
+    search on log T) or ECE (not smooth: a grid of 81 log-spaced values, ties to the
+    value nearest 1)."""
     log_probs = np.asarray(log_probs, dtype=np.float64)
     if objective == "nll":
-        found = minimize_scalar(
-            lambda log_t: _nll(log_probs, targets, float(np.exp(log_t))),
-            bounds=_LOG_T_BOUNDS,
-            method="bounded",
-        )
-        return float(np.exp(found.x))
+        return fitting.fit_temperature(log_probs, targets)
     if objective == "ece":
-        grid = np.exp(np.linspace(*_LOG_T_BOUNDS, 81))
+        grid = np.exp(np.linspace(*fitting.LOG_T_BOUNDS, 81))
         scores = np.array([_ece(log_probs, targets, t) for t in grid])
         best = np.flatnonzero(scores <= scores.min() + 1e-12)
         return float(grid[best[np.argmin(np.abs(np.log(grid[best])))]])

@@ -2,7 +2,7 @@
 
 The Semantic Softmax flags are generated from :class:`~semsoft_plugin.config.SemsoftConfig`'s
 fields (``own_vote`` is ``--own-vote``, in ``eval`` an override of ``--config``, in ``tune``
-a grid axis of :data:`~semsoft_eval.tune.DEFAULT_GRID`), so a flag and the field it sets
+a grid axis over the start config; :data:`~semsoft_eval.tune.DEFAULT_GRID` by default), so a flag and the field it sets
 cannot drift apart. User errors raise ``ValueError``; the ``semsoft`` command prints them
 as one line.
 """
@@ -263,30 +263,40 @@ def add_tune_parser(subparsers: Any) -> None:
 
     parser = subparsers.add_parser(
         "tune",
-        help="fit k, tau, centring and a temperature on labelled dev data",
-        description="Choose Semantic Softmax settings by nested cross-validation (the printed figures "
-        "are out of fold) and write them as a config file every adapter and 'eval' accept (--config).",
+        help="fit the pool weight and a final temperature on a few labels (Classifier.fit)",
+        description="Fit Semantic Softmax's settings on labelled items as Classifier.fit does (from "
+        "--config or the default: the pool weight over a grid, a final temperature, and the rule "
+        "that keeps the start unless the fit beats it out of fold by --margin standard errors). "
+        "The printed figures are out of fold (the fit nested in the folds); the config written "
+        "to --out is fitted on all items, and every adapter, 'eval --config' and the vLLM "
+        "per-request options accept it.",
     )
     _add_data_arguments(parser)
-    grid = parser.add_argument_group("grid (comma-separated values)")
-    kinds = config_fields()
+    parser.add_argument("--config", help="the SemsoftConfig JSON to start from (default: defaults)")
+    grid = parser.add_argument_group(
+        "grid axes (comma-separated values; a field not given keeps the start's value)"
+    )
     lists: dict[type, Callable[[str], tuple[Any, ...]]] = {
         int: _int_list,
         float: _float_list,
         bool: _bool_list,
     }
-    for name, values in DEFAULT_GRID.items():
-        if name not in kinds:
-            raise ValueError(f"DEFAULT_GRID axis {name!r} is not a SemsoftConfig field")
+    for name, kind in config_fields().items():
+        if name == "temperature":  # fitted, not searched
+            continue
+        values = DEFAULT_GRID.get(name)
         grid.add_argument(
             flag(name),
             dest=name,
-            type=lists[kinds[name]],
-            default=tuple(values),
-            help="default " + ",".join(str(v).lower() for v in values),
+            type=lists[kind],
+            default=None if values is None else tuple(values),
+            help="default " + ",".join(str(v).lower() for v in values) if values else None,
         )
     parser.add_argument(
-        "--objective", choices=("nll", "ece"), default="nll", help="what the choice minimises"
+        "--margin",
+        type=float,
+        default=1.0,
+        help="standard errors of out-of-fold NLL gain the fit needs to replace the start",
     )
     parser.add_argument(
         "--no-temperature", action="store_true", help="do not fit a final temperature"
@@ -298,15 +308,22 @@ def add_tune_parser(subparsers: Any) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from semsoft_eval.tune import DEFAULT_GRID, format_tune, tune_dataset
+    from semsoft_eval.tune import format_tune, tune_dataset
+    from semsoft_plugin.config import SemsoftConfig
 
-    grid = {name: getattr(args, name) for name in DEFAULT_GRID}
+    start = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
+    grid = {
+        name: getattr(args, name)
+        for name in config_fields()
+        if name != "temperature" and getattr(args, name) is not None
+    }
     result = tune_dataset(
         args.model,
         args.dataset,
+        start=start,
         grid=grid,
-        objective=args.objective,
         temperature=not args.no_temperature,
+        margin=args.margin,
         n_folds=args.folds,
         limit=args.limit,
         seed=args.seed,

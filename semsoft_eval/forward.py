@@ -38,6 +38,7 @@ from torch import Tensor
 
 from semsoft_eval.backends import Backend, engine_name
 from semsoft_plugin.calibration import CONTENT_FREE
+from semsoft_plugin.fitting import compress, label_token_ids
 from semsoft_plugin.labels import LabelSet
 
 __all__ = [
@@ -159,21 +160,6 @@ class Forward:
             seconds=float(meta["seconds"]),
             sequence_seconds=float(meta["sequence_seconds"]),
         )
-
-
-def label_token_ids(labels: LabelSet) -> list[int]:
-    """Every label's answer token, then the own-token variants not already listed
-    (:attr:`Forward.label_ids`; the answer tokens come first)."""
-    ids = list(labels.answer_token_ids)
-    ids += [t for label in labels.labels for t in label.own_token_ids if t not in ids]
-    return ids
-
-
-def compress(rows: Tensor, store_k: int, label_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(top_ids, top_values, label_values)`` of ``[N, V]`` decision-step rows."""
-    rows = rows.to(torch.float32)
-    values, ids = torch.topk(rows, min(store_k, rows.shape[1]), dim=-1)
-    return ids, values, rows.index_select(1, label_ids)
 
 
 def assemble(

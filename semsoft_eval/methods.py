@@ -190,6 +190,27 @@ def _semantic_temperature(m: MethodInputs) -> MethodResult:
     return m.derived(m.semantic(), probs, start, fold_temperatures=temps)
 
 
+@method(
+    "semantic-fit",
+    "Classifier.fit on held folds: pool weight and temperature fitted from the run's config, "
+    "kept unless the fit beats it out of fold",
+)
+def _semantic_fit(m: MethodInputs) -> MethodResult:
+    from semsoft_eval.tune import grid_configs, grid_probs
+    from semsoft_plugin import fitting
+
+    start = time.perf_counter()
+    configs = grid_configs(None, m.config.replace(temperature=1.0))
+    grid, _ = grid_probs(m.forward, m.embeddings, m.labels, configs)
+    probs, choices = fitting.cross_fit(
+        grid, m.semantic().probs, m.targets, m.fold_ids,
+        single=fitting.single_entries(configs, m.config), seed=m.seed,
+    )  # fmt: skip
+    for choice in choices:
+        choice["semantic_weight"] = configs[choice.pop("entry")].semantic_weight
+    return m.derived(m.semantic(), probs, start, fold_choices=choices)
+
+
 @method("semantic-batch", "semantic, then batch calibration (divided by the mean over items)")
 def _semantic_batch(m: MethodInputs) -> MethodResult:
     start = time.perf_counter()

@@ -218,6 +218,8 @@ class Classifier:
         self.labels = label_set
         self.prompt: PromptTemplate = prompt or DEFAULT_TEMPLATE
         self.config = (config or SemsoftConfig()).replace(**overrides)
+        # What fit() starts from, however often it runs (fit replaces self.config).
+        self.start_config = self.config
         self.batch_size = batch_size
         self.progress = progress
         self._classes = tuple(sorted(label_set.names))
@@ -291,6 +293,108 @@ class Classifier:
         import numpy as np
 
         return np.array(self.predict_details(texts).label)
+
+    def fit(
+        self,
+        texts: Sequence[str],
+        y: Sequence[str],
+        *,
+        grid: Mapping[str, Sequence[Any]] | None = None,
+        temperature: bool = True,
+        n_folds: int = 5,
+        margin: float = 1.0,
+        seed: int = 0,
+    ) -> Classifier:
+        """Fit the settings to a few labelled texts (50-200 are enough); returns ``self``.
+
+        One forward pass per text; then :func:`semsoft_plugin.fitting.fit_config` on the
+        kept decision-step scores: from the classifier's config (the label-free default
+        unless one was given), the pool weight ``semantic_weight`` over a grid and a final
+        ``temperature`` are fitted, and the start is *kept* unless the fit beats it by
+        ``margin`` standard errors of out-of-fold NLL (stratified ``n_folds`` folds), so
+        a few uninformative labels leave the classifier as it was.
+
+        Afterwards :meth:`predict_proba` uses ``fitted_config_``, a plain
+        :class:`SemsoftConfig`: ``fitted_config_.save(path)`` writes the file that
+        ``--config``, ``SemsoftConfig.load`` and the vLLM per-request options take
+        (``sampling_params(labels, config=...)`` / ``semsoft_*`` ``vllm_xargs``).
+        ``fit_result_`` says what was chosen and why.
+
+        Parameters
+        ----------
+        texts : the labelled texts
+        y : their labels, elements of ``classes_``
+        grid : config field -> values searched (default: ``semantic_weight`` 0, 0.1, ..., 1)
+        temperature : also fit a final temperature
+        n_folds, margin, seed : the rule (see :mod:`semsoft_plugin.fitting`)
+        """
+        from semsoft_plugin import fitting
+
+        if self.calibrate is not None:
+            raise ValueError(
+                f"fit with calibrate={self.calibrate!r}: the fit scores the uncalibrated "
+                "probabilities; build the classifier with calibrate=None to fit it"
+            )
+        names = list(self.labels.names)
+        index = {name: i for i, name in enumerate(names)}
+        given = [] if isinstance(y, str) else [str(label) for label in y]
+        if len(given) != len(texts):
+            raise ValueError(f"y must hold one label per text ({len(texts)}), got {len(given)}")
+        unknown = [label for label in given if label not in index]
+        if unknown:
+            raise ValueError(f"y holds {unknown[0]!r}, which is not a label; labels: {names}")
+        targets = [index[label] for label in given]
+        start = self.start_config
+        axes = {"semantic_weight": fitting.DEFAULT_WEIGHTS} if grid is None else dict(grid)
+        store_k = max(c.k for c in fitting.grid_configs(axes, start))
+        kept = self._kept(self.inputs(texts), store_k)
+        result = fitting.fit_config(
+            kept, self._embeddings(), self.labels, targets, start=start, grid=axes,
+            temperature=temperature, n_folds=n_folds, margin=margin, seed=seed,
+        )  # fmt: skip
+        self.fit_result_ = result
+        self.fitted_config_ = result.config
+        self.config = result.config
+        return self
+
+    def _kept(self, inputs: list[Any], store_k: int) -> Any:
+        """The decision step's top ``store_k`` raw scores and every label token's
+        (:class:`~semsoft_plugin.fitting.KeptScores`), from this classifier's engine."""
+        import torch
+
+        from semsoft_plugin.fitting import KeptScores, compress, kept_from_top_logprobs
+        from semsoft_plugin.fitting import label_token_ids as token_ids_of
+
+        token_ids = token_ids_of(self.labels)
+        if self.backend == "vllm":
+            from semsoft_plugin.vllm import classify_vllm
+
+            results = classify_vllm(
+                self.model, inputs, list(self.labels.names), self.config, mode="observe",
+                keep_logprobs=store_k, token_ids=token_ids, max_tokens=1,
+                use_tqdm=bool(self.progress),
+            )  # fmt: skip
+            return kept_from_top_logprobs(results, token_ids)
+        from semsoft_plugin.hf import classify
+
+        classified = classify(
+            self.model, self.tokenizer, inputs, self.labels, config=self.config,
+            mode="observe", max_new_tokens=1, batch_size=self.batch_size,
+            progress=self.progress, keep_logits=True,
+        )  # fmt: skip
+        rows = torch.stack([c.logits for c in classified if c.logits is not None])
+        ids = torch.tensor(token_ids)
+        top_ids, top_logits, label_logits = compress(rows, store_k, ids)
+        return KeptScores(top_ids, top_logits, ids, label_logits)
+
+    def _embeddings(self) -> Any:
+        if self.backend == "vllm":
+            from semsoft_plugin.vllm import output_embeddings
+
+            return output_embeddings(self.model)
+        from semsoft_plugin.embeddings import from_model
+
+        return from_model(self.model)
 
     # -- everything ---------------------------------------------------------
     def inputs(self, texts: Iterable[str]) -> list[Any]:

@@ -370,9 +370,10 @@ class SemanticSoftmax:
         if cfg.semantic_weight != 1.0:
             pool_with = _pool_constrained(log_p, top_log_p, self._answer_ids.to(log_p.device))
             semantic = _pooled(pool_with.to(device), semantic, cfg.semantic_weight)
-        if cfg.temperature != 1.0:
-            semantic = _tempered(semantic, cfg.temperature)
         semantic = torch.where(fallback.unsqueeze(-1), constrained, semantic)
+        if cfg.temperature != 1.0:
+            # The last step, on every row (a fallback row too): what Classifier.fit fits.
+            semantic = _tempered(semantic, cfg.temperature)
 
         mass = top_p_dev.sum(-1)
         covered = (top_p_dev * (votes > 0)).sum(-1)

@@ -279,13 +279,15 @@ def test_tune_on_a_tiny_set_writes_a_config_eval_accepts(tmp_path, capsys) -> No
 
     config = tmp_path / "cfg.json"
     cache = str(tmp_path / "c")
-    argv = ["tune", "--dataset", "sst2", "--limit", "20", "--k", "20,50", "--tau", "0.1,0.3", "--center", "true",
-            "--own-vote", "true,false", "--normalize-votes", "false", "--folds", "2", "--cache-dir", cache,
+    argv = ["tune", "--dataset", "sst2", "--limit", "20", "--semantic-weight", "0.3,0.5,1",
+            "--tau", "0.0,0.2", "--folds", "2", "--cache-dir", cache, "--margin", "0",
             "--out", str(config), "--report", str(tmp_path / "t.json")]  # fmt: skip
     assert main(argv) == 0
     chosen = SemsoftConfig.load(config)
-    assert chosen.k in (20, 50) and chosen.tau in (0.1, 0.3) and chosen.center
     tuned = json.loads((tmp_path / "t.json").read_text())
+    fitted = SemsoftConfig().replace(**tuned["fit"]["fitted"])
+    assert fitted.semantic_weight in (0.3, 0.5, 1.0) and fitted.tau in (0.0, 0.2)
+    assert chosen == (SemsoftConfig() if tuned["fit"]["kept_default"] else fitted)
     assert set(tuned["cross_validated"]) == {
         "tuned",
         "constrained",
@@ -477,11 +479,13 @@ def test_cli_flags_are_the_config_fields_and_hf_is_an_alias() -> None:
     for name in fields:  # every field has its flag, spelled from its name
         assert hasattr(parser.parse_args(["eval", cli_eval.flag(name), "1"]), name)
     tune = parser.parse_args(["tune", "--normalize-votes", "true,false", "--k", "20,50"])
-    assert {name: getattr(tune, name) for name in DEFAULT_GRID} == {
+    axes = {name: getattr(tune, name, None) for name in fields}
+    assert {name: v for name, v in axes.items() if v is not None} == {
         **DEFAULT_GRID,
         "normalize_votes": (True, False),
         "k": (20, 50),
     }
+    assert not hasattr(tune, "temperature")  # fitted, never a grid axis
     assert set(DEFAULT_GRID) <= set(fields)
     with pytest.raises(SystemExit):
         parser.parse_args(["eval", "--backend", "tpu"])

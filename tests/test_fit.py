@@ -1,0 +1,268 @@
+"""The few-label fit: temperature math, folds, the rule that keeps the default,
+``Classifier.fit`` on a real model, and its config file round trip into a vLLM request."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from semsoft_plugin import fitting  # noqa: E402
+from semsoft_plugin.config import SemsoftConfig  # noqa: E402
+from semsoft_plugin.core import semantic_softmax_details  # noqa: E402
+
+LABELS = ["positive", "negative"]
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    return fitting.apply_temperature(z, 1.0)
+
+
+def _sample(probs: np.ndarray, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.array([rng.choice(probs.shape[1], p=p) for p in probs])
+
+
+# -- temperature math -------------------------------------------------------------------
+
+
+def test_fit_temperature_recovers_the_generating_temperature() -> None:
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(3000, 5)) * 2.0
+    y = _sample(_softmax(z), 1)
+    assert fitting.fit_temperature(z * 2.5, y) == pytest.approx(2.5, rel=0.08)
+    assert fitting.fit_temperature(z / 3.0, y) == pytest.approx(1 / 3.0, rel=0.08)
+
+
+def test_fit_temperature_finds_scipys_optimum() -> None:
+    optimize = pytest.importorskip("scipy.optimize")
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(400, 4)) * 3.0
+    y = rng.integers(0, 4, size=400)
+    t = fitting.fit_temperature(z, y)
+
+    def loss(log_t: float) -> float:
+        return float(fitting.nll(fitting.apply_temperature(z, np.exp(log_t)), y).mean())
+
+    found = optimize.minimize_scalar(
+        loss, bounds=fitting.LOG_T_BOUNDS, method="bounded", options={"xatol": 1e-9}
+    )
+    assert np.log(t) == pytest.approx(found.x, abs=1e-4)
+    assert loss(np.log(t)) <= found.fun + 1e-9
+
+
+def test_apply_temperature_invariants() -> None:
+    rng = np.random.default_rng(2)
+    p = _softmax(rng.normal(size=(20, 6)) * 4)
+    log_p = np.log(p)
+    np.testing.assert_allclose(fitting.apply_temperature(log_p, 1.0), p, atol=1e-12)
+    for t in (0.1, 0.7, 3.0):
+        q = fitting.apply_temperature(log_p, t)
+        np.testing.assert_allclose(q.sum(1), 1.0, atol=1e-12)
+        assert (np.argsort(q, 1) == np.argsort(p, 1)).all()  # order kept
+        # T > 1 flattens (the top label loses), T < 1 sharpens
+        assert ((q.max(1) < p.max(1)) if t > 1 else (q.max(1) > p.max(1))).all()
+    np.testing.assert_allclose(fitting.apply_temperature(log_p, 1e9), 1 / 6, atol=1e-6)
+
+
+def test_core_temperature_is_the_last_step_on_every_row() -> None:
+    """The core's ``temperature`` is ``apply_temperature`` of its T=1 output, fallback
+    rows included: what the fit computes is what every adapter applies."""
+    gen = torch.Generator().manual_seed(0)
+    emb = torch.randn(40, 8, generator=gen)
+    logits = torch.randn(3, 40, generator=gen) * 3
+    # A row whose kept tokens vote for no label (k=1 on a token far from both): fallback.
+    logits[2, 7] = 50.0
+    ids = [3, 5]
+    cfg = SemsoftConfig(k=1, tau=0.99, residual=False, center=False, semantic_weight=1.0)
+    plain = semantic_softmax_details(logits, emb, ids, cfg)
+    assert bool(plain.fallback[2])
+    for t in (0.3, 2.0):
+        hot = semantic_softmax_details(logits, emb, ids, cfg.replace(temperature=t))
+        want = fitting.apply_temperature(np.log(plain.semantic.double().numpy()), t)
+        np.testing.assert_allclose(hot.semantic.double().numpy(), want, atol=1e-5)
+    default = SemsoftConfig()
+    base = semantic_softmax_details(logits, emb, ids, default).semantic.double().numpy()
+    hot = semantic_softmax_details(logits, emb, ids, default.replace(temperature=0.5))
+    np.testing.assert_allclose(
+        hot.semantic.double().numpy(), fitting.apply_temperature(np.log(base), 0.5), atol=1e-5
+    )
+
+
+def test_stratified_folds_are_scikit_learns() -> None:
+    pytest.importorskip("sklearn")
+    import warnings
+
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    rng = np.random.default_rng(0)
+    for trial in range(25):
+        y = rng.integers(0, int(rng.integers(2, 7)), size=int(rng.integers(12, 90)))
+        k = int(rng.integers(2, 6))
+        counts = np.bincount(y)
+        counts = counts[counts > 0]
+        split = KFold if counts.min() < k else StratifiedKFold
+        want = np.empty(len(y), dtype=np.int64)
+        for fold, (_, held) in enumerate(
+            split(k, shuffle=True, random_state=trial).split(np.zeros(len(y)), y)
+        ):
+            want[held] = fold
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = fitting.stratified_folds(y, k, trial)
+        assert (got == want).all(), trial
+
+
+# -- the rule ------------------------------------------------------------------------
+
+
+def _grid_of(start_logits: np.ndarray) -> np.ndarray:
+    """Grid entries that differ from the start: pulled toward another distribution."""
+    other = np.random.default_rng(9).normal(size=start_logits.shape) * 2
+    return np.stack([_softmax((1 - a) * start_logits + a * other) for a in (0.0, 0.2, 0.5, 1.0)])
+
+
+def test_fit_keeps_the_default_when_labels_carry_no_evidence_against_it() -> None:
+    """Labels drawn from the default's own distribution: the default is right, and the
+    fit (a weight and a temperature per fold, 100 labels) must not replace it."""
+    z = np.random.default_rng(4).normal(size=(100, 4)) * 3
+    start = _softmax(z)
+    grid = _grid_of(z)
+    for seed in range(8):
+        y = _sample(start, seed)
+        entry, t, kept, stats = fitting.fit_probs(
+            grid, start, y, single={"temperature": 0}, seed=seed
+        )
+        assert kept, (seed, stats["procedures"])
+        assert 0 <= entry < len(grid) and 0.05 <= t <= 20
+
+
+def test_fit_adopts_a_real_improvement_and_finds_its_temperature() -> None:
+    """The same default, over-confident by a factor 3: the fit replaces it, picks the
+    start's own weight and a temperature near 3."""
+    z = np.random.default_rng(4).normal(size=(150, 4)) * 3
+    start = _softmax(z)
+    y = _sample(_softmax(z / 3), 0)
+    entry, t, kept, stats = fitting.fit_probs(_grid_of(z), start, y, single={"temperature": 0})
+    assert not kept and entry == 0
+    assert t == pytest.approx(3.0, rel=0.35)
+    assert stats["gain"] > stats["gain_se"] > 0
+
+
+def test_fit_refuses_bad_input() -> None:
+    grid = np.full((2, 6, 3), 1 / 3)
+    with pytest.raises(ValueError, match="label indices"):
+        fitting.fit_probs(grid, grid[0], np.array([0, 1, 2, 3, 0, 1]))
+    with pytest.raises(ValueError, match="at least 4"):
+        fitting.fit_probs(grid[:, :3], grid[0, :3], np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match="margin"):
+        fitting.fit_probs(grid, grid[0], np.array([0, 1, 2, 0, 1, 2]), margin=-1)
+
+
+# -- a real model -----------------------------------------------------------------------
+
+
+def _sst2(n: int) -> tuple[list[str], list[str]]:
+    from semsoft_eval.data import load_builtin, sample
+
+    data = sample(load_builtin("sst2"), n, 0)
+    return list(data.texts), [data.labels[i] for i in data.targets]
+
+
+@pytest.fixture(scope="module")
+def fitted(default_checkpoint):
+    from semsoft_plugin import Classifier, models
+
+    model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
+    texts, y = _sst2(40)
+    clf = Classifier(model, tokenizer, sorted(set(y)), batch_size=8)
+    clf.fit(texts, y, margin=0.0)
+    return clf, texts, y
+
+
+@pytest.mark.slow
+def test_fit_on_a_small_real_set_picks_a_valid_config(fitted) -> None:
+    clf, texts, _ = fitted
+    cfg = clf.fitted_config_
+    assert isinstance(cfg, SemsoftConfig) and cfg is clf.config
+    result = clf.fit_result_
+    assert result.n == 40 and result.n_folds == 5
+    assert result.fitted.semantic_weight in fitting.DEFAULT_WEIGHTS
+    assert 0.05 <= result.fitted.temperature <= 20
+    start = SemsoftConfig()
+    # Only the fitted fields move; the rest is the start's.
+    assert result.fitted.replace(semantic_weight=start.semantic_weight, temperature=1.0) == start
+    assert cfg == (start if result.kept_default else result.fitted)
+    # The fit's own scores (compact grid over the kept pass) are what predict_proba gives.
+    probs = clf.predict_proba(texts[:8])
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-9)
+    kept = clf._kept(clf.inputs(texts[:8]), cfg.k)
+    mine, _ = fitting.grid_probs(kept, clf._embeddings(), clf.labels, [cfg])
+    order = [list(clf.labels.names).index(c) for c in clf.classes_]
+    np.testing.assert_allclose(probs, mine[0][:, order], atol=2e-5)
+
+
+@pytest.mark.slow
+def test_fit_refuses_labels_it_does_not_know(fitted) -> None:
+    clf, texts, y = fitted
+    with pytest.raises(ValueError, match="'neutral', which is not a label"):
+        clf.fit(texts[:4], ["neutral", *y[1:4]])
+    with pytest.raises(ValueError, match="one label per text"):
+        clf.fit(texts[:4], y[:3])
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_fit_round_trip_through_a_config_file_into_a_vllm_request(fitted, tmp_path) -> None:
+    """The fitted setting (weight and temperature) saved, loaded, sent as a vLLM request's
+    options (sampling_params -> extra_args -> parse_request) scores as transformers does."""
+    pytest.importorskip("vllm")
+    from vllm import LLM
+
+    from semsoft_plugin import Classifier
+    from semsoft_plugin import vllm as sv
+    from semsoft_plugin.request import parse_request
+    from semsoft_plugin.vllm import classify_vllm
+    from semsoft_plugin.vllm.params import sampling_params
+
+    clf, texts, _ = fitted
+    config = clf.fit_result_.fitted  # the fitted one even where the rule kept the start
+    assert config.temperature != 1.0
+    path = tmp_path / "fitted.json"
+    config.save(path)
+    loaded = SemsoftConfig.load(path)
+    assert loaded == config
+    labels = list(clf.labels.names)
+    params = sampling_params(labels, config=loaded, mode="observe")
+    parsed = parse_request(params.extra_args)
+    assert parsed is not None and parsed.config == config
+
+    llm = LLM(
+        str(_checkpoint()),
+        logits_processors=[sv.SemanticSoftmaxLogitsProcessor],
+        enforce_eager=True, max_logprobs=loaded.k, max_model_len=512, seed=0, dtype="float32",
+    )  # fmt: skip
+    try:
+        inputs = clf.inputs(texts[:6])
+        results = classify_vllm(llm, inputs, labels, loaded, mode="observe", max_tokens=1)
+    finally:
+        del llm
+    got = np.array([[r["probs"][n] for n in labels] for r in results])
+    want_clf = Classifier(clf.model, clf.tokenizer, labels, config=SemsoftConfig.load(path))
+    want = want_clf.predict_proba(texts[:6])
+    order = [list(want_clf.classes_).index(n) for n in labels]
+    np.testing.assert_allclose(got, want[:, order], atol=2e-3)
+    # and the temperature acted: the default scores differ
+    plain = Classifier(clf.model, clf.tokenizer, labels).predict_proba(texts[:6])
+    assert np.abs(plain - want).max() > 1e-3
+
+
+def _checkpoint():
+    from semsoft_plugin import models
+
+    return models.resolve("default")
