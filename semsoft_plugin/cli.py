@@ -300,12 +300,6 @@ def _by_label(columns: Sequence[str], row: Any, labels: Sequence[str]) -> dict[s
     return {label: values[label] for label in labels}
 
 
-def _text_of(value: Any) -> str:
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
 def _row_list(numbers: list[int], limit: int = 20) -> str:
     shown = ", ".join(str(n) for n in numbers[:limit])
     return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
@@ -327,14 +321,16 @@ def _run_classify_file(
     """
     from tqdm.auto import tqdm
 
-    from semsoft_plugin.tables import TableWriter, read_output, read_records, table_format
+    from semsoft_plugin.columns import ResultColumns
+    from semsoft_plugin.columns import text_of as _text_of
+    from semsoft_plugin.tables import open_table_writer, read_output, read_records, table_format
 
     if not 0.0 <= args.review_below <= 1.0:
         raise ValueError(f"--review-below {args.review_below} must be a probability in [0, 1]")
     if args.json:
         raise ValueError("--json is for one text; with --input the format follows --output")
     if not args.output:
-        raise ValueError("--input needs --output (a .csv, .tsv or .jsonl file)")
+        raise ValueError("--input needs --output (a .csv, .tsv, .jsonl or .parquet file)")
     if args.resume and args.overwrite:
         raise ValueError("give --resume or --overwrite, not both")
     table_format(args.input)
@@ -351,21 +347,9 @@ def _run_classify_file(
     columns = list(dict.fromkeys(key for record in records for key in record))
     if args.text_column not in columns:
         raise ValueError(f"{args.input}: no column {args.text_column!r}; columns are {columns}")
-    prefix = args.column_prefix
-    label_col = f"{prefix}label"
-    p_cols = [f"{prefix}p_{label}" for label in labels]
-    c_cols = [f"{prefix}constrained_{label}" for label in labels]
-    added = [
-        label_col,
-        *p_cols,
-        *c_cols,
-        *(f"{prefix}{c}" for c in ("coverage", "fallback", "review")),
-    ]
-    clash = [c for c in added if c in columns]
-    if clash:
-        raise ValueError(
-            f"{args.input} already has column(s) {clash}: pass e.g. --column-prefix semsoft_"
-        )
+    result = ResultColumns(tuple(labels), args.column_prefix)
+    label_col, added = result.label, result.names
+    result.check_clash(columns, args.input)
     out_columns = columns + added
     texts = [_text_of(r.get(args.text_column)) for r in records]
     empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
@@ -391,34 +375,24 @@ def _run_classify_file(
     # Restart at the start of the batch the last run stopped in (see the docstring).
     start = len(done) // args.batch_size * args.batch_size
     counts: Counter[str] = Counter(str(r.get(label_col)) for r in done)
-    review = sum(str(r.get(f"{prefix}review")).lower() == "true" for r in done)
+    review = sum(str(r.get(result.review)).lower() == "true" for r in done)
 
     classifier = _classifier(args, labels, template, config) if len(done) < len(todo) else None
-    writer = TableWriter(output, out_columns, append=args.resume)
+    writer = open_table_writer(
+        output, out_columns, append=args.resume, records=records, added=result.arrow_types()
+    )
     bar = tqdm(total=len(todo), initial=len(done), unit="row", desc="classify", file=sys.stderr)
     began, scored = time.perf_counter(), 0
     try:
         for first in range(start, len(todo) if classifier is not None else 0, args.batch_size):
             batch = todo[first : first + args.batch_size]
             details = classifier.predict_details([texts[i] for i in batch])  # type: ignore[union-attr]
-            rows = []
-            for j, index in enumerate(batch):
-                top = float(details.probs[j].max())
-                row = dict(records[index])
-                row[label_col] = details.label[j]
-                probs = _by_label(details.labels, details.probs[j], labels)
-                constrained = _by_label(details.labels, details.constrained[j], labels)
-                row.update(zip(p_cols, probs.values(), strict=True))
-                row.update(zip(c_cols, constrained.values(), strict=True))
-                row[f"{prefix}coverage"] = float(details.coverage[j])
-                row[f"{prefix}fallback"] = bool(details.fallback[j])
-                row[f"{prefix}review"] = top < args.review_below
-                rows.append(row)
+            rows = result.rows([records[i] for i in batch], details, args.review_below)
             fresh = rows[max(0, len(done) - first) :]  # rows a resumed run already has
             writer.write(fresh)
             scored += len(fresh)
             counts.update(r[label_col] for r in fresh)
-            review += sum(r[f"{prefix}review"] for r in fresh)
+            review += sum(r[result.review] for r in fresh)
             bar.update(len(fresh))
     except KeyboardInterrupt:
         bar.close()
