@@ -203,7 +203,35 @@ def _add_classify_parser(subparsers: Any) -> None:
         default="",
         help="prefix of the added columns, when the input already has e.g. a 'label' column",
     )
+    _add_ray_options(parser)
     parser.set_defaults(func=_run_classify)
+
+
+def _add_ray_options(parser: argparse.ArgumentParser) -> None:
+    """``--ray``: the same classification on a Ray cluster (semsoft_plugin.ray)."""
+    group = parser.add_argument_group("on a Ray cluster (pip install 'semsoft-plugin[ray]')")
+    group.add_argument(
+        "--ray",
+        action="store_true",
+        help="classify --input (a file or a directory of files) on Ray, one model per actor; "
+        "--output is a directory",
+    )
+    group.add_argument(
+        "--ray-address", help="the cluster to join ('auto'); default: start a local one"
+    )
+    group.add_argument("--concurrency", type=int, default=1, help="actors (models) at once")
+    group.add_argument("--num-cpus", type=float, help="CPUs per actor (torch threads)")
+    group.add_argument("--num-gpus", type=float, help="GPUs per actor (e.g. 1 with vLLM)")
+    group.add_argument(
+        "--output-format",
+        choices=("parquet", "csv", "jsonl"),
+        default="parquet",
+        help="the files Ray writes into --output (default parquet)",
+    )
+    group.add_argument(
+        "--id-column",
+        help="an input column naming each row (default: a 'row' column with the row number)",
+    )
 
 
 def _parse_labels(text: str) -> list[str]:
@@ -260,6 +288,12 @@ def _run_classify(args: argparse.Namespace) -> int:
     config = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
     config = config.replace(k=args.k, tau=args.tau)
     template = _template(args)
+    if args.input is not None and args.ray:
+        from semsoft_plugin.ray import run_classify_cli
+
+        return run_classify_cli(args, labels, template, config)
+    if args.ray:
+        raise ValueError("--ray goes with --input DIR_OR_FILE")
     if args.input is not None:
         return _run_classify_file(args, labels, template, config)
     if args.output or args.resume:

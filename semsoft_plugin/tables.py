@@ -257,7 +257,9 @@ def table_schema(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -
         try:
             kind = pa.array([r.get(name) for r in records]).type
         except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
-            raise ValueError(f"column {name!r} mixes value types Parquet cannot hold ({error})") from None
+            raise ValueError(
+                f"column {name!r} mixes value types Parquet cannot hold ({error})"
+            ) from None
         fields.append(pa.field(name, pa.string() if pa.types.is_null(kind) else kind))
     return pa.schema(fields)
 
