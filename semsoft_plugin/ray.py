@@ -421,7 +421,8 @@ class VLLMPreprocess:
 
     The prompt is built and tokenised exactly as :func:`semsoft_plugin.vllm.classify_vllm`
     does (chat template continuing the answer prefix), so run the processor with
-    ``chat_template_stage=False, tokenize_stage=False``. ``sampling_params`` carries
+    ``chat_template_stage=False, tokenize_stage=False`` (the row carries the formatted
+    ``prompt`` and its ``tokenization_kwargs``). ``sampling_params`` carries
     ``extra_args`` (the opt-in), ``logprobs`` (at least ``k``; ask for more so every
     label's answer token is returned: see :class:`VLLMPostprocess`), greedy, one token
     by default.
@@ -477,12 +478,23 @@ class VLLMPreprocess:
         (messages,) = build_inputs(
             self.template, [text], list(self.request.labels), self._tokenizer
         )
-        (ids,) = encode_prompts(self._tokenizer, [format_prompt(self._tokenizer, messages)])
-        return {**row, "tokenized_prompt": list(ids), "sampling_params": self.sampling_params()}
+        prompt, special = format_prompt(self._tokenizer, messages)
+        encode_prompts(self._tokenizer, [(prompt, special)])  # refuses a prompt of no tokens
+        # A text prompt, not token ids: Ray's vLLM stage records the engine's prompt text,
+        # which vLLM leaves None for token-id prompts. The engine tokenises it as
+        # encode_prompts does (special tokens only for plain text), so the tokens are
+        # classify_vllm's (scripts/record_ray_vllm_rows.py checks this).
+        return {
+            **row,
+            "prompt": prompt,
+            "tokenization_kwargs": {"add_special_tokens": not special},
+            "sampling_params": self.sampling_params(),
+        }
 
 
 # What the vLLM stage and VLLMPreprocess add to a row; dropped by the postprocess.
 ENGINE_COLUMNS = (
+    "tokenization_kwargs",
     "tokenized_prompt",
     "sampling_params",
     "prompt",
