@@ -165,12 +165,14 @@ def test_a_killed_actor_is_retried_without_loss(cluster, tmp_path):
 
     reference = run().take_all()
     killed: list[int] = []
+    at_kill: list[int] = []
     got: list[dict] = []
 
     def kill_once() -> None:
         while not got:  # the first batch has come back: the actor is mid-run
             time.sleep(0.05)
         pids = _actor_pids()
+        at_kill.append(len(got))
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
@@ -181,6 +183,7 @@ def test_a_killed_actor_is_retried_without_loss(cluster, tmp_path):
         got.append(batch)
     killer.join(timeout=30)
     assert killed, "no actor process was found to kill"
+    assert at_kill[0] < len(rows) - 4, "the kill came after the last batch was scored"
     assert len(got) == len(rows)
     assert_same_rows(got, reference)
 
