@@ -331,8 +331,12 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
         prompt=template,
         config=config,
     )
-    writer = {"parquet": scored.write_parquet, "csv": scored.write_csv, "jsonl": scored.write_json}
-    writer[kind](str(output))
+    if kind == "parquet":
+        scored.write_parquet(str(output))
+    elif kind == "csv":
+        scored.write_csv(str(output))
+    else:  # pandas writes 10 significant digits unless told otherwise
+        scored.write_json(str(output), double_precision=15, force_ascii=False)
     seconds = time.perf_counter() - began
     done = _read_output_dir(output, kind, [id_column, result.label, result.review])
     written = done.column(id_column).to_pylist()
