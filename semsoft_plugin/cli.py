@@ -334,11 +334,6 @@ def _by_label(columns: Sequence[str], row: Any, labels: Sequence[str]) -> dict[s
     return {label: values[label] for label in labels}
 
 
-def _row_list(numbers: list[int], limit: int = 20) -> str:
-    shown = ", ".join(str(n) for n in numbers[:limit])
-    return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
-
-
 def _run_classify_file(
     args: argparse.Namespace, labels: list[str], template: Any, config: Any
 ) -> int:
@@ -356,6 +351,7 @@ def _run_classify_file(
     from tqdm.auto import tqdm
 
     from semsoft_plugin.columns import ResultColumns
+    from semsoft_plugin.columns import row_list as _row_list
     from semsoft_plugin.columns import text_of as _text_of
     from semsoft_plugin.tables import open_table_writer, read_output, read_records, table_format
 

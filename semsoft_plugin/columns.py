@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ResultColumns", "text_of"]
+__all__ = ["ResultColumns", "row_list", "text_of"]
 
 
 def text_of(value: Any) -> str:
@@ -25,6 +25,12 @@ def text_of(value: Any) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return ""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def row_list(numbers: Sequence[Any], limit: int = 20) -> str:
+    """Row numbers (or ids) for a message: the first ``limit``, then how many more."""
+    shown = ", ".join(str(n) for n in numbers[:limit])
+    return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
 
 
 @dataclass(frozen=True)

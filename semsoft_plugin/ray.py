@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.columns import ResultColumns, text_of
+from semsoft_plugin.columns import ResultColumns, row_list, text_of
 
 __all__ = [
     "MissingLabelLogprobs",
@@ -229,11 +229,6 @@ def aligned_blocks(table: Any, batch_size: int, *, max_blocks: int = 256) -> lis
 # ---------------------------------------------------------------------------
 
 
-def _row_list(numbers: Sequence[int], limit: int = 20) -> str:
-    shown = ", ".join(str(n) for n in numbers[:limit])
-    return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
-
-
 def _read_output_dir(path: Path, kind: str, columns: Sequence[str]) -> Any:
     import pyarrow.dataset as pads
 
@@ -302,7 +297,7 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
     if empty:
         print(
             f"semsoft classify: skipped {len(empty)} row(s) with an empty {args.text_column!r}: "
-            f"{id_column} {_row_list(empty)}",
+            f"{id_column} {row_list(empty)}",
             file=sys.stderr,
         )
     todo = [i for i, t in enumerate(texts) if t.strip()]
@@ -344,14 +339,13 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
     repeated = [k for k, n in Counter(written).items() if n > 1]
     if repeated:  # a broken id column (not unique), or a fault we do not know of
         print(
-            f"semsoft classify: {id_column} {_row_list(repeated)} appear more than once in "
-            f"{output}",
+            f"semsoft classify: {id_column} {row_list(repeated)} appear more than once in {output}",
             file=sys.stderr,
         )
     if missing:
         print(
             f"semsoft classify: {len(missing)} row(s) could not be scored (see the messages "
-            f"above): {id_column} {_row_list(missing)}",
+            f"above): {id_column} {row_list(missing)}",
             file=sys.stderr,
         )
     total = done.num_rows
