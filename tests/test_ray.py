@@ -237,3 +237,32 @@ def test_vllm_postprocess_on_recorded_outputs(recorded):
         assert out["error"] is None
         assert abs(out["p_superb"] - case["reference"]["probs"]["superb"]) <= 1e-6
     assert refused and scored  # the recording holds both kinds
+
+
+def test_a_bad_row_is_named_and_its_batch_scored(capfd):
+    """The actor's own check (what a Dataset that was not cleaned reaches): empty and
+    missing texts are named by id and left out; the other rows of the batch are scored
+    as the Classifier scores them."""
+    from semsoft_plugin import Classifier
+    from semsoft_plugin.ray import _ScoreBatch
+
+    options = {"dtype": "float32", "batch_size": 4}
+    actor = _ScoreBatch("default", LABELS, options, "text", "id", "", 0.6, 1)
+    batch = pa.Table.from_pylist(
+        [
+            {"id": 1, "text": "Great fun."},
+            {"id": 2, "text": " "},
+            {"id": 3, "text": None},
+            {"id": 4, "text": "Awful, just awful."},
+        ]
+    )
+    out = actor(batch).to_pylist()
+    assert [r["id"] for r in out] == [1, 4]
+    err = capfd.readouterr().err
+    assert "id 2: empty text, not scored" in err and "id 3: empty text, not scored" in err
+    want = Classifier.from_pretrained("default", LABELS, **options).predict_details(
+        ["Great fun.", "Awful, just awful."]
+    )
+    for j, row in enumerate(out):
+        for i, label in enumerate(want.labels):
+            assert abs(row[f"p_{label}"] - want.probs[j, i]) <= 1e-6
