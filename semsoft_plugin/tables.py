@@ -6,6 +6,11 @@ one record per row; the evaluation package reads its data files with the same
 :class:`TableWriter` one batch at a time (each batch is one ``write`` followed by a
 flush and ``fsync``), so an interrupted run keeps every finished batch and at most one
 partial record, which :func:`read_output` drops on ``--resume``.
+
+Parquet (``.parquet``), in and out, and directories of such files (the Ray path) are
+handled by the functions at the end (pyarrow, imported only there): a Parquet file is
+readable only once its footer is written, so :class:`ParquetTableWriter` writes one row
+group per batch and the footer on close, and a Parquet output cannot be resumed.
 """
 
 from __future__ import annotations
@@ -22,16 +27,21 @@ from typing import Any
 __all__ = [
     "INPUT_SUFFIXES",
     "OUTPUT_SUFFIXES",
+    "ParquetTableWriter",
     "TableWriter",
     "cell",
     "json_safe",
+    "open_table_writer",
+    "read_arrow",
     "read_delimited",
     "read_jsonl",
     "read_lines",
     "read_output",
+    "read_parquet_records",
     "read_records",
     "read_text",
     "table_format",
+    "table_schema",
 ]
 
 _FORMATS = {
@@ -40,9 +50,10 @@ _FORMATS = {
     ".tab": "tsv",
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
+    ".parquet": "parquet",
 }
 INPUT_SUFFIXES = tuple(_FORMATS)
-OUTPUT_SUFFIXES = (".csv", ".tsv", ".jsonl")
+OUTPUT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 
 
 def table_format(path: str | Path, *, role: str = "data file") -> str:
@@ -50,7 +61,9 @@ def table_format(path: str | Path, *, role: str = "data file") -> str:
     suffix = Path(path).suffix.lower()
     allowed = INPUT_SUFFIXES if role == "data file" else OUTPUT_SUFFIXES
     if suffix not in allowed:
-        raise ValueError(f"{role} {path}: unknown format {suffix!r}; use .csv, .tsv or .jsonl")
+        raise ValueError(
+            f"{role} {path}: unknown format {suffix!r}; use .csv, .tsv, .jsonl or .parquet"
+        )
     return _FORMATS[suffix]
 
 
@@ -110,6 +123,8 @@ def read_records(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]
     if not path.is_file():
         raise ValueError(f"data file not found: {path}")
     kind = table_format(path)
+    if kind == "parquet":
+        return read_parquet_records(path)
     if kind == "jsonl":
         return read_jsonl(path, encoding)
     return read_delimited(path, "," if kind == "csv" else "\t", encoding)
@@ -328,6 +343,11 @@ def read_output(
     """
     path = Path(path)
     kind = table_format(path, role="output file")
+    if kind == "parquet":
+        raise ValueError(
+            f"--resume: {path} is Parquet, which is complete only once closed: it cannot be "
+            "continued (write .jsonl or .csv to resume, or use --ray, which retries failed work)"
+        )
     raw = path.read_text(encoding="utf-8")
     if not raw:
         return []
@@ -377,3 +397,130 @@ def read_output(
         with TableWriter(path, columns, append=False) as writer:
             writer.write(records)
     return records
+
+
+# ---------------------------------------------------------------------------
+# Parquet and directories (pyarrow; the Ray path and .parquet files)
+# ---------------------------------------------------------------------------
+
+
+def read_parquet_records(path: Path) -> list[dict[str, object]]:
+    """The rows of a Parquet file as dicts (values in their Parquet types)."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as error:  # pyarrow's ArrowInvalid and OSError name no file
+        raise ValueError(f"data file {path}: not a readable Parquet file ({error})") from None
+    if table.num_rows == 0:
+        raise ValueError(f"data file {path} is empty (no rows)")
+    return table.to_pylist()
+
+
+def table_schema(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Any:
+    """A pyarrow schema for ``records`` with ``columns`` in order, inferred from every
+    record (a column that is None throughout becomes a string column);
+    ``ValueError`` naming a column whose values have no common type."""
+    import pyarrow as pa
+
+    fields = []
+    for name in columns:
+        try:
+            kind = pa.array([r.get(name) for r in records]).type
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+            raise ValueError(
+                f"column {name!r} mixes value types Parquet cannot hold ({error})"
+            ) from None
+        fields.append(pa.field(name, pa.string() if pa.types.is_null(kind) else kind))
+    return pa.schema(fields)
+
+
+def read_arrow(path: str | Path) -> Any:
+    """One file, or every table file of a directory in name order, as one
+    ``pyarrow.Table`` (CSV/TSV values stay strings, as :func:`read_records` reads them).
+    Files of a directory must agree on their columns' types."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(
+            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in INPUT_SUFFIXES
+        )
+        if not files:
+            raise ValueError(f"input directory {path} holds no {'/'.join(INPUT_SUFFIXES)} file")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise ValueError(f"data file not found: {path}")
+    tables = []
+    for file in files:
+        if table_format(file) == "parquet":
+            tables.append(pq.read_table(file))
+            continue
+        records = read_records(file)
+        columns = list(dict.fromkeys(key for record in records for key in record))
+        schema = table_schema(records, columns)
+        tables.append(pa.Table.from_pylist(records, schema=schema))
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+        raise ValueError(f"the files of {path} do not agree on their columns: {error}") from None
+
+
+class ParquetTableWriter:
+    """Writes records to a Parquet file, one row group per ``write``; readable once closed.
+
+    Parameters
+    ----------
+    path : the ``.parquet`` output
+    schema : the pyarrow schema of every record (see :func:`table_schema`)
+    """
+
+    def __init__(self, path: str | Path, schema: Any) -> None:
+        import pyarrow.parquet as pq
+
+        self.path = Path(path)
+        self.schema = schema
+        self._writer = pq.ParquetWriter(self.path, schema)
+
+    def write(
+        self, records: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None
+    ) -> None:
+        """Write a batch as one row group (``names`` as in :meth:`TableWriter.write`;
+        pyarrow's own error names the column a value does not fit)."""
+        import pyarrow as pa
+
+        if records:
+            self._writer.write_table(pa.Table.from_pylist(list(records), schema=self.schema))
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def __enter__(self) -> ParquetTableWriter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def open_table_writer(
+    path: str | Path,
+    columns: Sequence[str],
+    *,
+    append: bool,
+    records: Sequence[Mapping[str, Any]] = (),
+    added: Sequence[tuple[str, Any]] = (),
+) -> TableWriter | ParquetTableWriter:
+    """The writer for ``path``'s format: :class:`TableWriter` (CSV/TSV/JSONL), or
+    :class:`ParquetTableWriter` with the input ``records``' column types followed by
+    the ``added`` ``(name, pyarrow type)`` columns (Parquet cannot be appended to)."""
+    if table_format(path, role="output file") != "parquet":
+        return TableWriter(path, columns, append=append)
+    import pyarrow as pa
+
+    if append:
+        raise ValueError(f"--resume: {path} is Parquet, which cannot be continued")
+    names = {name for name, _ in added}
+    schema = table_schema(records, [c for c in columns if c not in names])
+    return ParquetTableWriter(path, pa.schema([*schema, *(pa.field(n, t) for n, t in added)]))

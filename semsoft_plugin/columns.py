@@ -1,0 +1,125 @@
+"""The columns a scored table gets, defined once for every path that writes one.
+
+``semsoft classify --input`` (one process), :func:`semsoft_plugin.ray.classify_dataset`
+(one :class:`~semsoft_plugin.classifier.Classifier` per Ray actor) and the vLLM-on-Ray
+postprocess all add the same columns to each input row, from the same
+:class:`~semsoft_plugin.classifier.Predictions`: ``label``, ``p_<label>`` (Semantic
+Softmax), ``constrained_<label>`` (label tokens only), ``coverage``, ``fallback`` and
+``review`` (top probability below the review threshold) and ``truncated`` (tokens cut
+from a text longer than the model's context). Keeping the names and the
+row assembly here is what makes a Ray run's rows equal to the CLI's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ResultColumns", "row_list", "text_of"]
+
+
+def text_of(value: Any) -> str:
+    """A cell as the text to classify: strings as they are, ``""`` for None/NaN,
+    JSON for any other value (the CLI's rule, so every path reads a cell the same)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def row_list(numbers: Sequence[Any], limit: int = 20) -> str:
+    """Row numbers (or ids) for a message: the first ``limit``, then how many more."""
+    shown = ", ".join(str(n) for n in numbers[:limit])
+    return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
+
+
+@dataclass(frozen=True)
+class ResultColumns:
+    """Names of the added columns for ``labels`` (in the user's order) and ``prefix``.
+
+    Parameters
+    ----------
+    labels : label names in the order the user gave them (the column order)
+    prefix : put before every added name (``--column-prefix``), for inputs that
+        already hold e.g. a ``label`` column
+    """
+
+    labels: tuple[str, ...]
+    prefix: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.prefix}label"
+
+    @property
+    def p(self) -> list[str]:
+        return [f"{self.prefix}p_{label}" for label in self.labels]
+
+    @property
+    def constrained(self) -> list[str]:
+        return [f"{self.prefix}constrained_{label}" for label in self.labels]
+
+    @property
+    def review(self) -> str:
+        return f"{self.prefix}review"
+
+    @property
+    def truncated(self) -> str:
+        return f"{self.prefix}truncated"
+
+    @property
+    def names(self) -> list[str]:
+        """Every added column, in output order."""
+        tail = [f"{self.prefix}{c}" for c in ("coverage", "fallback", "review", "truncated")]
+        return [self.label, *self.p, *self.constrained, *tail]
+
+    def check_clash(self, columns: Sequence[str], where: str) -> None:
+        """``ValueError`` naming the input columns an added column would overwrite."""
+        clash = [c for c in self.names if c in columns]
+        if clash:
+            raise ValueError(
+                f"{where} already has column(s) {clash}: pass e.g. --column-prefix semsoft_ "
+                "(column_prefix='semsoft_')"
+            )
+
+    def values(self, details: Any, review_below: float) -> list[dict[str, Any]]:
+        """The added columns of each row of a ``Predictions`` (``classes_`` column order
+        mapped back to the user's label order)."""
+        order = [list(details.labels).index(label) for label in self.labels]
+        rows = []
+        for j in range(len(details)):
+            probs = details.probs[j]
+            constrained = details.constrained[j]
+            row: dict[str, Any] = {self.label: details.label[j]}
+            row.update(zip(self.p, (float(probs[i]) for i in order), strict=True))
+            row.update(zip(self.constrained, (float(constrained[i]) for i in order), strict=True))
+            row[f"{self.prefix}coverage"] = float(details.coverage[j])
+            row[f"{self.prefix}fallback"] = bool(details.fallback[j])
+            row[self.review] = float(probs.max()) < review_below
+            row[self.truncated] = int(details.truncated[j])
+            rows.append(row)
+        return rows
+
+    def rows(
+        self, records: Sequence[Mapping[str, Any]], details: Any, review_below: float
+    ) -> list[dict[str, Any]]:
+        """Each input record followed by its added columns."""
+        return [
+            {**record, **added}
+            for record, added in zip(records, self.values(details, review_below), strict=True)
+        ]
+
+    def arrow_types(self) -> list[tuple[str, Any]]:
+        """``(name, pyarrow type)`` of every added column, for Parquet output."""
+        import pyarrow as pa
+
+        floats = [(name, pa.float64()) for name in (*self.p, *self.constrained)]
+        return [
+            (self.label, pa.string()),
+            *floats,
+            (f"{self.prefix}coverage", pa.float64()),
+            (f"{self.prefix}fallback", pa.bool_()),
+            (self.review, pa.bool_()),
+            (self.truncated, pa.int64()),
+        ]

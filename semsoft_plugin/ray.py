@@ -1,0 +1,587 @@
+"""Classify a data set on a Ray cluster (Ray Data), and read vLLM-on-Ray outputs.
+
+Three pieces, none of them a second scoring path:
+
+* :func:`classify_dataset`: a ``ray.data.Dataset`` in, the same rows out with the
+  columns of ``semsoft classify --input`` added (:class:`~semsoft_plugin.columns.ResultColumns`).
+  ``Dataset.map_batches`` runs one :class:`~semsoft_plugin.classifier.Classifier` per
+  actor (the model loaded once per actor, transformers or vLLM), so a row's numbers are
+  those the CLI computes for it in a batch of the same rows.
+* :func:`run_classify_cli`: ``semsoft classify --input DIR_OR_FILE --output DIR --ray``.
+* :class:`VLLMPreprocess` / :class:`VLLMPostprocess`: for Ray's own LLM processor
+  (``ray.data.llm``) with the plugin in ``engine_kwargs``: the preprocess builds the
+  tokens and ``sampling_params`` the plugin reads; the postprocess turns a row's
+  returned log-probabilities into the same columns, exactly, or refuses the row by
+  name (:func:`exact_label_logprobs`, :class:`MissingLabelLogprobs`).
+
+Faults: Ray Data restarts an actor that dies and resubmits its unfinished batch
+(``max_restarts``/``max_task_retries`` default to -1 for actor pools); a batch's output
+reaches the driver only once, so no row is lost or scored twice. Each output row keeps
+every input column, so the row's id (or the row number the CLI adds) travels with it.
+A row the classifier cannot score is dropped from the output and named on stderr
+(Ray forwards actors' stderr to the driver); the rest of its batch is scored.
+
+``import semsoft_plugin.ray`` does not import Ray: it is imported when used
+(``pip install 'semsoft-plugin[ray]'``).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from semsoft_plugin.columns import ResultColumns, row_list, text_of
+from semsoft_plugin.scoring import MissingLabelLogprobs
+
+__all__ = [
+    "MissingLabelLogprobs",
+    "VLLMPostprocess",
+    "VLLMPreprocess",
+    "classify_dataset",
+    "exact_label_logprobs",
+    "run_classify_cli",
+]
+
+ROW_COLUMN = "row"
+OUTPUT_FORMATS = ("parquet", "csv", "jsonl")
+
+
+# ---------------------------------------------------------------------------
+# classify a Dataset: one Classifier per actor
+# ---------------------------------------------------------------------------
+
+
+class _ScoreBatch:
+    """The ``map_batches`` actor: builds one ``Classifier`` when Ray starts the actor
+    (and again if Ray restarts it) and scores each pyarrow batch it is given."""
+
+    def __init__(
+        self,
+        model: str,
+        labels: Sequence[str],
+        classifier_kwargs: Mapping[str, Any],
+        text_column: str,
+        id_column: str | None,
+        column_prefix: str,
+        review_below: float,
+        threads: int,
+    ) -> None:
+        import torch
+
+        from semsoft_plugin.classifier import Classifier
+
+        torch.set_num_threads(threads)
+        self.classifier = Classifier.from_pretrained(model, list(labels), **classifier_kwargs)
+        self.columns = ResultColumns(tuple(labels), column_prefix)
+        self.text_column = text_column
+        self.id_column = id_column
+        self.review_below = review_below
+
+    def _name(self, batch: Any, index: int) -> str:
+        if self.id_column is None:
+            return f"a row ({self.text_column} starts {text_of(batch.column(self.text_column)[index].as_py())[:40]!r})"
+        return f"{self.id_column} {batch.column(self.id_column)[index].as_py()!r}"
+
+    def _score(self, texts: list[str]) -> list[dict[str, Any] | ValueError]:
+        """The added columns of each text; a batch refused as a whole is scored text by
+        text so that only the bad rows are lost (their error in their place)."""
+        try:
+            details = self.classifier.predict_details(texts)
+            return list(self.columns.values(details, self.review_below))
+        except ValueError:
+            if len(texts) == 1:
+                raise
+        found: list[dict[str, Any] | ValueError] = []
+        for text in texts:
+            try:
+                found.extend(self._score([text]))
+            except ValueError as error:
+                found.append(error)
+        return found
+
+    def __call__(self, batch: Any) -> Any:
+        import pyarrow as pa
+
+        texts = [text_of(v) for v in batch.column(self.text_column).to_pylist()]
+        keep = [i for i, t in enumerate(texts) if t.strip()]
+        for i in sorted(set(range(len(texts))) - set(keep)):
+            print(f"semsoft: {self._name(batch, i)}: empty text, not scored", file=sys.stderr)
+        scored = self._score([texts[i] for i in keep]) if keep else []
+        rows, added = [], []
+        for i, values in zip(keep, scored, strict=True):
+            if isinstance(values, ValueError):
+                print(f"semsoft: {self._name(batch, i)}: not scored: {values}", file=sys.stderr)
+                continue
+            rows.append(i)
+            added.append(values)
+        out = batch.take(pa.array(rows, type=pa.int64()))
+        for name, kind in self.columns.arrow_types():
+            out = out.append_column(pa.field(name, kind), pa.array([a[name] for a in added], kind))
+        return out
+
+
+def classify_dataset(
+    dataset: Any,
+    labels: Sequence[str],
+    *,
+    model: str = "default",
+    text_column: str = "text",
+    id_column: str | None = None,
+    backend: str = "hf",
+    engine_args: Mapping[str, Any] | None = None,
+    dtype: str = "auto",
+    batch_size: int = 8,
+    concurrency: int | tuple[int, int] = 1,
+    num_cpus: float | None = None,
+    num_gpus: float | None = None,
+    review_below: float = 0.6,
+    column_prefix: str = "",
+    **classifier_kwargs: Any,
+) -> Any:
+    """Classify every row of a ``ray.data.Dataset``; lazy, like any Ray Data transform.
+
+    Parameters
+    ----------
+    dataset : a ``ray.data.Dataset`` with a text column
+    labels : label names (at least two), as for :class:`~semsoft_plugin.classifier.Classifier`
+    model, backend, engine_args, dtype : as :meth:`Classifier.from_pretrained`; each
+        actor loads the model once (``backend="vllm"``: one ``vllm.LLM`` per actor, give
+        it ``num_gpus=1``)
+    text_column : the column to classify
+    id_column : a column naming rows in the messages about rows not scored (every
+        input column is kept in the output in any case)
+    batch_size : rows per ``Classifier`` call, as ``--batch-size``; a row's scores are
+        the CLI's when its batch holds the same rows (blocks whose sizes are multiples
+        of ``batch_size`` keep the batches aligned; :func:`run_classify_cli` makes them so)
+    concurrency : actors (an int, or ``(min, max)`` for an autoscaling pool)
+    num_cpus, num_gpus : resources per actor, passed to ``map_batches``; torch in a CPU
+        actor uses ``num_cpus`` threads (default 1)
+    review_below : flag ``review`` when the top probability is below this
+    column_prefix : prefix of the added columns (``--column-prefix``)
+    **classifier_kwargs : the ``Classifier``'s other options (``prompt``, ``config``,
+        ``calibrate``, or single ``SemsoftConfig`` fields such as ``k=...``)
+
+    Returns
+    -------
+    The dataset of the scored rows: every input column, then ``label``,
+    ``p_<label>``, ``constrained_<label>``, ``coverage``, ``fallback``, ``review``.
+    Rows with an empty text, or that the classifier refuses, are left out and named
+    on stderr. Bad options and labels fail here, before any actor starts.
+    """
+    from semsoft_plugin.config import SemsoftConfig
+    from semsoft_plugin.labels import label_names
+
+    names = label_names(labels)
+    if not 0.0 <= review_below <= 1.0:
+        raise ValueError(f"review_below={review_below} must be a probability in [0, 1]")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+    overrides = {
+        k: v for k, v in classifier_kwargs.items() if k not in ("prompt", "config", "calibrate")
+    }
+    (classifier_kwargs.get("config") or SemsoftConfig()).replace(**overrides)  # fails early
+    columns = list(dataset.schema().names)
+    for name, role in ((text_column, "text_column"), (id_column, "id_column")):
+        if name is not None and name not in columns:
+            raise ValueError(f"{role}={name!r} is not a column; the columns are {columns}")
+    ResultColumns(tuple(names), column_prefix).check_clash(columns, "the dataset")
+    kwargs = {
+        "backend": backend,
+        "engine_args": dict(engine_args) if engine_args else None,
+        "dtype": dtype,
+        "batch_size": batch_size,
+        **classifier_kwargs,
+    }
+    resources = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+    return dataset.map_batches(
+        _ScoreBatch,
+        fn_constructor_kwargs={
+            "model": model,
+            "labels": names,
+            "classifier_kwargs": kwargs,
+            "text_column": text_column,
+            "id_column": id_column,
+            "column_prefix": column_prefix,
+            "review_below": review_below,
+            "threads": max(1, int(num_cpus or 1)),
+        },
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        concurrency=concurrency,
+        **{k: v for k, v in resources.items() if v is not None},
+    )
+
+
+def aligned_blocks(table: Any, batch_size: int, *, max_blocks: int = 256) -> list[Any]:
+    """``table`` cut into blocks of a multiple of ``batch_size`` rows (at most about
+    ``max_blocks``), so Ray's batches hold the same rows as the CLI's batches."""
+    batches = max(1, math.ceil(table.num_rows / batch_size))
+    rows = batch_size * max(1, math.ceil(batches / max_blocks))
+    return [table.slice(start, rows) for start in range(0, table.num_rows, rows)]
+
+
+# ---------------------------------------------------------------------------
+# semsoft classify --ray
+# ---------------------------------------------------------------------------
+
+
+def _read_output_dir(path: Path, kind: str, columns: Sequence[str]) -> Any:
+    import pyarrow.dataset as pads
+
+    pattern = {"parquet": "parquet", "csv": "csv", "jsonl": "json"}[kind]
+    files = sorted(str(p) for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    return pads.dataset(files, format=pattern).to_table(columns=list(columns))
+
+
+def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -> int:
+    """``semsoft classify --input DIR_OR_FILE --output DIR --ray``.
+
+    The input (a CSV/TSV/JSONL/Parquet file, or a directory of them read in name
+    order) is read on this machine; every row gets its 1-based number in the column
+    ``row`` (``--id-column`` names an input column to use instead), rows with an empty
+    text are named and skipped as in the CLI, and the rest go to the cluster in blocks
+    aligned to ``--batch-size``. The output directory holds Ray's files (Parquet by
+    default, ``--output-format``); afterwards its ``row``/``label``/``review`` columns
+    are read back for the summary, which names any row missing from the output.
+    """
+    import pyarrow as pa
+    import ray
+
+    from semsoft_plugin.tables import read_arrow
+
+    if args.resume:
+        raise ValueError(
+            "--resume does not apply with --ray: Ray retries failed work itself; write to a "
+            "new --output directory"
+        )
+    if args.json:
+        raise ValueError("--json is for one text; with --input the format follows --output")
+    if not args.output:
+        raise ValueError("--ray needs --output DIR (a directory Ray writes its files into)")
+    if not 0.0 <= args.review_below <= 1.0:
+        raise ValueError(f"--review-below {args.review_below} must be a probability in [0, 1]")
+    kind = args.output_format
+    output = Path(args.output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        if not args.overwrite:
+            raise ValueError(f"--output {output} exists: pass --overwrite to replace it")
+        if not output.is_dir():
+            raise ValueError(f"--output {output} is a file; --ray writes a directory")
+        for old in output.iterdir():
+            if old.is_file():
+                old.unlink()
+    table = read_arrow(args.input)
+    columns = list(table.schema.names)
+    if args.text_column not in columns:
+        raise ValueError(f"{args.input}: no column {args.text_column!r}; columns are {columns}")
+    result = ResultColumns(tuple(labels), args.column_prefix)
+    id_column = args.id_column
+    if id_column is None:
+        id_column = f"{args.column_prefix}{ROW_COLUMN}"
+        if id_column in columns:
+            raise ValueError(
+                f"{args.input} already has a column {id_column!r}: pass --id-column "
+                f"{id_column} to use it, or --column-prefix"
+            )
+        table = table.append_column(id_column, pa.array(range(1, table.num_rows + 1), pa.int64()))
+    elif id_column not in columns:
+        raise ValueError(f"--id-column {id_column!r} is not a column; columns are {columns}")
+    result.check_clash(columns, args.input)
+    texts = [text_of(v) for v in table.column(args.text_column).to_pylist()]
+    ids = table.column(id_column).to_pylist()
+    empty = [ids[i] for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        print(
+            f"semsoft classify: skipped {len(empty)} row(s) with an empty {args.text_column!r}: "
+            f"{id_column} {row_list(empty)}",
+            file=sys.stderr,
+        )
+    todo = [i for i, t in enumerate(texts) if t.strip()]
+    table = table.take(pa.array(todo, pa.int64()))
+    if not ray.is_initialized():
+        ray.init(address=args.ray_address, log_to_driver=True)
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True  # files in input order
+    dataset = ray.data.from_arrow(aligned_blocks(table, args.batch_size))
+    began = time.perf_counter()
+    scored = classify_dataset(
+        dataset,
+        labels,
+        model=args.model,
+        text_column=args.text_column,
+        id_column=id_column,
+        backend=args.backend,
+        engine_args=args.engine_args,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        concurrency=args.concurrency,
+        num_cpus=args.num_cpus,
+        num_gpus=args.num_gpus,
+        review_below=args.review_below,
+        column_prefix=args.column_prefix,
+        prompt=template,
+        config=config,
+    )
+    if kind == "parquet":
+        scored.write_parquet(str(output))
+    elif kind == "csv":
+        scored.write_csv(str(output))
+    else:  # pandas writes 10 significant digits unless told otherwise
+        scored.write_json(str(output), double_precision=15, force_ascii=False)
+    seconds = time.perf_counter() - began
+    done = _read_output_dir(output, kind, [id_column, result.label, result.review])
+    written = done.column(id_column).to_pylist()
+    missing = sorted(set(ids[i] for i in todo) - set(written), key=str)
+    repeated = [k for k, n in Counter(written).items() if n > 1]
+    if repeated:  # a broken id column (not unique), or a fault we do not know of
+        print(
+            f"semsoft classify: {id_column} {row_list(repeated)} appear more than once in {output}",
+            file=sys.stderr,
+        )
+    if missing:
+        print(
+            f"semsoft classify: {len(missing)} row(s) could not be scored (see the messages "
+            f"above): {id_column} {row_list(missing)}",
+            file=sys.stderr,
+        )
+    total = done.num_rows
+    rate = f"{seconds / total:.3f} s/row" if total else "nothing scored"
+    print(
+        f"{total} rows in {output} ({kind}; {seconds:.1f} s, {rate} with "
+        f"{args.concurrency} actor(s); {len(empty)} empty skipped; {len(missing)} failed)"
+    )
+    review = sum(
+        bool(v) and str(v).lower() != "false" for v in done.column(result.review).to_pylist()
+    )
+    share = review / total if total else 0.0
+    print(f"review (top probability < {args.review_below:g}): {review} rows ({share:.1%})")
+    counts = Counter(done.column(result.label).to_pylist())
+    print("labels: " + ", ".join(f"{label} {counts.get(label, 0)}" for label in labels))
+    return 1 if missing else 0
+
+
+# ---------------------------------------------------------------------------
+# vLLM on Ray (ray.data.llm): preprocess, postprocess, the reader contract
+# ---------------------------------------------------------------------------
+
+
+def exact_label_logprobs(
+    known: Mapping[int, float], answer_ids: Sequence[int], names: Sequence[str]
+) -> dict[int, float]:
+    """The raw decision-step log-probability of every label's answer token, from what
+    the output returned (``known``: token id -> log-prob), or :class:`MissingLabelLogprobs`
+    naming the labels whose token is not there. The one place the exact-or-refuse
+    decision is made for the Ray postprocess."""
+    missing = [(name, t) for name, t in zip(names, answer_ids, strict=True) if t not in known]
+    if missing:
+        raise MissingLabelLogprobs(
+            [name for name, _ in missing],
+            [t for _, t in missing],
+            f"the decision step's {len(known)} returned log-probabilities lack them; ask for "
+            "more (sampling_params logprobs, engine max_logprobs) or classify the row with "
+            "mode='constrain'",
+        )
+    return {t: known[t] for t in answer_ids}
+
+
+def _entries(step: Any) -> dict[int, tuple[float, int | None]]:
+    """token id -> (log-prob, rank) of one step of a Ray vLLM row's ``logprobs``
+    (token ids may come back as strings and entries as dicts or objects, depending on
+    how the row travelled through Arrow)."""
+    found: dict[int, tuple[float, int | None]] = {}
+    for token, entry in dict(step).items():
+        if entry is None:  # Arrow structs fill absent keys with None
+            continue
+        fields = entry if isinstance(entry, Mapping) else vars(entry)
+        rank = fields.get("rank")
+        found[int(token)] = (float(fields["logprob"]), None if rank is None else int(rank))
+    return found
+
+
+class VLLMPreprocess:
+    """``preprocess=`` of ``ray.data.llm.build_processor``: a text row -> the tokens
+    and ``sampling_params`` the plugin serves.
+
+    The prompt is built and tokenised exactly as :func:`semsoft_plugin.vllm.classify_vllm`
+    does (chat template continuing the answer prefix), so run the processor with
+    ``chat_template_stage=False, tokenize_stage=False`` (the row carries the formatted
+    ``prompt`` and its ``tokenization_kwargs``). ``sampling_params`` carries
+    ``extra_args`` (the opt-in), ``logprobs`` (at least ``k``; ask for more so every
+    label's answer token is returned: see :class:`VLLMPostprocess`), greedy, one token
+    by default.
+    """
+
+    def __init__(
+        self,
+        labels: Sequence[str],
+        model: str,
+        *,
+        text_column: str = "text",
+        prompt: Any = None,
+        config: Any = None,
+        mode: str = "observe",
+        logprobs: int | None = None,
+        max_tokens: int = 1,
+        **overrides: Any,
+    ) -> None:
+        from semsoft_plugin.prompting import DEFAULT_TEMPLATE, PromptTemplate
+        from semsoft_plugin.request import build_request
+
+        self.request = build_request(labels, config=config, mode=mode, **overrides)  # type: ignore[arg-type]
+        k = self.request.config.k
+        self.logprobs = k if logprobs is None else logprobs
+        if self.logprobs < k:
+            raise ValueError(f"logprobs={self.logprobs} must be at least k={k}")
+        self.model = model
+        self.text_column = text_column
+        self.template = PromptTemplate(user=prompt) if isinstance(prompt, str) else prompt
+        self.template = self.template or DEFAULT_TEMPLATE
+        self.max_tokens = max_tokens
+        self._tokenizer: Any = None
+
+    def sampling_params(self) -> dict[str, Any]:
+        """The ``SamplingParams`` keywords of every row."""
+        return {
+            "temperature": 0.0,
+            "max_tokens": self.max_tokens,
+            "logprobs": self.logprobs,
+            "extra_args": self.request.to_extra_args(),
+        }
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        from semsoft_plugin.prompting import build_inputs, encode_prompts, format_prompt
+
+        if self._tokenizer is None:
+            from semsoft_plugin.scoring import _client_model
+
+            self._tokenizer = _client_model(self.model).tokenizer
+        text = text_of(row.get(self.text_column))
+        if not text.strip():
+            raise ValueError(f"{self.text_column}={row.get(self.text_column)!r} is empty")
+        (messages,) = build_inputs(
+            self.template, [text], list(self.request.labels), self._tokenizer
+        )
+        prompt, special = format_prompt(self._tokenizer, messages)
+        encode_prompts(self._tokenizer, [(prompt, special)])  # refuses a prompt of no tokens
+        # A text prompt, not token ids: Ray's vLLM stage records the engine's prompt text,
+        # which vLLM leaves None for token-id prompts. The engine tokenises it as
+        # encode_prompts does (special tokens only for plain text), so the tokens are
+        # classify_vllm's (scripts/record_ray_vllm_rows.py checks this).
+        return {
+            **row,
+            "prompt": prompt,
+            "tokenization_kwargs": {"add_special_tokens": not special},
+            "sampling_params": self.sampling_params(),
+        }
+
+
+# What the vLLM stage and VLLMPreprocess add to a row; dropped by the postprocess.
+ENGINE_COLUMNS = (
+    "tokenization_kwargs",
+    "tokenized_prompt",
+    "sampling_params",
+    "prompt",
+    "prompt_token_ids",
+    "num_input_tokens",
+    "generated_tokens",
+    "generated_text",
+    "num_generated_tokens",
+    "embeddings",
+    "metrics",
+    "logprobs",
+    "prompt_logprobs",
+    "request_id",
+    "idx_in_batch",
+    "batch_uuid",
+    "time_taken_llm",
+    "params",
+)
+
+
+class VLLMPostprocess:
+    """``postprocess=`` of ``ray.data.llm.build_processor``: a row's returned
+    log-probabilities -> the columns of ``semsoft classify``, plus ``error``.
+
+    Exact or refused: the scores are computed from the decision step's top-``k``
+    log-probabilities and every label's answer-token log-probability, which must be
+    among the returned ones (:func:`exact_label_logprobs`); a row lacking one gets
+    ``error`` naming the labels and no scores, never an estimate. The other rows are
+    not affected. ``error`` is None on a scored row.
+
+    Parameters
+    ----------
+    labels, model, config, mode, **overrides : as given to :class:`VLLMPreprocess`
+        (``model``: the checkpoint directory or model name the engine serves; the
+        postprocess reads its tokenizer and output embeddings)
+    review_below, column_prefix : as in :func:`classify_dataset`
+    """
+
+    def __init__(
+        self,
+        labels: Sequence[str],
+        model: str,
+        *,
+        config: Any = None,
+        mode: str = "observe",
+        review_below: float = 0.6,
+        column_prefix: str = "",
+        **overrides: Any,
+    ) -> None:
+        from semsoft_plugin.request import build_request
+
+        self.request = build_request(labels, config=config, mode=mode, **overrides)  # type: ignore[arg-type]
+        self.model = model
+        self.columns = ResultColumns(tuple(self.request.labels), column_prefix)
+        self.error = f"{column_prefix}error"
+        self.review_below = review_below
+
+    def score(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """The added columns of one output row; ``ValueError`` (or
+        :class:`MissingLabelLogprobs`) when it cannot be scored exactly."""
+        from semsoft_plugin.scoring import _client_model, _decision_step, _score_top_k
+
+        if row.get("__inference_error__"):
+            raise ValueError(f"the engine failed on this row: {row['__inference_error__']}")
+        steps = row.get("logprobs")
+        if steps is None or len(steps) == 0:
+            raise ValueError("the row holds no log-probabilities: sampling_params needs logprobs")
+        client = _client_model(self.model)
+        generated = [int(t) for t in list(row["generated_tokens"])[: len(steps)]]
+        step = _decision_step(client, self.request, generated)
+        entries = _entries(steps[step])
+        known = {t: lp for t, (lp, _) in entries.items()}
+        k = self.request.config.k
+        top = {t: lp for t, (lp, rank) in entries.items() if rank is not None and rank <= k}
+        scoring = client.scoring(self.request)
+        names = scoring.labels.names
+        exact_label_logprobs(known, scoring.labels.answer_token_ids, names)
+        result = _score_top_k(client, self.request, top, known, generated, step)
+        assert result.probs is not None and result.constrained_probs is not None
+        probs = [result.probs[n] for n in self.columns.labels]
+        constrained = [result.constrained_probs[n] for n in self.columns.labels]
+        total, c_total = sum(probs), sum(constrained)
+        probs = [p / total for p in probs]  # float32 -> float64 rows summing to 1, as Classifier
+        added: dict[str, Any] = {self.columns.label: result.label}
+        added.update(zip(self.columns.p, probs, strict=True))
+        added.update(zip(self.columns.constrained, (c / c_total for c in constrained), strict=True))
+        added[f"{self.columns.prefix}coverage"] = float(result.coverage)
+        added[f"{self.columns.prefix}fallback"] = bool(result.fallback)
+        added[self.columns.review] = max(probs) < self.review_below
+        return added
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        kept = {
+            k: v for k, v in row.items() if k not in ENGINE_COLUMNS and k != "__inference_error__"
+        }
+        try:
+            added = self.score(row)
+            error = None
+        except ValueError as failure:
+            added = dict.fromkeys(self.columns.names)
+            error = str(failure)
+        return {**kept, **added, self.error: error}
