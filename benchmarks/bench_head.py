@@ -64,8 +64,10 @@ def main() -> int:
         model, tokenizer = models.load(args.model, dtype=dtype)
         inputs = build_inputs(TEMPLATES["sentiment"], texts, names, tokenizer)
 
-        def run(batch: int, *, m: Any = model, t: Any = tokenizer, x: Any = inputs) -> list[Any]:
-            return classify(m, t, x, names, batch_size=batch, exact_head=exact, progress=False)
+        def run(
+            batch: int, *, m: Any = model, t: Any = tokenizer, x: Any = inputs, e: bool = exact
+        ) -> list[Any]:
+            return classify(m, t, x, names, batch_size=batch, exact_head=e, progress=False)
 
         run(8)  # warm-up
         seconds = []
