@@ -170,7 +170,9 @@ def markdown(result: dict[str, Any]) -> str:
         for m in result["models"]:
             r = m["reviews"]["rows"][i]
             cells.append(f"{r['label']} {r['p'][r['label']]:.2f}")
-        lines.append(f"| {row['id']} | {row['expected'] or '(mixed)'} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {row['id']} | {row['expected'] or '(mixed)'} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
