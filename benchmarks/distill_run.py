@@ -4,7 +4,7 @@ Runs :func:`semsoft_eval.distill.run_distill` (sampling cached in ``--out/sample
 so a rerun skips it), then writes ``--out/report.json`` and ``--out/report.md`` with the
 held-out tables, the wall time and the machine (CPU, cores, load).
 
-Its defaults are the README's measured run (SST-2, 200 training and 100 held-out items,
+Its defaults are the measured run of docs/results.md (SST-2, 200 training and 100 held-out items,
 an answer warm-up on 100 others, 3 epochs); every flag of ``semsoft distill`` applies.
 
     OMP_NUM_THREADS=2 python3 benchmarks/distill_run.py
@@ -43,7 +43,7 @@ def _cpu() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(parser)
-    # the measured run of the README (about 42 min on 2 CPU cores from nothing)
+    # the measured run of docs/results.md (about 42 min on 2 CPU cores from nothing)
     parser.set_defaults(
         out="runs/distill-warmup", train_items=200, eval_items=100, epochs=3, warmup_items=100
     )

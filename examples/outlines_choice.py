@@ -7,7 +7,7 @@ Run from the project root (first run converts the default model, later runs load
 The "after" label is the argmax of the calibrated probabilities (greedy decoding),
 so it can differ from the "before" label, which Outlines picks by its own masked
 argmax. On the 135M default model the calibrated scores at this position are not
-informative (see the README); the example shows the API, use a larger model for
+informative (see docs/outlines.md); the example shows the API, use a larger model for
 real work.
 """
 

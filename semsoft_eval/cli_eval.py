@@ -138,13 +138,13 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _template(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _template(args: argparse.Namespace) -> Any:
     from semsoft_eval.prompts import load_template
 
     return load_template(args.prompt_file) if args.prompt_file else None
 
 
-def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _config(args: argparse.Namespace) -> Any:
     """The ``--config`` file (or the default), with every field flag given applied."""
     from semsoft_plugin.config import SemsoftConfig
 

@@ -213,9 +213,8 @@ def load_table(
                 "--prob-column needs --labels naming the negative and the positive label"
             )
         try:
-            soft = np.array(
-                [float(v) for v in _column(records, prob_column, path)], dtype=np.float64
-            )  # type: ignore[arg-type]
+            column = _column(records, str(prob_column), path)
+            soft = np.array([float(v) for v in column], dtype=np.float64)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             raise ValueError(
                 f"{path}: column {prob_column!r} holds a value that is not a number"

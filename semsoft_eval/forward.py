@@ -150,12 +150,13 @@ class Forward:
         with safe_open(str(path), framework="pt") as handle:
             meta = handle.metadata()
             tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        stored: dict[str, Any] = {
+            k: tensors.get(k)
+            for k in cls.__dataclass_fields__
+            if k not in ("vocab_size", "seconds", "sequence_seconds")
+        }
         return cls(
-            **{
-                k: tensors.get(k)
-                for k in cls.__dataclass_fields__
-                if k not in ("vocab_size", "seconds", "sequence_seconds")
-            },
+            **stored,
             vocab_size=int(meta["vocab_size"]),
             seconds=float(meta["seconds"]),
             sequence_seconds=float(meta["sequence_seconds"]),

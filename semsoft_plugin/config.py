@@ -1,9 +1,11 @@
 """Method settings, shared by the core, every adapter, ``semsoft eval`` and ``semsoft tune``.
 
-A config is a small JSON file (``semsoft tune`` writes one; ``--config`` reads it)::
+A config is a small JSON file (:meth:`SemsoftConfig.save` and ``semsoft tune`` write one;
+``--config`` reads it; fields left out keep their defaults). The defaults::
 
-    {"k": 50, "tau": 0.2, "center": true, "own_vote": true,
-     "normalize_votes": false, "temperature": 1.0}
+    {"k": 50, "tau": 0.0, "center": true, "own_vote": true, "normalize_votes": true,
+     "temperature": 1.0, "residual": true, "tau_quantile": null, "semantic_weight": 0.5,
+     "nearest_vote": false}
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 __all__ = ["SemsoftConfig", "DEFAULT_K", "DEFAULT_TAU", "DEFAULT_CENTER"]
 
-# Defaults chosen by measurement on the dev sets (README, "Choosing the defaults").
+# Defaults chosen by measurement on the dev sets (docs/defaults.md).
 DEFAULT_K = 50
 DEFAULT_TAU = 0.0
 DEFAULT_CENTER = True
@@ -71,7 +73,7 @@ class SemsoftConfig:
         votes are a noisy estimate of the model's preference (a few kept tokens, a
         cosine as weight), so halving their pull is a shrinkage: on the dev sets
         ``a = 0.5`` kept a third to a half of the NLL gain on over-confident models
-        and hurt no accurate one (README, "Choosing the defaults").
+        and hurt no accurate one (docs/defaults.md).
     nearest_vote : bool
         With ``residual``: a kept token votes for its *nearest* label only, and claims
         the share of its mass given by its margin over the second nearest label,

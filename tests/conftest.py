@@ -1,4 +1,16 @@
-"""Shared fixtures: one real model (the embedded default, SmolLM2-135M) per session."""
+"""Shared fixtures: one real model (the embedded default, SmolLM2-135M) per session; and
+the ``engine`` marker, set here so that no test has to remember it.
+
+CI runs two lanes (``scripts/test.sh``): ``-m "not engine"`` first, then ``-m engine``. A
+test is ``engine`` when it starts vLLM, Outlines or a model server, which is known from
+what it asks for rather than from a decorator someone may forget:
+
+* it requests (directly or through other fixtures) one of :data:`ENGINE_FIXTURES`;
+* or it carries its own ``@pytest.mark.vllm`` / ``@pytest.mark.outlines`` (tests that
+  build an ``LLM`` inline). A module-wide ``pytestmark`` does not count: ``test_vllm.py``
+  marks every test ``vllm`` because it imports vLLM, including its engine-free checks
+  (option parsing, refusals), which belong to the fast lane.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +23,27 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# Fixtures that build an engine: vLLM ``LLM`` objects (``llm``, ``plain_llm``,
+# ``poison_llm``), a vLLM API server subprocess (``server``), Outlines models.
+# Fixtures built on them (``mixed_batch``, ``tokenizer``, ``async_setup``, ``generator``)
+# are caught through ``item.fixturenames``, which holds the whole closure.
+ENGINE_FIXTURES = frozenset({"llm", "plain_llm", "poison_llm", "server", "outlines_model"})
+ENGINE_MARKERS = ("vllm", "outlines")
+
+
+def is_engine_test(item: pytest.Item) -> bool:
+    """Whether a collected test starts vLLM, Outlines or a model server (see above)."""
+    if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    own = getattr(item, "own_markers", [])
+    return any(mark.name in ENGINE_MARKERS for mark in own)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_engine_test(item):
+            item.add_marker(pytest.mark.engine)
 
 
 @pytest.fixture(scope="session")

@@ -77,7 +77,7 @@ def train_lora(
     Returns the trained peft model (in eval mode) and the logged loss of each step.
     Give a float32 model. ``max_steps`` caps the steps (the tests take one).
     """
-    from datasets import Dataset  # type: ignore[import-untyped]
+    from datasets import Dataset
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 

@@ -1,0 +1,217 @@
+"""The README stays true: its Python snippets run, its links and the docs' links resolve.
+
+Each ```python block of README.md is run as written, in a fresh namespace, in the section it
+belongs to. The quick start's model is replaced by the small default model where a snippet
+names it (the snippet's API is what is checked; ``benchmarks/choose_quickstart_model.py``
+measures the quick-start model itself, and ``.ci/run`` checks its labels on the example
+file). The vLLM, Outlines and server snippets start an engine: they run in CI's slow lane
+(``engine`` marker, from the fixtures they request; see ``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+SECTION = re.compile(r"^## (.+)$", re.MULTILINE)
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.MULTILINE | re.DOTALL)
+# [text](target): relative targets only (no scheme, no bare #anchor).
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def sections(text: str) -> dict[str, str]:
+    """``{heading: body}`` of the README's ``## `` sections."""
+    parts = SECTION.split(text)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def snippets(heading: str) -> list[str]:
+    """The Python blocks of one README section (at least one, or the test fails)."""
+    body = sections(README.read_text(encoding="utf-8")).get(heading)
+    assert body is not None, f"README has no section '## {heading}'"
+    blocks = PYTHON_BLOCK.findall(body)
+    assert blocks, f"README section '{heading}' has no python block"
+    return blocks
+
+
+def quickstart_model() -> str:
+    """The ``--model`` the quick start's commands name ("default" if none)."""
+    body = sections(README.read_text(encoding="utf-8"))[
+        "Quick start (a fresh machine, Python >= 3.11)"
+    ]
+    found = re.findall(r"--model (\S+)", body)
+    return found[0] if found else "default"
+
+
+def run_snippet(code: str) -> dict[str, object]:
+    namespace: dict[str, object] = {"__name__": "__readme__"}
+    exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README's own code
+    return namespace
+
+
+def test_readme_is_at_most_200_lines():
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 200
+
+
+def test_quickstart_commands_are_what_ci_extracts():
+    """``.ci/run`` runs the quick start's ``bash scripts/semsoft.sh classify`` lines."""
+    body = sections(README.read_text(encoding="utf-8"))[
+        "Quick start (a fresh machine, Python >= 3.11)"
+    ]
+    commands = [
+        line
+        for block in BASH_BLOCK.findall(body)
+        for line in block.splitlines()
+        if line.startswith("bash scripts/semsoft.sh classify")
+    ]
+    assert len(commands) == 2
+    assert "--input examples/reviews.csv" in commands[1] and "--output scored.csv" in commands[1]
+    assert all(f"--model {quickstart_model()}" in c for c in commands)
+
+
+def markdown_files() -> list[Path]:
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_to_files(path):
+    text = path.read_text(encoding="utf-8")
+    missing = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # a URL or an anchor in the same file
+        file = target.split("#", 1)[0]
+        if not (path.parent / file).exists():
+            missing.append(target)
+    assert not missing, f"{path.relative_to(ROOT)} links to missing files: {missing}"
+
+
+@pytest.mark.slow
+def test_python_snippet_runs(model_and_tokenizer):
+    (code,) = snippets("Python")
+    model = quickstart_model()
+    assert f'"{model}"' in code, "the Python snippet should use the quick start's model"
+    namespace = run_snippet(code.replace(f'"{model}"', '"default"'))
+    proba = namespace["proba"]
+    assert proba.shape == (2, 2)  # type: ignore[attr-defined]
+    assert abs(float(proba.sum()) - 2.0) < 1e-9  # type: ignore[attr-defined]
+    assert list(namespace["d"].label) == list(namespace["clf"].predict(namespace["texts"]))  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_transformers_snippet_runs(model_and_tokenizer):
+    (code,) = snippets("transformers")
+    namespace = run_snippet(code)
+    result = namespace["result"]
+    assert result.label in ("joy", "sadness", "anger")  # type: ignore[attr-defined]
+    assert abs(sum(result.probs.values()) - 1.0) < 1e-6  # type: ignore[attr-defined]
+    recorded = namespace["proc"].results[0].semantic  # type: ignore[attr-defined]
+    assert recorded.shape == (3,) and abs(float(recorded.sum()) - 1.0) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def outlines_model():
+    """Outlines on the default model (the name makes this an ``engine`` test)."""
+    pytest.importorskip("outlines")
+
+
+def test_outlines_snippet_runs(outlines_model):
+    (code,) = snippets("Outlines")
+    namespace = run_snippet(code)
+    label = namespace["label"]
+    assert label in ("joy", "sadness", "anger")
+    assert abs(sum(label.probs.values()) - 1.0) < 1e-6  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    """Nothing built here: the snippet builds its own ``LLM``. Named ``llm`` so that the
+    test is an ``engine`` test; sets the CPU engine's environment as the vLLM tests do."""
+    pytest.importorskip("vllm")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+        yield
+
+
+def test_vllm_snippet_runs(llm):
+    (code,) = snippets("vLLM")
+    # A CPU engine needs a bounded context and eager mode; the snippet's API is unchanged.
+    code = code.replace(
+        "max_logprobs=50,", "max_logprobs=50, max_model_len=512, enforce_eager=True,"
+    )
+    namespace = run_snippet(code)
+    out = namespace["out"]
+    assert out.outputs[0].text.strip() in ("joy", "sadness", "anger")  # type: ignore[attr-defined]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The README's server command as written, on a free port, CPU-sized."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("openai")
+    body = sections(README.read_text(encoding="utf-8"))["Server"]
+    (command,) = BASH_BLOCK.findall(body)
+    port = _free_port()
+    command = command.replace("\\\n", " ").strip()
+    command = command.replace("python -m", f"{sys.executable} -m", 1)
+    command += f" --port {port} --host 127.0.0.1 --max-model-len 512 --enforce-eager"
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    with open(log, "w") as sink:
+        process = subprocess.Popen(  # noqa: S602 - the README's own command
+            command, shell=True, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            executable="/bin/bash", start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield port
+    finally:
+        os.killpg(process.pid, 15)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+
+
+def test_server_snippet_runs(server):
+    (code,) = snippets("Server")
+    assert "127.0.0.1:8000" in code
+    namespace = run_snippet(code.replace("127.0.0.1:8000", f"127.0.0.1:{server}"))
+    probs = namespace["response"]  # the snippet printed the probabilities; read them again
+    from semsoft_plugin.openai import openai_label_probs
+
+    scores = openai_label_probs(probs, namespace["request"], "default")
+    assert set(scores) == {"positive", "negative"}
+    assert abs(sum(scores.values()) - 1.0) < 1e-6
