@@ -4,7 +4,7 @@ A config is a small JSON file (:meth:`SemsoftConfig.save` and ``semsoft tune`` w
 ``--config`` reads it; fields left out keep their defaults). The defaults::
 
     {"k": 50, "tau": 0.0, "center": true, "own_vote": true, "normalize_votes": true,
-     "temperature": 1.0, "residual": true, "tau_quantile": null, "semantic_weight": 0.5,
+     "temperature": 1.0, "residual": true, "tau_quantile": null, "semantic_weight": 0.3,
      "nearest_vote": false}
 """
 
@@ -27,7 +27,7 @@ DEFAULT_OWN_VOTE = True
 DEFAULT_NORMALIZE_VOTES = True
 DEFAULT_RESIDUAL = True
 DEFAULT_TAU_QUANTILE: float | None = None
-DEFAULT_SEMANTIC_WEIGHT = 0.5
+DEFAULT_SEMANTIC_WEIGHT = 0.3
 DEFAULT_NEAREST_VOTE = False
 
 MAX_K = 4096
@@ -71,9 +71,9 @@ class SemsoftConfig:
         as a log-linear pool: ``P ∝ P_con^(1 - a) · P_sem^a``. ``1`` is the semantic
         distribution alone (the paper), ``0`` the constrained softmax. The semantic
         votes are a noisy estimate of the model's preference (a few kept tokens, a
-        cosine as weight), so halving their pull is a shrinkage: on the dev sets
-        ``a = 0.5`` kept a third to a half of the NLL gain on over-confident models
-        and hurt no accurate one (docs/defaults.md).
+        cosine as weight), so a weight below 1 is a shrinkage. ``a = 0.3`` is the
+        leave-one-kind-out choice of ``benchmarks/choose_defaults.py`` (the same on
+        every fold, both dev models; docs/defaults.md gives where it still misses).
     nearest_vote : bool
         With ``residual``: a kept token votes for its *nearest* label only, and claims
         the share of its mass given by its margin over the second nearest label,
