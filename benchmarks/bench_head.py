@@ -66,6 +66,7 @@ def _rows(clf: Any, texts: list[str], one_at_a_time: bool) -> Predictions:
         np.vstack([p.constrained for p in parts]),
         np.concatenate([p.coverage for p in parts]),
         np.concatenate([p.fallback for p in parts]),
+        np.concatenate([p.truncated for p in parts]),
     )
 
 

@@ -45,8 +45,10 @@ TEXTS = [
     "I wanted to walk out after twenty minutes.",
 ]
 CASES = {
-    "exact": {"labels": ["positive", "negative"], "k": 20, "logprobs": 40},
-    "short": {"labels": ["superb", "dreadful"], "k": 5, "logprobs": 5},
+    # The pool weight is pinned (the default when recorded), so a later change of the
+    # default does not invalidate the recording.
+    "exact": {"labels": ["positive", "negative"], "k": 20, "logprobs": 40, "semantic_weight": 0.5},
+    "short": {"labels": ["superb", "dreadful"], "k": 5, "logprobs": 5, "semantic_weight": 0.5},
 }
 
 
@@ -86,7 +88,12 @@ def main() -> None:
     for name, case in CASES.items():
         labels = case["labels"]
         pre = VLLMPreprocess(
-            case["labels"], checkpoint, k=case["k"], logprobs=case["logprobs"], mode="observe"
+            case["labels"],
+            checkpoint,
+            k=case["k"],
+            semantic_weight=case["semantic_weight"],
+            logprobs=case["logprobs"],
+            mode="observe",
         )
         rows = []
         for index, text in enumerate(TEXTS):

@@ -203,10 +203,16 @@ def test_vllm_postprocess_on_recorded_outputs(recorded):
     from semsoft_plugin import Classifier
 
     exact = recorded["cases"]["exact"]
-    post = VLLMPostprocess(exact["labels"], recorded["model"], k=exact["k"])
+    post = VLLMPostprocess(
+        exact["labels"], recorded["model"], k=exact["k"], semantic_weight=exact["semantic_weight"]
+    )
     texts = [case["row"]["text"] for case in exact["rows"]]
     hf = Classifier.from_pretrained(
-        "default", exact["labels"], dtype="float32", k=exact["k"]
+        "default",
+        exact["labels"],
+        dtype="float32",
+        k=exact["k"],
+        semantic_weight=exact["semantic_weight"],
     ).predict_details(texts)
     for j, case in enumerate(exact["rows"]):
         out = post(case["row"])
@@ -222,7 +228,9 @@ def test_vllm_postprocess_on_recorded_outputs(recorded):
             assert abs(out[f"constrained_{label}"] - hf.constrained[j, column]) <= 1e-3
 
     short = recorded["cases"]["short"]
-    post = VLLMPostprocess(short["labels"], recorded["model"], k=short["k"])
+    post = VLLMPostprocess(
+        short["labels"], recorded["model"], k=short["k"], semantic_weight=short["semantic_weight"]
+    )
     refused = scored = 0
     for case in short["rows"]:
         out = post(case["row"])
