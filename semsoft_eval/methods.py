@@ -207,7 +207,10 @@ def _semantic_fit(m: MethodInputs) -> MethodResult:
         single=fitting.single_entries(configs, m.config), seed=m.seed,
     )  # fmt: skip
     for choice in choices:
-        choice["semantic_weight"] = configs[choice.pop("entry")].semantic_weight
+        entry = choice.pop("entry")
+        choice["semantic_weight"] = (
+            m.config.semantic_weight if entry is None else configs[entry].semantic_weight
+        )
     return m.derived(m.semantic(), probs, start, fold_choices=choices)
 
 

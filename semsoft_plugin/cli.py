@@ -529,8 +529,10 @@ def _run_classify_file(
     classifier = _classifier(args, labels, template, config) if len(done) < len(todo) else None
     if not resuming:
         _write_settings(output, settings)
+    # Only a Parquet output needs the column types (and pyarrow, an optional extra).
+    arrow = result.arrow_types() if output.suffix.lower() == ".parquet" else ()
     writer = open_table_writer(
-        output, out_columns, append=args.resume, records=records, added=result.arrow_types()
+        output, out_columns, append=args.resume, records=records, added=arrow
     )
     bar = tqdm(total=len(todo), initial=len(done), unit="row", desc="classify", file=sys.stderr)
     began, scored = time.perf_counter(), 0

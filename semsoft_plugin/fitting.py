@@ -519,12 +519,18 @@ def cross_fit(
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Out-of-fold probabilities of the whole fit (rule included): each fold scored with
     what :func:`fit_probs` chose on the other folds (``options`` go to it). For honest
-    figures, as ``semsoft eval`` cross-fits temperature scaling."""
+    figures, as ``semsoft eval`` cross-fits temperature scaling. A fold whose other
+    folds hold fewer than the 4 items a fit needs keeps ``start``: no evidence is what
+    the rule answers with the default, so a tiny evaluation still runs."""
     y = np.asarray(targets)
     out = np.empty_like(start)
     choices = []
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
+        if int((~held).sum()) < 4:
+            out[held] = start[held]
+            choices.append({"entry": None, "temperature": 1.0, "kept_default": True})
+            continue
         entry, t, keep, _ = fit_probs(grid[:, ~held], start[~held], y[~held], **options)
         out[held] = fitted_probs(grid[:, held], start[held], entry, t, keep)
         choices.append({"entry": entry, "temperature": t, "kept_default": keep})

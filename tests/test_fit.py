@@ -266,3 +266,16 @@ def _checkpoint():
     from semsoft_plugin import models
 
     return models.resolve("default")
+
+
+def test_cross_fit_keeps_the_start_where_a_fold_has_too_few_items_to_fit():
+    """A tiny evaluation (three items outside each fold) runs: each fold keeps the
+    label-free start instead of raising, as the fit's rule keeps it without evidence."""
+    rng = np.random.default_rng(0)
+    grid = rng.dirichlet(np.ones(3), size=(4, 6))
+    start = rng.dirichlet(np.ones(3), size=6)
+    probs, choices = fitting.cross_fit(
+        grid, start, np.array([0, 1, 2, 0, 1, 2]), np.array([0, 0, 0, 1, 1, 1])
+    )
+    np.testing.assert_array_equal(probs, start)
+    assert [c["kept_default"] for c in choices] == [True, True]
