@@ -18,8 +18,10 @@ from the float32 model, and seconds per row (median of ``--repeats`` timed runs)
 demand::
 
     python benchmarks/bench_head.py --model default --items 48
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 \
-        python benchmarks/bench_head.py --backend vllm --items 48
+    VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/bench_head.py --backend vllm --items 48
+
+(vLLM in its default multiprocess mode: the in-process engine cannot be built a second
+time in one process.)
 """
 
 from __future__ import annotations
