@@ -15,11 +15,10 @@ import re
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from _server import wait_until_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -183,18 +182,7 @@ def server(tmp_path_factory):
             executable="/bin/bash", start_new_session=True,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+        wait_until_healthy(process, port, log)
         yield port
     finally:
         os.killpg(process.pid, 15)

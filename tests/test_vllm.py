@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 vllm = pytest.importorskip("vllm")
 
+from _server import wait_until_healthy  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, process_dict_updates  # noqa: E402
@@ -911,19 +912,7 @@ def server(checkpoint, tmp_path_factory):
     with open(log, "w") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+        wait_until_healthy(process, port, log)
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         process.terminate()
