@@ -29,11 +29,11 @@ import torch
 from transformers import LogitsProcessorList
 
 from semsoft_eval.evaluate import evaluate
-from semsoft_plugin import models
-from semsoft_plugin.core import SemanticSoftmax
-from semsoft_plugin.embeddings import from_model
-from semsoft_plugin.hf import SemanticSoftmaxLogitsProcessor, classify
-from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.core.embeddings import from_model
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.softmax import SemanticSoftmax
+from semsoft_plugin.engines import models
+from semsoft_plugin.engines.hf import SemanticSoftmaxLogitsProcessor, classify
 
 TEXTS = [
     "I can't believe they cancelled the show, I'm furious.",

@@ -1,12 +1,12 @@
 """Exact decision-step logits: the float32 head against the model's own bf16 head.
 
 For one model and the first ``--items`` reviews of SST-2 dev (the quick start's kind of
-data), three ways of scoring through :class:`semsoft_plugin.classifier.Classifier`
+data), three ways of scoring through :class:`semsoft_plugin.app.classifier.Classifier`
 (``--backend hf``: transformers, ``--backend vllm``: a ``vllm.LLM``):
 
 * ``bfloat16`` weights with the model's own head (logits rounded to bf16),
 * ``bfloat16`` weights with the float32 head (transformers:
-  :func:`semsoft_plugin.hf.float32_head`; vLLM: ``hf_overrides={"head_dtype":
+  :func:`semsoft_plugin.engines.hf.float32_head`; vLLM: ``hf_overrides={"head_dtype":
   "float32"}``),
 * ``float32`` weights.
 
@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from semsoft_eval.data import load_builtin
-from semsoft_plugin import models
-from semsoft_plugin.classifier import Classifier, Predictions
+from semsoft_plugin.app.classifier import Classifier, Predictions
+from semsoft_plugin.engines import models
 
 WAYS = {
     "bf16 weights, bf16 head": ("bfloat16", False),

@@ -5,7 +5,7 @@ short reviews of ``examples/reviews.csv`` and one long text (``--long-chars`` ch
 of a review repeated). Measured, each the median of ``--repeats`` timed calls:
 
 * ``grouped``: the library as it is: the long text is cut to ``--max-text-tokens`` (or
-  the model's context) and :func:`semsoft_plugin.hf.padding_batches` runs it apart from
+  the model's context) and :func:`semsoft_plugin.engines.hf.padding_batches` runs it apart from
   the short texts;
 * ``one padded batch``: the same cut texts in one left-padded batch, every short row
   padded to the long one (how batches were formed before);
@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
-import semsoft_plugin.hf as hf
-from semsoft_plugin import Classifier, models
-from semsoft_plugin.tables import read_records
+import semsoft_plugin.engines.hf as hf
+from semsoft_plugin import Classifier
+from semsoft_plugin.app.tables import read_records
+from semsoft_plugin.engines import models
 
 ROOT = Path(__file__).resolve().parents[1]
 

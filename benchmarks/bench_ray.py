@@ -63,7 +63,7 @@ def _compare(single: dict[Any, dict], other: dict[Any, dict]) -> dict[str, Any]:
 
 
 def _timed(argv: list[str]) -> dict[str, Any]:
-    from semsoft_plugin.cli import main as semsoft
+    from semsoft_plugin.app.cli import main as semsoft
 
     before = os.getloadavg()[0]
     began = time.perf_counter()

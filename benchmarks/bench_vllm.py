@@ -69,7 +69,7 @@ def engines(checkpoint: str, dtype: str):
     import vllm.v1.sample.logits_processor as v1_loader
     from vllm import LLM
 
-    from semsoft_plugin import vllm as sv
+    from semsoft_plugin.engines import vllm as sv
 
     args = dict(enforce_eager=True, max_logprobs=50, max_model_len=512, dtype=dtype, seed=0)
     plugin = LLM(checkpoint, logits_processors=[sv.SemanticSoftmaxLogitsProcessor], **args)
@@ -85,8 +85,8 @@ def engines(checkpoint: str, dtype: str):
 def throughput(plugin, reference, prompts, repeats: int) -> dict[str, float]:
     from vllm import SamplingParams
 
-    from semsoft_plugin import vllm as sv
-    from semsoft_plugin.hf import format_prompt
+    from semsoft_plugin.engines import vllm as sv
+    from semsoft_plugin.engines.prompting import format_prompt
 
     tokenizer = plugin.get_tokenizer()
     inputs = []
@@ -135,7 +135,7 @@ def _free_port() -> int:
 
 
 def start_server(checkpoint: str, dtype: str, log: Path) -> tuple[subprocess.Popen, str]:
-    from semsoft_plugin import vllm as sv
+    from semsoft_plugin.core import request as sreq
 
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -143,7 +143,7 @@ def start_server(checkpoint: str, dtype: str, log: Path) -> tuple[subprocess.Pop
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", checkpoint, "--served-model-name", "model",
-        "--host", "127.0.0.1", "--port", str(port), "--logits-processors", sv.ENTRY_POINT,
+        "--host", "127.0.0.1", "--port", str(port), "--logits-processors", sreq.ENTRY_POINT,
         "--max-logprobs", "50", "--max-model-len", "512", "--enforce-eager", "--dtype", dtype,
     ]  # fmt: skip
     with open(log, "w") as sink:
@@ -167,7 +167,7 @@ async def concurrent_requests(
 ):
     import openai
 
-    from semsoft_plugin import vllm as sv
+    from semsoft_plugin.engines import openai as sopenai
 
     client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=timeout)
     continue_answer = {"continue_final_message": True, "add_generation_prompt": False}
@@ -175,7 +175,7 @@ async def concurrent_requests(
     async def one(i: int):
         messages = prompts[i % len(prompts)]
         if i % 2 == 0:  # opted in
-            kwargs = sv.openai_request(LABELS, extra_body=continue_answer)
+            kwargs = sopenai.openai_request(LABELS, extra_body=continue_answer)
         else:  # opted out: an ordinary short completion
             kwargs = {"max_tokens": 8, "temperature": 0.0, "extra_body": continue_answer}
         response = await client.chat.completions.create(model="model", messages=messages, **kwargs)
@@ -195,7 +195,7 @@ async def concurrent_requests(
     for i, response in answered.items():
         if i % 2:
             continue
-        scores = sv.openai_label_scores(response, LABELS, checkpoint)
+        scores = sopenai.openai_label_scores(response, LABELS, checkpoint)
         if response.choices[0].message.content.strip() not in LABELS:
             wrong_labels += 1
         want = offline[i]["probs"]
@@ -227,8 +227,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
 
-    from semsoft_plugin import models
-    from semsoft_plugin import vllm as sv
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines import vllm as sv
 
     checkpoint = str(models.resolve(args.model))
     prompts = sst2_prompts(max(args.prompts, 1))

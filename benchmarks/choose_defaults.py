@@ -47,11 +47,11 @@ from semsoft_eval.data import load_builtin, sample
 from semsoft_eval.forward import STORE_K, Forward, cache_path
 from semsoft_eval.prompts import TEMPLATES
 from semsoft_eval.tune import grid_probs
-from semsoft_plugin import models
-from semsoft_plugin.calibration import batch_calibrate
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.embeddings import from_checkpoint
-from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.core.calibration import batch_calibrate
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.embeddings import from_checkpoint
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.engines import models
 
 # Allowed difference vs constrained: the bounds, and AUROC not lower (its
 # GoEmotions/Ekman target) by more than 0.01, so a default cannot buy NLL with ranking.

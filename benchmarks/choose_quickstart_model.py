@@ -1,7 +1,7 @@
 """Which embedded model should the README's quick start run on? Measured, not guessed.
 
 A new user's first command classifies ``examples/reviews.csv``; if it answers wrong, the
-project looks broken. For each registered model (:data:`semsoft_plugin.models.KNOWN_MODELS`)
+project looks broken. For each registered model (:data:`semsoft_plugin.engines.models.KNOWN_MODELS`)
 this runs the quick start's own path (``Classifier.from_pretrained`` with the CLI's default
 prompt, config and batch size 8) on:
 
@@ -18,7 +18,7 @@ wheels carry (what a first run fetches, before the wheels' zip compression) and 
     python benchmarks/choose_quickstart_model.py --limit 100 \\
         --out benchmarks/results/quickstart-models.json
 
-Models must already be cached (``semsoft_plugin.models.resolve(name)`` fetches them).
+Models must already be cached (``semsoft_plugin.engines.models.resolve(name)`` fetches them).
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def _score(clf: Any, texts: list[str], gold: list[str]) -> dict[str, Any]:
 def measure(name: str, limit: int, seed: int, dtype: str) -> dict[str, Any]:
     """Every figure of one model (see the module docstring)."""
     from semsoft_eval.data import load_builtin, sample
-    from semsoft_plugin import Classifier, models
+    from semsoft_plugin import Classifier
+    from semsoft_plugin.engines import models
 
     source = models.KNOWN_MODELS[name]
     checkpoint = models.resolve(name, allow_download=False)

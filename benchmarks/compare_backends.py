@@ -21,7 +21,7 @@ from typing import Any
 from _cli import report, sample_parser  # benchmarks/ is on sys.path when run as a script
 
 from semsoft_eval.evaluate import DEFAULT_METHODS, METRIC_COLUMNS, evaluate
-from semsoft_plugin import models
+from semsoft_plugin.engines import models
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

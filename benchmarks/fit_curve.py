@@ -5,7 +5,7 @@ For every pair (model, data set) of the leave-one-kind-out benchmark
 for 50, 100 and 200 labels: draw that many items at random (``--draws`` times), fit on
 them, and score the rest of the set. Three methods see the same labels:
 
-* ``fit``: :func:`semsoft_plugin.fitting.fit_probs`, what ``Classifier.fit`` runs (pool
+* ``fit``: :func:`semsoft_plugin.core.fitting.fit_probs`, what ``Classifier.fit`` runs (pool
   weight over a grid, a final temperature, the rule that keeps the default unless the
   fit beats it out of fold by ``--margin`` standard errors);
 * ``temperature``: temperature scaling of the constrained softmax fitted on the labels;
@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from semsoft_eval.metrics import ece_numpy
-from semsoft_plugin import fitting
-from semsoft_plugin.config import SemsoftConfig
+from semsoft_plugin.core import fitting
+from semsoft_plugin.core.config import SemsoftConfig
 
 SETS = "goemotions:300,ekman:300,sst2:300,agnews:300,trec:300,convabuse:300,davidson:300"
 SIZES = (50, 100, 200)

@@ -9,9 +9,9 @@ an answer prefix (``"Sentiment:"``), so the next token is the answer word.
 This runs both on the same items and the same user text and prints, for each, the
 constrained softmax (the baseline) and Semantic Softmax with the default settings:
 
-* ``outlines``: :class:`semsoft_plugin.outlines.Generator` on a real Outlines model,
+* ``outlines``: :class:`semsoft_plugin.engines.outlines.Generator` on a real Outlines model,
   prompt = the template's user message;
-* ``answer-prefix``: :func:`semsoft_plugin.hf.classify` on the template's chat
+* ``answer-prefix``: :func:`semsoft_plugin.engines.hf.classify` on the template's chat
   messages, ending with the answer prefix (labels as leading-space words).
 
 It also prints the median ``coverage`` (share of the top-K mass that voted for some
@@ -40,9 +40,9 @@ from tqdm.auto import tqdm
 from semsoft_eval.data import load_builtin, sample
 from semsoft_eval.metrics import classification_metrics
 from semsoft_eval.prompts import TEMPLATES
-from semsoft_plugin import models
-from semsoft_plugin.hf import classify
-from semsoft_plugin.outlines import Generator
+from semsoft_plugin.engines import models
+from semsoft_plugin.engines.hf import classify
+from semsoft_plugin.engines.outlines import Generator
 
 REPORTED = ("accuracy", "ece", "brier", "nll")
 

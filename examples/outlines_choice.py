@@ -17,7 +17,7 @@ from typing import Literal
 
 import outlines
 
-from semsoft_plugin import models
+from semsoft_plugin.engines import models
 
 Emotion = Literal["joy", "sadness", "anger", "fear"]
 
@@ -41,7 +41,7 @@ def before(model: outlines.models.Transformers) -> list[str]:
 
 def after(model: outlines.models.Transformers) -> list[str]:
     """The same pipeline with one import changed."""
-    from semsoft_plugin.outlines import Generator
+    from semsoft_plugin.engines.outlines import Generator
 
     generator = Generator(model, Emotion)
     return generator.batch([prompt(text) for text in TEXTS], max_new_tokens=5)
@@ -55,7 +55,7 @@ def main() -> None:
     for text, label in zip(TEXTS, before(model), strict=True):
         print(f"  {label:8s} {text}")
 
-    print("after (semsoft_plugin.outlines.Generator):")
+    print("after (semsoft_plugin.engines.outlines.Generator):")
     for text, label in zip(TEXTS, after(model), strict=True):
         probs = "  ".join(f"{name} {p:.2f}" for name, p in label.probs.items())
         baseline = "  ".join(f"{name} {p:.2f}" for name, p in label.constrained_probs.items())
@@ -65,7 +65,7 @@ def main() -> None:
         print(f"           constrained: {baseline}")
 
     # A generator built elsewhere keeps its own Outlines mask (here the llguidance backend).
-    from semsoft_plugin.outlines import wrap
+    from semsoft_plugin.engines.outlines import wrap
 
     existing = outlines.Generator(model, Emotion, "llguidance")
     label = wrap(existing, Emotion)(prompt(TEXTS[1]))

@@ -13,8 +13,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from vllm import LLM  # noqa: E402
 
-from semsoft_plugin import models  # noqa: E402
-from semsoft_plugin import vllm as semsoft  # noqa: E402
+from semsoft_plugin.core.request import ENTRY_POINT  # noqa: E402
+from semsoft_plugin.engines import models  # noqa: E402
+from semsoft_plugin.engines import vllm as semsoft  # noqa: E402
 
 LABELS = ["joy", "sadness", "anger", "fear"]
 TEXTS = [
@@ -28,7 +29,7 @@ def main() -> None:
     checkpoint = str(models.resolve("default"))  # SmolLM2-135M-Instruct, safetensors
     llm = LLM(
         checkpoint,
-        logits_processors=[semsoft.ENTRY_POINT],  # omit if the package is installed
+        logits_processors=[ENTRY_POINT],  # omit if the package is installed
         max_logprobs=50,  # the scores are read from the top-50 raw log-probabilities
         enforce_eager=True,
         max_model_len=512,

@@ -4,8 +4,8 @@ Run: python examples/vllm_server.py
 It starts the server on 127.0.0.1 (as you would from a shell)::
 
     python -m vllm.entrypoints.openai.api_server --model <checkpoint> \
-        --logits-processors semsoft_plugin.vllm:SemanticSoftmaxLogitsProcessor --max-logprobs 50 \
-        --middleware semsoft_plugin.vllm.admission
+        --logits-processors semsoft_plugin.engines.vllm:SemanticSoftmaxLogitsProcessor --max-logprobs 50 \
+        --middleware semsoft_plugin.engines.vllm.admission
 
 sends one opted-in and one ordinary request, and stops the server.
 """
@@ -21,8 +21,9 @@ import urllib.request
 
 import openai
 
-from semsoft_plugin import models
-from semsoft_plugin import vllm as semsoft
+from semsoft_plugin.core.request import ENTRY_POINT
+from semsoft_plugin.engines import models
+from semsoft_plugin.engines.openai import openai_label_probs, openai_request
 
 LABELS = ["positive", "negative"]
 
@@ -36,8 +37,8 @@ def main() -> None:
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", checkpoint, "--served-model-name", "smollm2",
         "--host", "127.0.0.1", "--port", str(port),
-        "--logits-processors", semsoft.ENTRY_POINT, "--max-logprobs", "50",
-        "--middleware", "semsoft_plugin.vllm.admission",
+        "--logits-processors", ENTRY_POINT, "--max-logprobs", "50",
+        "--middleware", "semsoft_plugin.engines.vllm.admission",
         "--max-model-len", "512", "--enforce-eager",
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
@@ -61,13 +62,13 @@ def main() -> None:
             {"role": "assistant", "content": "Sentiment:"},
         ]
         # Opted in: labels and options travel in vllm_xargs; top_logprobs=50 carries the scores.
-        request = semsoft.openai_request(
+        request = openai_request(
             LABELS, extra_body={"continue_final_message": True, "add_generation_prompt": False}
         )
         response = client.chat.completions.create(model="smollm2", messages=messages, **request)
         print("label:", response.choices[0].message.content.strip())
         # The request object knows its labels and options: they are not passed again.
-        print("probs:", semsoft.openai_label_probs(response, request, checkpoint))
+        print("probs:", openai_label_probs(response, request, checkpoint))
         # Not opted in: served exactly as without the plugin.
         plain = client.completions.create(
             model="smollm2", prompt="The capital of France is", max_tokens=6

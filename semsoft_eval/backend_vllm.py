@@ -1,6 +1,6 @@
 """The vLLM :class:`~semsoft_eval.backends.Backend` (a ``vllm.LLM`` with the plugin).
 
-The decision step goes through :func:`semsoft_plugin.vllm.classify_vllm`, which keeps
+The decision step goes through :func:`semsoft_plugin.engines.vllm.classify_vllm`, which keeps
 the raw top-``k`` log-probabilities and the label tokens' raw log-probabilities. vLLM is
 imported only when a method here runs.
 """
@@ -15,14 +15,14 @@ import torch
 from torch import Tensor
 
 from semsoft_eval.backends import DecisionStep, Generations, Prompt
-from semsoft_plugin.fitting import kept_from_top_logprobs
-from semsoft_plugin.labels import LabelSet
-from semsoft_plugin.tokens import OutputEmbeddings
+from semsoft_plugin.core.fitting import kept_from_top_logprobs
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.tokens import OutputEmbeddings
 
 __all__ = ["VLLM_STORE_K", "VLLMBackend"]
 
 # vLLM returns each kept log-probability as a Python object; 256 covers the tune grid
-# (k <= 200) and the largest k a server request may ask (semsoft_plugin.vllm.MAX_K).
+# (k <= 200) and the largest k a server request may ask (semsoft_plugin.engines.vllm.MAX_K).
 VLLM_STORE_K = 256
 
 
@@ -42,19 +42,19 @@ class VLLMBackend:
         """A ``vllm.LLM`` with the plugin, keeping enough log-probabilities per step."""
         from vllm import LLM
 
-        from semsoft_plugin.vllm import ENTRY_POINT
+        from semsoft_plugin.core.request import ENTRY_POINT
 
         # If the entry point is installed too, the second copy of the processor stands down.
         args = {"max_logprobs": VLLM_STORE_K, "seed": seed, **dict(engine_args or {})}
         return cls(LLM(str(model_dir), logits_processors=[ENTRY_POINT], **args))
 
     def embeddings(self) -> OutputEmbeddings:
-        from semsoft_plugin.vllm import output_embeddings
+        from semsoft_plugin.engines.scoring import output_embeddings
 
         return output_embeddings(self.model)
 
     def max_store_k(self) -> int:
-        from semsoft_plugin.config import SemsoftConfig
+        from semsoft_plugin.core.config import SemsoftConfig
 
         max_logprobs = int(self.model.llm_engine.model_config.max_logprobs)
         store_k = VLLM_STORE_K if max_logprobs == -1 else min(VLLM_STORE_K, max_logprobs)
@@ -77,7 +77,7 @@ class VLLMBackend:
         progress: bool = True,
     ) -> DecisionStep:
         """``batch_size`` is unused: the engine schedules its own batches."""
-        from semsoft_plugin.vllm import classify_vllm
+        from semsoft_plugin.engines.vllm import classify_vllm
 
         results = classify_vllm(
             self.model, list(inputs), labels.names, keep_logprobs=store_k,
@@ -130,7 +130,7 @@ class VLLMBackend:
         return out
 
     def _encode(self, inputs: Sequence[Any]) -> list[list[int]]:
-        from semsoft_plugin.hf import encode_prompts, format_prompt
+        from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
 
         return encode_prompts(self.tokenizer, [format_prompt(self.tokenizer, p) for p in inputs])
 
@@ -153,7 +153,7 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.platforms import current_platform
 
-        from semsoft_plugin.hf import encode_prompts
+        from semsoft_plugin.engines.prompting import encode_prompts
 
         encoded = encode_prompts(self.tokenizer, prompts)
         # vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") when a request

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from semsoft_plugin.core import OutputEmbeddings
-    from semsoft_plugin.labels import LabelSet
+    from semsoft_plugin.core.labels import LabelSet
+    from semsoft_plugin.core.tokens import OutputEmbeddings
 
 __all__ = [
     "ENGINES",
@@ -157,14 +157,14 @@ def load_backend(
 
     Parameters
     ----------
-    model : what :func:`semsoft_plugin.models.resolve` takes ("default", a name, a dir)
+    model : what :func:`semsoft_plugin.engines.models.resolve` takes ("default", a name, a dir)
     engine : ``"transformers"`` (or ``"hf"``) or ``"vllm"``
     seed : the vLLM engine's seed (its sampling is repeatable through it on CPU)
     engine_args : ``vllm.LLM`` arguments (e.g. ``{"tensor_parallel_size": 4}``); refused
         for transformers, where nothing would read them
     dtype : transformers weight dtype (vLLM: give ``engine_args={"dtype": ...}``)
     """
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     engine = check_engine_args(engine, engine_args)
     model_dir = models.resolve(model)

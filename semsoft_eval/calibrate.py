@@ -1,6 +1,6 @@
 """Post-hoc pieces shared by ``eval`` and ``tune``: folds, temperature fitting, baselines.
 
-The folds and the NLL temperature fit are the plugin's (:mod:`semsoft_plugin.fitting`,
+The folds and the NLL temperature fit are the plugin's (:mod:`semsoft_plugin.core.fitting`,
 which ``Classifier.fit`` runs), re-exported here.
 
 Everything that needs labels (temperature scaling, the label prior) is *cross-fitted*:
@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from semsoft_eval.metrics import ece_numpy
-from semsoft_plugin import fitting
-from semsoft_plugin.calibration import debias
-from semsoft_plugin.fitting import apply_temperature, stratified_folds
+from semsoft_plugin.core import fitting
+from semsoft_plugin.core.calibration import debias
+from semsoft_plugin.core.fitting import apply_temperature, stratified_folds
 
 __all__ = [
     "folds",
@@ -46,7 +46,7 @@ def _ece(log_probs: np.ndarray, targets: np.ndarray, temperature: float) -> floa
 
 def fit_temperature(log_probs: np.ndarray, targets: np.ndarray, objective: str = "nll") -> float:
     """The temperature minimising NLL (the plugin's
-    :func:`~semsoft_plugin.fitting.fit_temperature`: convex in ``1/T``, golden-section
+    :func:`~semsoft_plugin.core.fitting.fit_temperature`: convex in ``1/T``, golden-section
     search on log T) or ECE (not smooth: a grid of 81 log-spaced values, ties to the
     value nearest 1)."""
     log_probs = np.asarray(log_probs, dtype=np.float64)
@@ -88,6 +88,6 @@ def cross_fit_prior(targets: np.ndarray, n_labels: int, fold_ids: np.ndarray) ->
 def contextual(constrained: np.ndarray, content_free: np.ndarray) -> np.ndarray:
     """Contextual calibration (Zhao et al., 2021): divide the label probabilities by the
     mean label probabilities of content-free inputs, then renormalise (the plugin's
-    :func:`~semsoft_plugin.calibration.debias`, which ``Classifier`` uses too)."""
+    :func:`~semsoft_plugin.core.calibration.debias`, which ``Classifier`` uses too)."""
     reference = np.asarray(content_free, dtype=np.float64).mean(0)
     return debias(np.asarray(constrained, dtype=np.float64), reference)

@@ -1,6 +1,6 @@
-"""``semsoft eval`` and ``semsoft tune`` subcommands (registered by ``semsoft_plugin.cli``).
+"""``semsoft eval`` and ``semsoft tune`` subcommands (registered by ``semsoft_plugin.app.cli``).
 
-The Semantic Softmax flags are generated from :class:`~semsoft_plugin.config.SemsoftConfig`'s
+The Semantic Softmax flags are generated from :class:`~semsoft_plugin.core.config.SemsoftConfig`'s
 fields (``own_vote`` is ``--own-vote``, in ``eval`` an override of ``--config``, in ``tune``
 a grid axis over the start config; :data:`~semsoft_eval.tune.DEFAULT_GRID` by default), so a flag and the field it sets
 cannot drift apart. User errors raise ``ValueError``; the ``semsoft`` command prints them
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.cli import json_object as _json_object
+from semsoft_plugin.app.cli import json_object as _json_object
 
 __all__ = [
     "add_eval_parser",
@@ -101,7 +101,7 @@ def flag(field: str) -> str:
 
 def config_fields() -> dict[str, type]:
     """:class:`SemsoftConfig`'s fields and their value types (``float | None`` -> float)."""
-    from semsoft_plugin.config import SemsoftConfig
+    from semsoft_plugin.core.config import SemsoftConfig
 
     hints = typing.get_type_hints(SemsoftConfig)
     out: dict[str, type] = {}
@@ -146,7 +146,7 @@ def _template(args: argparse.Namespace) -> Any:
 
 def _config(args: argparse.Namespace) -> Any:
     """The ``--config`` file (or the default), with every field flag given applied."""
-    from semsoft_plugin.config import SemsoftConfig
+    from semsoft_plugin.core.config import SemsoftConfig
 
     config = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
     return config.replace(**{name: getattr(args, name) for name in config_fields()})
@@ -309,7 +309,7 @@ def add_tune_parser(subparsers: Any) -> None:
 
 def run_tune(args: argparse.Namespace) -> int:
     from semsoft_eval.tune import format_tune, tune_dataset
-    from semsoft_plugin.config import SemsoftConfig
+    from semsoft_plugin.core.config import SemsoftConfig
 
     start = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
     grid = {

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from semsoft_plugin.tables import read_lines as _read_lines
-from semsoft_plugin.tables import read_records as _read_records
+from semsoft_plugin.app.tables import read_lines as _read_lines
+from semsoft_plugin.app.tables import read_records as _read_records
 
 __all__ = [
     "EvalData",

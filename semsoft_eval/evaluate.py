@@ -47,8 +47,8 @@ from semsoft_eval.report import (
     plot_reliability,
     write_report,
 )
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.labels import LabelSet
 
 __all__ = [
     "ALL_METHODS",
@@ -156,7 +156,7 @@ def prepare(
     e.g. ``{"tensor_parallel_size": 4}``) unless ``loaded`` gives one, as
     ``(llm, llm.get_tokenizer())`` or as a :class:`~semsoft_eval.backends.Backend`.
     """
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     backend = check_engine_args(backend, engine_args)
     data = sample(resolve_data(dataset, **data_options), limit, seed)
@@ -227,7 +227,7 @@ def evaluate(
 
     Parameters
     ----------
-    model : what :func:`semsoft_plugin.models.resolve` takes
+    model : what :func:`semsoft_plugin.engines.models.resolve` takes
     dataset : a built-in name, an :class:`EvalData`, or with ``data_file`` a name for it
     methods : any of :data:`ALL_METHODS` (the registry in :mod:`semsoft_eval.methods`)
     config : the ``semantic`` configuration (default :class:`SemsoftConfig`)
@@ -238,8 +238,8 @@ def evaluate(
     n_bootstrap : resamples for the 95% intervals of differences against ``constrained``
     cache_dir : where forward passes are kept (default ``<semsoft cache>/eval``); None
         and ``cache_dir=""`` disables the cache
-    backend : ``"transformers"`` (alias ``"hf"``; through ``semsoft_plugin.hf.classify``)
-        or ``"vllm"`` (through ``semsoft_plugin.vllm.classify_vllm``; every method, the
+    backend : ``"transformers"`` (alias ``"hf"``; through ``semsoft_plugin.engines.hf.classify``)
+        or ``"vllm"`` (through ``semsoft_plugin.engines.vllm.classify_vllm``; every method, the
         self-consistency and verbal ones included, runs on the engine)
     engine_args : ``vllm.LLM`` arguments for ``backend="vllm"`` (e.g.
         ``{"tensor_parallel_size": 4}``)

@@ -2,10 +2,10 @@
 
 ``semsoft eval`` and ``semsoft tune`` never score items with a second implementation:
 the decision step comes from the engine's own adapter through a
-:class:`~semsoft_eval.backends.Backend` (``semsoft_plugin.hf.classify`` with
-``keep_logits=True`` on transformers, ``semsoft_plugin.vllm.classify_vllm`` on vLLM), and
+:class:`~semsoft_eval.backends.Backend` (``semsoft_plugin.engines.hf.classify`` with
+``keep_logits=True`` on transformers, ``semsoft_plugin.engines.vllm.classify_vllm`` on vLLM), and
 every method is then computed from the kept values with
-:class:`semsoft_plugin.core.SemanticSoftmax`.
+:class:`semsoft_plugin.core.softmax.SemanticSoftmax`.
 
 What is kept per item is lossless for every method here: the top ``store_k`` values
 (Semantic Softmax with any ``k <= store_k`` sees exactly the same kept tokens, and
@@ -37,9 +37,9 @@ import torch
 from torch import Tensor
 
 from semsoft_eval.backends import Backend, engine_name
-from semsoft_plugin.calibration import CONTENT_FREE
-from semsoft_plugin.fitting import compress, label_token_ids
-from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.core.calibration import CONTENT_FREE
+from semsoft_plugin.core.fitting import compress, label_token_ids
+from semsoft_plugin.core.labels import LabelSet
 
 __all__ = [
     "CONTENT_FREE",

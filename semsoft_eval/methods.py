@@ -29,10 +29,10 @@ import torch
 from semsoft_eval import calibrate
 from semsoft_eval.backends import Backend
 from semsoft_eval.forward import Forward
-from semsoft_plugin.calibration import batch_calibrate
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.core import SemanticSoftmax
-from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.core.calibration import batch_calibrate
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.softmax import SemanticSoftmax
 
 __all__ = [
     "ALL_METHODS",
@@ -197,7 +197,7 @@ def _semantic_temperature(m: MethodInputs) -> MethodResult:
 )
 def _semantic_fit(m: MethodInputs) -> MethodResult:
     from semsoft_eval.tune import grid_configs, grid_probs
-    from semsoft_plugin import fitting
+    from semsoft_plugin.core import fitting
 
     start = time.perf_counter()
     configs = grid_configs(None, m.config.replace(temperature=1.0))

@@ -7,7 +7,7 @@ files without the evaluation package; they are re-exported here.
 
 from __future__ import annotations
 
-from semsoft_plugin.prompting import PromptTemplate, build_inputs, load_template
+from semsoft_plugin.engines.prompting import PromptTemplate, build_inputs, load_template
 
 __all__ = ["PromptTemplate", "TEMPLATES", "load_template", "build_inputs"]
 

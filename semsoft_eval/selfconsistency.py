@@ -20,7 +20,7 @@ prefix); anything else is unparseable, counted and never guessed.
 
 Prompts are strings (used as they are) or chat message lists (chat template applied; a
 final assistant message such as ``"Emotion:"`` is continued), as in
-:func:`semsoft_plugin.hf.classify`.
+:func:`semsoft_plugin.engines.hf.classify`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from semsoft_eval.confidence import (
     normalize_answer,
     split_answer_confidence,
 )
-from semsoft_plugin.hf import format_prompt
+from semsoft_plugin.engines.prompting import format_prompt
 
 __all__ = [
     "VERBAL_INSTRUCTION",

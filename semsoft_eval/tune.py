@@ -1,6 +1,6 @@
 """``semsoft tune``: fit Semantic Softmax's settings on labelled data, honestly.
 
-The fit is :mod:`semsoft_plugin.fitting`, the one ``Classifier.fit`` runs: from the
+The fit is :mod:`semsoft_plugin.core.fitting`, the one ``Classifier.fit`` runs: from the
 starting setting (``--config`` or the label-free default), the grid (default: the pool
 weight ``semantic_weight``; any config field can be an axis) is scored on the kept
 logits of one forward pass per item (:mod:`semsoft_eval.forward`), each entry gets a
@@ -25,10 +25,10 @@ import torch
 
 from semsoft_eval import calibrate, metrics
 from semsoft_eval.forward import Forward
-from semsoft_plugin import fitting
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.core import as_output_embeddings
-from semsoft_plugin.labels import LabelSet
+from semsoft_plugin.core import fitting
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.tokens import as_output_embeddings
 
 __all__ = ["DEFAULT_GRID", "TuneResult", "grid_configs", "grid_probs", "tune", "label_cosines"]
 
@@ -52,10 +52,8 @@ def grid_probs(
     progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``[C, N, L]`` Semantic Softmax probabilities per config, and ``[C]`` fallback rates,
-    from kept forward passes (:func:`semsoft_plugin.fitting.grid_probs`)."""
-    return fitting.grid_probs(
-        forward, embeddings, labels, configs, chunk=chunk, progress=progress
-    )
+    from kept forward passes (:func:`semsoft_plugin.core.fitting.grid_probs`)."""
+    return fitting.grid_probs(forward, embeddings, labels, configs, chunk=chunk, progress=progress)
 
 
 def label_cosines(embeddings: Any, labels: LabelSet, *, center: bool) -> dict[str, float]:
@@ -75,7 +73,7 @@ class TuneResult:
     Attributes
     ----------
     config : the setting to use (the fit on all items, or the start if the rule kept it)
-    fit : the fit on all items (:class:`semsoft_plugin.fitting.FitResult`)
+    fit : the fit on all items (:class:`semsoft_plugin.core.fitting.FitResult`)
     cross_validated : out-of-fold metrics of the whole fit, of ``constrained``, of
         ``constrained`` + temperature and of the starting config
     fold_choices : what the fit chose on each fold's training part
@@ -112,7 +110,7 @@ def tune(
     progress: bool = False,
     gold_sets: Sequence[Sequence[int]] | None = None,
 ) -> TuneResult:
-    """Fit the settings with :mod:`semsoft_plugin.fitting`, nested in cross-validation
+    """Fit the settings with :mod:`semsoft_plugin.core.fitting`, nested in cross-validation
     for the figures (module docstring)."""
     targets = np.asarray(targets, dtype=np.int64)
     if len(targets) != forward.n:
@@ -146,17 +144,17 @@ def tune(
     for choice in fold_choices:
         entry = configs[choice.pop("entry")]
         choice["config"] = {k: getattr(entry, k) for k in grid}
-    return TuneResult(
-        fit.config, fit, cross_validated, fold_choices, time.perf_counter() - started
-    )
+    return TuneResult(fit.config, fit, cross_validated, fold_choices, time.perf_counter() - started)
 
 
 def format_tune(result: TuneResult) -> str:
     """Markdown summary: the chosen config and the cross-validated comparison."""
     fit = result.fit
     cfg = result.config
-    kept = "kept the start (the fit did not beat it by the margin)" if fit.kept_default else (
-        f"adopted ({fit.procedure})"
+    kept = (
+        "kept the start (the fit did not beat it by the margin)"
+        if fit.kept_default
+        else (f"adopted ({fit.procedure})")
     )
     lines = [
         f"chosen: semantic_weight={cfg.semantic_weight:g} temperature={cfg.temperature:.3f} "

@@ -2,6 +2,6 @@
 
 import sys
 
-from semsoft_plugin.cli import main
+from semsoft_plugin.app.cli import main
 
 sys.exit(main())

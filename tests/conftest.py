@@ -48,14 +48,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def default_checkpoint():
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     return models.resolve("default")
 
 
 @pytest.fixture(scope="session")
 def model_and_tokenizer(default_checkpoint):
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     return models.load(str(default_checkpoint))
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from semsoft_plugin import Classifier
-from semsoft_plugin.cli import main, settings_path
-from semsoft_plugin.prompting import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
-from semsoft_plugin.tables import TableWriter, read_output
+from semsoft_plugin.app.cli import main, settings_path
+from semsoft_plugin.app.tables import TableWriter, read_output
+from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -95,7 +95,7 @@ for name in list(sys.modules):
     if name.partition(".")[0] in HIDDEN:
         del sys.modules[name]
 sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
-from semsoft_plugin.cli import main, settings_path
+from semsoft_plugin.app.cli import main, settings_path
 report = []
 for argv in json.loads(sys.argv[2]):
     del asked[:]
@@ -149,7 +149,7 @@ def test_cli_starts_and_classifies_with_the_eval_packages_hidden(tmp_path):
 
 def test_subcommands_are_discovered_without_importing_them():
     code = (
-        "import sys; from semsoft_plugin.cli import discover_commands, build_parser; "
+        "import sys; from semsoft_plugin.app.cli import discover_commands, build_parser; "
         "names = sorted(discover_commands()); build_parser(); "
         "print(names, [m for m in sys.modules if m.startswith('semsoft_eval')])"
     )
@@ -361,7 +361,7 @@ def test_classifier_outputs_go_into_sklearn_metrics_unchanged(model_and_tokenize
 
 @pytest.mark.slow
 def test_predict_proba_equals_classify(model_and_tokenizer):
-    from semsoft_plugin.hf import classify
+    from semsoft_plugin.engines.hf import classify
 
     model, tokenizer = model_and_tokenizer
     clf = Classifier(model, tokenizer, LABELS, batch_size=4)
@@ -399,7 +399,7 @@ def test_classifier_rejects_bad_input(model_and_tokenizer):
 @pytest.mark.vllm
 def test_vllm_backend_file_matches_transformers_in_float32(tmp_path):
     pytest.importorskip("vllm")
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     inp = write_csv(tmp_path / "in.csv", ROWS)
     out = tmp_path / "out.jsonl"

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from semsoft_plugin import models
-from semsoft_plugin.cli import main
+from semsoft_plugin.app.cli import main
+from semsoft_plugin.engines import models
 
 
 def test_package_imports_with_torch_only():

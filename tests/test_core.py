@@ -20,7 +20,7 @@ from semsoft_plugin import (
     semantic_softmax,
     semantic_softmax_details,
 )
-from semsoft_plugin.config import MAX_K
+from semsoft_plugin.core.config import MAX_K
 
 PAPER = dict(
     center=False, own_vote=False, normalize_votes=False, residual=False, semantic_weight=1.0
@@ -470,7 +470,7 @@ def test_every_option_at_its_bounds(k, tau, t, dtype_name):
 
 def _real_logits(model_and_tokenizer, texts):
     """Next-token logits [B, V] of a real model (SmolLM2-135M) for ``texts``."""
-    from semsoft_plugin.hf import encode_prompts, format_prompt
+    from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
 
     model, tokenizer = model_and_tokenizer
     rows = []
@@ -488,7 +488,7 @@ def _real_logits(model_and_tokenizer, texts):
 )
 def test_sparse_top_k_equals_dense_on_real_logits(model_and_tokenizer, options):
     from semsoft_plugin import LabelSet
-    from semsoft_plugin.embeddings import from_model
+    from semsoft_plugin.core.embeddings import from_model
 
     model, tokenizer = model_and_tokenizer
     texts = [

@@ -255,7 +255,7 @@ def test_sampling_one_trl_step_adapter_round_trip_and_evaluation(
 
 @pytest.mark.slow
 def test_expected_stated_value_is_a_probability_weighted_mean() -> None:
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     # float32 as in the run: in bf16 a cached and an uncached pass differ by ~0.1 nats
     model, tokenizer = models.load("default", dtype="float32")
@@ -267,7 +267,7 @@ def test_expected_stated_value_is_a_probability_weighted_mean() -> None:
     import torch
 
     from semsoft_eval.confidence import PAPER_TARGETS, format_confidence
-    from semsoft_plugin.prompting import encode_prompts, format_prompt
+    from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
 
     values = sorted(set(PAPER_TARGETS.values()))
     prompt = encode_prompts(

@@ -185,7 +185,7 @@ def test_prompt_templates(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_eval_end_to_end_report_schema_and_cache(tmp_path, capsys) -> None:
-    from semsoft_plugin.cli import main
+    from semsoft_plugin.app.cli import main
 
     out, plot = tmp_path / "r.json", tmp_path / "r.png"
     argv = ["eval", "--dataset", "ekman", "--limit", "16", "--seed", "1", "--cache-dir", str(tmp_path / "c"),
@@ -250,8 +250,8 @@ def test_eval_soft_labels_and_sequence(tmp_path, model_and_tokenizer) -> None:
 @pytest.mark.slow
 def test_sequence_probabilities_of_multi_token_labels() -> None:
     from semsoft_eval.backend_transformers import TransformersBackend
-    from semsoft_plugin import models
-    from semsoft_plugin.labels import LabelSet
+    from semsoft_plugin.core.labels import LabelSet
+    from semsoft_plugin.engines import models
 
     # float32: in bf16 a KV-cached continuation and a full recomputation differ by ~0.2 nats
     model, tokenizer = models.load("default", dtype="float32")
@@ -274,8 +274,8 @@ def test_sequence_probabilities_of_multi_token_labels() -> None:
 
 @pytest.mark.slow
 def test_tune_on_a_tiny_set_writes_a_config_eval_accepts(tmp_path, capsys) -> None:
-    from semsoft_plugin.cli import main
-    from semsoft_plugin.config import SemsoftConfig
+    from semsoft_plugin.app.cli import main
+    from semsoft_plugin.core.config import SemsoftConfig
 
     config = tmp_path / "cfg.json"
     cache = str(tmp_path / "c")
@@ -301,7 +301,7 @@ def test_tune_on_a_tiny_set_writes_a_config_eval_accepts(tmp_path, capsys) -> No
 
 @pytest.mark.slow
 def test_cli_user_errors_are_one_line(tmp_path, capsys) -> None:
-    from semsoft_plugin.cli import main
+    from semsoft_plugin.app.cli import main
 
     missing = tmp_path / "d.csv"
     missing.write_text("text,label\nhello,pos\nbye,neg\n")
@@ -317,7 +317,7 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys) -> None:
     [("[1]", "is not a JSON object"), ("{tensor", "is not JSON")],
 )
 def test_engine_args_must_be_a_json_object(engine_args, message, capsys) -> None:
-    from semsoft_plugin.cli import main
+    from semsoft_plugin.app.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "--dataset", "sst2", "--backend", "vllm", "--engine-args", engine_args])
@@ -326,7 +326,7 @@ def test_engine_args_must_be_a_json_object(engine_args, message, capsys) -> None
 
 
 def test_engine_args_without_the_vllm_backend_are_refused(capsys) -> None:
-    from semsoft_plugin.cli import main
+    from semsoft_plugin.app.cli import main
 
     argv = ["eval", "--dataset", "sst2", "--engine-args", '{"tensor_parallel_size": 2}']
     assert main(argv) == 2
@@ -342,7 +342,7 @@ def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_token
     from semsoft_eval.forward import assemble, compress, label_token_ids
     from semsoft_eval.tune import grid_probs
     from semsoft_plugin import LabelSet, SemanticSoftmax, SemsoftConfig
-    from semsoft_plugin.embeddings import from_model
+    from semsoft_plugin.core.embeddings import from_model
 
     model, tokenizer = model_and_tokenizer
     labels = LabelSet(["joy", "sadness", "anger"], tokenizer, leading_space=leading_space)
@@ -400,7 +400,8 @@ def _synthetic_inputs(n: int = 12):  # type: ignore[no-untyped-def]
 
     from semsoft_eval.forward import assemble, compress, label_token_ids
     from semsoft_eval.methods import MethodInputs
-    from semsoft_plugin import LabelSet, SemsoftConfig, models
+    from semsoft_plugin import LabelSet, SemsoftConfig
+    from semsoft_plugin.engines import models
 
     tokenizer = AutoTokenizer.from_pretrained(models.resolve("default"))
     labels = LabelSet(["joy", "sadness", "anger"], tokenizer)

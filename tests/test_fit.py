@@ -12,9 +12,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from semsoft_plugin import fitting  # noqa: E402
-from semsoft_plugin.config import SemsoftConfig  # noqa: E402
-from semsoft_plugin.core import semantic_softmax_details  # noqa: E402
+from semsoft_plugin.core import fitting  # noqa: E402
+from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
+from semsoft_plugin.core.softmax import semantic_softmax_details  # noqa: E402
 
 LABELS = ["positive", "negative"]
 
@@ -176,7 +176,8 @@ def _sst2(n: int) -> tuple[list[str], list[str]]:
 
 @pytest.fixture(scope="module")
 def fitted(default_checkpoint):
-    from semsoft_plugin import Classifier, models
+    from semsoft_plugin import Classifier
+    from semsoft_plugin.engines import models
 
     model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
     texts, y = _sst2(40)
@@ -225,10 +226,10 @@ def test_fit_round_trip_through_a_config_file_into_a_vllm_request(fitted, tmp_pa
     from vllm import LLM
 
     from semsoft_plugin import Classifier
-    from semsoft_plugin import vllm as sv
-    from semsoft_plugin.request import parse_request
-    from semsoft_plugin.vllm import classify_vllm
-    from semsoft_plugin.vllm.params import sampling_params
+    from semsoft_plugin.core.request import parse_request
+    from semsoft_plugin.engines import vllm as sv
+    from semsoft_plugin.engines.vllm import classify_vllm
+    from semsoft_plugin.engines.vllm.params import sampling_params
 
     clf, texts, _ = fitted
     config = clf.fit_result_.fitted  # the fitted one even where the rule kept the start
@@ -263,7 +264,7 @@ def test_fit_round_trip_through_a_config_file_into_a_vllm_request(fitted, tmp_pa
 
 
 def _checkpoint():
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     return models.resolve("default")
 

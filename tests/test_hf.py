@@ -9,8 +9,9 @@ import torch
 from transformers import LogitsProcessorList
 
 from semsoft_plugin import LabelSet, SemanticSoftmax
-from semsoft_plugin.embeddings import from_checkpoint, from_model
-from semsoft_plugin.hf import SemanticSoftmaxLogitsProcessor, classify, format_prompt
+from semsoft_plugin.core.embeddings import from_checkpoint, from_model
+from semsoft_plugin.engines.hf import SemanticSoftmaxLogitsProcessor, classify
+from semsoft_plugin.engines.prompting import format_prompt
 
 pytestmark = pytest.mark.slow
 

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from semsoft_plugin import Classifier
-from semsoft_plugin.cli import main, settings_path
-from semsoft_plugin.hf import padding_batches
-from semsoft_plugin.prompting import encode_prompts, format_prompt
-from semsoft_plugin.tables import TableWriter, read_records
+from semsoft_plugin.app.cli import main, settings_path
+from semsoft_plugin.app.tables import TableWriter, read_records
+from semsoft_plugin.engines.hf import padding_batches
+from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
 
 LABELS = ["positive", "negative"]
 GOOD = "I loved this film, the acting was wonderful."
@@ -217,7 +217,7 @@ def test_classifier_takes_arrays_series_tuples_and_generators(model_and_tokenize
     with pytest.raises(ValueError, match=r"one-dimensional, got shape \(1, 2\)"):
         clf.predict_proba(np.array([texts]))
     # The transformers adapter's batch function takes the same iterables.
-    from semsoft_plugin.hf import classify
+    from semsoft_plugin.engines.hf import classify
 
     prompts = clf.inputs(texts)
     plain = [r.probs for r in classify(model, tokenizer, prompts, LABELS, mode="observe")]

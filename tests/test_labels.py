@@ -135,7 +135,7 @@ def test_a_single_label_is_refused(tokenizer):
 
 
 def test_label_names_rule():
-    from semsoft_plugin.labels import label_names
+    from semsoft_plugin.core.labels import label_names
 
     assert label_names(("a", "b")) == ["a", "b"]
     for bad in ("a,b", ["a"], [], ["a", "a"], ["a", 1], ["a", " "], 3):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from semsoft_plugin import SemanticSoftmax, SemsoftConfig, constrained_softmax
-from semsoft_plugin.calibration import batch_calibrate
+from semsoft_plugin.core.calibration import batch_calibrate
 
 # Four tokens in 4-D: two labels (a, b), a synonym of a, and a filler unrelated to both.
 A, B, SYN, FILLER = 0, 1, 2, 3
@@ -236,7 +236,7 @@ def test_semantic_weight_is_checked():
 
 @pytest.mark.slow
 def test_fragment_spellings_are_not_own_tokens(model_and_tokenizer):
-    from semsoft_plugin.labels import LabelSet
+    from semsoft_plugin.core.labels import LabelSet
 
     _, tokenizer = model_and_tokenizer
     labels = LabelSet(["negative", "positive"], tokenizer, auto_variants=True)
@@ -253,7 +253,7 @@ def test_fragment_spellings_are_not_own_tokens(model_and_tokenizer):
 @pytest.mark.slow
 def test_contextual_classifier_divides_out_the_content_free_bias(model_and_tokenizer):
     from semsoft_plugin import Classifier
-    from semsoft_plugin.calibration import CONTENT_FREE, debias
+    from semsoft_plugin.core.calibration import CONTENT_FREE, debias
 
     model, tokenizer = model_and_tokenizer
     texts = ["A wonderful, moving film.", "Dull and far too long.", "It was fine."]
@@ -261,7 +261,7 @@ def test_contextual_classifier_divides_out_the_content_free_bias(model_and_token
     calibrated = Classifier(model, tokenizer, ["positive", "negative"], calibrate="contextual")
     base = plain.predict_details(texts)
     # The bias is the plain classifier's mean over the content-free inputs, by hand.
-    from semsoft_plugin.prompting import build_inputs
+    from semsoft_plugin.engines.prompting import build_inputs
 
     cf = plain._score(
         build_inputs(plain.prompt, list(CONTENT_FREE), ["positive", "negative"], tokenizer)
@@ -301,13 +301,14 @@ def test_residual_needs_only_the_top_k():
 
 def test_vllm_request_carries_the_new_options():
     pytest.importorskip("vllm")
-    from semsoft_plugin import vllm as sv
+    from semsoft_plugin.core import request as sreq
+    from semsoft_plugin.engines import vllm as sv
 
     params = sv.sampling_params(["a", "b"], residual=False, tau_quantile=0.9, semantic_weight=0.3)
     assert params.extra_args["semsoft_semantic_weight"] == 0.3
     assert params.extra_args["semsoft_residual"] == 0
     assert params.extra_args["semsoft_tau_quantile"] == 0.9
-    request = sv.parse_request(params.extra_args)
+    request = sreq.parse_request(params.extra_args)
     assert request.config.residual is False and request.config.tau_quantile == 0.9
-    default = sv.parse_request(sv.sampling_params(["a", "b"]).extra_args)
+    default = sreq.parse_request(sv.sampling_params(["a", "b"]).extra_args)
     assert default.config == SemsoftConfig()

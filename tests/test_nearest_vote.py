@@ -72,12 +72,14 @@ def test_a_token_equally_near_two_labels_claims_nothing():
         emb, [0, 1], k=3, tau=0.0, center=False, residual=True, nearest_vote=True,
         semantic_weight=1.0,
     )(logits)  # fmt: skip
-    torch.testing.assert_close(result.semantic, constrained_softmax(logits, [0, 1]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        result.semantic, constrained_softmax(logits, [0, 1]), atol=1e-6, rtol=0
+    )
 
 
 def test_case_variant_as_own_token_votes_fully():
     # Declared as the label's own spelling, " No" votes for " no" with its whole mass.
-    from semsoft_plugin.tokens import LabelTokens
+    from semsoft_plugin.core.tokens import LabelTokens
 
     tokens = LabelTokens(answer_token_ids=(NO, YES), own_token_ids=((NO, NO_CAP), (YES,)))
     p = [0.14, 0.01, 0.73, 0.02, 0.10]
@@ -117,7 +119,7 @@ def test_single_label_set_is_one():
 
 @pytest.fixture(scope="module")
 def models_by_dtype(default_checkpoint):
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     bf16, tokenizer = models.load(str(default_checkpoint), dtype="bfloat16")
     fp32, _ = models.load(str(default_checkpoint), dtype="float32")
@@ -125,7 +127,7 @@ def models_by_dtype(default_checkpoint):
 
 
 def test_float32_head_equals_a_float32_product_of_the_same_hidden_state(models_by_dtype):
-    from semsoft_plugin.hf import float32_head
+    from semsoft_plugin.engines.hf import float32_head
 
     bf16, _, tokenizer = models_by_dtype
     ids = tokenizer(["The film was wonderful, I loved it"], return_tensors="pt")
@@ -146,7 +148,7 @@ def test_float32_head_equals_a_float32_product_of_the_same_hidden_state(models_b
 
 
 def test_float32_head_leaves_a_float32_model_alone(models_by_dtype):
-    from semsoft_plugin.hf import float32_head
+    from semsoft_plugin.engines.hf import float32_head
 
     _, fp32, tokenizer = models_by_dtype
     ids = tokenizer(["ok"], return_tensors="pt")
@@ -158,7 +160,7 @@ def test_float32_head_leaves_a_float32_model_alone(models_by_dtype):
 
 
 def test_classify_scores_from_the_float32_head_have_no_rounding_ties(models_by_dtype):
-    from semsoft_plugin.hf import classify
+    from semsoft_plugin.engines.hf import classify
 
     bf16, _, tokenizer = models_by_dtype
     texts = [

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from semsoft_plugin import LabelSet, SemanticSoftmax, SemsoftConfig
-from semsoft_plugin.embeddings import from_model
-from semsoft_plugin.hf import encode_prompts, format_prompt
+from semsoft_plugin.core.embeddings import from_model
+from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +46,8 @@ for name in list(sys.modules):
     if name.partition(".")[0] in HIDDEN:
         del sys.modules[name]
 sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
-from semsoft_plugin.openai import openai_label_scores, openai_request
-from semsoft_plugin.scoring import MissingLabelLogprobs
+from semsoft_plugin.engines.openai import openai_label_scores, openai_request
+from semsoft_plugin.engines.scoring import MissingLabelLogprobs
 labels, options, checkpoint, response = json.loads(sys.stdin.read())
 request = openai_request(labels, **options)
 try:
@@ -128,7 +128,7 @@ def test_openai_reader_without_vllm_equals_dense(model_and_tokenizer, default_ch
 
 
 def test_openai_reader_refuses_keywords_without_options():
-    from semsoft_plugin.openai import openai_label_scores, openai_request
+    from semsoft_plugin.engines.openai import openai_label_scores, openai_request
 
     plain = dict(openai_request(LABELS, plugin=False))  # no vllm_xargs in it
     with pytest.raises(ValueError, match="carry no semsoft options"):

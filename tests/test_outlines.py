@@ -12,8 +12,10 @@ outlines = pytest.importorskip("outlines")
 from outlines.types import Choice, cfg, either, json_schema, regex  # noqa: E402
 
 from semsoft_plugin import LabelSet  # noqa: E402
-from semsoft_plugin.hf import classify  # noqa: E402
-from semsoft_plugin.outlines import Generator, ScoredLabel, choice_labels, wrap  # noqa: E402
+from semsoft_plugin.core.result import ScoredLabel  # noqa: E402
+from semsoft_plugin.engines.choices import choice_labels  # noqa: E402
+from semsoft_plugin.engines.hf import classify  # noqa: E402
+from semsoft_plugin.engines.outlines import Generator, wrap  # noqa: E402
 
 pytestmark = pytest.mark.outlines
 
@@ -92,7 +94,7 @@ def test_non_choice_types_are_refused_by_name(output_type):
 @pytest.fixture(scope="module")
 def outlines_model(default_checkpoint):
     # float32, so that a padded batch matches single calls to rounding error.
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
     return outlines.from_transformers(model, tokenizer)
@@ -232,8 +234,8 @@ def test_vllm_offline_model_goes_through_the_vllm_adapter(default_checkpoint, mo
         monkeypatch.setenv(name, value)
     from vllm import LLM
 
-    from semsoft_plugin import models
-    from semsoft_plugin.vllm import SemanticSoftmaxLogitsProcessor
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines.vllm import SemanticSoftmaxLogitsProcessor
 
     llm = LLM(
         str(default_checkpoint),

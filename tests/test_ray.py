@@ -20,13 +20,9 @@ ray = pytest.importorskip("ray")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from semsoft_plugin.cli import main  # noqa: E402
-from semsoft_plugin.ray import (  # noqa: E402
-    MissingLabelLogprobs,
-    VLLMPostprocess,
-    aligned_blocks,
-    classify_dataset,
-)
+from semsoft_plugin.app.cli import main  # noqa: E402
+from semsoft_plugin.app.ray import VLLMPostprocess, aligned_blocks, classify_dataset  # noqa: E402
+from semsoft_plugin.engines.scoring import MissingLabelLogprobs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -252,7 +248,7 @@ def test_a_bad_row_is_named_and_its_batch_scored(capfd):
     missing texts are named by id and left out; the other rows of the batch are scored
     as the Classifier scores them."""
     from semsoft_plugin import Classifier
-    from semsoft_plugin.ray import _ScoreBatch
+    from semsoft_plugin.app.ray import _ScoreBatch
 
     options = {"dtype": "float32", "batch_size": 4}
     actor = _ScoreBatch("default", LABELS, options, "text", "id", "", 0.6, 1)

@@ -198,7 +198,7 @@ def test_server_snippet_runs(server):
     assert "127.0.0.1:8000" in code
     namespace = run_snippet(code.replace("127.0.0.1:8000", f"127.0.0.1:{server}"))
     probs = namespace["response"]  # the snippet printed the probabilities; read them again
-    from semsoft_plugin.openai import openai_label_probs
+    from semsoft_plugin.engines.openai import openai_label_probs
 
     scores = openai_label_probs(probs, namespace["request"], "default")
     assert set(scores) == {"positive", "negative"}

@@ -1,4 +1,4 @@
-"""The per-request options (semsoft_plugin.request): parsed once, no engine needed."""
+"""The per-request options (semsoft_plugin.core.request): parsed once, no engine needed."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from semsoft_plugin.request import SERVER_MAX_K, build_request, parse_request
+from semsoft_plugin.core.request import SERVER_MAX_K, build_request, parse_request
 
 LABELS = ["positive", "negative"]
 
 
 def test_request_and_openai_modules_import_no_engine():
     code = (
-        "import sys, semsoft_plugin.request, semsoft_plugin.openai; "
+        "import sys, semsoft_plugin.core.request, semsoft_plugin.engines.openai; "
         "print([m for m in sys.modules if m.split('.')[0] in ('vllm', 'transformers')])"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

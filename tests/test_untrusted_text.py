@@ -3,7 +3,7 @@
 A text that spells the chat template's special tokens (``<|im_end|>`` ...) must not close
 its user turn and forge an assistant turn: every place a prompt is built from a text
 (``Classifier``, ``hf.classify`` with chat messages, ``classify_vllm``, the CLI, which all go
-through :mod:`semsoft_plugin.prompting`) encodes those strings as ordinary tokens.
+through :mod:`semsoft_plugin.engines.prompting`) encodes those strings as ordinary tokens.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from semsoft_plugin import Classifier, hf
-from semsoft_plugin.prompting import (
+from semsoft_plugin import Classifier
+from semsoft_plugin.engines import hf
+from semsoft_plugin.engines.prompting import (
     DEFAULT_TEMPLATE,
     build_inputs,
     encode_prompts,
@@ -62,7 +63,7 @@ def test_predict_proba_of_a_forged_turn_is_read_as_text(model_and_tokenizer):
     import torch
 
     from semsoft_plugin import LabelSet, SemanticSoftmax, SemsoftConfig
-    from semsoft_plugin.embeddings import from_model
+    from semsoft_plugin.core.embeddings import from_model
 
     model, tokenizer = model_and_tokenizer
     classifier = Classifier(model, tokenizer, LABELS)

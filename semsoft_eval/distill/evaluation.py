@@ -13,7 +13,7 @@ the confidence is a probability) and the ceiling rate (share >= 90%):
 * **self-consistency** (:func:`self_consistency_signal`): the modal answer of the ``n``
   samples and the share that agree with it (the teacher; ``n`` times the cost);
 * **constrained / Semantic Softmax top probability** (:func:`label_signals`, label tasks
-  only): one forward pass over the label set through :func:`semsoft_plugin.hf.classify`;
+  only): one forward pass over the label set through :func:`semsoft_plugin.engines.hf.classify`;
   the argmax label and its probability. For open QA there is no label set and these do
   not apply;
 * **verbal, expected stated value** (:func:`stated_value_signal`): after the same greedy
@@ -185,7 +185,7 @@ def label_signals(
     progress: bool | None = None,
 ) -> list[Signal]:
     """Constrained and Semantic Softmax top probability (one pass; label tasks only)."""
-    from semsoft_plugin.hf import classify
+    from semsoft_plugin.engines.hf import classify
 
     labels = items[0].labels
     if labels is None or any(item.labels != labels for item in items):
@@ -248,7 +248,7 @@ def stated_value_signal(
     """
     import torch
 
-    from semsoft_plugin.prompting import encode_prompts, format_prompt
+    from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
 
     if verbal.answers is None or len(verbal.answers) != len(items):
         raise ValueError("stated_value_signal needs the verbal_signal of the same items")

@@ -110,7 +110,7 @@ class DistillConfig:
 
 def load_student(config: DistillConfig, warmup: Path | None = None) -> tuple[Any, Any]:
     """The model in float32 on its device; with ``warmup``, that adapter merged in."""
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     model, tokenizer = models.load(config.model, dtype="float32")
     if warmup is not None:
@@ -271,7 +271,7 @@ def read_arm(
 
 def run_distill(config: DistillConfig) -> dict[str, Any]:
     """The whole recipe (see the module docstring); returns and writes ``report.json``."""
-    from semsoft_plugin import models
+    from semsoft_plugin.engines import models
 
     if config.match not in ("exact", "contains"):
         raise ValueError(f"match={config.match!r} must be 'exact' or 'contains'")

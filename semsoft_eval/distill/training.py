@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from semsoft_eval.distill.targets import Example
-from semsoft_plugin.hf import format_prompt
+from semsoft_plugin.engines.prompting import format_prompt
 
 __all__ = [
     "DEFAULT_TARGET_MODULES",

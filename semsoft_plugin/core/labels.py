@@ -58,7 +58,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from semsoft_plugin.tokens import LabelTokens
+from semsoft_plugin.core.tokens import LabelTokens
 
 __all__ = ["Label", "LabelSet", "TokenizerLike", "label_names"]
 

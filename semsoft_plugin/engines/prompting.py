@@ -30,7 +30,7 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -325,3 +325,18 @@ def pad_token_id(tokenizer: Any) -> int:
     if pad is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token id")
     return int(pad)
+
+
+def item_list(items: Any, name: str, kind: str) -> list[Any]:
+    """Any one-dimensional iterable as a list (numpy arrays and pandas Series through
+    ``tolist``: Python values, a Series' values not its index); a single string, a
+    non-iterable or a 2-D array is a ``ValueError`` naming ``name``."""
+    if isinstance(items, str | bytes):
+        raise ValueError(f"{name} must be an iterable of {kind}, not a single string")
+    if not isinstance(items, Iterable):
+        raise ValueError(f"{name} must be an iterable of {kind}, not {type(items).__name__}")
+    if getattr(items, "ndim", 1) != 1:
+        raise ValueError(
+            f"{name} must be one-dimensional, got shape {getattr(items, 'shape', None)}"
+        )
+    return list(items.tolist() if hasattr(items, "tolist") else items)

@@ -3,7 +3,7 @@
 Change one import::
 
     # from outlines import Generator
-    from semsoft_plugin.outlines import Generator
+    from semsoft_plugin.engines.outlines import Generator
 
     gen = Generator(model, Literal["joy", "sadness", "anger"])
     label = gen(prompt)            # "sadness": the same str Outlines returns
@@ -25,7 +25,7 @@ How it plugs in (transformers models, checked against Outlines 1.3.3):
   processor=...)`` / ``SteerableGenerator.from_processor``, and that processor is
   then the *only* one: passing ``logits_processor=`` to a call collides with it.
   This module therefore hands Outlines one processor, :class:`ChoiceLogitsProcessor`,
-  that runs :class:`~semsoft_plugin.hf.SemanticSoftmaxLogitsProcessor` in
+  that runs :class:`~semsoft_plugin.engines.hf.SemanticSoftmaxLogitsProcessor` in
   ``"constrain"`` mode first (it sees the raw logits) and Outlines' own regex mask
   second.
 * Agreement with the calibrated argmax: at the decision step the semsoft processor
@@ -56,10 +56,10 @@ How it plugs in (transformers models, checked against Outlines 1.3.3):
 vLLM models (``outlines.from_vllm_offline``): Outlines would send the regex through
 vLLM's structured outputs, which mask the logits before any logits processor runs,
 so the silent vote would be gone. The request goes through the plugin's vLLM adapter
-instead (:func:`semsoft_plugin.vllm.sampling_params`: its processor does the label
-constraint, the scores are read back with :func:`semsoft_plugin.vllm.label_scores`),
+instead (:func:`semsoft_plugin.engines.vllm.sampling_params`: its processor does the label
+constraint, the scores are read back with :func:`semsoft_plugin.engines.vllm.label_scores`),
 with the prompt formatted as Outlines formats it. The engine needs the processor
-(``LLM(..., logits_processors=[semsoft_plugin.vllm.SemanticSoftmaxLogitsProcessor])``
+(``LLM(..., logits_processors=[semsoft_plugin.engines.vllm.SemanticSoftmaxLogitsProcessor])``
 or the installed entry point) and ``max_logprobs >= k`` (50 by default).
 ``constrained_probs`` is None there when a label's first token is outside the
 returned top-k.
@@ -73,12 +73,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from semsoft_plugin.choices import _label_set, choice_labels
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.core import SemanticSoftmaxResult
-from semsoft_plugin.hf import SemanticSoftmaxLogitsProcessor
-from semsoft_plugin.labels import LabelSet, label_names
-from semsoft_plugin.result import ScoredLabel
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.labels import LabelSet, label_names
+from semsoft_plugin.core.result import ScoredLabel
+from semsoft_plugin.core.softmax import SemanticSoftmaxResult
+from semsoft_plugin.engines.choices import choice_label_set, choice_labels
+from semsoft_plugin.engines.hf import SemanticSoftmaxLogitsProcessor
 
 __all__ = [
     "ChoiceGenerator",
@@ -175,7 +175,7 @@ class ChoiceGenerator:
         from outlines.generator import SteerableGenerator
 
         tokenizer = model.hf_tokenizer
-        self.labels = _label_set(choices, tokenizer, variants)
+        self.labels = choice_label_set(choices, tokenizer, variants)
         self.semsoft = SemanticSoftmaxLogitsProcessor(
             model.model,
             self.labels,
@@ -257,13 +257,13 @@ class ChoiceGenerator:
         variants: Mapping[str, Iterable[str]] | None,
         overrides: dict[str, Any],
     ) -> None:
-        from semsoft_plugin import vllm as semsoft_vllm
+        from semsoft_plugin.engines import vllm as semsoft_vllm
 
         if variants:
             raise ValueError("variants are not supported for vLLM models")
         self._semsoft_vllm = semsoft_vllm
         # Checks the choices on the engine's tokenizer exactly as for transformers.
-        self.labels = _label_set(choices, self.model.model.get_tokenizer(), None)
+        self.labels = choice_label_set(choices, self.model.model.get_tokenizer(), None)
         self.processor = None
         self._options: dict[str, Any] = {
             "config": config,
@@ -349,7 +349,7 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
         outlines_core).
     config, **overrides : Semantic Softmax settings
     variants : mapping label -> spellings that count as the label (see
-        :class:`~semsoft_plugin.labels.LabelSet`)
+        :class:`~semsoft_plugin.core.labels.LabelSet`)
 
     Returns
     -------
@@ -398,7 +398,7 @@ def wrap(
         mismatch is detected at the first call (``RuntimeError``). A LabelSet gives
         its names, and must have been built with the generator's model's tokenizer
         (``ValueError`` naming both otherwise). A ``str`` is refused, as everywhere
-        (:func:`~semsoft_plugin.labels.label_names`).
+        (:func:`~semsoft_plugin.core.labels.label_names`).
     config, variants, **overrides : as in :func:`Generator`
     """
     from outlines.generator import BlackBoxGenerator, SteerableGenerator

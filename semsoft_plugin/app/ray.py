@@ -3,8 +3,8 @@
 Three pieces, none of them a second scoring path:
 
 * :func:`classify_dataset`: a ``ray.data.Dataset`` in, the same rows out with the
-  columns of ``semsoft classify --input`` added (:class:`~semsoft_plugin.columns.ResultColumns`).
-  ``Dataset.map_batches`` runs one :class:`~semsoft_plugin.classifier.Classifier` per
+  columns of ``semsoft classify --input`` added (:class:`~semsoft_plugin.app.columns.ResultColumns`).
+  ``Dataset.map_batches`` runs one :class:`~semsoft_plugin.app.classifier.Classifier` per
   actor (the model loaded once per actor, transformers or vLLM), so a row's numbers are
   those the CLI computes for it in a batch of the same rows.
 * :func:`run_classify_cli`: ``semsoft classify --input DIR_OR_FILE --output DIR --ray``.
@@ -21,7 +21,7 @@ every input column, so the row's id (or the row number the CLI adds) travels wit
 A row the classifier cannot score is dropped from the output and named on stderr
 (Ray forwards actors' stderr to the driver); the rest of its batch is scored.
 
-``import semsoft_plugin.ray`` does not import Ray: it is imported when used
+``import semsoft_plugin.app.ray`` does not import Ray: it is imported when used
 (``pip install 'semsoft-plugin[ray]'``).
 """
 
@@ -35,8 +35,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.columns import ResultColumns, row_list, text_of
-from semsoft_plugin.scoring import MissingLabelLogprobs
+from semsoft_plugin.app.columns import ResultColumns, row_list, text_of
+from semsoft_plugin.engines.scoring import MissingLabelLogprobs
 
 __all__ = [
     "MissingLabelLogprobs",
@@ -73,7 +73,7 @@ class _ScoreBatch:
     ) -> None:
         import torch
 
-        from semsoft_plugin.classifier import Classifier
+        from semsoft_plugin.app.classifier import Classifier
 
         torch.set_num_threads(threads)
         self.classifier = Classifier.from_pretrained(model, list(labels), **classifier_kwargs)
@@ -148,7 +148,7 @@ def classify_dataset(
     Parameters
     ----------
     dataset : a ``ray.data.Dataset`` with a text column
-    labels : label names (at least two), as for :class:`~semsoft_plugin.classifier.Classifier`
+    labels : label names (at least two), as for :class:`~semsoft_plugin.app.classifier.Classifier`
     model, backend, engine_args, dtype : as :meth:`Classifier.from_pretrained`; each
         actor loads the model once (``backend="vllm"``: one ``vllm.LLM`` per actor, give
         it ``num_gpus=1``)
@@ -173,8 +173,8 @@ def classify_dataset(
     Rows with an empty text, or that the classifier refuses, are left out and named
     on stderr. Bad options and labels fail here, before any actor starts.
     """
-    from semsoft_plugin.config import SemsoftConfig
-    from semsoft_plugin.labels import label_names
+    from semsoft_plugin.core.config import SemsoftConfig
+    from semsoft_plugin.core.labels import label_names
 
     names = label_names(labels)
     if not 0.0 <= review_below <= 1.0:
@@ -252,7 +252,7 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
     import pyarrow as pa
     import ray
 
-    from semsoft_plugin.tables import read_arrow
+    from semsoft_plugin.app.tables import read_arrow
 
     if args.resume:
         raise ValueError(
@@ -407,7 +407,7 @@ class VLLMPreprocess:
     """``preprocess=`` of ``ray.data.llm.build_processor``: a text row -> the tokens
     and ``sampling_params`` the plugin serves.
 
-    The prompt is built and tokenised exactly as :func:`semsoft_plugin.vllm.classify_vllm`
+    The prompt is built and tokenised exactly as :func:`semsoft_plugin.engines.vllm.classify_vllm`
     does (chat template continuing the answer prefix), so run the processor with
     ``chat_template_stage=False, tokenize_stage=False`` (the row carries the formatted
     ``prompt`` and its ``tokenization_kwargs``). ``sampling_params`` carries
@@ -429,8 +429,8 @@ class VLLMPreprocess:
         max_tokens: int = 1,
         **overrides: Any,
     ) -> None:
-        from semsoft_plugin.prompting import DEFAULT_TEMPLATE, PromptTemplate
-        from semsoft_plugin.request import build_request
+        from semsoft_plugin.core.request import build_request
+        from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate
 
         self.request = build_request(labels, config=config, mode=mode, **overrides)  # type: ignore[arg-type]
         k = self.request.config.k
@@ -454,12 +454,12 @@ class VLLMPreprocess:
         }
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
-        from semsoft_plugin.prompting import build_inputs, encode_prompts, format_prompt
+        from semsoft_plugin.engines.prompting import build_inputs, encode_prompts, format_prompt
 
         if self._tokenizer is None:
-            from semsoft_plugin.scoring import _client_model
+            from semsoft_plugin.engines.scoring import client_model
 
-            self._tokenizer = _client_model(self.model).tokenizer
+            self._tokenizer = client_model(self.model).tokenizer
         text = text_of(row.get(self.text_column))
         if not text.strip():
             raise ValueError(f"{self.text_column}={row.get(self.text_column)!r} is empty")
@@ -532,7 +532,7 @@ class VLLMPostprocess:
         column_prefix: str = "",
         **overrides: Any,
     ) -> None:
-        from semsoft_plugin.request import build_request
+        from semsoft_plugin.core.request import build_request
 
         self.request = build_request(labels, config=config, mode=mode, **overrides)  # type: ignore[arg-type]
         self.model = model
@@ -543,16 +543,16 @@ class VLLMPostprocess:
     def score(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """The added columns of one output row; ``ValueError`` (or
         :class:`MissingLabelLogprobs`) when it cannot be scored exactly."""
-        from semsoft_plugin.scoring import _client_model, _decision_step, _score_top_k
+        from semsoft_plugin.engines.scoring import client_model, decision_step, scores_from_top_k
 
         if row.get("__inference_error__"):
             raise ValueError(f"the engine failed on this row: {row['__inference_error__']}")
         steps = row.get("logprobs")
         if steps is None or len(steps) == 0:
             raise ValueError("the row holds no log-probabilities: sampling_params needs logprobs")
-        client = _client_model(self.model)
+        client = client_model(self.model)
         generated = [int(t) for t in list(row["generated_tokens"])[: len(steps)]]
-        step = _decision_step(client, self.request, generated)
+        step = decision_step(client, self.request, generated)
         entries = _entries(steps[step])
         known = {t: lp for t, (lp, _) in entries.items()}
         k = self.request.config.k
@@ -560,7 +560,7 @@ class VLLMPostprocess:
         scoring = client.scoring(self.request)
         names = scoring.labels.names
         exact_label_logprobs(known, scoring.labels.answer_token_ids, names)
-        result = _score_top_k(client, self.request, top, known, generated, step)
+        result = scores_from_top_k(client, self.request, top, known, generated, step)
         assert result.probs is not None and result.constrained_probs is not None
         probs = [result.probs[n] for n in self.columns.labels]
         constrained = [result.constrained_probs[n] for n in self.columns.labels]

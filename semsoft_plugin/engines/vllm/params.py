@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from vllm import SamplingParams
 from vllm.sampling_params import SamplingType
 
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.labels import LabelSet
-from semsoft_plugin.request import (
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.request import (
     ENTRY_POINT,
     KEY_LABELS,
     KEY_MODE,
@@ -32,7 +32,7 @@ from semsoft_plugin.request import (
     default_max_tokens,
     parse_request,
 )
-from semsoft_plugin.scoring import _CACHE_SIZE
+from semsoft_plugin.engines.scoring import CACHE_SIZE
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -150,7 +150,7 @@ def _check_servable(
     if not getattr(vllm_config.scheduler_config, "async_scheduling", False):
         return
     runner = "v2" if vllm_config.use_v2_model_runner else "v1"
-    if not _unrepaired_output_tokens(vllm_config, runner):
+    if not unrepaired_output_tokens(vllm_config, runner):
         return
     greedy = params.sampling_type == SamplingType.GREEDY
     if request.trigger is not None or (multi_token and not greedy):
@@ -203,7 +203,7 @@ def _tokenizer_key(model_config: Any) -> tuple[Any, ...]:
     )
 
 
-def _load_tokenizer(model_config: Any) -> Any:
+def load_tokenizer(model_config: Any) -> Any:
     """The engine's tokenizer, loaded once per process (the processor, the admission
     check and the server middleware share it)."""
     key = _tokenizer_key(model_config)
@@ -222,7 +222,7 @@ def _check_label_set(request: SemsoftRequest, model_config: Any) -> tuple[bool, 
     """Refuse labels the engine's tokenizer cannot tell apart or cannot emit as text
     (``ValueError`` naming them); else whether some label takes several tokens, and
     every label token id. Outcomes are cached per distinct label set, at most
-    ``_CACHE_SIZE``."""
+    ``CACHE_SIZE``."""
     key = (_tokenizer_key(model_config), request.labels, request.leading_space)
     with _TOKENIZERS_LOCK:
         outcome = _ADMITTED.get(key)
@@ -232,7 +232,7 @@ def _check_label_set(request: SemsoftRequest, model_config: Any) -> tuple[bool, 
         try:
             labels = LabelSet(
                 list(request.labels),
-                _load_tokenizer(model_config),
+                load_tokenizer(model_config),
                 leading_space=request.leading_space,
             )
             ids = frozenset(t for seq in labels.token_sequences for t in seq)
@@ -241,7 +241,7 @@ def _check_label_set(request: SemsoftRequest, model_config: Any) -> tuple[bool, 
             outcome = (str(error), False, frozenset())
         with _TOKENIZERS_LOCK:
             _ADMITTED[key] = outcome
-            while len(_ADMITTED) > _CACHE_SIZE:
+            while len(_ADMITTED) > CACHE_SIZE:
                 _ADMITTED.popitem(last=False)
     refusal, multi_token, label_ids = outcome
     if refusal is not None:
@@ -293,7 +293,7 @@ def sampling_params(
     return params
 
 
-def _unrepaired_output_tokens(vllm_config: Any, runner: str) -> bool:
+def unrepaired_output_tokens(vllm_config: Any, runner: str) -> bool:
     """True when the V1 runner leaves ``-1`` placeholders in the output tokens this
     processor reads: async scheduling on and no processor in
     ``model_config.logits_processors`` (vLLM sets ``logitsprocs_need_output_token_ids``

@@ -60,21 +60,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.tokens import (
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.tokens import (
     LabelTokens,
     OutputEmbeddings,
-    _as_label_tokens,
-    _as_output_embeddings,
+    as_label_tokens,
     as_output_embeddings,
 )
 
 __all__ = [
-    "LabelTokens",
-    "OutputEmbeddings",
     "SemanticSoftmax",
     "SemanticSoftmaxResult",
-    "as_output_embeddings",
     "constrained_softmax",
     "semantic_softmax",
     "semantic_softmax_details",
@@ -125,7 +121,7 @@ def constrained_softmax(logits: Tensor, label_token_ids: Sequence[int] | Tensor 
     is masked (-inf) in a row, that row is uniform.
     """
     logits = _check_logits(logits)
-    tokens = _as_label_tokens(label_token_ids)
+    tokens = as_label_tokens(label_token_ids)
     _check_label_ids(tokens, logits.shape[-1])
     return _constrained(logits, tokens)
 
@@ -195,8 +191,8 @@ class SemanticSoftmax:
         **overrides: Any,
     ) -> None:
         self.config = (config or SemsoftConfig()).replace(**overrides)
-        self.embeddings = _as_output_embeddings(embeddings)
-        self.labels = _as_label_tokens(labels)
+        self.embeddings = as_output_embeddings(embeddings)
+        self.labels = as_label_tokens(labels)
         _check_label_ids(self.labels, self.embeddings.vocab_size)
         device = self.embeddings.weight.device
         anchor_ids = torch.tensor(self.labels.anchors, device=device)

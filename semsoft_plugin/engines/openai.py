@@ -14,17 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.labels import label_names
-from semsoft_plugin.request import (
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.labels import label_names
+from semsoft_plugin.core.request import (
     Mode,
     SemsoftRequest,
     build_request,
     default_max_tokens,
     parse_request,
 )
-from semsoft_plugin.result import LabelResult
-from semsoft_plugin.scoring import _client_model, _decision_step, _Model, read_scores
+from semsoft_plugin.core.result import LabelResult
+from semsoft_plugin.engines.scoring import ModelScorer, client_model, decision_step, read_scores
 
 # vLLM's cap on logprob_token_ids per request (vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS;
 # not imported: this module works without vLLM).
@@ -43,7 +43,7 @@ class OpenAIRequest(dict[str, Any]):
     """The keyword arguments of an ``openai`` ``create`` call, plus the request they encode.
 
     A plain ``dict`` to the client (``create(..., **request)``); :attr:`semsoft` is the
-    parsed :class:`~semsoft_plugin.request.SemsoftRequest` the reader scores with, so
+    parsed :class:`~semsoft_plugin.core.request.SemsoftRequest` the reader scores with, so
     :func:`openai_label_scores` needs neither the labels nor the options again.
     """
 
@@ -74,7 +74,7 @@ def openai_request(
     the generated text, and ``k`` must fit the server's top-logprobs cap (OpenAI: 20).
     ``extra_body`` adds server options, e.g. ``{"continue_final_message": True,
     "add_generation_prompt": False}`` to continue a pre-filled assistant answer
-    (``"Sentiment:"``) the way :func:`semsoft_plugin.hf.classify` does.
+    (``"Sentiment:"``) the way :func:`semsoft_plugin.engines.hf.classify` does.
     """
     request = build_request(  # the same checks as the server's
         labels, config=config, mode=mode, trigger=trigger, leading_space=leading_space, **method
@@ -101,7 +101,7 @@ def _get(obj: Any, name: str) -> Any:
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
-def _openai_token(model: _Model, token: str, api: str = "chat") -> int:
+def _openai_token(model: ModelScorer, token: str, api: str = "chat") -> int:
     if token.startswith("token_id:"):
         return int(token[len("token_id:") :])
     token_id = model.token_id(token)
@@ -210,12 +210,12 @@ def openai_label_scores(
     client : the ``openai.OpenAI`` client the request went through: answer tokens the
         scores need that are outside the returned top-k are then fetched exactly with
         one follow-up (:func:`openai_fetch`, vLLM servers); without it such a response
-        is refused with :class:`~semsoft_plugin.scoring.MissingLabelLogprobs`
+        is refused with :class:`~semsoft_plugin.engines.scoring.MissingLabelLogprobs`
     greedy_pick : whether the server picked greedily (default: from the ``create``
         keywords' ``temperature`` when given them, else greedy); only a greedy pick
         must be the argmax of the scores
 
-    Follows the reader contract (:func:`semsoft_plugin.scoring.read_scores`): exact
+    Follows the reader contract (:func:`semsoft_plugin.engines.scoring.read_scores`): exact
     scores or a named refusal. Raises ``ValueError`` when the choice carries no
     decision step (no generated token with log-probabilities, or a trigger never
     written) or its decision-step log-probabilities are NaN/inf;
@@ -228,7 +228,7 @@ def openai_label_scores(
     fetch_client = client
     if greedy_pick is not None:
         greedy = greedy_pick
-    reader = _client_model(model, allow_download=allow_download)
+    reader = client_model(model, allow_download=allow_download)
     if _get(response, "choices") is None and isinstance(response, Iterable):
         response = _gather_chunks(response)
     choices = list(_get(response, "choices") or [])
@@ -270,7 +270,7 @@ def openai_label_scores(
             parsed.setdefault(chosen, float(logprob))
             generated.append(chosen)
             tops.append(parsed)
-    step = _decision_step(reader, semsoft, generated)
+    step = decision_step(reader, semsoft, generated)
     fetch = None
     if fetch_client is not None:
         prompt = _get(picked, "prompt_token_ids") or _get(response, "prompt_token_ids")
@@ -319,7 +319,7 @@ def openai_fetch(
     top-k. ``prompt_token_ids`` come back when the request asked for
     ``return_token_ids`` (:func:`openai_request` does).
     """
-    from semsoft_plugin.scoring import MissingLabelLogprobs
+    from semsoft_plugin.engines.scoring import MissingLabelLogprobs
 
     def fetch(token_ids: list[int]) -> dict[int, float]:
         if not prompt_token_ids:

@@ -4,7 +4,7 @@ Engine-neutral: every reader (vLLM offline, ``classify_vllm``, the OpenAI client
 postprocess) hands the decision step's ``{token: raw log-prob}`` to :func:`read_scores`
 here, the reader contract (``docs/reader-contract.md``): exact scores or a named
 refusal (:class:`MissingLabelLogprobs`, :class:`EmittedLabelMismatch`, :class:`CutLabel`).
-A :class:`_Model` holds a model's tokenizer, its output embeddings (read once from the
+A :class:`ModelScorer` holds a model's tokenizer, its output embeddings (read once from the
 checkpoint with safetensors) and its resolved label sets; the vLLM processor uses the
 same object inside the engine. No vLLM import (a ``vllm.LLM`` is recognised by its
 ``llm_engine`` attribute), so a reader of an OpenAI-compatible server needs no vLLM.
@@ -24,20 +24,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax
-from semsoft_plugin.embeddings import from_checkpoint
-from semsoft_plugin.labels import LabelSet
-from semsoft_plugin.request import SemsoftRequest
-from semsoft_plugin.result import LabelResult
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.embeddings import from_checkpoint
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.request import SemsoftRequest
+from semsoft_plugin.core.result import LabelResult
+from semsoft_plugin.core.softmax import SemanticSoftmax
+from semsoft_plugin.core.tokens import OutputEmbeddings
 
 # Distinct label sets (with their settings) kept resolved per model, and the bound of
 # every other per-request cache of the plugin.
-_CACHE_SIZE = 128
+CACHE_SIZE = 128
 
 
 @dataclass(frozen=True)
-class _Scoring:
+class LabelScorer:
     """A label set bound to one model: its tokens and its scorer."""
 
     labels: LabelSet
@@ -46,11 +47,11 @@ class _Scoring:
     answer_to_label: dict[int, int]
 
 
-class _Model:
+class ModelScorer:
     """Tokenizer, output embeddings and resolved label sets of one model.
 
     Embeddings are read once from the checkpoint (safetensors; tied embeddings and
-    padded vocabularies are handled by :func:`~semsoft_plugin.embeddings.from_checkpoint`)
+    padded vocabularies are handled by :func:`~semsoft_plugin.core.embeddings.from_checkpoint`)
     and shared by every request and label set. Label sets are cached per distinct
     (labels, leading space, settings), least recently used first out.
     """
@@ -68,11 +69,11 @@ class _Model:
         self.embeddings: OutputEmbeddings = from_checkpoint(
             _local_checkpoint(checkpoint), vocab_size=vocab_size, device=device
         )
-        self._cache: OrderedDict[tuple[Any, ...], _Scoring] = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], LabelScorer] = OrderedDict()
         self._lock = threading.Lock()
         self._text_to_id: dict[str, int] | None = None
 
-    def scoring(self, request: SemsoftRequest) -> _Scoring:
+    def scoring(self, request: SemsoftRequest) -> LabelScorer:
         """The resolved label set; ``ValueError`` if the tokenizer cannot tell labels apart."""
         with self._lock:
             found = self._cache.get(request.key)
@@ -84,7 +85,7 @@ class _Model:
         )
         scorer = SemanticSoftmax(self.embeddings, label_set, request.config)
         device = self.embeddings.weight.device
-        scoring = _Scoring(
+        scoring = LabelScorer(
             label_set,
             scorer,
             torch.tensor(label_set.answer_token_ids, device=device),
@@ -92,7 +93,7 @@ class _Model:
         )
         with self._lock:
             self._cache[request.key] = scoring
-            while len(self._cache) > _CACHE_SIZE:
+            while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return scoring
 
@@ -128,18 +129,18 @@ def _local_checkpoint(checkpoint: str | Path) -> Path:
         ) from None
 
 
-_MODELS: dict[str, _Model] = {}
+_MODELS: dict[str, ModelScorer] = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def _client_model(model: Any, *, allow_download: bool = False) -> _Model:
-    """A cached :class:`_Model` for an ``LLM``, a checkpoint path or a known model name.
+def client_model(model: Any, *, allow_download: bool = False) -> ModelScorer:
+    """A cached :class:`ModelScorer` for an ``LLM``, a checkpoint path or a known model name.
 
     A name that is not on this machine yet (a known name not cached, a hub name not in
     the hub cache) is a ``ValueError`` unless ``allow_download``: a reader must not
     start a download as a side effect of reading scores.
     """
-    if isinstance(model, _Model):
+    if isinstance(model, ModelScorer):
         return model
     tokenizer = None
     engine = getattr(model, "llm_engine", None)
@@ -147,7 +148,7 @@ def _client_model(model: Any, *, allow_download: bool = False) -> _Model:
         checkpoint = str(engine.model_config.model)
         tokenizer = model.get_tokenizer()
     elif isinstance(model, str | Path):
-        from semsoft_plugin import models
+        from semsoft_plugin.engines import models
 
         checkpoint = str(models.resolve(str(model), allow_download=allow_download))
     else:
@@ -162,7 +163,7 @@ def _client_model(model: Any, *, allow_download: bool = False) -> _Model:
                 from transformers import AutoTokenizer
 
                 tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-            found = _MODELS[checkpoint] = _Model(checkpoint, tokenizer)
+            found = _MODELS[checkpoint] = ModelScorer(checkpoint, tokenizer)
         return found
 
 
@@ -174,10 +175,10 @@ def output_embeddings(model: Any, *, allow_download: bool = False) -> OutputEmbe
     ``lm_head``). A model name not on this machine is refused unless
     ``allow_download=True``.
     """
-    return _client_model(model, allow_download=allow_download).embeddings
+    return client_model(model, allow_download=allow_download).embeddings
 
 
-def _trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, start: int) -> int:
+def trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, start: int) -> int:
     """First ``j >= max(start, 1)`` where the generated text ``generated[:j]`` ends with
     ``trigger`` (checked on a tail window of tokens), or -1."""
     window = len(trigger) + 2
@@ -186,9 +187,6 @@ def _trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, st
             return j
     return -1
 
-
-# The readers' result (an alias of the one result type, kept for one release).
-LabelScores = LabelResult
 
 # Probabilities closer than this are a tie at the float precision an engine and a reader
 # share: a greedy constrained pick and the reader's argmax may fall either way of it.
@@ -299,20 +297,20 @@ def read_scores(
         label; with a trigger they locate the decision step)
     known : other exact raw log-probs of the decision step (e.g. a follow-up's)
     fetch : ``fetch(token_ids) -> {token id: raw log-prob}`` at the decision step, for
-        needed answer tokens outside the top-k (e.g. :func:`semsoft_plugin.openai.openai_fetch`)
+        needed answer tokens outside the top-k (e.g. :func:`semsoft_plugin.engines.openai.openai_fetch`)
     greedy : the engine picked the argmax (temperature 0); a sampled pick may be any label
     constrained : the plugin constrained the generation (False: a server without it)
     """
-    client = _client_model(model, allow_download=allow_download)
+    client = client_model(model, allow_download=allow_download)
     if isinstance(labels, SemsoftRequest):
         request = labels
     else:
-        from semsoft_plugin.request import build_request
+        from semsoft_plugin.core.request import build_request
 
         request = build_request(list(labels), config=config)
     generated = [int(t) for t in emitted_ids] if emitted_ids is not None else []
     if isinstance(top_logprobs, Mapping):
-        step = 0 if request.trigger is None else _decision_step(client, request, generated)
+        step = 0 if request.trigger is None else decision_step(client, request, generated)
         step_logprobs: Logprobs = top_logprobs
     else:
         positions = list(top_logprobs)
@@ -324,7 +322,7 @@ def read_scores(
                 "emitted_ids (the generated token ids) to locate it"
             )
         else:
-            step = _decision_step(client, request, generated)
+            step = decision_step(client, request, generated)
         if step >= len(positions) or positions[step] is None:
             raise ValueError(
                 f"the output carries no log-probabilities at its decision step {step} "
@@ -337,13 +335,13 @@ def read_scores(
     top = {t: ids[t] for t in ranked[:k]}
     extra = {t: ids[t] for t in ranked[k:]}
     extra.update({_token_key(client, t): float(v) for t, v in (known or {}).items()})
-    result = _score_top_k(client, request, top, extra, generated, step, fetch=fetch)
+    result = scores_from_top_k(client, request, top, extra, generated, step, fetch=fetch)
     return _check_emitted(
         client, request, result, emitted, generated, step, greedy=greedy, constrained=constrained
     )
 
 
-def _token_key(model: _Model, token: Any) -> int:
+def _token_key(model: ModelScorer, token: Any) -> int:
     """A token id from an int, a ``"token_id:N"`` string or a token's text."""
     if isinstance(token, int) and not isinstance(token, bool):
         return token
@@ -367,8 +365,8 @@ def _needed(request: SemsoftRequest, fallback: bool) -> bool:
     return request.config.semantic_weight != 1.0 or fallback
 
 
-def _score_top_k(
-    model: _Model,
+def scores_from_top_k(
+    model: ModelScorer,
     request: SemsoftRequest,
     top: Mapping[int, float],
     extra: Mapping[int, float],
@@ -414,7 +412,7 @@ def _score_top_k(
     fallback = bool(result.fallback)
     if missing and _needed(request, fallback) and fetch is not None and fallback:
         known.update(_fetched(fetch, missing))  # the 0/0 case needs them after all
-        return _score_top_k(model, request, top, known, emitted, decision_step)
+        return scores_from_top_k(model, request, top, known, emitted, decision_step)
     if missing and _needed(request, fallback):
         wanted = set(missing)
         raise MissingLabelLogprobs(
@@ -467,7 +465,7 @@ def _fetched(fetch: Fetch, token_ids: list[int]) -> dict[int, float]:
 
 
 def _check_emitted(
-    model: _Model,
+    model: ModelScorer,
     request: SemsoftRequest,
     result: LabelResult,
     text: str | None,
@@ -510,7 +508,7 @@ def _check_emitted(
     return result
 
 
-def _decision_step(model: _Model, request: SemsoftRequest, generated: Sequence[int]) -> int:
+def decision_step(model: ModelScorer, request: SemsoftRequest, generated: Sequence[int]) -> int:
     """Index of the decision step among the generated tokens; ``ValueError`` when the
     output carries none (nothing generated, or the trigger never written)."""
     if request.trigger is None:
@@ -520,7 +518,7 @@ def _decision_step(model: _Model, request: SemsoftRequest, generated: Sequence[i
                 "log-probabilities (max_tokens=0, or the request was cut before its first token)"
             )
         return 0
-    found = _trigger_position(model.tokenizer, generated, request.trigger, 1)
+    found = trigger_position(model.tokenizer, generated, request.trigger, 1)
     if found < 0 or found >= len(generated):
         raise ValueError(
             f"the output carries no decision step: the trigger {request.trigger!r} "

@@ -1,7 +1,7 @@
 """The vLLM logits processor: Semantic Softmax inside the engine, for both model runners.
 
 How the scores come back, the decision step and async scheduling (placeholder output
-tokens) are explained in the package docstring (:mod:`semsoft_plugin.vllm`).
+tokens) are explained in the package docstring (:mod:`semsoft_plugin.engines.vllm`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,14 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
     LogitsProcessor as V2LogitsProcessor,
 )
 
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.request import ENTRY_POINT, SemsoftRequest, parse_request
-from semsoft_plugin.scoring import _CACHE_SIZE, _Model, _Scoring, _trigger_position
-from semsoft_plugin.vllm.params import _load_tokenizer, _unrepaired_output_tokens, validate_params
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.request import ENTRY_POINT, SemsoftRequest, parse_request
+from semsoft_plugin.engines.scoring import CACHE_SIZE, LabelScorer, ModelScorer, trigger_position
+from semsoft_plugin.engines.vllm.params import (
+    load_tokenizer,
+    unrepaired_output_tokens,
+    validate_params,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -102,12 +106,12 @@ def _record_unscored(prompt: Sequence[int], before: Sequence[int], reason: str) 
     with _UNSCORED_LOCK:
         _UNSCORED[key] = reason
         _UNSCORED.move_to_end(key)
-        while len(_UNSCORED) > _CACHE_SIZE:
+        while len(_UNSCORED) > CACHE_SIZE:
             _UNSCORED.popitem(last=False)
 
 
-def _unscored_reason(
-    model: _Model,
+def unscored_reason(
+    model: ModelScorer,
     request: SemsoftRequest,
     prompt: Sequence[int] | None,
     generated: Sequence[int],
@@ -129,7 +133,7 @@ class _Active:
     """Engine-side state of one opted-in request (constrain mode)."""
 
     request: SemsoftRequest
-    scoring: _Scoring | None  # None: the label set was refused; the request is ended
+    scoring: LabelScorer | None  # None: the label set was refused; the request is ended
     eos_token_id: int | None
     output_ids: list[int] | None = None  # V1: the runner's live list
     decided_at: int | None = None  # output index of the decision step
@@ -176,7 +180,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         # explicitly is built twice for one engine. The second copy stands down so the
         # constraint is applied once.
         self.inert = _claim_engine(vllm_config, self._runner, self)
-        self._model: _Model | None = None
+        self._model: ModelScorer | None = None
         self._model_lock = threading.Lock()
         self._active: dict[int, _Active] = {}  # V1: batch index; V2: request slot
         # Bounded like the label-set cache: one entry per distinct refusal, so a stream
@@ -193,7 +197,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
                 default_k,
                 default_k,
             )
-        self.placeholders = not self.inert and _unrepaired_output_tokens(vllm_config, self._runner)
+        self.placeholders = not self.inert and unrepaired_output_tokens(vllm_config, self._runner)
         if self.placeholders:
             logger.warning(
                 "semsoft: this engine schedules asynchronously and no logits processor was "
@@ -214,13 +218,13 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         """The label constraint changes greedy picks."""
         return False
 
-    def _engine_model(self) -> _Model:
+    def _engine_model(self) -> ModelScorer:
         with self._model_lock:
             if self._model is None:
                 model_config = self._config.model_config
-                self._model = _Model(
+                self._model = ModelScorer(
                     model_config.model,
-                    _load_tokenizer(model_config),
+                    load_tokenizer(model_config),
                     vocab_size=model_config.get_vocab_size(),
                     device=self._device,
                 )
@@ -252,12 +256,12 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         return _Active(request, scoring, eos, greedy=greedy)
 
     def _warn(self, key: str, message: str) -> None:
-        """Log ``message`` once per ``key`` among the last ``_CACHE_SIZE`` distinct keys."""
+        """Log ``message`` once per ``key`` among the last ``CACHE_SIZE`` distinct keys."""
         if key in self._warned:
             self._warned.move_to_end(key)
             return
         self._warned[key] = None
-        while len(self._warned) > _CACHE_SIZE:
+        while len(self._warned) > CACHE_SIZE:
             self._warned.popitem(last=False)
         logger.warning(message)
 
@@ -347,7 +351,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
                 if known < j:
                     self._warn_placeholder()
                 tokenizer = self._engine_model().tokenizer
-                found = _trigger_position(tokenizer, tokens[:known], trigger, state.checked_upto)
+                found = trigger_position(tokenizer, tokens[:known], trigger, state.checked_upto)
                 state.checked_upto = known + 1
                 if found < 0:
                     return None

@@ -2,7 +2,7 @@
 
 The output carries the decision step's top-``k`` raw log-probabilities (the request
 asked for ``logprobs=k``); :func:`label_scores` hands them to the reader contract,
-:func:`semsoft_plugin.scoring.read_scores`, the same code the OpenAI reader uses.
+:func:`semsoft_plugin.engines.scoring.read_scores`, the same code the OpenAI reader uses.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from typing import Any
 
 from vllm import SamplingParams
 
-from semsoft_plugin.request import SemsoftRequest, parse_request
-from semsoft_plugin.result import LabelResult
-from semsoft_plugin.scoring import _client_model, _decision_step, read_scores
-from semsoft_plugin.vllm.params import sampling_params
-from semsoft_plugin.vllm.processor import _unscored_reason
+from semsoft_plugin.core.request import SemsoftRequest, parse_request
+from semsoft_plugin.core.result import LabelResult
+from semsoft_plugin.engines.scoring import client_model, decision_step, read_scores
+from semsoft_plugin.engines.vllm.params import sampling_params
+from semsoft_plugin.engines.vllm.processor import unscored_reason
 
 __all__ = ["label_probs", "label_scores"]
 
 
-def _request_of(params_or_labels: Any, options: Mapping[str, Any]) -> SemsoftRequest:
+def request_of(params_or_labels: Any, options: Mapping[str, Any]) -> SemsoftRequest:
     if isinstance(params_or_labels, SamplingParams):
         request = parse_request(params_or_labels.extra_args)
         if request is None:
@@ -74,11 +74,11 @@ def label_scores(
     Raises ``ValueError`` for this request only when it cannot be scored: it carries
     no decision step, its decision-step log-probabilities are NaN/inf, or the engine's
     processor could not score its row and left it unconstrained (the reason is named);
-    and, by the reader contract (:func:`~semsoft_plugin.scoring.read_scores`),
+    and, by the reader contract (:func:`~semsoft_plugin.engines.scoring.read_scores`),
     ``MissingLabelLogprobs``, ``EmittedLabelMismatch`` or ``CutLabel``.
     """
-    request = _request_of(params, options)
-    client = _client_model(model, allow_download=allow_download)
+    request = request_of(params, options)
+    client = client_model(model, allow_download=allow_download)
     outputs = list(getattr(request_output, "outputs", None) or [])
     if not -len(outputs) <= choice < len(outputs):
         raise ValueError(f"choice={choice}: the output holds {len(outputs)} completion(s)")
@@ -86,11 +86,11 @@ def label_scores(
     if not completion.logprobs:
         raise ValueError(
             "the output holds no log-probabilities: the request needs logprobs >= k "
-            "(use semsoft_plugin.vllm.sampling_params)"
+            "(use semsoft_plugin.engines.vllm.sampling_params)"
         )
     generated = list(completion.token_ids)[: len(completion.logprobs)]
-    step = _decision_step(client, request, generated)
-    reason = _unscored_reason(
+    step = decision_step(client, request, generated)
+    reason = unscored_reason(
         client, request, getattr(request_output, "prompt_token_ids", None), generated, step
     )
     if reason is not None:
@@ -108,7 +108,7 @@ def label_scores(
         follow = TokensPrompt(prompt_token_ids=list(prompt_ids) + list(generated[:step]))
 
         def fetch(token_ids: list[int]) -> dict[int, float]:
-            return _fetch_logprobs(model, [follow], token_ids)[0]
+            return fetch_logprobs(model, [follow], token_ids)[0]
 
     greedy = params.temperature == 0.0 if isinstance(params, SamplingParams) else True
     return read_scores(
@@ -131,7 +131,7 @@ def _top_k_logprobs(entries: Mapping[int, Any], k: int) -> dict[int, float]:
     }
 
 
-def _fetch_logprobs(
+def fetch_logprobs(
     llm: Any, prompts: Sequence[Any], token_ids: Sequence[int], *, use_tqdm: bool = False
 ) -> list[dict[int, float]]:
     """Each prompt's next-token raw log-probs of ``token_ids``: one-token follow-ups

@@ -40,9 +40,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.core import LabelTokens, SemanticSoftmax, as_output_embeddings
-from semsoft_plugin.tokens import _as_label_tokens
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.softmax import SemanticSoftmax
+from semsoft_plugin.core.tokens import LabelTokens, as_label_tokens, as_output_embeddings
 
 __all__ = [
     "DEFAULT_WEIGHTS",
@@ -108,7 +108,7 @@ class KeptScores:
 def label_token_ids(labels: Any) -> list[int]:
     """Every label's answer token, then the own-token variants not already listed (the
     answer tokens come first). ``labels``: a LabelSet or LabelTokens."""
-    tokens = _as_label_tokens(labels)
+    tokens = as_label_tokens(labels)
     ids = list(tokens.answer_token_ids)
     ids += [t for own in tokens.own_token_ids for t in own if t not in ids]
     return ids
@@ -212,7 +212,7 @@ def grid_probs(
     too_big = [c.k for c in configs if c.k > store_k]
     if too_big:
         raise ValueError(f"k={too_big[0]} exceeds the {store_k} logits kept per item")
-    tokens = _as_label_tokens(labels)
+    tokens = as_label_tokens(labels)
     logits, subset, remapped = _compact(kept, embeddings, tokens, max(c.k for c in configs))
     n = logits.shape[0]
     out = np.empty((len(configs), n, len(tokens)))

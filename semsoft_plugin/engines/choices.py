@@ -1,6 +1,6 @@
 """Outlines output types -> the label strings they name (no Outlines import at load).
 
-What :mod:`semsoft_plugin.outlines` accepts as a choice: ``Literal[...]`` of strings, an
+What :mod:`semsoft_plugin.engines.outlines` accepts as a choice: ``Literal[...]`` of strings, an
 ``Enum`` with string values, ``outlines.types.Choice``, or a regex that is an
 alternation of literal strings. Anything else is refused naming what is supported:
 Semantic Softmax needs a finite label set.
@@ -12,7 +12,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from semsoft_plugin.labels import MAX_LABELS, LabelSet, label_names
+from semsoft_plugin.core.labels import MAX_LABELS, LabelSet, label_names
 
 __all__ = ["SUPPORTED_TYPES", "choice_labels"]
 
@@ -173,7 +173,7 @@ def choice_labels(output_type: Any) -> list[str]:
     return list(dict.fromkeys(strings))
 
 
-def _label_set(
+def choice_label_set(
     choices: Sequence[str], tokenizer: Any, variants: Mapping[str, Iterable[str]] | None
 ) -> LabelSet:
     """Labels spelled exactly as Outlines writes them, at the start of the answer."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.prompting import DEFAULT_PROMPT
+from semsoft_plugin.engines.prompting import DEFAULT_PROMPT
 
 __all__ = [
     "COMMAND_GROUP",
@@ -221,7 +221,7 @@ def _add_classify_parser(subparsers: Any) -> None:
 
 
 def _add_ray_options(parser: argparse.ArgumentParser) -> None:
-    """``--ray``: the same classification on a Ray cluster (semsoft_plugin.ray)."""
+    """``--ray``: the same classification on a Ray cluster (semsoft_plugin.app.ray)."""
     group = parser.add_argument_group("on a Ray cluster (pip install 'semsoft-plugin[ray]')")
     group.add_argument(
         "--ray",
@@ -257,7 +257,7 @@ def _parse_labels(text: str) -> list[str]:
 
 
 def _template(args: argparse.Namespace) -> Any:
-    from semsoft_plugin.prompting import DEFAULT_TEMPLATE, PromptTemplate, load_template
+    from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate, load_template
 
     if args.prompt_file:
         if args.prompt is not None or args.answer_prefix is not None:
@@ -272,7 +272,7 @@ def _template(args: argparse.Namespace) -> Any:
 
 
 def _classifier(args: argparse.Namespace, labels: list[str], template: Any, config: Any) -> Any:
-    from semsoft_plugin.classifier import Classifier
+    from semsoft_plugin.app.classifier import Classifier
 
     return Classifier.from_pretrained(
         args.model,
@@ -288,7 +288,7 @@ def _classifier(args: argparse.Namespace, labels: list[str], template: Any, conf
 
 
 def _run_classify(args: argparse.Namespace) -> int:
-    from semsoft_plugin.config import SemsoftConfig
+    from semsoft_plugin.core.config import SemsoftConfig
 
     if (args.text is None) == (args.input is None):
         raise ValueError("give one text to classify or --input FILE, not both or neither")
@@ -305,7 +305,7 @@ def _run_classify(args: argparse.Namespace) -> int:
     config = config.replace(k=args.k, tau=args.tau)
     template = _template(args)
     if args.input is not None and args.ray:
-        from semsoft_plugin.ray import run_classify_cli
+        from semsoft_plugin.app.ray import run_classify_cli
 
         return run_classify_cli(args, labels, template, config)
     if args.ray:
@@ -344,7 +344,7 @@ def _run_classify(args: argparse.Namespace) -> int:
 
 
 def _by_label(columns: Sequence[str], row: Any, labels: Sequence[str]) -> dict[str, float]:
-    """One row of a :class:`~semsoft_plugin.classifier.Predictions` array (columns in
+    """One row of a :class:`~semsoft_plugin.app.classifier.Predictions` array (columns in
     ``classes_`` order) as label -> probability in the user's label order."""
     values = dict(zip(columns, row.tolist(), strict=True))
     return {label: values[label] for label in labels}
@@ -355,7 +355,7 @@ def _output_path(args: argparse.Namespace) -> Path:
     that exists and is writable, not a folder itself, and not the input file under
     another name (a hard link or a symbolic link: compared by device and inode, so
     even ``--overwrite`` cannot truncate the input)."""
-    from semsoft_plugin.tables import table_format
+    from semsoft_plugin.app.tables import table_format
 
     table_format(args.input)
     table_format(args.output, role="output file")
@@ -387,7 +387,7 @@ def _run_settings(
 ) -> dict[str, Any]:
     """What a file's rows were scored with, flattened to dotted names (``config.k``):
     everything besides the texts that changes a written value."""
-    from semsoft_plugin.models import default_dtype
+    from semsoft_plugin.engines.models import default_dtype
 
     settings: dict[str, Any] = {
         "model": args.model,
@@ -466,10 +466,10 @@ def _run_classify_file(
     """
     from tqdm.auto import tqdm
 
-    from semsoft_plugin.columns import ResultColumns
-    from semsoft_plugin.columns import row_list as _row_list
-    from semsoft_plugin.columns import text_of as _text_of
-    from semsoft_plugin.tables import open_table_writer, read_output, read_records
+    from semsoft_plugin.app.columns import ResultColumns
+    from semsoft_plugin.app.columns import row_list as _row_list
+    from semsoft_plugin.app.columns import text_of as _text_of
+    from semsoft_plugin.app.tables import open_table_writer, read_output, read_records
 
     if not 0.0 <= args.review_below <= 1.0:
         raise ValueError(f"--review-below {args.review_below} must be a probability in [0, 1]")

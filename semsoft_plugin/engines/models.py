@@ -19,7 +19,7 @@ A name of the form ``owner/name`` is a model hub repository: :func:`resolve` dow
 from it (where a hub is reachable) only the files loading needs (:data:`HUB_PATTERNS`:
 configs, tokenizer files, safetensors weights), never pickled weights (``*.bin``,
 ``*.pt``). With ``allow_download=False`` nothing is fetched (the readers in
-:mod:`semsoft_plugin.vllm` pass that).
+:mod:`semsoft_plugin.engines.vllm` pass that).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def resolve(name_or_path: str = "default", *, allow_download: bool = True) -> Pa
         if not allow_download and not _is_converted(cache_dir() / source.name):
             raise ValueError(
                 f"model {name_or_path!r} is not cached under {cache_dir()}: fetching it is a "
-                f"download; run semsoft_plugin.models.resolve({name_or_path!r}) first or pass "
+                f"download; run semsoft_plugin.engines.models.resolve({name_or_path!r}) first or pass "
                 "allow_download=True"
             )
         return _ensure_converted(source)

@@ -9,18 +9,18 @@ The floors (vLLM is imported in this package only):
 * :mod:`.reader`: :func:`label_scores` / :func:`label_probs` read an offline output;
 * :mod:`.batch`: :func:`classify_vllm`, a batch of prompts on a ``vllm.LLM``;
 * :mod:`.middleware`: :func:`admission`, the OpenAI server middleware
-  (``--middleware semsoft_plugin.vllm.admission``: vLLM imports this package and
+  (``--middleware semsoft_plugin.engines.vllm.admission``: vLLM imports this package and
   takes its ``admission`` attribute).
 
-The per-request options and their limits are in :mod:`semsoft_plugin.request`, the
-engine-neutral top-k scorer in :mod:`semsoft_plugin.scoring` and the OpenAI client
-helpers (no vLLM needed) in :mod:`semsoft_plugin.openai`; they are re-exported here
-so ``from semsoft_plugin import vllm as semsoft`` keeps offering every name.
+The per-request options and their limits are in :mod:`semsoft_plugin.core.request`, the
+engine-neutral top-k scorer and :func:`~semsoft_plugin.engines.scoring.output_embeddings`
+in :mod:`semsoft_plugin.engines.scoring`, and the OpenAI client helpers (no vLLM needed)
+in :mod:`semsoft_plugin.engines.openai`.
 
 One class, :class:`SemanticSoftmaxLogitsProcessor`, satisfies both of vLLM 0.32's
 logits-processor interfaces (the V1 model runner's, used on CPU, and Model Runner
 V2's, picked on most GPUs) and is loaded by class, by the string
-``"semsoft_plugin.vllm:SemanticSoftmaxLogitsProcessor"``, by the server's
+``"semsoft_plugin.engines.vllm:SemanticSoftmaxLogitsProcessor"``, by the server's
 ``--logits-processors`` flag or through the ``vllm.logits_processors`` entry point.
 Requests opt in through ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP);
 every other request is left untouched, bit for bit.
@@ -102,51 +102,18 @@ the processor warns once, naming the fix (``--logits-processors ...`` or
 ``--no-async-scheduling``).
 """
 
-from semsoft_plugin.config import SemsoftConfig  # as the single module offered it
-from semsoft_plugin.openai import (
-    OpenAIRequest,
-    openai_label_probs,
-    openai_label_scores,
-    openai_request,
-)
-from semsoft_plugin.request import (
-    ENTRY_POINT,
-    SERVER_MAX_K,
-    SERVER_MAX_LABEL_BYTES,
-    SERVER_MAX_LABELS,
-    SERVER_MAX_TRIGGER_BYTES,
-    SemsoftRequest,
-    parse_request,
-)
-from semsoft_plugin.result import LabelResult
-from semsoft_plugin.scoring import LabelScores, output_embeddings
-from semsoft_plugin.vllm.batch import classify_vllm
-from semsoft_plugin.vllm.middleware import admission
-from semsoft_plugin.vllm.params import sampling_params, validate_params
-from semsoft_plugin.vllm.processor import SemanticSoftmaxLogitsProcessor
-from semsoft_plugin.vllm.reader import label_probs, label_scores
+from semsoft_plugin.engines.vllm.batch import classify_vllm
+from semsoft_plugin.engines.vllm.middleware import admission
+from semsoft_plugin.engines.vllm.params import sampling_params, validate_params
+from semsoft_plugin.engines.vllm.processor import SemanticSoftmaxLogitsProcessor
+from semsoft_plugin.engines.vllm.reader import label_probs, label_scores
 
 __all__ = [
-    "ENTRY_POINT",
-    "LabelResult",
-    "LabelScores",
-    "SERVER_MAX_K",
-    "SERVER_MAX_LABELS",
-    "SERVER_MAX_LABEL_BYTES",
-    "SERVER_MAX_TRIGGER_BYTES",
-    "OpenAIRequest",
     "SemanticSoftmaxLogitsProcessor",
-    "SemsoftConfig",
-    "SemsoftRequest",
     "admission",
     "classify_vllm",
     "label_probs",
     "label_scores",
-    "openai_label_probs",
-    "openai_label_scores",
-    "openai_request",
-    "output_embeddings",
-    "parse_request",
     "sampling_params",
     "validate_params",
 ]

@@ -6,7 +6,7 @@ cannot know are None (a reader of a server response has no generated ``text`` of
 own to report; transformers has no top-k mass to report). ``hf.Classification`` and
 ``vllm.LabelScores`` remain as aliases of this class for one release so that code
 naming them keeps working. (``Classifier.predict_details`` returns arrays over a batch,
-:mod:`semsoft_plugin.outlines` returns :class:`ScoredLabel`, a ``str`` with these
+:mod:`semsoft_plugin.engines.outlines` returns :class:`ScoredLabel`, a ``str`` with these
 fields, because Outlines' interface returns strings.)
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from semsoft_plugin.core import SemanticSoftmaxResult
+from semsoft_plugin.core.softmax import SemanticSoftmaxResult
 
 __all__ = ["LabelResult", "ScoredLabel"]
 

@@ -4,7 +4,7 @@
 tokens, embedding anchor); :class:`OutputEmbeddings` wraps the lm_head matrix with what
 the cosines need once per matrix (the mean row for centring, a fixed vocabulary sample
 for ``tau_quantile``). Both are checked at construction so the math in
-:mod:`semsoft_plugin.core` can trust them. Torch only.
+:mod:`semsoft_plugin.core.softmax` can trust them. Torch only.
 """
 
 from __future__ import annotations
@@ -112,10 +112,10 @@ def _check_token_id(index: int, token_id: Any, what: str) -> None:
         raise ValueError(f"label {index}: {what} {token_id!r} is not a non-negative int")
 
 
-def _as_label_tokens(labels: Any) -> LabelTokens:
+def as_label_tokens(labels: Any) -> LabelTokens:
     if isinstance(labels, LabelTokens):
         return labels
-    tokens = getattr(labels, "label_tokens", None)  # a semsoft_plugin.labels.LabelSet
+    tokens = getattr(labels, "label_tokens", None)  # a semsoft_plugin.core.labels.LabelSet
     if isinstance(tokens, LabelTokens):
         return tokens
     return LabelTokens.from_ids(labels)
@@ -211,7 +211,9 @@ class OutputEmbeddings:
 _WRAPPED: dict[int, tuple[weakref.ref[Tensor], OutputEmbeddings]] = {}
 
 
-def _as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbeddings:
+def as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbeddings:
+    """``embeddings`` as an :class:`OutputEmbeddings` (a raw matrix is wrapped once, so
+    its mean row is computed once however often it is passed)."""
     if isinstance(embeddings, OutputEmbeddings):
         return embeddings
     if not isinstance(embeddings, Tensor):
@@ -229,9 +231,3 @@ def _as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbedd
 
     _WRAPPED[key] = (weakref.ref(embeddings, forget), wrapped)
     return wrapped
-
-
-def as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbeddings:
-    """``embeddings`` as an :class:`OutputEmbeddings` (a raw matrix is wrapped once, so
-    its mean row is computed once however often it is passed)."""
-    return _as_output_embeddings(embeddings)

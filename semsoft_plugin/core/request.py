@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.labels import label_names
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.labels import label_names
 
 __all__ = [
     "ENTRY_POINT",
@@ -38,10 +38,10 @@ __all__ = [
     "parse_request",
 ]
 
-ENTRY_POINT = "semsoft_plugin.vllm:SemanticSoftmaxLogitsProcessor"
+ENTRY_POINT = "semsoft_plugin.engines.vllm:SemanticSoftmaxLogitsProcessor"
 # One default mode on every engine: "constrain" (a classifier is asked for a label).
 Mode = Literal["constrain", "observe"]
-_MODES = ("constrain", "observe")
+MODES = ("constrain", "observe")
 
 # extra_args keys; flat values only so the same keys work in ``vllm_xargs``.
 KEY_LABELS = "semsoft_labels"
@@ -116,7 +116,7 @@ _RULES = {
 }
 
 
-def _show(value: Any, limit: int = 40) -> str:
+def show_value(value: Any, limit: int = 40) -> str:
     """``repr(value)`` cut to ``limit`` characters, for error messages about client
     values of any size."""
     try:
@@ -127,7 +127,7 @@ def _show(value: Any, limit: int = 40) -> str:
 
 
 def _refuse(key: str, value: Any, rule: str) -> ValueError:
-    return ValueError(f"{key}={_show(value)} must be {rule}")
+    return ValueError(f"{key}={show_value(value)} must be {rule}")
 
 
 def _flag(key: str, value: Any) -> bool:
@@ -199,7 +199,7 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
     """The semsoft options in ``extra_args``, or None when the request did not opt in.
 
     A request opts in by carrying ``semsoft_labels``. Every option is checked here, once,
-    with the same rules as :class:`~semsoft_plugin.config.SemsoftConfig` (plus the
+    with the same rules as :class:`~semsoft_plugin.core.config.SemsoftConfig` (plus the
     server's size limits). Raises ``ValueError`` naming the option, its value (cut to
     a few characters) and what is allowed; the server answers it with HTTP 400.
 
@@ -253,7 +253,7 @@ def check_near_misses(mapping: Mapping[Any, Any], where: str = "") -> None:
         key, meant = misses[0]
         hint = f"did you mean {meant!r}? " if meant else ""
         raise ValueError(
-            f"{_show(key)}{where} looks like a semsoft option but is not one: {hint}semsoft "
+            f"{show_value(key)}{where} looks like a semsoft option but is not one: {hint}semsoft "
             "keys are lower-case with underscores (known: semsoft_labels, semsoft_mode, "
             "semsoft_k, ...); as sent it would be ignored (a request without semsoft_labels "
             "runs unconstrained)"
@@ -263,35 +263,35 @@ def check_near_misses(mapping: Mapping[Any, Any], where: str = "") -> None:
 def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:
     if KEY_LABELS not in extra_args:
         raise ValueError(
-            f"semsoft options {_show(sorted(present))} given without {KEY_LABELS!r} "
+            f"semsoft options {show_value(sorted(present))} given without {KEY_LABELS!r} "
             "(the label list)"
         )
     unknown = present - _KEYS
     if unknown:
         raise ValueError(
-            f"unknown semsoft option(s) {_show(sorted(unknown), 80)}; known: {sorted(_KEYS)}"
+            f"unknown semsoft option(s) {show_value(sorted(unknown), 80)}; known: {sorted(_KEYS)}"
         )
     labels = extra_args[KEY_LABELS]
     if isinstance(labels, str) or not isinstance(labels, Sequence):
-        raise ValueError(f"{KEY_LABELS} must be a list of strings, got {_show(labels)}")
+        raise ValueError(f"{KEY_LABELS} must be a list of strings, got {show_value(labels)}")
     if not 2 <= len(labels) <= SERVER_MAX_LABELS:
         raise ValueError(
             f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to SERVER_MAX_LABELS={SERVER_MAX_LABELS}"
         )
     for label in labels:
         if not isinstance(label, str) or not label.strip():
-            raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not a non-empty string")
+            raise ValueError(f"{KEY_LABELS}: label {show_value(label)} is not a non-empty string")
         size = _utf8_bytes(label)
         if size is None:
-            raise ValueError(f"{KEY_LABELS}: label {_show(label)} is not valid Unicode")
+            raise ValueError(f"{KEY_LABELS}: label {show_value(label)} is not valid Unicode")
         if size > SERVER_MAX_LABEL_BYTES:
             raise ValueError(
-                f"{KEY_LABELS}: label {_show(label, 24)} is longer than "
+                f"{KEY_LABELS}: label {show_value(label, 24)} is longer than "
                 f"SERVER_MAX_LABEL_BYTES={SERVER_MAX_LABEL_BYTES} UTF-8 bytes"
             )
     if len(set(labels)) != len(labels):
         twice = next(label for i, label in enumerate(labels) if label in labels[:i])
-        raise ValueError(f"{KEY_LABELS} holds the label {_show(twice)} twice")
+        raise ValueError(f"{KEY_LABELS} holds the label {show_value(twice)} twice")
 
     overrides: dict[str, Any] = {}
     for key, name in _CONFIG_KEYS.items():
@@ -303,8 +303,8 @@ def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:
         raise ValueError(f"semsoft_{error}") from None
 
     mode = extra_args.get(KEY_MODE, "constrain")
-    if not isinstance(mode, str) or mode not in _MODES:
-        raise _refuse(KEY_MODE, mode, f"one of {_MODES}")
+    if not isinstance(mode, str) or mode not in MODES:
+        raise _refuse(KEY_MODE, mode, f"one of {MODES}")
     trigger = extra_args.get(KEY_TRIGGER)
     if trigger is not None:
         rule = f"a non-empty string of at most SERVER_MAX_TRIGGER_BYTES={SERVER_MAX_TRIGGER_BYTES} UTF-8 bytes"

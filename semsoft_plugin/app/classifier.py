@@ -9,8 +9,8 @@ the order of ``classes_``, so scikit-learn's metrics take it unchanged::
 
 It is the one way the project scores texts: ``semsoft classify`` (one text or a whole
 file) goes through it, and it goes through the engine adapters' batch functions,
-:func:`semsoft_plugin.hf.classify` (transformers) and
-:func:`semsoft_plugin.vllm.classify_vllm` (a ``vllm.LLM``), so the batching, padding
+:func:`semsoft_plugin.engines.hf.classify` (transformers) and
+:func:`semsoft_plugin.engines.vllm.classify_vllm` (a ``vllm.LLM``), so the batching, padding
 and scoring live in one place per engine. Both run the same forward pass as
 ``semsoft eval``: the decision step is the first token after the prompt's answer
 prefix, and only that step is computed (observe mode, one new token), since the
@@ -26,21 +26,22 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from semsoft_plugin.calibration import CONTENT_FREE, batch_calibrate, debias
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.labels import LabelSet
-from semsoft_plugin.prompting import (
+from semsoft_plugin.core.calibration import CONTENT_FREE, batch_calibrate, debias
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.engines.prompting import (
     DEFAULT_TEMPLATE,
     PromptTemplate,
     build_inputs,
     encode_prompts,
     format_prompt,
+    item_list,
 )
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BACKENDS", "Classifier", "Predictions", "item_list", "text_list"]
+__all__ = ["BACKENDS", "Classifier", "Predictions", "text_list"]
 
 BACKENDS = ("hf", "vllm")
 CALIBRATIONS = (None, "contextual", "batch")
@@ -88,21 +89,6 @@ def _rows(dicts: Sequence[Mapping[str, float]], names: Sequence[str]) -> np.ndar
     return rows / rows.sum(axis=1, keepdims=True)
 
 
-def item_list(items: Any, name: str, kind: str) -> list[Any]:
-    """Any one-dimensional iterable as a list (numpy arrays and pandas Series through
-    ``tolist``: Python values, a Series' values not its index); a single string, a
-    non-iterable or a 2-D array is a ``ValueError`` naming ``name``."""
-    if isinstance(items, str | bytes):
-        raise ValueError(f"{name} must be an iterable of {kind}, not a single string")
-    if not isinstance(items, Iterable):
-        raise ValueError(f"{name} must be an iterable of {kind}, not {type(items).__name__}")
-    if getattr(items, "ndim", 1) != 1:
-        raise ValueError(
-            f"{name} must be one-dimensional, got shape {getattr(items, 'shape', None)}"
-        )
-    return list(items.tolist() if hasattr(items, "tolist") else items)
-
-
 def text_list(texts: Iterable[str]) -> list[str]:
     """``texts`` as a list of non-empty strings; ``ValueError`` naming the bad element.
 
@@ -132,16 +118,16 @@ class Classifier:
     Parameters
     ----------
     model : a transformers causal LM, or a ``vllm.LLM`` (scored through
-        :func:`~semsoft_plugin.vllm.classify_vllm`; the engine needs
+        :func:`~semsoft_plugin.engines.vllm.classify_vllm`; the engine needs
         ``max_logprobs >= k``)
     tokenizer : the model's tokenizer; ``None`` for a ``vllm.LLM`` (its own is used)
     labels : label names (scored as leading-space whole words after the answer
         prefix; listed in this order in the prompt's ``{labels}``); with transformers
-        also a ready :class:`~semsoft_plugin.labels.LabelSet`. ``classes_`` holds them
+        also a ready :class:`~semsoft_plugin.core.labels.LabelSet`. ``classes_`` holds them
         sorted and every output's columns follow ``classes_``: scikit-learn's metrics
         assume probability columns in sorted label order (``log_loss`` warns and
         misreads them otherwise).
-    prompt : a :class:`~semsoft_plugin.prompting.PromptTemplate`, or a user message with
+    prompt : a :class:`~semsoft_plugin.engines.prompting.PromptTemplate`, or a user message with
         ``{text}`` (and optionally ``{labels}``) and the default answer prefix
         ``"Answer:"``; default: the prompt of ``semsoft classify``
     config : Semantic Softmax settings (e.g. ``SemsoftConfig.load`` of a ``semsoft
@@ -164,7 +150,7 @@ class Classifier:
         content-free inputs scored the same way (Zhao et al., 2021; see
         :meth:`content_free_bias`: three forward passes per classifier)
     exact_head : transformers: compute the decision step's logits with a float32 head
-        (:func:`~semsoft_plugin.hf.float32_head`) when the model is bf16/fp16, so
+        (:func:`~semsoft_plugin.engines.hf.float32_head`) when the model is bf16/fp16, so
         different texts do not tie on bf16's coarse grid (a vLLM engine built by
         :meth:`from_pretrained` runs its head in float32 the same way)
     """
@@ -242,7 +228,7 @@ class Classifier:
         **kwargs: Any,
     ) -> Classifier:
         """A classifier on a model by name (``"default"``, ``"qwen2.5-coder-1.5b"``) or
-        checkpoint directory, as :func:`semsoft_plugin.models.resolve` finds it.
+        checkpoint directory, as :func:`semsoft_plugin.engines.models.resolve` finds it.
 
         Parameters
         ----------
@@ -253,7 +239,7 @@ class Classifier:
             float32 unless ``hf_overrides`` sets another ``head_dtype``)
         **kwargs : the constructor's keywords (``prompt``, ``config``, ``batch_size``, ...)
         """
-        from semsoft_plugin import models
+        from semsoft_plugin.engines import models
 
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
@@ -264,7 +250,7 @@ class Classifier:
             return cls(loaded, tokenizer, labels, **kwargs)
         from vllm import LLM
 
-        from semsoft_plugin.vllm import ENTRY_POINT
+        from semsoft_plugin.core.request import ENTRY_POINT
 
         k = (kwargs.get("config") or SemsoftConfig()).replace(k=kwargs.get("k")).k
         args = {"max_logprobs": k, **dict(engine_args or {})}
@@ -307,7 +293,7 @@ class Classifier:
     ) -> Classifier:
         """Fit the settings to a few labelled texts (50-200 are enough); returns ``self``.
 
-        One forward pass per text; then :func:`semsoft_plugin.fitting.fit_config` on the
+        One forward pass per text; then :func:`semsoft_plugin.core.fitting.fit_config` on the
         kept decision-step scores: from the classifier's config (the label-free default
         unless one was given), the pool weight ``semantic_weight`` over a grid and a final
         ``temperature`` are fitted, and the start is *kept* unless the fit beats it by
@@ -326,9 +312,9 @@ class Classifier:
         y : their labels, elements of ``classes_``
         grid : config field -> values searched (default: ``semantic_weight`` 0, 0.1, ..., 1)
         temperature : also fit a final temperature
-        n_folds, margin, seed : the rule (see :mod:`semsoft_plugin.fitting`)
+        n_folds, margin, seed : the rule (see :mod:`semsoft_plugin.core.fitting`)
         """
-        from semsoft_plugin import fitting
+        from semsoft_plugin.core import fitting
 
         if self.calibrate is not None:
             raise ValueError(
@@ -359,15 +345,15 @@ class Classifier:
 
     def _kept(self, inputs: list[Any], store_k: int) -> Any:
         """The decision step's top ``store_k`` raw scores and every label token's
-        (:class:`~semsoft_plugin.fitting.KeptScores`), from this classifier's engine."""
+        (:class:`~semsoft_plugin.core.fitting.KeptScores`), from this classifier's engine."""
         import torch
 
-        from semsoft_plugin.fitting import KeptScores, compress, kept_from_top_logprobs
-        from semsoft_plugin.fitting import label_token_ids as token_ids_of
+        from semsoft_plugin.core.fitting import KeptScores, compress, kept_from_top_logprobs
+        from semsoft_plugin.core.fitting import label_token_ids as token_ids_of
 
         token_ids = token_ids_of(self.labels)
         if self.backend == "vllm":
-            from semsoft_plugin.vllm import classify_vllm
+            from semsoft_plugin.engines.vllm import classify_vllm
 
             results = classify_vllm(
                 self.model, inputs, list(self.labels.names), self.config, mode="observe",
@@ -375,7 +361,7 @@ class Classifier:
                 use_tqdm=bool(self.progress),
             )  # fmt: skip
             return kept_from_top_logprobs(results, token_ids)
-        from semsoft_plugin.hf import classify
+        from semsoft_plugin.engines.hf import classify
 
         classified = classify(
             self.model, self.tokenizer, inputs, self.labels, config=self.config,
@@ -389,10 +375,10 @@ class Classifier:
 
     def _embeddings(self) -> Any:
         if self.backend == "vllm":
-            from semsoft_plugin.vllm import output_embeddings
+            from semsoft_plugin.engines.scoring import output_embeddings
 
             return output_embeddings(self.model)
-        from semsoft_plugin.embeddings import from_model
+        from semsoft_plugin.core.embeddings import from_model
 
         return from_model(self.model)
 
@@ -477,7 +463,7 @@ class Classifier:
             raise ValueError(
                 f"calibrate='batch' needs at least {MIN_BATCH_CALIBRATION} texts per call, got "
                 f"{len(inputs)}: the bias is their mean distribution (for one text at a time use "
-                "semsoft_plugin.calibration.RunningBias, or calibrate='contextual')"
+                "semsoft_plugin.core.calibration.RunningBias, or calibrate='contextual')"
             )
         if not inputs:
             empty = np.zeros((0, len(classes)))
@@ -516,7 +502,7 @@ class Classifier:
         """Per input: Semantic Softmax and constrained dicts, coverage, fallback."""
         names = list(self.labels.names)
         if self.backend == "vllm":
-            from semsoft_plugin.vllm import classify_vllm
+            from semsoft_plugin.engines.vllm import classify_vllm
 
             results = classify_vllm(
                 self.model,
@@ -533,7 +519,7 @@ class Classifier:
                 [r["coverage"] for r in results],
                 [r["fallback"] for r in results],
             )
-        from semsoft_plugin.hf import classify
+        from semsoft_plugin.engines.hf import classify
 
         classified = classify(
             self.model,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from semsoft_plugin.tokens import OutputEmbeddings
+from semsoft_plugin.core.tokens import OutputEmbeddings
 
 __all__ = ["from_model", "from_checkpoint", "OUTPUT_TENSOR_NAMES", "TIED_TENSOR_NAMES"]
 

@@ -1,6 +1,6 @@
 """The vLLM OpenAI server's middleware: semsoft's checks before any response starts.
 
-``--middleware semsoft_plugin.vllm.admission`` (the package re-exports
+``--middleware semsoft_plugin.engines.vllm.admission`` (the package re-exports
 :func:`admission`; this module is not named after it so that the attribute and the
 module never shadow each other).
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 from vllm import SamplingParams
 
-from semsoft_plugin.request import _show, check_near_misses, near_misses, parse_request
-from semsoft_plugin.vllm.params import validate_params
+from semsoft_plugin.core.request import check_near_misses, near_misses, parse_request, show_value
+from semsoft_plugin.engines.vllm.params import validate_params
 
 __all__ = ["admission"]
 
@@ -22,7 +22,7 @@ async def admission(request: Any, call_next: Any) -> Any:
     """vLLM OpenAI-server middleware: semsoft's checks before any response starts.
 
     ``python -m vllm.entrypoints.openai.api_server ... --middleware
-    semsoft_plugin.vllm.admission``. Why a middleware: vLLM admits a request (and calls
+    semsoft_plugin.engines.vllm.admission``. Why a middleware: vLLM admits a request (and calls
     :meth:`SemanticSoftmaxLogitsProcessor.validate_params`) only when the serving layer
     first reads the engine's result stream, and for ``stream: true`` that happens inside
     an already-sent HTTP 200, so a refusal arrives as an error event (vLLM's own checks,
@@ -108,7 +108,7 @@ def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
         legacy = sorted(k for k, v in data.items() if k.startswith("guided_") and v is not None)
         if legacy:
             raise ValueError(
-                f"semsoft requests do their own label constraint: drop {_show(legacy, 80)} "
+                f"semsoft requests do their own label constraint: drop {show_value(legacy, 80)} "
                 "(guided decoding erases the silent vote; vLLM no longer applies these fields)"
             )
         parse_request(xargs)  # the raw JSON values: a true is still a bool here

@@ -38,22 +38,24 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.core import OutputEmbeddings, SemanticSoftmax, SemanticSoftmaxResult
-from semsoft_plugin.embeddings import from_model
-from semsoft_plugin.labels import LabelSet
-from semsoft_plugin.prompting import encode_prompts, format_prompt, left_padded, pad_token_id
-from semsoft_plugin.request import _MODES, Mode
-from semsoft_plugin.result import LabelResult
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.embeddings import from_model
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.request import MODES, Mode
+from semsoft_plugin.core.result import LabelResult
+from semsoft_plugin.core.softmax import SemanticSoftmax, SemanticSoftmaxResult
+from semsoft_plugin.core.tokens import OutputEmbeddings
+from semsoft_plugin.engines.prompting import (
+    format_prompt,
+    item_list,
+    left_padded,
+    pad_token_id,
+)
 
 __all__ = [
-    "Classification",
     "SemanticSoftmaxLogitsProcessor",
     "classify",
-    "encode_prompts",
     "float32_head",
-    "format_prompt",
-    "left_padded",
 ]
 
 
@@ -118,8 +120,8 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         keep_logits: bool = False,
         **overrides: Any,
     ) -> None:
-        if mode not in _MODES:
-            raise ValueError(f"mode={mode!r} must be one of {_MODES}")
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} must be one of {MODES}")
         if not isinstance(labels, LabelSet):
             raise ValueError(f"labels must be a LabelSet, got {type(labels).__name__}")
         if trigger is not None:
@@ -354,10 +356,6 @@ def float32_head(model: Any) -> Iterator[None]:
 # ---------------------------------------------------------------------------
 
 
-# One input's result (an alias of the one result type, kept for one release).
-Classification = LabelResult
-
-
 def padding_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """Indices grouped into left-padded batches: sorted by length, at most
     ``batch_size`` each, and a batch is cut early where padding would fill more than
@@ -400,7 +398,7 @@ def classify(
     generate_kwargs: Mapping[str, Any] | None = None,
     exact_head: bool = True,
     **overrides: Any,
-) -> list[Classification]:
+) -> list[LabelResult]:
     """Classify inputs with calibrated label probabilities, one result per input.
 
     Parameters
@@ -409,7 +407,7 @@ def classify(
     inputs : strings (used as is) or chat message lists (chat template applied), in
         any iterable (list, tuple, numpy array, pandas Series, generator)
     labels : label names (scored as leading-space whole words, see
-        :class:`~semsoft_plugin.labels.LabelSet`) or a ready LabelSet
+        :class:`~semsoft_plugin.core.labels.LabelSet`) or a ready LabelSet
     config, **overrides : Semantic Softmax settings
     mode : ``"constrain"`` (default): the generated text is the label; ``"observe"``:
         generation is free and ``label`` is the calibrated argmax
@@ -425,8 +423,6 @@ def classify(
         with the batch by more than the hidden states do. False keeps the model's head.
     """
     from tqdm.auto import tqdm
-
-    from semsoft_plugin.classifier import item_list
 
     inputs = item_list(inputs, "inputs", "strings or chat message lists")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -460,7 +456,7 @@ def classify(
     texts = [format_prompt(tokenizer, item) for item in inputs]
     batches = padding_batches([len(text) for text, _ in texts], batch_size)
     show = progress if progress is not None else len(batches) > 1
-    results: list[Classification | None] = [None] * len(texts)
+    results: list[LabelResult | None] = [None] * len(texts)
     device = next(model.parameters()).device
     for batch in tqdm(batches, desc="classify", unit="batch", disable=not show):
         encoded = left_padded(tokenizer, [texts[i] for i in batch], pad_id)
@@ -492,7 +488,7 @@ def classify(
                 label = label_set.names[choice]
             else:
                 label = label_set.names[int(result.semantic.argmax())]
-            results[index] = Classification(
+            results[index] = LabelResult(
                 label=label,
                 probs=dict(zip(label_set.names, semantic, strict=True)),
                 constrained_probs=dict(

@@ -9,16 +9,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from semsoft_plugin.config import SemsoftConfig
-from semsoft_plugin.labels import LabelSet, label_names
-from semsoft_plugin.request import Mode
-from semsoft_plugin.result import LabelResult
-from semsoft_plugin.scoring import MissingLabelLogprobs, _client_model, _decision_step, read_scores
-from semsoft_plugin.vllm.params import sampling_params
-from semsoft_plugin.vllm.reader import (
-    _fetch_logprobs,
-    _request_of,
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.labels import LabelSet, label_names
+from semsoft_plugin.core.request import Mode
+from semsoft_plugin.core.result import LabelResult
+from semsoft_plugin.engines.scoring import (
+    MissingLabelLogprobs,
+    client_model,
+    decision_step,
+    read_scores,
+)
+from semsoft_plugin.engines.vllm.params import sampling_params
+from semsoft_plugin.engines.vllm.reader import (
+    fetch_logprobs,
     label_scores,
+    request_of,
 )
 
 __all__ = ["classify_vllm"]
@@ -49,7 +54,7 @@ def classify_vllm(
     llm : ``vllm.LLM``
     prompts : strings (used as is) or chat message lists (chat template applied,
         continuing a final assistant message), tokenised exactly as
-        :func:`semsoft_plugin.hf.classify` does
+        :func:`semsoft_plugin.engines.hf.classify` does
     labels : label names (at least two; a ``str`` is refused), or a LabelSet built with
         the engine's tokenizer (another tokenizer's is refused by name; its
         ``leading_space`` is used; verbalizers and variants do not travel to the engine
@@ -77,7 +82,7 @@ def classify_vllm(
     """
     from vllm.inputs import TokensPrompt
 
-    from semsoft_plugin.prompting import encode_prompts, format_prompt
+    from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
 
     cfg = (config or SemsoftConfig()).replace(**overrides)
     wanted = max(cfg.k, keep_logprobs)
@@ -92,7 +97,7 @@ def classify_vllm(
         raise ValueError(f"keep_logprobs={keep_logprobs} must be >= 0")
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise ValueError("prompts must be a list of strings or of chat message lists")
-    client = _client_model(llm)
+    client = client_model(llm)
     vocab = client.embeddings.vocab_size
     extra_ids = [int(t) for t in dict.fromkeys(token_ids)]
     bad = [t for t in extra_ids if not 0 <= t < vocab]
@@ -116,7 +121,7 @@ def classify_vllm(
         logprobs=wanted,
         **length,
     )
-    request = _request_of(params, {})
+    request = request_of(params, {})
     scoring = client.scoring(request)  # label-set errors surface here, before any work
     if isinstance(labels, LabelSet) and labels.label_tokens != scoring.labels.label_tokens:
         raise ValueError(
@@ -183,7 +188,7 @@ def classify_vllm(
             )
             for i in missing
         ]
-        fetched = _fetch_logprobs(llm, follow, probe_ids, use_tqdm=use_tqdm)
+        fetched = fetch_logprobs(llm, follow, probe_ids, use_tqdm=use_tqdm)
         for i, found in zip(missing, fetched, strict=True):
             steps[i].update(found)
             # Scored again with every answer token's log-prob known: exact, as
@@ -217,4 +222,4 @@ def classify_vllm(
 def _step(client: Any, request: Any, out: Any) -> int:
     """The decision step of an offline output (its generated tokens with log-probs)."""
     completion = out.outputs[0]
-    return _decision_step(client, request, list(completion.token_ids)[: len(completion.logprobs)])
+    return decision_step(client, request, list(completion.token_ids)[: len(completion.logprobs)])
