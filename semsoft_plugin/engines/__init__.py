@@ -3,8 +3,7 @@
 * :mod:`.hf`: transformers (``LogitsProcessor``, ``classify``);
 * :mod:`.vllm`: vLLM's logits processor, request options, offline reader, server middleware;
 * :mod:`.openai`: any OpenAI-compatible server, read on the client (no vLLM needed);
-* :mod:`.outlines`: a drop-in wrapper for Outlines choice generators;
-* :mod:`.ray_llm`: the pre- and postprocess steps for Ray Data's vLLM processor.
+* :mod:`.outlines`: a drop-in wrapper for Outlines choice generators.
 
 What the adapters share, engine-free: :mod:`.scoring` (the reader contract: scores from
 a decision step's top-k log-probabilities, exact or refused), :mod:`.prompting` (chat
