@@ -135,6 +135,23 @@ def test_parquet_round_trip(cluster, tmp_path):
     assert_same_rows(written.to_pylist(), want)
 
 
+def test_two_actors_holding_every_cpu_still_write(cluster, tmp_path):
+    """Two one-CPU actors on the two-CPU cluster: the actors hold every CPU, so a write
+    task that asked for one would wait for them while they wait, backpressured, for the
+    write (this hung at 200 rows). The CLI's writes reserve no CPU; every row comes out
+    once, in 60 blocks of 4."""
+    texts = [t for t in TEXTS if t.strip()]
+    rows = [{"id": i, "text": texts[i % len(texts)][:24]} for i in range(240)]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "ray-out"
+    args = ["classify", "--input", str(source), "--output", str(out), "--ray", "--id-column", "id"]
+    args += ["--labels", ",".join(LABELS), "--batch-size", "4", "--output-format", "jsonl"]
+    assert main(args + ["--concurrency", "2", "--num-cpus", "1"]) == 0
+    got = [json.loads(line) for f in sorted(out.iterdir()) for line in f.read_text().splitlines()]
+    assert sorted(r["id"] for r in got) == list(range(len(rows)))
+
+
 def _actor_pids() -> set[int]:
     """Processes of the classifying actors (Ray names them after the actor class)."""
     found = set()

@@ -315,12 +315,17 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
         prompt=template,
         config=config,
     )
+    # The write tasks reserve no CPU: when the actors hold every CPU of the cluster (two
+    # one-CPU actors on two CPUs), a write task asking for one would wait for the actors,
+    # which wait, backpressured, for the write: the run would hang. Writing Arrow blocks
+    # to files is I/O next to the model's work.
+    write = {"ray_remote_args": {"num_cpus": 0}}
     if kind == "parquet":
-        scored.write_parquet(str(output))
+        scored.write_parquet(str(output), **write)
     elif kind == "csv":
-        scored.write_csv(str(output))
+        scored.write_csv(str(output), **write)
     else:  # pandas writes 10 significant digits unless told otherwise
-        scored.write_json(str(output), double_precision=15, force_ascii=False)
+        scored.write_json(str(output), double_precision=15, force_ascii=False, **write)
     seconds = time.perf_counter() - began
     done = _read_output_dir(output, kind, [id_column, result.label, result.review])
     written = done.column(id_column).to_pylist()
