@@ -13,9 +13,9 @@ from outlines.types import Choice, cfg, either, json_schema, regex  # noqa: E402
 
 from semsoft_plugin import LabelSet  # noqa: E402
 from semsoft_plugin.core.result import ScoredLabel  # noqa: E402
-from semsoft_plugin.engines.choices import choice_labels  # noqa: E402
 from semsoft_plugin.engines.hf import classify  # noqa: E402
 from semsoft_plugin.engines.outlines import Generator, wrap  # noqa: E402
+from semsoft_plugin.engines.outlines.choices import choice_labels  # noqa: E402
 
 pytestmark = pytest.mark.outlines
 

@@ -51,7 +51,8 @@ def test_reader_never_returns_a_bound_for_a_label_outside_the_top_k(
 ):
     """The issue's example: the reader either returns transformers' scores (the engine's
     exact log-probs fetched) or refuses naming the label it lacks; never superb .109."""
-    from semsoft_plugin.engines.scoring import MissingLabelLogprobs, read_scores
+    from semsoft_plugin.engines.reader_contract import read_scores
+    from semsoft_plugin.engines.scoring import MissingLabelLogprobs
 
     want, log_p = decision
     _, tokenizer = model_and_tokenizer
@@ -89,7 +90,7 @@ def test_constrained_pick_and_argmax_always_agree(
 ):
     """A greedy constrained pick that is not the scores' argmax is refused naming both;
     a sampled pick (temperature > 0) may be any label and is reported as emitted."""
-    from semsoft_plugin.engines.scoring import EmittedLabelMismatch, read_scores
+    from semsoft_plugin.engines.reader_contract import EmittedLabelMismatch, read_scores
 
     _, log_p = decision
     _, tokenizer = model_and_tokenizer
@@ -111,7 +112,7 @@ def test_constrained_pick_and_argmax_always_agree(
 
 def test_reader_says_when_the_text_was_cut(decision, model_and_tokenizer, default_checkpoint):
     """A stop string or max_tokens that cut the label (" sup" of " superb") is named."""
-    from semsoft_plugin.engines.scoring import CutLabel, read_scores
+    from semsoft_plugin.engines.reader_contract import CutLabel, read_scores
 
     _, log_p = decision
     _, tokenizer = model_and_tokenizer

@@ -1283,7 +1283,7 @@ def test_server_reader_says_when_max_tokens_cut_the_label(server, checkpoint, to
     two tokens): the reader says the text was cut instead of reporting the label."""
     import openai
 
-    from semsoft_plugin.engines.scoring import CutLabel
+    from semsoft_plugin.engines.reader_contract import CutLabel
 
     client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
     request = sopenai.openai_request(MULTI, extra_body=CONTINUE)

@@ -23,12 +23,12 @@ calls running in different threads with one processor keep separate state and
 results, and each thread reads its own ``results``. Within a thread, a call whose
 ``input_ids`` do not continue the previous call's starts a new generation, so
 sequential ``generate`` calls need no reset (``reset()`` exists to be explicit).
+Beam search is refused (:mod:`semsoft_plugin.engines.hf_beam_search`): it reorders rows.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +45,7 @@ from semsoft_plugin.core.request import MODES, Mode
 from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.core.softmax import SemanticSoftmax, SemanticSoftmaxResult
 from semsoft_plugin.core.tokens import OutputEmbeddings
+from semsoft_plugin.engines.hf_beam_search import BEAM_MESSAGE, num_beams, refuse_beam_search
 from semsoft_plugin.engines.prompting import (
     format_prompt,
     item_list,
@@ -186,7 +187,7 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
             and torch.equal(input_ids[:, :-1], previous)
         )
         if not continues:
-            _refuse_beam_search(previous, input_ids)
+            refuse_beam_search(previous, input_ids)
             batch = input_ids.shape[0]
             run = self._local.run = _Run(
                 prompt_length=input_ids.shape[1],
@@ -256,53 +257,6 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         if self.eos_token_id is not None:
             remainder.append(int(self.eos_token_id))
         run.forced[b] = remainder
-
-
-_BEAM_LOOPS = frozenset({"_beam_search", "_group_beam_search", "_constrained_beam_search"})
-
-
-def _refuse_beam_search(previous: Tensor | None, input_ids: Tensor) -> None:
-    """Raise ``ValueError`` if this call is part of a beam search.
-
-    Beam search reorders (and duplicates) rows between steps, so a per-row record
-    would end up under another input's row: the scores of one input returned for
-    another, silently. transformers passes a processor no beam information, so two
-    signs are checked at the start of each generation: transformers' beam-search loop
-    on the call stack (the first step already has ``batch * num_beams`` rows), and
-    rows that continue the previous step's rows in another order (any other loop that
-    reorders).
-    """
-    frame = sys._getframe(1)
-    for _ in range(12):  # generate() -> _beam_search -> LogitsProcessorList -> here
-        frame = frame.f_back  # type: ignore[assignment]
-        if frame is None:
-            break
-        if frame.f_code.co_name in _BEAM_LOOPS and "transformers" in frame.f_code.co_filename:
-            raise ValueError(_BEAM_MESSAGE)
-    if (
-        previous is not None
-        and previous.shape[0] == input_ids.shape[0] > 1
-        and input_ids.shape[1] == previous.shape[1] + 1
-    ):
-        prefix = input_ids[:, :-1]
-        same = (prefix.unsqueeze(1) == previous.unsqueeze(0)).all(-1)  # [B, B]
-        if bool(same.any(-1).all()):  # every row continues some previous row, reordered
-            raise ValueError(_BEAM_MESSAGE)
-
-
-_BEAM_MESSAGE = (
-    "num_beams > 1 (beam search) is not supported: it reorders rows between steps, so "
-    "a row's label probabilities would be recorded under another input; use greedy "
-    "decoding or sampling (num_return_sequences works)"
-)
-
-
-def _num_beams(model: Any, kwargs: Mapping[str, Any]) -> int:
-    """The ``num_beams`` a ``generate(**kwargs)`` call would use."""
-    if "num_beams" in kwargs and kwargs["num_beams"] is not None:
-        return int(kwargs["num_beams"])
-    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
-    return int(getattr(config, "num_beams", 1) or 1)
 
 
 # ---------------------------------------------------------------------------
@@ -450,9 +404,9 @@ def classify(
         "pad_token_id": pad_id,
     }
     kwargs.update(generate_kwargs or {})
-    beams = _num_beams(model, kwargs)
+    beams = num_beams(model, kwargs)
     if beams > 1:
-        raise ValueError(f"classify: num_beams={beams}: {_BEAM_MESSAGE}")
+        raise ValueError(f"classify: num_beams={beams}: {BEAM_MESSAGE}")
     texts = [format_prompt(tokenizer, item) for item in inputs]
     batches = padding_batches([len(text) for text, _ in texts], batch_size)
     show = progress if progress is not None else len(batches) > 1

@@ -24,7 +24,8 @@ from semsoft_plugin.core.request import (
     parse_request,
 )
 from semsoft_plugin.core.result import LabelResult
-from semsoft_plugin.engines.scoring import ModelScorer, client_model, decision_step, read_scores
+from semsoft_plugin.engines.reader_contract import read_scores
+from semsoft_plugin.engines.scoring import ModelScorer, client_model, decision_step
 
 # vLLM's cap on logprob_token_ids per request (vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS;
 # not imported: this module works without vLLM).
@@ -215,7 +216,7 @@ def openai_label_scores(
         keywords' ``temperature`` when given them, else greedy); only a greedy pick
         must be the argmax of the scores
 
-    Follows the reader contract (:func:`semsoft_plugin.engines.scoring.read_scores`): exact
+    Follows the reader contract (:func:`semsoft_plugin.engines.reader_contract.read_scores`): exact
     scores or a named refusal. Raises ``ValueError`` when the choice carries no
     decision step (no generated token with log-probabilities, or a trigger never
     written) or its decision-step log-probabilities are NaN/inf;

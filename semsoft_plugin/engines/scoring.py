@@ -1,18 +1,19 @@
 """Scores from the decision step's top-k log-probabilities, for any engine's output.
 
-Engine-neutral: every reader (vLLM offline, ``classify_vllm``, the OpenAI client, a Ray
-postprocess) hands the decision step's ``{token: raw log-prob}`` to :func:`read_scores`
-here, the reader contract (``docs/reader-contract.md``): exact scores or a named
-refusal (:class:`MissingLabelLogprobs`, :class:`EmittedLabelMismatch`, :class:`CutLabel`).
-A :class:`ModelScorer` holds a model's tokenizer, its output embeddings (read once from the
-checkpoint with safetensors) and its resolved label sets; the vLLM processor uses the
-same object inside the engine. No vLLM import (a ``vllm.LLM`` is recognised by its
-``llm_engine`` attribute), so a reader of an OpenAI-compatible server needs no vLLM.
+Engine-neutral, and shared by the readers and the vLLM processor: a :class:`ModelScorer`
+holds a model's tokenizer, its output embeddings (read once from the checkpoint with
+safetensors) and its resolved label sets (:func:`client_model` keeps one per checkpoint);
+the vLLM processor uses the same object inside the engine. :func:`scores_from_top_k`
+turns the decision step's top-k raw log-probabilities into exact scores or refuses them
+(:class:`MissingLabelLogprobs`); :func:`decision_step` finds that step among the
+generated tokens. The readers' entry point, with the checks against the emitted text, is
+:func:`semsoft_plugin.engines.reader_contract.read_scores` (``docs/reader-contract.md``).
+No vLLM import (a ``vllm.LLM`` is recognised by its ``llm_engine`` attribute), so a
+reader of an OpenAI-compatible server needs no vLLM.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 from collections import OrderedDict
@@ -24,7 +25,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.embeddings import from_checkpoint
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.request import SemsoftRequest
@@ -188,11 +188,6 @@ def trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, sta
     return -1
 
 
-# Probabilities closer than this are a tie at the float precision an engine and a reader
-# share: a greedy constrained pick and the reader's argmax may fall either way of it.
-ARGMAX_TIE = 1e-4
-
-
 class ReaderError(ValueError):
     """A reader refuses to return scores it cannot stand behind (a ``ValueError``, so a
     server answers it with HTTP 400 and a batch names the item)."""
@@ -218,144 +213,9 @@ class MissingLabelLogprobs(ReaderError):
         )
 
 
-class EmittedLabelMismatch(ReaderError):
-    """In constrain mode the engine emitted one label and the scores' argmax is another."""
-
-    def __init__(self, emitted: str, argmax: str, probs: Mapping[str, float]) -> None:
-        self.emitted, self.argmax, self.probs = emitted, argmax, dict(probs)
-        super().__init__(
-            f"the engine emitted the label {emitted!r} (p={probs[emitted]:.4f}) but the "
-            f"scores' argmax is {argmax!r} (p={probs[argmax]:.4f}): the scores disagree with "
-            "the greedy constrained pick, so neither is returned"
-        )
-
-
-class CutLabel(ReaderError):
-    """The emitted text is only the start of a label: a stop string, ``stop_token_ids``
-    or ``max_tokens`` cut it."""
-
-    def __init__(self, label: str, text: str) -> None:
-        self.label, self.text = label, text
-        super().__init__(
-            f"the text was cut: the engine emitted {text!r}, the start of the label "
-            f"{label!r} (a stop string, stop_token_ids or max_tokens ended it early)"
-        )
-
-
-# What a reader can be told about the decision step's log-probabilities: token id ->
-# raw log-prob; keys may be vLLM's ``"token_id:N"`` strings or token texts.
-Logprobs = Mapping[Any, float]
+# What a reader can ask for the decision step's answer tokens outside the top-k: token ids
+# -> raw log-probs (e.g. a follow-up request's).
 Fetch = Callable[[list[int]], Mapping[int, float]]
-
-
-def read_scores(
-    labels: SemsoftRequest | Sequence[str],
-    top_logprobs: Logprobs | Sequence[Logprobs | None],
-    emitted: str | None = None,
-    config: SemsoftConfig | None = None,
-    *,
-    model: Any,
-    emitted_ids: Sequence[int] | None = None,
-    known: Logprobs | None = None,
-    fetch: Fetch | None = None,
-    greedy: bool = True,
-    constrained: bool = True,
-    allow_download: bool = False,
-) -> LabelResult:
-    """Scores of one output from its returned log-probabilities: the reader contract.
-
-    Every reader (vLLM offline, the OpenAI-compatible client, ``classify_vllm``, a Ray
-    postprocess) ends here, so the rules hold everywhere:
-
-    1. **Exact or nothing.** The scores are computed from the decision step's top-k raw
-       log-probabilities plus every answer token's exact log-probability the settings
-       read (all of them unless ``semantic_weight=1``; all of them in the 0/0 fallback).
-       A needed answer token missing from ``top_logprobs`` and ``known`` is asked of
-       ``fetch``; if there is no ``fetch`` (or it does not return it) the reader raises
-       :class:`MissingLabelLogprobs` naming the labels. No bound stands in for a
-       missing log-probability.
-    2. **The emitted label agrees.** In constrain mode, when the engine applied the
-       constraint (``constrained``) and picked greedily (``greedy``), the result's label
-       is the emitted label and is the argmax of ``probs`` (ties within
-       :data:`ARGMAX_TIE`); otherwise :class:`EmittedLabelMismatch` names both.
-    3. **Cut text is said.** An emitted text that is only the start of a label raises
-       :class:`CutLabel`.
-
-    Parameters
-    ----------
-    labels : the label names (with ``config``), or the parsed request
-    top_logprobs : the decision step's ``{token: raw log-prob}`` (its ``k`` highest are
-        the top-k; any further entries, e.g. the sampled token an OpenAI server adds,
-        count as known log-probs), or the per-position list of such dicts of the
-        generated tokens (the decision step is found from ``emitted_ids``: 0 without a
-        trigger). Keys: token ids, ``"token_id:N"`` strings, or token texts
-    emitted : the generated text, when known (checked for a cut label)
-    config : method settings when ``labels`` is a list
-    model : a ``vllm.LLM``, a checkpoint directory or a model name (tokenizer and
-        output embeddings)
-    emitted_ids : the generated token ids (the decision step's one names the emitted
-        label; with a trigger they locate the decision step)
-    known : other exact raw log-probs of the decision step (e.g. a follow-up's)
-    fetch : ``fetch(token_ids) -> {token id: raw log-prob}`` at the decision step, for
-        needed answer tokens outside the top-k (e.g. :func:`semsoft_plugin.engines.openai.openai_fetch`)
-    greedy : the engine picked the argmax (temperature 0); a sampled pick may be any label
-    constrained : the plugin constrained the generation (False: a server without it)
-    """
-    client = client_model(model, allow_download=allow_download)
-    if isinstance(labels, SemsoftRequest):
-        request = labels
-    else:
-        from semsoft_plugin.core.request import build_request
-
-        request = build_request(list(labels), config=config)
-    generated = [int(t) for t in emitted_ids] if emitted_ids is not None else []
-    if isinstance(top_logprobs, Mapping):
-        step = 0 if request.trigger is None else decision_step(client, request, generated)
-        step_logprobs: Logprobs = top_logprobs
-    else:
-        positions = list(top_logprobs)
-        if request.trigger is None:
-            step = 0
-        elif not generated:
-            raise ValueError(
-                f"the decision step follows the trigger {request.trigger!r}: give "
-                "emitted_ids (the generated token ids) to locate it"
-            )
-        else:
-            step = decision_step(client, request, generated)
-        if step >= len(positions) or positions[step] is None:
-            raise ValueError(
-                f"the output carries no log-probabilities at its decision step {step} "
-                f"({len(positions)} position(s) returned)"
-            )
-        step_logprobs = positions[step]  # type: ignore[assignment]
-    ids = {_token_key(client, t): float(v) for t, v in step_logprobs.items()}
-    k = min(request.config.k, client.embeddings.vocab_size)
-    ranked = sorted(ids, key=ids.__getitem__, reverse=True)
-    top = {t: ids[t] for t in ranked[:k]}
-    extra = {t: ids[t] for t in ranked[k:]}
-    extra.update({_token_key(client, t): float(v) for t, v in (known or {}).items()})
-    result = scores_from_top_k(client, request, top, extra, generated, step, fetch=fetch)
-    return _check_emitted(
-        client, request, result, emitted, generated, step, greedy=greedy, constrained=constrained
-    )
-
-
-def _token_key(model: ModelScorer, token: Any) -> int:
-    """A token id from an int, a ``"token_id:N"`` string or a token's text."""
-    if isinstance(token, int) and not isinstance(token, bool):
-        return token
-    if isinstance(token, str):
-        if token.startswith("token_id:"):
-            return int(token[len("token_id:") :])
-        found = model.token_id(token)
-        if found is not None:
-            return found
-        raise ValueError(
-            f"token {token!r} maps to no unique token id: ask the server for "
-            "return_tokens_as_token_ids (vLLM)"
-        )
-    raise ValueError(f"a log-prob key must be a token id or a token string, got {token!r}")
 
 
 def _needed(request: SemsoftRequest, fallback: bool) -> bool:
@@ -378,7 +238,8 @@ def scores_from_top_k(
     """Scores from the decision step's top-k raw log-probabilities ``top`` (token ->
     log-prob) and any other known raw log-probabilities ``extra`` (the sampled token's,
     a follow-up's). Needed answer tokens missing from both are asked of ``fetch``, and
-    :class:`MissingLabelLogprobs` is raised if they stay unknown (see :func:`read_scores`)."""
+    :class:`MissingLabelLogprobs` is raised if they stay unknown (see
+    :func:`~semsoft_plugin.engines.reader_contract.read_scores`)."""
     scoring = model.scoring(request)
     names = scoring.labels.names
     k = request.config.k
@@ -462,50 +323,6 @@ def _fetched(fetch: Fetch, token_ids: list[int]) -> dict[int, float]:
     if bad:
         raise ValueError(f"the follow-up returned NaN/+inf log-probs for token(s) {bad[:5]}")
     return found
-
-
-def _check_emitted(
-    model: ModelScorer,
-    request: SemsoftRequest,
-    result: LabelResult,
-    text: str | None,
-    generated: Sequence[int],
-    step: int,
-    *,
-    greedy: bool,
-    constrained: bool,
-) -> LabelResult:
-    """Rules 2 and 3 of :func:`read_scores`: the constrained pick is the argmax, and a
-    label the text only starts is refused as cut."""
-    if request.mode != "constrain" or not constrained:
-        return result
-    scoring = model.scoring(request)
-    names = scoring.labels.names
-    emitted = None
-    if len(generated) > step:
-        index = scoring.answer_to_label.get(int(generated[step]))
-        emitted = None if index is None else names[index]
-    if text is not None:
-        answer = text
-        if request.trigger is not None and request.trigger in answer:
-            answer = answer.split(request.trigger, 1)[1]
-        answer = answer.strip()
-        spelled = [n for n in names if n.strip() == answer]
-        started = [n for n in names if n.strip().startswith(answer)]
-        if not spelled and started and (emitted is None or emitted in started):
-            raise CutLabel(emitted or started[0], text)
-        if emitted is None and spelled:
-            emitted = spelled[0]
-    if emitted is None or result.probs is None:
-        return result
-    if emitted != result.label:
-        result = dataclasses.replace(result, label=emitted)
-    probs = result.probs
-    assert probs is not None  # checked above
-    best = max(probs, key=probs.__getitem__)
-    if greedy and probs[emitted] < probs[best] - ARGMAX_TIE:
-        raise EmittedLabelMismatch(emitted, best, probs)
-    return result
 
 
 def decision_step(model: ModelScorer, request: SemsoftRequest, generated: Sequence[int]) -> int:

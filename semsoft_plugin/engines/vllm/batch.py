@@ -13,12 +13,8 @@ from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet, label_names
 from semsoft_plugin.core.request import Mode
 from semsoft_plugin.core.result import LabelResult
-from semsoft_plugin.engines.scoring import (
-    MissingLabelLogprobs,
-    client_model,
-    decision_step,
-    read_scores,
-)
+from semsoft_plugin.engines.reader_contract import read_scores
+from semsoft_plugin.engines.scoring import MissingLabelLogprobs, client_model, decision_step
 from semsoft_plugin.engines.vllm.params import sampling_params
 from semsoft_plugin.engines.vllm.reader import (
     fetch_logprobs,

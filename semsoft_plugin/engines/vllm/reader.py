@@ -2,7 +2,7 @@
 
 The output carries the decision step's top-``k`` raw log-probabilities (the request
 asked for ``logprobs=k``); :func:`label_scores` hands them to the reader contract,
-:func:`semsoft_plugin.engines.scoring.read_scores`, the same code the OpenAI reader uses.
+:func:`semsoft_plugin.engines.reader_contract.read_scores`, the same code the OpenAI reader uses.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from vllm import SamplingParams
 
 from semsoft_plugin.core.request import SemsoftRequest, parse_request
 from semsoft_plugin.core.result import LabelResult
-from semsoft_plugin.engines.scoring import client_model, decision_step, read_scores
+from semsoft_plugin.engines.reader_contract import read_scores
+from semsoft_plugin.engines.scoring import client_model, decision_step
 from semsoft_plugin.engines.vllm.params import sampling_params
 from semsoft_plugin.engines.vllm.processor import unscored_reason
 
@@ -74,7 +75,7 @@ def label_scores(
     Raises ``ValueError`` for this request only when it cannot be scored: it carries
     no decision step, its decision-step log-probabilities are NaN/inf, or the engine's
     processor could not score its row and left it unconstrained (the reason is named);
-    and, by the reader contract (:func:`~semsoft_plugin.engines.scoring.read_scores`),
+    and, by the reader contract (:func:`~semsoft_plugin.engines.reader_contract.read_scores`),
     ``MissingLabelLogprobs``, ``EmittedLabelMismatch`` or ``CutLabel``.
     """
     request = request_of(params, options)

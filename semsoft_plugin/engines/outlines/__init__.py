@@ -1,0 +1,170 @@
+"""Outlines adapter: calibrated probabilities for existing choice generators.
+
+Change one import::
+
+    # from outlines import Generator
+    from semsoft_plugin.engines.outlines import Generator
+
+    gen = Generator(model, Literal["joy", "sadness", "anger"])
+    label = gen(prompt)            # "sadness": the same str Outlines returns
+    label.probs                    # {"joy": 0.07, "sadness": 0.88, "anger": 0.05}
+
+or keep a generator that already exists: ``gen = wrap(gen, ["joy", "sadness", "anger"])``.
+
+Supported output types are the *choices*: ``Literal[...]``, an ``Enum``,
+``outlines.types.Choice``, and a regex (``outlines.types.Regex`` / ``regex(...)``)
+that spells a finite set of literal strings, such as ``(joy|sadness|anger)``.
+Anything else (JSON schema, free regex, CFG, ``int``...) raises ``ValueError``:
+nothing is generated unscored.
+
+One class per engine, chosen from the model (:func:`.base.model_engine`):
+
+* :mod:`.transformers` (``outlines.from_transformers``): Outlines takes one processor,
+  which runs the Semantic Softmax label constraint first and Outlines' own regex mask
+  second (:class:`~.transformers.TransformersChoiceGenerator`);
+* :mod:`.vllm` (``outlines.from_vllm_offline``): the request goes through the plugin's
+  vLLM adapter instead of vLLM's structured outputs
+  (:class:`~.vllm.VLLMChoiceGenerator`);
+* :mod:`.choices`: which output types are choices, and the labels they name;
+* :mod:`.base`: the interface both classes implement (:class:`~.base.ChoiceGenerator`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.labels import LabelSet, label_names
+from semsoft_plugin.engines.outlines.base import ChoiceGenerator, model_engine
+from semsoft_plugin.engines.outlines.choices import choice_labels
+from semsoft_plugin.engines.outlines.transformers import (
+    ChoiceLogitsProcessor,
+    TransformersChoiceGenerator,
+    outlines_mask,
+)
+
+__all__ = ["Generator", "wrap"]
+
+
+def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function too
+    model: Any,
+    output_type: Any,
+    backend: str | None = None,
+    *,
+    config: SemsoftConfig | None = None,
+    variants: Mapping[str, Iterable[str]] | None = None,
+    **overrides: Any,
+) -> ChoiceGenerator:
+    """Drop-in for ``outlines.Generator`` when the output type is a choice.
+
+    Parameters
+    ----------
+    model : an Outlines model from ``outlines.from_transformers`` or
+        ``outlines.from_vllm_offline``
+    output_type : a choice
+        ``Literal[...]`` of strings, an ``Enum`` with string values,
+        ``outlines.types.Choice``, or a regex of literal alternatives.
+    backend : {"outlines_core", "xgrammar", "llguidance"}, optional
+        Outlines' structured-generation backend for the regex mask (default
+        outlines_core); transformers models only.
+    config, **overrides : Semantic Softmax settings
+    variants : mapping label -> spellings that count as the label (see
+        :class:`~semsoft_plugin.core.labels.LabelSet`)
+
+    Returns
+    -------
+    ChoiceGenerator
+        The engine's class (:class:`~.transformers.TransformersChoiceGenerator` or
+        :class:`~.vllm.VLLMChoiceGenerator`). Called with a prompt it returns a
+        :class:`~semsoft_plugin.core.result.ScoredLabel`; ``.batch`` a list.
+
+    Raises
+    ------
+    ValueError
+        For an output type that is not a choice, choices that cannot be told
+        apart at their first token, or a model that is neither a transformers nor a
+        vLLM offline model.
+    """
+    choices = choice_labels(output_type)
+    if model_engine(model) == "vllm":
+        from semsoft_plugin.engines.outlines.vllm import VLLMChoiceGenerator
+
+        if backend is not None:
+            raise ValueError(f"backend={backend!r} applies to transformers models only")
+        # Outlines would send the regex to vLLM's structured outputs, which mask the
+        # logits before any logits processor: the silent vote would be gone.
+        return VLLMChoiceGenerator(model, choices, config=config, **overrides)
+    # Built exactly as outlines.Generator builds it: the mask is Outlines' own.
+    mask = outlines_mask(model, output_type, backend)
+    return TransformersChoiceGenerator(
+        model, choices, mask, config=config, variants=variants, **overrides
+    )
+
+
+def wrap(
+    generator: Any,
+    labels: Any,
+    *,
+    config: SemsoftConfig | None = None,
+    variants: Mapping[str, Iterable[str]] | None = None,
+    **overrides: Any,
+) -> ChoiceGenerator:
+    """Add calibrated probabilities to an existing Outlines choice generator.
+
+    Parameters
+    ----------
+    generator : an ``outlines.Generator`` made with a choice output type
+        Its own mask (any backend) stays and runs after the label constraint.
+    labels : list of str, a LabelSet or a choice output type
+        The choices the generator allows. An Outlines transformers generator keeps
+        only its compiled mask, not its output type, so they must be given; a
+        mismatch is detected at the first call (``RuntimeError``). A LabelSet gives
+        its names, and must have been built with the generator's model's tokenizer
+        (``ValueError`` naming both otherwise). A ``str`` is refused, as everywhere
+        (:func:`~semsoft_plugin.core.labels.label_names`).
+    config, variants, **overrides : as in :func:`Generator`
+    """
+    from outlines.generator import BlackBoxGenerator, SteerableGenerator
+
+    if isinstance(labels, LabelSet):
+        model = getattr(generator, "model", None)
+        tokenizer = getattr(model, "hf_tokenizer", None)
+        if tokenizer is None and hasattr(getattr(model, "model", None), "get_tokenizer"):
+            tokenizer = model.model.get_tokenizer()  # type: ignore[union-attr]
+        if tokenizer is not None:
+            labels.check_tokenizer(tokenizer, where="outlines.wrap")
+        labels = list(labels.names)
+    if isinstance(labels, str):
+        label_names(labels)  # raises: a string is not a label list
+    if isinstance(labels, Sequence):
+        choices = list(dict.fromkeys(labels))
+        if not all(isinstance(c, str) for c in choices):
+            raise ValueError(f"labels {labels!r} must be strings")
+    else:
+        choices = choice_labels(labels)
+    if isinstance(generator, SteerableGenerator):
+        mask = generator.logits_processor
+        if mask is None:
+            raise ValueError("the generator has no output type: there is no choice to score")
+        if isinstance(mask, ChoiceLogitsProcessor):
+            raise ValueError("the generator is already wrapped")
+        return TransformersChoiceGenerator(
+            generator.model,
+            choices,
+            mask,
+            config=config,
+            variants=variants,
+            **overrides,
+        )
+    if isinstance(generator, BlackBoxGenerator) and model_engine(generator.model) == "vllm":
+        from semsoft_plugin.engines.outlines.vllm import VLLMChoiceGenerator
+
+        own = choice_labels(generator.output_type)
+        if set(own) != set(choices):
+            raise ValueError(f"labels {choices!r} differ from the generator's choices {own!r}")
+        return VLLMChoiceGenerator(generator.model, choices, config=config, **overrides)
+    raise ValueError(
+        f"cannot wrap {type(generator).__name__}: give an outlines.Generator built on a "
+        "transformers or vLLM-offline model"
+    )

@@ -1,0 +1,81 @@
+"""What the Outlines choice generators of every engine share.
+
+:func:`model_engine` names an Outlines model's engine, so that the package's entry points
+(:func:`semsoft_plugin.engines.outlines.Generator`, :func:`~semsoft_plugin.engines.outlines.wrap`)
+pick the generator class for it; :class:`ChoiceGenerator` is the interface those classes
+implement, so a caller holds one type whatever the engine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.result import ScoredLabel
+
+__all__ = ["ChoiceGenerator", "Engine", "model_engine"]
+
+Engine = Literal["transformers", "vllm"]
+
+
+def model_engine(model: Any) -> Engine:
+    """``"transformers"`` or ``"vllm"``; ValueError for any other model."""
+    from outlines.models.transformers import Transformers
+    from outlines.models.vllm_offline import VLLMOffline
+
+    if isinstance(model, Transformers):
+        return "transformers"
+    if isinstance(model, VLLMOffline):
+        return "vllm"
+    raise ValueError(
+        f"model of type {type(model).__name__} is not supported: give an Outlines model "
+        "from outlines.from_transformers or outlines.from_vllm_offline"
+    )
+
+
+class ChoiceGenerator(ABC):
+    """A choice generator whose outputs carry calibrated probabilities.
+
+    Made by :func:`~semsoft_plugin.engines.outlines.Generator` or
+    :func:`~semsoft_plugin.engines.outlines.wrap`; called like an Outlines generator.
+
+    Attributes
+    ----------
+    model : the Outlines model
+    labels : LabelSet
+        The choices, bound to the model's tokenizer as Outlines writes them.
+    """
+
+    engine: Engine  # the engine of the models a subclass drives
+    labels: LabelSet
+
+    def __init__(self, model: Any) -> None:
+        found = model_engine(model)  # ValueError for a model no subclass drives
+        if found != self.engine:
+            raise ValueError(
+                f"{type(self).__name__} drives {self.engine} models, not {found} models: "
+                "use semsoft_plugin.engines.outlines.Generator"
+            )
+        self.model = model
+
+    @abstractmethod
+    def __call__(self, prompt: Any, **inference_kwargs: Any) -> ScoredLabel | list[ScoredLabel]:
+        """Generate the label for one prompt (a list of labels when
+        ``num_return_sequences`` > 1), as Outlines does."""
+
+    def batch(
+        self, prompts: list[Any], **inference_kwargs: Any
+    ) -> list[ScoredLabel] | list[list[ScoredLabel]]:
+        """Generate one label per prompt (a list per prompt when
+        ``num_return_sequences`` > 1), as Outlines does."""
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+            raise ValueError("prompts must be a list of prompts")
+        return self._batch(list(prompts), inference_kwargs)
+
+    @abstractmethod
+    def _batch(
+        self, prompts: list[Any], inference_kwargs: dict[str, Any]
+    ) -> list[ScoredLabel] | list[list[ScoredLabel]]:
+        """:meth:`batch` on a checked list of prompts."""

@@ -1,0 +1,214 @@
+"""Outlines choice generators on transformers models: one processor, semsoft first.
+
+How it plugs in (checked against Outlines 1.3.3):
+
+* Outlines compiles the choice into a regex and, for transformers models, into an
+  in-place masking logits processor (outlines_core, xgrammar or llguidance). The
+  only supported way to add a processor is ``outlines.Generator(model,
+  processor=...)`` / ``SteerableGenerator.from_processor``, and that processor is
+  then the *only* one: passing ``logits_processor=`` to a call collides with it.
+  This module therefore hands Outlines one processor, :class:`ChoiceLogitsProcessor`,
+  that runs :class:`~semsoft_plugin.engines.hf.SemanticSoftmaxLogitsProcessor` in
+  ``"constrain"`` mode first (it sees the raw logits) and Outlines' own regex mask
+  second.
+* Agreement with the calibrated argmax: at the decision step the semsoft processor
+  leaves only the labels' first tokens, at ``log P_sem``; afterwards it forces the
+  rest of the chosen label, then EOS. Every one of these tokens spells a prefix of
+  a label, so Outlines' mask (applied after) cannot remove any of them and changes
+  nothing: greedy decoding emits the calibrated argmax, sampling draws from
+  ``P_sem``. The processor checks this on every step and raises if the Outlines
+  mask ever removed a token it kept (e.g. a wrapped generator whose regex does not
+  match the labels given). Outlines' own decision would be different: its prefix
+  mask also allows label *fragments* (``"s"``, ``"sad"``...) and each fragment
+  competes alone, so the label it emits need not be the one the scores favour.
+* Position and template: the scores are taken inside the very ``generate`` call
+  Outlines makes, at the first generated token, so they follow Outlines' prompt
+  formatting exactly (a string prompt goes through the chat template with a
+  generation prompt when the tokenizer has one).
+* Label spelling: Outlines writes the choice verbatim, with no leading space, at
+  the start of the answer; the labels are scored exactly so
+  (``LabelSet(..., leading_space=False)``). Some labels then start with a word
+  fragment (SmolLM2 writes ``"sadness"`` as ``"s" "ad" "ness"``), whose output
+  embedding says little about the label, so each label's embedding is read from its
+  leading-space word (``" sadness"``) instead; ``generator.labels.report()`` lists
+  both.
+  Choices that all start with one space (``Literal[" joy", " sad"]``) are scored as
+  leading-space words. Verbalizers cannot be used: Outlines' regex only allows the
+  choice text itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.result import ScoredLabel
+from semsoft_plugin.core.softmax import SemanticSoftmaxResult
+from semsoft_plugin.engines.hf import SemanticSoftmaxLogitsProcessor
+from semsoft_plugin.engines.outlines.base import ChoiceGenerator, Engine
+from semsoft_plugin.engines.outlines.choices import choice_label_set
+
+__all__ = ["ChoiceLogitsProcessor", "TransformersChoiceGenerator", "outlines_mask"]
+
+
+class ChoiceLogitsProcessor:
+    """Semantic Softmax constraint followed by an Outlines mask, as one processor.
+
+    Parameters
+    ----------
+    semsoft : SemanticSoftmaxLogitsProcessor
+        In ``"constrain"`` mode, with the tokenizer's EOS as ``eos_token_id``.
+    outlines_processor : an Outlines logits processor (any backend)
+        Applied to what the semsoft processor returns. It only ever removes tokens;
+        on a step where semsoft constrained a row, every token semsoft kept must
+        survive it, else ``RuntimeError`` (the regex and the labels disagree).
+    """
+
+    def __init__(self, semsoft: SemanticSoftmaxLogitsProcessor, outlines_processor: Any) -> None:
+        if semsoft.mode != "constrain":
+            raise ValueError(
+                f"the semsoft processor must be in constrain mode, not {semsoft.mode!r}"
+            )
+        self.semsoft = semsoft
+        self.outlines_processor = outlines_processor
+
+    def reset(self) -> None:
+        """Start a new generation (Outlines calls this before every call)."""
+        self.semsoft.reset()
+        self.outlines_processor.reset()
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        scores = self.semsoft(input_ids, scores)
+        kept = torch.isfinite(scores)
+        constrained_rows = ~kept.all(dim=-1)
+        scores = self.outlines_processor(input_ids, scores)
+        removed = kept & ~torch.isfinite(scores) & constrained_rows.unsqueeze(-1)
+        if removed.any():
+            row, token = (int(i) for i in removed.nonzero()[0])
+            raise RuntimeError(
+                f"the Outlines mask removed token {token} that the label constraint "
+                f"allowed (batch row {row}): the generator's output type does not match "
+                f"the labels {list(self.semsoft.labels.names)}"
+            )
+        return scores
+
+
+def outlines_mask(model: Any, output_type: Any, backend: str | None) -> Any:
+    """Outlines' own regex mask for a choice, built exactly as ``outlines.Generator``
+    builds it (``backend``: outlines_core by default, xgrammar or llguidance)."""
+    from outlines.backends import get_regex_logits_processor
+    from outlines.types.dsl import python_types_to_terms, to_regex
+
+    regex = to_regex(python_types_to_terms(output_type))
+    return get_regex_logits_processor(backend, model, regex)
+
+
+def _result_rows(proc: SemanticSoftmaxLogitsProcessor) -> list[SemanticSoftmaxResult]:
+    rows = proc.results
+    if any(r is None for r in rows):
+        raise RuntimeError("the decision step was not reached: nothing was generated")
+    return rows  # type: ignore[return-value]
+
+
+class TransformersChoiceGenerator(ChoiceGenerator):
+    """A choice generator on an ``outlines.from_transformers`` model.
+
+    Parameters
+    ----------
+    model : an Outlines transformers model
+    choices : the label strings, as Outlines writes them
+    outlines_processor : the Outlines mask for the choices (:func:`outlines_mask`, or
+        a wrapped generator's own); it runs after the label constraint
+    config, variants, **overrides : as in :func:`semsoft_plugin.engines.outlines.Generator`
+
+    Attributes
+    ----------
+    semsoft : SemanticSoftmaxLogitsProcessor
+        The label constraint, in ``"constrain"`` mode.
+    processor : ChoiceLogitsProcessor
+        The one processor handed to Outlines (semsoft constraint, then its mask).
+    """
+
+    engine: Engine = "transformers"
+
+    def __init__(
+        self,
+        model: Any,
+        choices: Sequence[str],
+        outlines_processor: Any,
+        *,
+        config: SemsoftConfig | None = None,
+        variants: Mapping[str, Iterable[str]] | None = None,
+        **overrides: Any,
+    ) -> None:
+        super().__init__(model)
+        from outlines.generator import SteerableGenerator
+
+        tokenizer = model.hf_tokenizer
+        self.labels = choice_label_set(choices, tokenizer, variants)
+        self.semsoft = SemanticSoftmaxLogitsProcessor(
+            model.model,
+            self.labels,
+            config,
+            mode="constrain",
+            tokenizer=tokenizer,  # the label set is checked against the model's tokenizer
+            eos_token_id=tokenizer.eos_token_id,
+            **overrides,
+        )
+        self.processor = ChoiceLogitsProcessor(self.semsoft, outlines_processor)
+        self._generator = SteerableGenerator.from_processor(model, self.processor)
+        # The label and EOS, nothing more; used when the caller sets no length.
+        self._min_new_tokens = max(len(s) for s in self.labels.token_sequences) + 1
+
+    def _kwargs(self, inference_kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs = dict(inference_kwargs)
+        if "logits_processor" in kwargs:
+            raise ValueError(
+                "logits_processor= is not supported: the choice constraint is already "
+                "the generator's processor"
+            )
+        limit = kwargs.get("max_new_tokens")
+        if limit is None and "max_length" not in kwargs:
+            kwargs["max_new_tokens"] = self._min_new_tokens
+        elif limit is not None and limit < self._min_new_tokens:
+            raise ValueError(
+                f"max_new_tokens={limit} is too short for the longest label plus EOS "
+                f"({self._min_new_tokens} tokens)"
+            )
+        return kwargs
+
+    def _scored(self, texts: list[str], rows: list[SemanticSoftmaxResult]) -> list[ScoredLabel]:
+        chosen = self.semsoft.chosen_labels
+        out = []
+        for text, result, index in zip(texts, rows, chosen, strict=True):
+            if text not in self.labels.names:
+                raise RuntimeError(
+                    f"generated {text!r}, which is not one of the labels {list(self.labels.names)}"
+                )
+            if index is not None and index >= 0 and self.labels.names[index] != text:
+                raise RuntimeError(f"generated {text!r} but the constraint chose index {index}")
+            out.append(ScoredLabel.from_result(text, self.labels.names, result))
+        return out
+
+    def __call__(self, prompt: Any, **inference_kwargs: Any) -> ScoredLabel | list[ScoredLabel]:
+        """Generate the label for one prompt (a list of labels when
+        ``num_return_sequences`` > 1), as Outlines does."""
+        text = self._generator(prompt, **self._kwargs(inference_kwargs))
+        texts = [text] if isinstance(text, str) else list(text)
+        scored = self._scored(texts, _result_rows(self.semsoft))
+        return scored[0] if isinstance(text, str) else scored
+
+    def _batch(
+        self, prompts: list[Any], inference_kwargs: dict[str, Any]
+    ) -> list[ScoredLabel] | list[list[ScoredLabel]]:
+        texts = self._generator.batch(prompts, **self._kwargs(inference_kwargs))
+        flat = [t for item in texts for t in ([item] if isinstance(item, str) else item)]
+        scored = self._scored(flat, _result_rows(self.semsoft))
+        if all(isinstance(item, str) for item in texts):
+            return scored
+        samples = len(flat) // len(texts)
+        return [scored[i : i + samples] for i in range(0, len(scored), samples)]
