@@ -35,6 +35,8 @@ import torch
 from semsoft_eval.metrics import ece_numpy
 from semsoft_plugin.core import fitting
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.kept_scores import grid_probs
+from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_temperature, nll
 
 SETS = "goemotions:300,ekman:300,sst2:300,agnews:300,trec:300,convabuse:300,davidson:300"
 SIZES = (50, 100, 200)
@@ -43,7 +45,7 @@ TARGET_SIZE = 100
 
 def _scores(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
     return {
-        "nll": float(fitting.nll(probs, y).mean()),
+        "nll": float(nll(probs, y).mean()),
         "ece": float(ece_numpy(probs.max(1), probs.argmax(1) == y)),
         "accuracy": float((probs.argmax(1) == y).mean()),
     }
@@ -86,13 +88,11 @@ def pair_curve(
                     single=single,
                 )
             kept_default += keep
-            fitted = start[test] if keep else fitting.apply_temperature(log_grid[best, test], t)
+            fitted = start[test] if keep else apply_temperature(log_grid[best, test], t)
             weights.append(None if keep else fitting.DEFAULT_WEIGHTS[best])
-            t_con = fitting.fit_temperature(log_con[train], y[train])
+            t_con = fit_temperature(log_con[train], y[train])
             rows["fit"].append(_scores(fitted, y[test]))
-            rows["temperature"].append(
-                _scores(fitting.apply_temperature(log_con[test], t_con), y[test])
-            )
+            rows["temperature"].append(_scores(apply_temperature(log_con[test], t_con), y[test]))
             rows["default"].append(_scores(start[test], y[test]))
             # Uninformative labels: drawn from the default's own distribution, so the
             # default is right and any move away from it is overfitting.
@@ -107,12 +107,9 @@ def pair_curve(
                     single=single,
                 )  # fmt: skip
             null_adopted += not keep
-            moved = start[test] if keep else fitting.apply_temperature(log_grid[best, test], t)
+            moved = start[test] if keep else apply_temperature(log_grid[best, test], t)
             null_harm.append(
-                float(
-                    fitting.nll(moved, y_null[test]).mean()
-                    - fitting.nll(start[test], y_null[test]).mean()
-                )
+                float(nll(moved, y_null[test]).mean() - nll(start[test], y_null[test]).mean())
             )
         diff = np.array(
             [f["nll"] - t["nll"] for f, t in zip(rows["fit"], rows["temperature"], strict=True)]
@@ -168,9 +165,7 @@ def main() -> int:
                 missing.append(f"{model}/{dataset}")
                 continue
             forward, labels, y = pair["forward"], pair["labels"], pair["data"].targets
-            probs, _ = fitting.grid_probs(
-                forward, pair["embeddings"], labels, [*configs, start_config]
-            )
+            probs, _ = grid_probs(forward, pair["embeddings"], labels, [*configs, start_config])
             constrained = torch.softmax(forward.label_logits[:, : len(labels)].double(), -1).numpy()
             pairs[f"{model}/{dataset}"] = {
                 "model": model,

@@ -1,7 +1,8 @@
 """Post-hoc pieces shared by ``eval`` and ``tune``: folds, temperature fitting, baselines.
 
-The folds and the NLL temperature fit are the plugin's (:mod:`semsoft_plugin.core.fitting`,
-which ``Classifier.fit`` runs), re-exported here.
+The folds and the NLL temperature fit are the plugin's (:mod:`semsoft_plugin.core.fitting`
+and :mod:`semsoft_plugin.core.temperature_scaling`, which ``Classifier.fit`` runs),
+re-exported here.
 
 Everything that needs labels (temperature scaling, the label prior) is *cross-fitted*:
 the items are split into folds, and each fold is scored with what was fitted on the
@@ -14,9 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from semsoft_eval.metrics import ece_numpy
-from semsoft_plugin.core import fitting
+from semsoft_plugin.core import temperature_scaling
 from semsoft_plugin.core.calibration import debias
-from semsoft_plugin.core.fitting import apply_temperature, stratified_folds
+from semsoft_plugin.core.fitting import stratified_folds
+from semsoft_plugin.core.temperature_scaling import apply_temperature
 
 __all__ = [
     "folds",
@@ -46,14 +48,14 @@ def _ece(log_probs: np.ndarray, targets: np.ndarray, temperature: float) -> floa
 
 def fit_temperature(log_probs: np.ndarray, targets: np.ndarray, objective: str = "nll") -> float:
     """The temperature minimising NLL (the plugin's
-    :func:`~semsoft_plugin.core.fitting.fit_temperature`: convex in ``1/T``, golden-section
+    :func:`~semsoft_plugin.core.temperature_scaling.fit_temperature`: convex in ``1/T``, golden-section
     search on log T) or ECE (not smooth: a grid of 81 log-spaced values, ties to the
     value nearest 1)."""
     log_probs = np.asarray(log_probs, dtype=np.float64)
     if objective == "nll":
-        return fitting.fit_temperature(log_probs, targets)
+        return temperature_scaling.fit_temperature(log_probs, targets)
     if objective == "ece":
-        grid = np.exp(np.linspace(*fitting.LOG_T_BOUNDS, 81))
+        grid = np.exp(np.linspace(*temperature_scaling.LOG_T_BOUNDS, 81))
         scores = np.array([_ece(log_probs, targets, t) for t in grid])
         best = np.flatnonzero(scores <= scores.min() + 1e-12)
         return float(grid[best[np.argmin(np.abs(np.log(grid[best])))]])

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from semsoft_eval.backends import Backend, engine_name
 from semsoft_plugin.core.calibration import CONTENT_FREE
-from semsoft_plugin.core.fitting import compress, label_token_ids
+from semsoft_plugin.core.kept_scores import compress, label_token_ids
 from semsoft_plugin.core.labels import LabelSet
 
 __all__ = [

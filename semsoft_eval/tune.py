@@ -25,7 +25,7 @@ import torch
 
 from semsoft_eval import calibrate, metrics
 from semsoft_eval.forward import Forward
-from semsoft_plugin.core import fitting
+from semsoft_plugin.core import fitting, kept_scores
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.tokens import as_output_embeddings
@@ -52,8 +52,10 @@ def grid_probs(
     progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``[C, N, L]`` Semantic Softmax probabilities per config, and ``[C]`` fallback rates,
-    from kept forward passes (:func:`semsoft_plugin.core.fitting.grid_probs`)."""
-    return fitting.grid_probs(forward, embeddings, labels, configs, chunk=chunk, progress=progress)
+    from kept forward passes (:func:`semsoft_plugin.core.kept_scores.grid_probs`)."""
+    return kept_scores.grid_probs(
+        forward, embeddings, labels, configs, chunk=chunk, progress=progress
+    )
 
 
 def label_cosines(embeddings: Any, labels: LabelSet, *, center: bool) -> dict[str, float]:

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from semsoft_plugin import Classifier
-from semsoft_plugin.app.cli import main, settings_path
-from semsoft_plugin.app.tables import TableWriter, read_output
+from semsoft_plugin.app.classify_file import settings_path
+from semsoft_plugin.app.cli import main
+from semsoft_plugin.app.table_writers import TableWriter, read_output
 from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -95,7 +96,8 @@ for name in list(sys.modules):
     if name.partition(".")[0] in HIDDEN:
         del sys.modules[name]
 sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
-from semsoft_plugin.app.cli import main, settings_path
+from semsoft_plugin.app.classify_file import settings_path
+from semsoft_plugin.app.cli import main
 report = []
 for argv in json.loads(sys.argv[2]):
     del asked[:]

@@ -14,13 +14,20 @@ import torch  # noqa: E402
 
 from semsoft_plugin.core import fitting  # noqa: E402
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
+from semsoft_plugin.core.kept_scores import grid_probs  # noqa: E402
 from semsoft_plugin.core.softmax import semantic_softmax_details  # noqa: E402
+from semsoft_plugin.core.temperature_scaling import (  # noqa: E402
+    LOG_T_BOUNDS,
+    apply_temperature,
+    fit_temperature,
+    nll,
+)
 
 LABELS = ["positive", "negative"]
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
-    return fitting.apply_temperature(z, 1.0)
+    return apply_temperature(z, 1.0)
 
 
 def _sample(probs: np.ndarray, seed: int) -> np.ndarray:
@@ -35,8 +42,8 @@ def test_fit_temperature_recovers_the_generating_temperature() -> None:
     rng = np.random.default_rng(0)
     z = rng.normal(size=(3000, 5)) * 2.0
     y = _sample(_softmax(z), 1)
-    assert fitting.fit_temperature(z * 2.5, y) == pytest.approx(2.5, rel=0.08)
-    assert fitting.fit_temperature(z / 3.0, y) == pytest.approx(1 / 3.0, rel=0.08)
+    assert fit_temperature(z * 2.5, y) == pytest.approx(2.5, rel=0.08)
+    assert fit_temperature(z / 3.0, y) == pytest.approx(1 / 3.0, rel=0.08)
 
 
 def test_fit_temperature_finds_scipys_optimum() -> None:
@@ -44,13 +51,13 @@ def test_fit_temperature_finds_scipys_optimum() -> None:
     rng = np.random.default_rng(3)
     z = rng.normal(size=(400, 4)) * 3.0
     y = rng.integers(0, 4, size=400)
-    t = fitting.fit_temperature(z, y)
+    t = fit_temperature(z, y)
 
     def loss(log_t: float) -> float:
-        return float(fitting.nll(fitting.apply_temperature(z, np.exp(log_t)), y).mean())
+        return float(nll(apply_temperature(z, np.exp(log_t)), y).mean())
 
     found = optimize.minimize_scalar(
-        loss, bounds=fitting.LOG_T_BOUNDS, method="bounded", options={"xatol": 1e-9}
+        loss, bounds=LOG_T_BOUNDS, method="bounded", options={"xatol": 1e-9}
     )
     assert np.log(t) == pytest.approx(found.x, abs=1e-4)
     assert loss(np.log(t)) <= found.fun + 1e-9
@@ -60,14 +67,14 @@ def test_apply_temperature_invariants() -> None:
     rng = np.random.default_rng(2)
     p = _softmax(rng.normal(size=(20, 6)) * 4)
     log_p = np.log(p)
-    np.testing.assert_allclose(fitting.apply_temperature(log_p, 1.0), p, atol=1e-12)
+    np.testing.assert_allclose(apply_temperature(log_p, 1.0), p, atol=1e-12)
     for t in (0.1, 0.7, 3.0):
-        q = fitting.apply_temperature(log_p, t)
+        q = apply_temperature(log_p, t)
         np.testing.assert_allclose(q.sum(1), 1.0, atol=1e-12)
         assert (np.argsort(q, 1) == np.argsort(p, 1)).all()  # order kept
         # T > 1 flattens (the top label loses), T < 1 sharpens
         assert ((q.max(1) < p.max(1)) if t > 1 else (q.max(1) > p.max(1))).all()
-    np.testing.assert_allclose(fitting.apply_temperature(log_p, 1e9), 1 / 6, atol=1e-6)
+    np.testing.assert_allclose(apply_temperature(log_p, 1e9), 1 / 6, atol=1e-6)
 
 
 def test_core_temperature_is_the_last_step_on_every_row() -> None:
@@ -84,13 +91,13 @@ def test_core_temperature_is_the_last_step_on_every_row() -> None:
     assert bool(plain.fallback[2])
     for t in (0.3, 2.0):
         hot = semantic_softmax_details(logits, emb, ids, cfg.replace(temperature=t))
-        want = fitting.apply_temperature(np.log(plain.semantic.double().numpy()), t)
+        want = apply_temperature(np.log(plain.semantic.double().numpy()), t)
         np.testing.assert_allclose(hot.semantic.double().numpy(), want, atol=1e-5)
     default = SemsoftConfig()
     base = semantic_softmax_details(logits, emb, ids, default).semantic.double().numpy()
     hot = semantic_softmax_details(logits, emb, ids, default.replace(temperature=0.5))
     np.testing.assert_allclose(
-        hot.semantic.double().numpy(), fitting.apply_temperature(np.log(base), 0.5), atol=1e-5
+        hot.semantic.double().numpy(), apply_temperature(np.log(base), 0.5), atol=1e-5
     )
 
 
@@ -203,7 +210,7 @@ def test_fit_on_a_small_real_set_picks_a_valid_config(fitted) -> None:
     probs = clf.predict_proba(texts[:8])
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-9)
     kept = clf._kept(clf.inputs(texts[:8]), cfg.k)
-    mine, _ = fitting.grid_probs(kept, clf._embeddings(), clf.labels, [cfg])
+    mine, _ = grid_probs(kept, clf._embeddings(), clf.labels, [cfg])
     order = [list(clf.labels.names).index(c) for c in clf.classes_]
     np.testing.assert_allclose(probs, mine[0][:, order], atol=2e-5)
 

@@ -3,7 +3,11 @@
 * :mod:`.classifier`: :class:`~.classifier.Classifier`, scikit-learn style, on the
   transformers or vLLM backend;
 * :mod:`.cli`: the ``semsoft`` command;
-* :mod:`.tables`: CSV/TSV/JSONL/Parquet input and output, strictly read;
+* :mod:`.classify_args`: the labels, prompt and classifier ``semsoft classify``'s
+  arguments name;
+* :mod:`.classify_file`: ``semsoft classify --input``, a whole table scored and resumable;
+* :mod:`.tables`: CSV/TSV/JSONL/Parquet input, strictly read;
+* :mod:`.table_writers`: the output tables, written a batch at a time and resumed;
 * :mod:`.columns`: the result columns every table output shares;
 * :mod:`.ray`: a ``ray.data.Dataset`` classified on a Ray cluster (``semsoft classify --ray``);
 * :mod:`.ray_llm`: the pre- and postprocess steps around Ray Data's own vLLM processor.

@@ -348,8 +348,8 @@ class Classifier:
         (:class:`~semsoft_plugin.core.fitting.KeptScores`), from this classifier's engine."""
         import torch
 
-        from semsoft_plugin.core.fitting import KeptScores, compress, kept_from_top_logprobs
-        from semsoft_plugin.core.fitting import label_token_ids as token_ids_of
+        from semsoft_plugin.core.kept_scores import KeptScores, compress, kept_from_top_logprobs
+        from semsoft_plugin.core.kept_scores import label_token_ids as token_ids_of
 
         token_ids = token_ids_of(self.labels)
         if self.backend == "vllm":

@@ -8,6 +8,8 @@
 * :mod:`.request`: the per-request options every engine adapter parses the same way;
 * :mod:`.embeddings`: output embeddings from a model or a safetensors checkpoint;
 * :mod:`.calibration`: content-free and batch calibration of label probabilities;
+* :mod:`.kept_scores`: kept forward passes, and a grid of settings scored on them;
+* :mod:`.temperature_scaling`: the NLL and the temperature that minimises it;
 * :mod:`.fitting`: fitting the settings on a few labelled items;
 * :mod:`.result`: :class:`~.result.LabelResult`, the one result type of every path.
 

@@ -21,10 +21,10 @@ errors of that gain (paired over items). So labels that carry no evidence agains
 default (too few, or drawn from the default's own distribution) leave it unchanged.
 
 Everything is computed from *kept forward passes*: per item the top ``S`` decision-step
-logits (or log-probabilities) and those of every label token (:class:`KeptScores`), one
-forward pass per item whatever the grid. ``Classifier.fit`` keeps them from its engine;
-``semsoft eval`` / ``semsoft tune`` keep them on disk (``semsoft_eval.forward.Forward``,
-which has the same fields).
+logits (or log-probabilities) and those of every label token, one forward pass per item
+whatever the grid (:mod:`semsoft_plugin.core.kept_scores`, which also scores the grid on
+them). The temperature search and the NLL are :mod:`semsoft_plugin.core.temperature_scaling`;
+this module holds the search over the grid, the folds and the rule.
 """
 
 from __future__ import annotations
@@ -34,112 +34,35 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.softmax import SemanticSoftmax
-from semsoft_plugin.core.tokens import LabelTokens, as_label_tokens, as_output_embeddings
+from semsoft_plugin.core.kept_scores import Kept, grid_probs
+from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_temperature, nll
 
 __all__ = [
     "DEFAULT_WEIGHTS",
     "FitResult",
-    "Kept",
-    "KeptScores",
-    "apply_temperature",
-    "compress",
+    "cross_fit",
     "fit_config",
     "fit_from_grid",
     "fit_probs",
     "fitted_probs",
-    "cross_fit",
-    "single_entries",
-    "fit_temperature",
     "grid_configs",
-    "grid_probs",
-    "kept_from_top_logprobs",
-    "label_token_ids",
-    "nll",
+    "single_entries",
     "stratified_folds",
 ]
 
 # The pool weights searched by default: from the constrained softmax (0) to the
 # semantic distribution alone (1).
 DEFAULT_WEIGHTS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
-# Temperatures searched: wide enough for a twenty-fold over- or under-confident model.
-LOG_T_BOUNDS = (math.log(0.05), math.log(20.0))
-_EPS = 1e-12
 # The core floors probabilities at this value before a log (core._tempered).
 _FLOOR = 1e-30
 
 
-class Kept(Protocol):
-    """What grid scoring reads from kept forward passes (``KeptScores`` or
-    ``semsoft_eval.forward.Forward``)."""
-
-    top_ids: Tensor
-    top_logits: Tensor
-    label_ids: Tensor
-    label_logits: Tensor
-
-
-@dataclass
-class KeptScores:
-    """Decision-step scores of N items, compressed losslessly for Semantic Softmax with
-    any ``k <= S``.
-
-    Attributes
-    ----------
-    top_ids, top_logits : ``[N, S]`` the S highest raw logits (or log-probabilities) per
-        item, highest first, and their token ids
-    label_ids : ``[M]`` every label's answer token, then its own-token variants
-    label_logits : ``[N, M]`` their raw values (``-inf`` where unknown)
-    """
-
-    top_ids: Tensor
-    top_logits: Tensor
-    label_ids: Tensor
-    label_logits: Tensor
-
-
-def label_token_ids(labels: Any) -> list[int]:
-    """Every label's answer token, then the own-token variants not already listed (the
-    answer tokens come first). ``labels``: a LabelSet or LabelTokens."""
-    tokens = as_label_tokens(labels)
-    ids = list(tokens.answer_token_ids)
-    ids += [t for own in tokens.own_token_ids for t in own if t not in ids]
-    return ids
-
-
-def compress(rows: Tensor, store_k: int, label_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(top_ids, top_values, label_values)`` of ``[N, V]`` decision-step rows."""
-    rows = rows.to(torch.float32)
-    values, ids = torch.topk(rows, min(store_k, rows.shape[1]), dim=-1)
-    return ids, values, rows.index_select(1, label_ids)
-
-
-def kept_from_top_logprobs(
-    results: Sequence[Mapping[str, Any]], token_ids: Sequence[int]
-) -> KeptScores:
-    """:class:`KeptScores` from ``classify_vllm(..., keep_logprobs=S, token_ids=...)``
-    results (``top_logprobs``: id -> raw log-prob, ``token_logprobs`` for ``token_ids``),
-    top values sorted highest first."""
-    widths = {len(r["top_logprobs"]) for r in results}
-    if len(widths) != 1:
-        raise ValueError(f"the engine returned ragged top log-probabilities (widths {widths})")
-    ids = torch.tensor([list(r["top_logprobs"]) for r in results], dtype=torch.long)
-    values = torch.tensor([list(r["top_logprobs"].values()) for r in results], dtype=torch.float32)
-    values, order = values.sort(dim=1, descending=True)
-    label_values = torch.tensor(
-        [[r["token_logprobs"][t] for t in token_ids] for r in results], dtype=torch.float32
-    )
-    return KeptScores(ids.gather(1, order), values, torch.tensor(list(token_ids)), label_values)
-
-
-# -- grid scoring ------------------------------------------------------------------
+# -- the grid and the folds ---------------------------------------------------------
 
 
 def grid_configs(
@@ -155,79 +78,6 @@ def grid_configs(
         start.replace(**dict(zip(names, values, strict=True)))
         for values in itertools.product(*(grid[n] for n in names))
     ]
-
-
-def _compact(
-    kept: Kept, embeddings: Any, tokens: LabelTokens, max_k: int
-) -> tuple[Tensor, Any, LabelTokens]:
-    """Logits ``[N, U]`` over the union U of kept, label and own tokens, with matching
-    embedding rows.
-
-    A grid sweep only ever looks at the kept top tokens and the label tokens, so it
-    scores this compact vocabulary instead of ~150k columns per config; the rows come
-    from ``OutputEmbeddings.subset``, which keeps the whole vocabulary's mean row
-    (centring) and sample (``tau_quantile``). Own-token variants the kept values lack
-    (a label set with more spellings than the pass kept) enter with ``-inf``: they can
-    only act as kept tokens, and a kept token is in ``top_ids``.
-    """
-    full = as_output_embeddings(embeddings)
-    top_ids = kept.top_ids[:, :max_k].contiguous()
-    n = top_ids.shape[0]
-    label_ids = kept.label_ids.to(top_ids.dtype)
-    extra = torch.tensor(
-        [*tokens.anchors, *(t for own in tokens.own_token_ids for t in own)], dtype=top_ids.dtype
-    )
-    keep = torch.unique(torch.cat([top_ids.reshape(-1), label_ids, extra]))  # sorted
-    logits = torch.full((n, len(keep)), float("-inf"))
-    logits.scatter_(1, torch.searchsorted(keep, label_ids).expand(n, -1), kept.label_logits.float())
-    logits.scatter_(1, torch.searchsorted(keep, top_ids), kept.top_logits[:, :max_k].float())
-    where = {int(t): i for i, t in enumerate(keep.tolist())}
-    remapped = LabelTokens(
-        tuple(where[t] for t in tokens.answer_token_ids),
-        tuple(tuple(where[t] for t in own) for own in tokens.own_token_ids),
-        None if tokens.anchor_token_ids is None else tuple(where[t] for t in tokens.anchors),
-    )
-    return logits, full.subset(keep), remapped
-
-
-def grid_probs(
-    kept: Kept,
-    embeddings: Any,
-    labels: Any,
-    configs: Sequence[SemsoftConfig],
-    *,
-    chunk: int = 256,
-    progress: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``[C, N, L]`` Semantic Softmax probabilities per config, and ``[C]`` fallback rates.
-
-    Every config is scored by the core's :class:`SemanticSoftmax` on a compact
-    vocabulary (:func:`_compact`): the same kept tokens, embeddings and mean row, so
-    the same result as on the full logits rows, at a fraction of the cost.
-    ``labels``: a LabelSet or LabelTokens.
-    """
-    from tqdm.auto import tqdm
-
-    store_k = int(kept.top_ids.shape[1])
-    too_big = [c.k for c in configs if c.k > store_k]
-    if too_big:
-        raise ValueError(f"k={too_big[0]} exceeds the {store_k} logits kept per item")
-    tokens = as_label_tokens(labels)
-    logits, subset, remapped = _compact(kept, embeddings, tokens, max(c.k for c in configs))
-    n = logits.shape[0]
-    out = np.empty((len(configs), n, len(tokens)))
-    fallback = np.zeros(len(configs))
-    for c, config in enumerate(tqdm(configs, desc="grid", unit="config", disable=not progress)):
-        scorer = SemanticSoftmax(subset, remapped, config)
-        for start in range(0, n, chunk):
-            result = scorer(logits[start : start + chunk])
-            out[c, start : start + chunk] = result.semantic.double().numpy()
-            fallback[c] += float(result.fallback.sum())
-    out /= out.sum(-1, keepdims=True)
-    return out, fallback / max(n, 1)
-
-
-# -- folds and temperature -----------------------------------------------------------
 
 
 def stratified_folds(targets: Any, n_folds: int, seed: int = 0) -> np.ndarray:
@@ -270,59 +120,6 @@ def stratified_folds(targets: Any, n_folds: int, seed: int = 0) -> np.ndarray:
         rng.shuffle(folds)
         ids[encoded == label] = folds
     return ids
-
-
-def apply_temperature(log_probs: Any, temperature: float) -> np.ndarray:
-    """``softmax(log_probs / T)`` row-wise, float64 (the core's final step)."""
-    z = np.asarray(log_probs, dtype=np.float64) / temperature
-    z = z - z.max(1, keepdims=True)
-    p = np.exp(z)
-    return p / p.sum(1, keepdims=True)
-
-
-def nll(probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Per-item negative log-likelihood of the target label (probabilities floored at
-    1e-12, as the evaluation's metrics are)."""
-    return -np.log(np.clip(probs[np.arange(len(targets)), targets], _EPS, 1.0))
-
-
-def fit_temperature(log_probs: Any, targets: Any, *, tol: float = 1e-7) -> float:
-    """The temperature minimising the mean NLL of ``softmax(log_probs / T)``.
-
-    The NLL is convex in ``1/T`` (a log-sum-exp of linear functions minus a linear
-    function), hence unimodal in ``log T``: a golden-section search on ``log T`` over
-    ``[0.05, 20]`` finds the minimum to ``tol`` (ties go to the smaller ``T`` end only
-    when the loss is flat there).
-    """
-    z = np.asarray(log_probs, dtype=np.float64)
-    y = np.asarray(targets, dtype=np.int64)
-    if z.ndim != 2 or len(z) != len(y) or len(y) == 0:
-        raise ValueError(f"log_probs {z.shape} and targets {y.shape} must be [N, L] and [N]")
-    z = z - z.max(1, keepdims=True)
-    picked = z[np.arange(len(y)), y]
-
-    def loss(log_t: float) -> float:
-        scaled = z / math.exp(log_t)
-        top = scaled.max(1)
-        lse = top + np.log(np.exp(scaled - top[:, None]).sum(1))
-        return float((lse - picked / math.exp(log_t)).mean())
-
-    lo, hi = LOG_T_BOUNDS
-    ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = lo + (1 - ratio) * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = loss(a), loss(b)
-    while hi - lo > tol:
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = lo + (1 - ratio) * (hi - lo)
-            fa = loss(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + ratio * (hi - lo)
-            fb = loss(b)
-    best = (lo + hi) / 2.0
-    # The search stays inside the bounds; a flat loss (one label only) keeps T = 1.
-    return float(math.exp(best)) if loss(best) < loss(0.0) else 1.0
 
 
 def _log(probs: np.ndarray) -> np.ndarray:

@@ -1,0 +1,63 @@
+"""What the parsed ``semsoft classify`` arguments stand for: the labels, the prompt
+template and the classifier.
+
+Shared by the one-text path (:mod:`semsoft_plugin.app.cli`) and the file path
+(:mod:`semsoft_plugin.app.classify_file`), so that both read ``--labels``, ``--prompt``
+and the model options the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from semsoft_plugin.engines.prompting import DEFAULT_PROMPT
+
+__all__ = ["classifier_from_args", "parse_labels", "prompt_template"]
+
+
+def parse_labels(text: str) -> list[str]:
+    """``--labels a,b,c`` as a list; ``ValueError`` for an empty label or fewer than two."""
+    labels = [label.strip() for label in text.split(",")]
+    if any(not label for label in labels):
+        raise ValueError(f"--labels {text!r} has an empty label")
+    if len(labels) < 2:
+        raise ValueError(f"--labels {text!r}: give at least two comma-separated labels")
+    return labels
+
+
+def prompt_template(args: argparse.Namespace) -> Any:
+    """The ``PromptTemplate`` of ``--prompt-file``, or of ``--prompt``/``--answer-prefix``
+    (each defaulting to the generic one), or the default template when none is given."""
+    from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate, load_template
+
+    if args.prompt_file:
+        if args.prompt is not None or args.answer_prefix is not None:
+            raise ValueError("give --prompt-file or --prompt/--answer-prefix, not both")
+        return load_template(args.prompt_file)
+    if args.prompt is None and args.answer_prefix is None:
+        return DEFAULT_TEMPLATE
+    return PromptTemplate(
+        user=args.prompt if args.prompt is not None else DEFAULT_PROMPT,
+        answer_prefix=args.answer_prefix if args.answer_prefix is not None else "Answer:",
+    )
+
+
+def classifier_from_args(
+    args: argparse.Namespace, labels: list[str], template: Any, config: Any
+) -> Any:
+    """The :class:`~semsoft_plugin.app.classifier.Classifier` the model, backend and batch
+    options name (imported when called, so that the command starts without it)."""
+    from semsoft_plugin.app.classifier import Classifier
+
+    return Classifier.from_pretrained(
+        args.model,
+        labels,
+        backend=args.backend,
+        engine_args=args.engine_args,
+        dtype=args.dtype,
+        prompt=template,
+        config=config,
+        batch_size=args.batch_size,
+        max_text_tokens=getattr(args, "max_text_tokens", None),
+    )

@@ -1,0 +1,271 @@
+"""Writing the scored rows of ``semsoft classify --input``, and reading them back on
+``--resume``.
+
+Output: CSV, TSV or JSON lines, chosen by the suffix, written by :class:`TableWriter`
+one batch at a time (each batch is one ``write`` followed by a flush and ``fsync``), so
+an interrupted run keeps every finished batch and at most one partial record, which
+:func:`read_output` drops on ``--resume``. A Parquet file is readable only once its
+footer is written, so :class:`ParquetTableWriter` (pyarrow, imported only there) writes
+one row group per batch and the footer on close, and a Parquet output cannot be
+resumed. Reading the input is :mod:`semsoft_plugin.app.tables`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from semsoft_plugin.app.tables import table_format, table_schema
+
+__all__ = [
+    "ParquetTableWriter",
+    "TableWriter",
+    "cell",
+    "json_safe",
+    "open_table_writer",
+    "read_output",
+]
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinity (at any depth) replaced by ``None``.
+
+    JSON has no NaN: a passthrough column holding one (pandas writes NaN for a missing
+    value, and Python's ``json`` reads ``NaN`` from a JSONL file) is written as
+    ``null`` in JSON lines and as an empty cell in CSV/TSV, the same as a missing
+    value, instead of failing the batch after it was scored.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def cell(value: Any) -> str:
+    """A value as CSV text: strings as they are, JSON for everything else, '' for None
+    (and for NaN or infinity, see :func:`json_safe`)."""
+    value = json_safe(value)
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _json_line(record: Mapping[str, Any]) -> str:
+    return json.dumps(json_safe(record), ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _unwritable(path: Path, name: str, record: Mapping[str, Any], error: Exception) -> str:
+    """The message for a record that cannot be encoded: the first bad column named."""
+    for column, value in record.items():
+        try:
+            cell(value)
+        except (TypeError, ValueError) as bad:
+            return (
+                f"{path}: {name}, column {column!r}: "
+                f"{type(value).__name__} value {value!r:.80} cannot be written ({bad})"
+            )
+    return f"{path}: {name} cannot be written ({error})"
+
+
+class TableWriter:
+    """Appends records to a CSV/TSV (fixed ``columns``) or JSONL file, one batch per call.
+
+    Parameters
+    ----------
+    path : the output file; its suffix picks the format
+    columns : the CSV/TSV header (JSONL records keep their own keys)
+    append : continue an existing file (``--resume``) instead of starting a new one
+    """
+
+    def __init__(self, path: str | Path, columns: Sequence[str], *, append: bool) -> None:
+        self.path = Path(path)
+        self.kind = table_format(self.path, role="output file")
+        self.columns = list(columns)
+        fresh = not append or not self.path.exists() or self.path.stat().st_size == 0
+        self._handle = self.path.open("w" if fresh else "a", encoding="utf-8", newline="")
+        self._rows = 0  # data rows written by this writer (error messages count from 1)
+        if fresh and self.kind != "jsonl":
+            self._write_text(self._encode([dict(zip(self.columns, self.columns, strict=True))]))
+
+    def _encode(
+        self, records: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None
+    ) -> str:
+        buffer = io.StringIO()
+        writer = csv.writer(
+            buffer, delimiter="," if self.kind == "csv" else "\t", lineterminator="\n"
+        )
+        for number, record in enumerate(records):
+            try:
+                if self.kind == "jsonl":
+                    buffer.write(_json_line(record))
+                else:
+                    writer.writerow([cell(record.get(c)) for c in self.columns])
+            except (TypeError, ValueError) as error:
+                name = names[number] if names else f"record {self._rows + number + 1}"
+                raise ValueError(_unwritable(self.path, name, record, error)) from None
+        return buffer.getvalue()
+
+    def _write_text(self, text: str) -> None:
+        self._handle.write(text)
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    def write(
+        self, records: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None
+    ) -> None:
+        """Write a batch of records and make it durable before returning.
+
+        A value that cannot be written is a ``ValueError`` naming its record (by
+        ``names``, e.g. ``"input row 7"``, else its number among the records this
+        writer wrote) and its column, raised before anything of the batch is written.
+        """
+        if records:
+            self._write_text(self._encode(records, names))
+            self._rows += len(records)
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def read_output(
+    path: str | Path, columns: Sequence[str], *, required: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The complete records of an output file written by :class:`TableWriter`.
+
+    A record cut short by an interruption (the file does not end with a newline, or a
+    CSV row lacks fields) can only be the last one: it is dropped and the file is
+    rewritten without it, so appending continues on a clean record boundary.
+    ``ValueError`` when the file is not such an output (a CSV/TSV header other than
+    ``columns``, a JSONL record without the ``required`` keys, a bad line before the end).
+    """
+    path = Path(path)
+    kind = table_format(path, role="output file")
+    if kind == "parquet":
+        raise ValueError(
+            f"--resume: {path} is Parquet, which is complete only once closed: it cannot be "
+            "continued (write .jsonl or .csv to resume, or use --ray, which retries failed work)"
+        )
+    raw = path.read_text(encoding="utf-8")
+    if not raw:
+        return []
+    clean_end = raw.endswith("\n")
+    if kind == "jsonl":
+        lines = raw.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        records: list[dict[str, Any]] = []
+        for number, line in enumerate(lines, start=1):
+            last = number == len(lines)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if last:
+                    break
+                raise ValueError(f"--resume: {path}:{number} is not valid JSON") from None
+            if last and not clean_end:
+                break
+            keys = columns if required is None else required
+            missing = [c for c in keys if c not in record] if isinstance(record, dict) else keys
+            if missing:
+                raise ValueError(
+                    f"--resume: {path}:{number} lacks column(s) {missing}; it was not written "
+                    "by this command with these labels"
+                )
+            records.append(record)
+        complete = len(records) == len(lines) and clean_end
+    else:
+        reader = csv.DictReader(io.StringIO(raw), delimiter="," if kind == "csv" else "\t")
+        header = reader.fieldnames or []
+        if list(header) != list(columns):
+            raise ValueError(
+                f"--resume: {path} has columns {list(header)}, this run writes {list(columns)}"
+            )
+        rows = list(reader)
+        records = []
+        for number, row in enumerate(rows, start=1):
+            cut = None in row.values() or None in row
+            if number == len(rows) and (cut or not clean_end):
+                break
+            if cut:
+                raise ValueError(f"--resume: {path}: row {number} has a wrong number of fields")
+            records.append(row)
+        complete = len(records) == len(rows) and clean_end
+    if not complete:
+        with TableWriter(path, columns, append=False) as writer:
+            writer.write(records)
+    return records
+
+
+class ParquetTableWriter:
+    """Writes records to a Parquet file, one row group per ``write``; readable once closed.
+
+    Parameters
+    ----------
+    path : the ``.parquet`` output
+    schema : the pyarrow schema of every record (see :func:`table_schema`)
+    """
+
+    def __init__(self, path: str | Path, schema: Any) -> None:
+        import pyarrow.parquet as pq
+
+        self.path = Path(path)
+        self.schema = schema
+        self._writer = pq.ParquetWriter(self.path, schema)
+
+    def write(
+        self, records: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None
+    ) -> None:
+        """Write a batch as one row group (``names`` as in :meth:`TableWriter.write`;
+        pyarrow's own error names the column a value does not fit)."""
+        import pyarrow as pa
+
+        if records:
+            self._writer.write_table(pa.Table.from_pylist(list(records), schema=self.schema))
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def __enter__(self) -> ParquetTableWriter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def open_table_writer(
+    path: str | Path,
+    columns: Sequence[str],
+    *,
+    append: bool,
+    records: Sequence[Mapping[str, Any]] = (),
+    added: Sequence[tuple[str, Any]] = (),
+) -> TableWriter | ParquetTableWriter:
+    """The writer for ``path``'s format: :class:`TableWriter` (CSV/TSV/JSONL), or
+    :class:`ParquetTableWriter` with the input ``records``' column types followed by
+    the ``added`` ``(name, pyarrow type)`` columns (Parquet cannot be appended to)."""
+    if table_format(path, role="output file") != "parquet":
+        return TableWriter(path, columns, append=append)
+    import pyarrow as pa
+
+    if append:
+        raise ValueError(f"--resume: {path} is Parquet, which cannot be continued")
+    names = {name for name, _ in added}
+    schema = table_schema(records, [c for c in columns if c not in names])
+    return ParquetTableWriter(path, pa.schema([*schema, *(pa.field(n, t) for n, t in added)]))
