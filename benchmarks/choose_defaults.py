@@ -43,8 +43,9 @@ import numpy as np
 import torch
 
 from semsoft_eval import calibrate, metrics
+from semsoft_eval.backend_transformers import STORE_K
 from semsoft_eval.data import load_builtin, sample
-from semsoft_eval.forward import STORE_K, Forward, cache_path
+from semsoft_eval.forward import Forward, cache_path
 from semsoft_eval.prompts import TEMPLATES
 from semsoft_eval.tune import grid_probs
 from semsoft_plugin.core.calibration import batch_calibrate
@@ -90,7 +91,7 @@ def load_pair(model: str, dataset: str, limit: int, seed: int, collect: bool) ->
     if not path.is_file():
         if not collect:
             raise SystemExit(f"no kept forward passes for {model} {dataset} {limit} ({path})")
-        from semsoft_eval.evaluate import prepare
+        from semsoft_eval.preparation import prepare
 
         prepare(model, dataset, limit=limit, seed=seed, sequence=False)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -22,12 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from semsoft_eval.distill.run import (  # noqa: E402
-    add_arguments,
-    config_from_args,
-    format_markdown,
-    run_distill,
-)
+from semsoft_eval.distill.cli import add_arguments, config_from_args  # noqa: E402
+from semsoft_eval.distill.run import run_distill  # noqa: E402
+from semsoft_eval.distill.tables import format_markdown  # noqa: E402
 
 
 def _cpu() -> str:

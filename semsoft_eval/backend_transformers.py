@@ -18,11 +18,13 @@ import torch
 from torch import Tensor
 
 from semsoft_eval.backends import DecisionStep, Generations, Prompt
-from semsoft_eval.forward import STORE_K, compress
+from semsoft_plugin.core.fitting import compress
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.tokens import OutputEmbeddings
 
 __all__ = ["STORE_K", "TransformersBackend"]
+
+STORE_K = 1024  # top logits kept per item (the tune grid has k <= 200)
 
 
 def _pad_id(tokenizer: Any) -> int:

@@ -5,14 +5,18 @@ step's top-``k`` (what every Semantic Softmax method and baseline is scored from
 log-probability of each label's whole token sequence, free generation (self-consistency,
 verbal confidence, the distillation recipe's sampling) and the output embeddings the
 adapters score with. ``evaluate``, ``forward``, ``selfconsistency`` and ``tune`` hold a
-backend and never ask which engine it is; only :func:`load_backend` and
-:func:`as_backend` choose an implementation, so a new engine is one module implementing
-this protocol and one line in each of them.
+backend and never ask which engine it is; only
+:func:`~semsoft_eval.backend_factory.load_backend` and
+:func:`~semsoft_eval.backend_factory.as_backend` choose an implementation, so a new engine
+is one module implementing this protocol and one line in each of them.
+
+This module holds what every side shares (the protocol, the values it returns, the engine
+names) and imports no backend, so the imports run one way: ``backends`` <- each engine's
+module (:mod:`semsoft_eval.backend_transformers`, :mod:`semsoft_eval.backend_vllm`) <-
+:mod:`semsoft_eval.backend_factory`.
 
 Engine names are ``"transformers"`` and ``"vllm"`` (:data:`ENGINES`); ``"hf"`` is
 accepted as an alias for transformers (``semsoft classify --backend hf`` is documented).
-Neither engine is imported here: :mod:`semsoft_eval.backend_transformers` and
-:mod:`semsoft_eval.backend_vllm` are imported only when a backend of theirs is built.
 """
 
 from __future__ import annotations
@@ -32,10 +36,9 @@ __all__ = [
     "Backend",
     "DecisionStep",
     "Generations",
-    "as_backend",
+    "Prompt",
     "check_engine_args",
     "engine_name",
-    "load_backend",
 ]
 
 ENGINES = ("transformers", "vllm")
@@ -143,54 +146,3 @@ def check_engine_args(engine: Any, engine_args: Mapping[str, Any] | None) -> str
     if engine_args and engine != "vllm":
         raise ValueError(f"engine_args {dict(engine_args)!r} apply only to backend='vllm'")
     return engine
-
-
-def load_backend(
-    model: str,
-    engine: str = "transformers",
-    *,
-    seed: int = 0,
-    engine_args: Mapping[str, Any] | None = None,
-    dtype: str = "auto",
-) -> Backend:
-    """A backend for a model name or checkpoint directory on one engine.
-
-    Parameters
-    ----------
-    model : what :func:`semsoft_plugin.engines.models.resolve` takes ("default", a name, a dir)
-    engine : ``"transformers"`` (or ``"hf"``) or ``"vllm"``
-    seed : the vLLM engine's seed (its sampling is repeatable through it on CPU)
-    engine_args : ``vllm.LLM`` arguments (e.g. ``{"tensor_parallel_size": 4}``); refused
-        for transformers, where nothing would read them
-    dtype : transformers weight dtype (vLLM: give ``engine_args={"dtype": ...}``)
-    """
-    from semsoft_plugin.engines import models
-
-    engine = check_engine_args(engine, engine_args)
-    model_dir = models.resolve(model)
-    if engine == "vllm":
-        from semsoft_eval.backend_vllm import VLLMBackend
-
-        return VLLMBackend.load(model_dir, seed=seed, engine_args=engine_args)
-    from semsoft_eval.backend_transformers import TransformersBackend
-
-    return TransformersBackend(*models.load(str(model_dir), dtype=dtype))
-
-
-def as_backend(model: Any, tokenizer: Any = None) -> Backend:
-    """The backend of an already loaded model: a transformers causal LM with its
-    tokenizer, a ``vllm.LLM`` (tokenizer optional), or a :class:`Backend` (returned as is).
-
-    This is the one place that tells the engines apart by the object's type.
-    """
-    if isinstance(model, Backend):
-        return model
-    if type(model).__module__.split(".")[0] == "vllm":
-        from semsoft_eval.backend_vllm import VLLMBackend
-
-        return VLLMBackend(model, tokenizer)
-    if tokenizer is None:
-        raise ValueError(f"a {type(model).__name__} model needs its tokenizer")
-    from semsoft_eval.backend_transformers import TransformersBackend
-
-    return TransformersBackend(model, tokenizer)

@@ -43,7 +43,6 @@ from semsoft_plugin.core.labels import LabelSet
 
 __all__ = [
     "CONTENT_FREE",
-    "STORE_K",
     "Forward",
     "assemble",
     "cache_path",
@@ -52,7 +51,6 @@ __all__ = [
     "label_token_ids",
 ]
 
-STORE_K = 1024  # transformers: top logits kept per item (the tune grid has k <= 200)
 # Bump when what is stored changes. 2: transformers logits from a float32 head.
 _FORMAT = 2
 

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_eval.backends import Backend, Generations, as_backend
+from semsoft_eval.backend_factory import as_backend
+from semsoft_eval.backends import Backend, Generations
 from semsoft_eval.confidence import (
     match_answer,
     normalize_answer,
@@ -101,7 +102,7 @@ def generate(
     Parameters
     ----------
     model : a :class:`~semsoft_eval.backends.Backend`, a transformers causal LM or a
-        ``vllm.LLM`` (see :func:`~semsoft_eval.backends.as_backend`)
+        ``vllm.LLM`` (see :func:`~semsoft_eval.backend_factory.as_backend`)
     tokenizer : its tokenizer (``None`` for a backend or a ``vllm.LLM``: its own)
     prompts : strings or chat message lists
     n : samples per prompt (``num_return_sequences`` / ``SamplingParams(n=...)``)

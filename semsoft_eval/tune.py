@@ -25,6 +25,7 @@ import torch
 
 from semsoft_eval import calibrate, metrics
 from semsoft_eval.forward import Forward
+from semsoft_eval.preparation import prepare
 from semsoft_plugin.core import fitting, kept_scores
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet
@@ -199,10 +200,8 @@ def tune_dataset(
 ) -> TuneResult:
     """Load data and model, run the forward passes (or read them back), then :func:`tune`.
 
-    ``backend``, ``engine_args`` and ``loaded`` as in :func:`semsoft_eval.evaluate.prepare`.
+    ``backend``, ``engine_args`` and ``loaded`` as in :func:`semsoft_eval.preparation.prepare`.
     """
-    from semsoft_eval.evaluate import prepare
-
     prepared = prepare(
         model,
         dataset,

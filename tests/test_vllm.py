@@ -740,7 +740,8 @@ def test_backend_protocol_gives_the_same_decision_step_on_both_engines(llm, hf_m
     """The eval's seam: both Backend implementations give the same top-k (ids, in
     order, for the top few; values as log-probabilities within 1e-3) and the same
     label-token values, on one real model in float32."""
-    from semsoft_eval.backends import Backend, as_backend
+    from semsoft_eval.backend_factory import as_backend
+    from semsoft_eval.backends import Backend
 
     model, tok = hf_model
     engines = [as_backend(llm), as_backend(model, tok)]
@@ -761,7 +762,7 @@ def test_backend_protocol_gives_the_same_decision_step_on_both_engines(llm, hf_m
 
 
 def test_eval_backend_arguments_are_checked():
-    from semsoft_eval.evaluate import prepare
+    from semsoft_eval.preparation import prepare
 
     with pytest.raises(ValueError, match="backend='tpu'"):
         prepare("default", "sst2", backend="tpu")

@@ -10,12 +10,15 @@ The recipe, one module per stage:
 * :mod:`~semsoft_eval.distill.training`: LoRA SFT with TRL, the adapter as safetensors;
 * :mod:`~semsoft_eval.distill.evaluation`: verbal confidence, self-consistency, logit
   entropy, constrained and Semantic Softmax top probability on held-out items;
-* :mod:`~semsoft_eval.distill.run`: the three arms end to end and the command line.
+* :mod:`~semsoft_eval.distill.run`: the three arms end to end;
+* :mod:`~semsoft_eval.distill.tables`: the report's held-out figures as Markdown tables;
+* :mod:`~semsoft_eval.distill.cli`: the command line (``semsoft distill``).
 
 Nothing here imports an engine at package import: torch, transformers, peft and TRL are
 imported by the functions that need them.
 """
 
+from semsoft_eval.distill.cli import add_parser, run
 from semsoft_eval.distill.data import (
     QAItem,
     grade,
@@ -36,7 +39,8 @@ from semsoft_eval.distill.evaluation import (
     stated_values,
     verbal_signal,
 )
-from semsoft_eval.distill.run import DistillConfig, add_parser, format_markdown, run, run_distill
+from semsoft_eval.distill.run import DistillConfig, run_distill
+from semsoft_eval.distill.tables import format_markdown
 from semsoft_eval.distill.targets import (
     Example,
     SampledItem,

@@ -16,18 +16,17 @@ that answer model (see :func:`~semsoft_eval.distill.targets.build_answer_example
 The main set refused by the guard raises ``ValueError`` (nothing can be learnt). On the
 held-out items it reports the verbal confidence before and after each arm and the
 one-pass signals of :mod:`semsoft_eval.distill.evaluation`, their cost (forward passes
-and seconds per item) and the training time, in ``report.json``; :func:`format_markdown`
-turns it into tables.
+and seconds per item) and the training time, in ``report.json``;
+:func:`~semsoft_eval.distill.tables.format_markdown` turns it into tables, and
+:mod:`semsoft_eval.distill.cli` is the command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ import numpy as np
 import torch
 
 from semsoft_eval.confidence import auroc2
-from semsoft_eval.distill.data import TASKS, load_task, split_items_with_warmup
+from semsoft_eval.distill.data import load_task, split_items_with_warmup
 from semsoft_eval.distill.evaluation import (
     Signal,
     closeness,
@@ -64,9 +63,6 @@ __all__ = [
     "load_student",
     "read_verbal",
     "read_arm",
-    "format_markdown",
-    "add_parser",
-    "run",
 ]
 
 
@@ -387,204 +383,3 @@ def run_distill(config: DistillConfig) -> dict[str, Any]:
     report["timings"] = timings
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def _interval(metrics: dict[str, Any]) -> str:
-    """The bootstrap interval of AUROC2; reports written before it was kept say n/a."""
-    low, high = metrics.get("auroc2_ci95") or (None, None)
-    return "n/a" if low is None or high is None else f"{low:.2f}-{high:.2f}"
-
-
-def format_markdown(report: dict[str, Any]) -> str:
-    """The held-out figures as Markdown tables (signals, then arms)."""
-    held = report["heldout"]
-    rows = [
-        "| signal (held-out) | accuracy | AUROC2 | AUROC2 95% CI | ECE | ceiling (>=90%) | "
-        "parse rate | rank corr. with self-consistency | forward passes per item | s/item |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    entries = [("self-consistency (teacher)", held["self_consistency"], None)]
-    entries.append(("verbal, before training", held["verbal_before"], None))
-    entries += [(name, m, None) for name, m in held["one_pass"].items()]
-    for name, run in report["runs"].items():
-        if "verbal" in run:
-            entries.append((f"verbal, after: {name}", run["verbal"], run))
-            if "verbal_expected" in run:  # reports written before this reading lack it
-                entries.append(
-                    (f"verbal expected stated value, after: {name}", run["verbal_expected"], None)
-                )
-    for name, m, run in entries:
-        corr = (
-            run["verbal_closeness_to_self_consistency"]
-            if run
-            else m.get("closeness_to_self_consistency", "-")
-        )
-        rows.append(
-            f"| {name} | {_cell(m['accuracy'])} | {_cell(m['auroc2'])} | {_interval(m)} | "
-            f"{_cell(m['ece'])} | "
-            f"{_cell(m['ceiling_rate'])} | {_cell(m.get('parse_rate', '-'))} | "
-            f"{_cell(corr) if name != 'self-consistency (teacher)' else '1'} | {m['passes']} | "
-            f"{_cell(m['seconds_per_item'])} |"
-        )
-    arms = [
-        "| arm | examples | guard | steps | loss first -> last | train s |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, run in report["runs"].items():
-        g = run["guard"]
-        verdict = "refused" if "refused" in g else f"{g['entropy_bits']:.2f} bits"
-        arms.append(
-            f"| {name} | {run['examples']} | {verdict} | {_cell(run.get('steps'))} | "
-            f"{_cell(run.get('loss_first'))} -> {_cell(run.get('loss_last'))} | "
-            f"{_cell(run.get('train_s'))} |"
-        )
-    lines = ["\n".join(rows), "", "\n".join(arms), ""]
-    warm = report.get("answer_warmup")
-    if warm:
-        lines.append(
-            f"answer warm-up (before sampling; every row above uses the warmed-up model): "
-            f"{warm['items']} other items, {warm['epochs']} epoch(s), {warm['steps']} steps, "
-            f"loss {_cell(warm['loss_first'])} -> {_cell(warm['loss_last'])}, "
-            f"{_cell(warm['train_s'])} s"
-        )
-    notes: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
-        (
-            "target_ceiling_auroc2",
-            lambda run: (
-                "AUROC2 of the held-out targets themselves against this arm's "
-                "correctness (a student that repeated the teacher exactly): "
-                f"{_cell(run['target_ceiling_auroc2'])}"
-            ),
-        ),
-        (
-            "train_fit_spearman",
-            lambda run: (
-                f"on {run['train_fit_items']} of its own training items, Spearman of "
-                f"the expected stated value with the targets it was taught: "
-                f"{_cell(run['train_fit_spearman'])}"
-            ),
-        ),
-        (
-            "stated_values",
-            lambda run: (
-                "confidences stated (greedy): "
-                + ", ".join(f"{v} x{c}" for v, c in run["stated_values"].items())
-            ),
-        ),
-    ]
-    for key, note in notes:
-        lines += [f"{name}: {note(run)}" for name, run in report["runs"].items() if key in run]
-    for name, run in report["runs"].items():
-        if "refused" in run["guard"]:
-            lines.append(f"{name}: refused by the guard: {run['guard']['refused']}")
-    return "\n".join(lines)
-
-
-# --- command line ------------------------------------------------------------------------
-
-
-def add_parser(subparsers: Any) -> None:
-    """Register ``semsoft distill``."""
-    parser = subparsers.add_parser(
-        "distill",
-        help="distil self-consistency into a stated confidence (LoRA)",
-        description="Sample answers, turn the share of correct samples into a confidence "
-        "target, refuse a collapsed target set, LoRA-tune the model (TRL) to answer with "
-        "'Confidence: NN%%', and compare the confidence signals on held-out items "
-        "(Cacioli 2026).",
-    )
-    add_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(func=run)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The recipe's flags (shared by the command and ``benchmarks/distill_run.py``)."""
-    d = DistillConfig()
-    parser.add_argument(
-        "--model", default=d.model, help="'default', 'qwen2.5-coder-1.5b' or a checkpoint dir"
-    )
-    parser.add_argument("--task", choices=TASKS, default=d.task, help="question set")
-    parser.add_argument(
-        "--data", default=d.data, help="nq only: JSONL {question, answer: [aliases]}"
-    )
-    parser.add_argument("--out", default=d.out, help="output dir (adapters, samples, report)")
-    parser.add_argument("--train-items", type=int, default=d.train_items)
-    parser.add_argument("--eval-items", type=int, default=d.eval_items)
-    parser.add_argument("--n", type=int, default=d.n, help="samples per item")
-    parser.add_argument("--temperature", type=float, default=d.temperature)
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument(
-        "--match", choices=("contains", "exact"), default=d.match, help="open-QA matching rule"
-    )
-    parser.add_argument("--sample-batch-size", type=int, default=d.sample_batch_size)
-    parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
-    parser.add_argument("--rank", type=int, default=d.rank, help="LoRA rank")
-    parser.add_argument("--alpha", type=int, default=d.alpha, help="LoRA alpha")
-    parser.add_argument("--lr", type=float, default=d.lr)
-    parser.add_argument("--epochs", type=int, default=d.epochs)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="SFT batch size")
-    parser.add_argument(
-        "--warmup-items",
-        type=int,
-        default=d.warmup_items,
-        help="first teach the answer alone on this many other items (0: none)",
-    )
-    parser.add_argument("--warmup-epochs", type=int, default=d.warmup_epochs)
-    parser.add_argument(
-        "--warmup-lr",
-        type=float,
-        default=d.warmup_lr,
-        help="learning rate of the answer warm-up (default: --lr)",
-    )
-    parser.add_argument("--max-steps", type=int, default=d.max_steps, help="cap the SFT steps")
-    parser.add_argument(
-        "--min-entropy", type=float, default=d.min_entropy_bits, help="guard: minimum bits"
-    )
-    parser.add_argument(
-        "--max-top-share", type=float, default=d.max_top_share, help="guard: top target share"
-    )
-    parser.add_argument("--no-control", action="store_true", help="skip the shuffled control")
-    parser.add_argument("--no-modal-filter", action="store_true", help="skip the modal filter")
-    parser.add_argument(
-        "--modal-filter-guard-only",
-        action="store_true",
-        help="check the modal-filter set's guard but do not train it when it passes",
-    )
-    parser.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
-    parser.add_argument("--device", default=d.device, help="auto, cpu or cuda")
-    parser.add_argument("--resample", action="store_true", help="ignore a matching samples.json")
-
-
-def config_from_args(args: argparse.Namespace) -> DistillConfig:
-    """A :class:`DistillConfig` from the flags of :func:`add_arguments`."""
-    return DistillConfig(
-        model=args.model, task=args.task, data=args.data, out=args.out,
-        train_items=args.train_items, eval_items=args.eval_items, n=args.n,
-        temperature=args.temperature, seed=args.seed, match=args.match,
-        sample_batch_size=args.sample_batch_size, eval_batch_size=args.eval_batch_size,
-        rank=args.rank, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
-        batch_size=args.batch_size, max_steps=args.max_steps,
-        warmup_items=args.warmup_items, warmup_epochs=args.warmup_epochs,
-        warmup_lr=args.warmup_lr,
-        min_entropy_bits=args.min_entropy, max_top_share=args.max_top_share,
-        control=not args.no_control, modal_filter_run=not args.no_modal_filter,
-        modal_filter_train=not args.modal_filter_guard_only,
-        eval_max_new_tokens=args.eval_max_new_tokens,
-        device=args.device, resample=args.resample,
-    )  # fmt: skip
-
-
-def run(args: argparse.Namespace) -> int:
-    """``semsoft distill``: run the recipe and print the held-out tables."""
-    config = config_from_args(args)
-    report = run_distill(config)
-    print(json.dumps(report, indent=2) if args.json else format_markdown(report))
-    print(f"report: {Path(config.out) / 'report.json'}")
-    return 0
