@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from semsoft_eval.backends import DecisionStep, Generations, Prompt
-from semsoft_plugin.core.fitting import compress
+from semsoft_plugin.core.kept_scores import compress
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.tokens import OutputEmbeddings
 

@@ -345,7 +345,7 @@ class Classifier:
 
     def _kept(self, inputs: list[Any], store_k: int) -> Any:
         """The decision step's top ``store_k`` raw scores and every label token's
-        (:class:`~semsoft_plugin.core.fitting.KeptScores`), from this classifier's engine."""
+        (:class:`~semsoft_plugin.core.kept_scores.KeptScores`), from this classifier's engine."""
         import torch
 
         from semsoft_plugin.core.kept_scores import KeptScores, compress, kept_from_top_logprobs
