@@ -76,3 +76,36 @@ def test_no_private_name_is_imported_across_modules(package: str) -> None:
         if name.startswith("_") and not name.startswith("__")
     ]
     assert private == []
+
+
+def _defined(path: Path) -> set[str]:
+    """Names a module defines at its top level (functions, classes, assignments)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def test_names_are_imported_from_the_module_that_defines_them() -> None:
+    """No re-exports: ``from semsoft_plugin.x.y import name`` needs ``name`` defined in
+    ``x/y.py`` (or ``y`` a module of package ``x``). A package ``__init__`` may gather its
+    own modules' public names; nothing else passes a name on."""
+    passed_on = []
+    files = [*_modules(ROOT / "semsoft_plugin"), *_modules(ROOT / "semsoft_eval")]
+    files += sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "examples").glob("*.py"))
+    for path in files:
+        for module, names, line in _imports(path):
+            if not module.startswith("semsoft_plugin."):
+                continue
+            target = ROOT.joinpath(*module.split("."))
+            if target.is_dir():  # a package: its __init__ or its submodules
+                continue
+            defined = _defined(target.with_suffix(".py"))
+            passed_on += [
+                f"{path.relative_to(ROOT)}:{line} {module}.{n}" for n in names if n not in defined
+            ]
+    assert passed_on == []
