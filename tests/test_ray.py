@@ -136,10 +136,10 @@ def test_parquet_round_trip(cluster, tmp_path):
 
 
 def test_two_actors_holding_every_cpu_still_write(cluster, tmp_path):
-    """Two one-CPU actors on the two-CPU cluster: the actors hold every CPU, so a write
-    task that asked for one would wait for them while they wait, backpressured, for the
-    write (this hung at 200 rows). The CLI's writes reserve no CPU; every row comes out
-    once, in 60 blocks of 4."""
+    """Two one-CPU actors on the two-CPU cluster, 60 blocks of 4 rows: the run ends, and
+    every row comes out once. (It used to hang after the write, in Arrow's threaded scan
+    of the 60 output files for the summary; the writes also waited for the actors to
+    finish, since the actors held every CPU.)"""
     texts = [t for t in TEXTS if t.strip()]
     rows = [{"id": i, "text": texts[i % len(texts)][:24]} for i in range(240)]
     source = tmp_path / "in.jsonl"

@@ -223,7 +223,9 @@ def _read_output_dir(path: Path, kind: str, columns: Sequence[str]) -> Any:
 
     pattern = {"parquet": "parquet", "csv": "csv", "jsonl": "json"}[kind]
     files = sorted(str(p) for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-    return pads.dataset(files, format=pattern).to_table(columns=list(columns))
+    # One thread: in the driver after a Ray Data run, Arrow's threaded scan of many JSON
+    # files waited forever (60 files of a 2-actor run); the files are small, read once.
+    return pads.dataset(files, format=pattern).to_table(columns=list(columns), use_threads=False)
 
 
 def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -> int:
@@ -315,11 +317,11 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
         prompt=template,
         config=config,
     )
-    # The write tasks reserve no CPU: when the actors hold every CPU of the cluster (two
-    # one-CPU actors on two CPUs), a write task asking for one would wait for the actors,
-    # which wait, backpressured, for the write: the run would hang. Writing Arrow blocks
-    # to files is I/O next to the model's work.
-    write = {"ray_remote_args": {"num_cpus": 0}}
+    # The writes reserve no CPU, at most one per actor: when the actors hold every CPU
+    # (two one-CPU actors on two CPUs), a write asking for one waits until the actors
+    # finish, and every scored block piles up in the object store meanwhile. Writing
+    # Arrow blocks to files is I/O next to the model's work.
+    write = {"ray_remote_args": {"num_cpus": 0}, "concurrency": args.concurrency}
     if kind == "parquet":
         scored.write_parquet(str(output), **write)
     elif kind == "csv":
