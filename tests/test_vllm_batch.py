@@ -25,11 +25,11 @@ def test_classify_vllm_matches_transformers(llm, hf_results):
     results = sv.classify_vllm(llm, prompts, SENTIMENT)
     for result, name in zip(results, ("review", "short"), strict=True):
         want = hf_results[name]
-        assert result["label"] == result["text"].strip()
-        assert set(result) >= {"label", "probs", "constrained_probs", "fallback", "coverage"}
+        assert result.label == result.text.strip()
+        assert set(vars(result)) >= {"label", "probs", "constrained_probs", "fallback", "coverage"}
         for label in SENTIMENT:
-            assert result["probs"][label] == pytest.approx(want.probs[label], abs=ATOL)
-            assert result["constrained_probs"][label] == pytest.approx(
+            assert result.probs[label] == pytest.approx(want.probs[label], abs=ATOL)
+            assert result.constrained_probs[label] == pytest.approx(
                 want.constrained_probs[label], abs=ATOL
             )
 
@@ -45,10 +45,10 @@ def test_classify_vllm_fetches_missing_constrained_probs(llm, hf_model):
     model, tok = hf_model
     want = hf.classify(model, tok, prompt, labels, mode="observe")[0]
     for label in labels:
-        assert got["constrained_probs"][label] == pytest.approx(
+        assert got.constrained_probs[label] == pytest.approx(
             want.constrained_probs[label], abs=ATOL
         )
-        assert got["probs"][label] == pytest.approx(want.probs[label], abs=ATOL)
+        assert got.probs[label] == pytest.approx(want.probs[label], abs=ATOL)
 
 
 def test_classify_vllm_names_max_logprobs_when_too_low(llm):
@@ -68,13 +68,13 @@ def test_classify_vllm_keeps_top_and_named_token_logprobs(llm, hf_model):
     logits = hf.classify(model, tok, prompt, EMOTIONS, keep_logits=True, max_new_tokens=1)[0].logits
     want = torch.log_softmax(logits.float(), -1)
     top = torch.topk(want, 40)
-    assert len(got["top_logprobs"]) == 40
-    assert set(got["top_logprobs"]) == set(top.indices.tolist())
-    for token, value in got["top_logprobs"].items():
+    assert len(got.top_logprobs) == 40
+    assert set(got.top_logprobs) == set(top.indices.tolist())
+    for token, value in got.top_logprobs.items():
         assert value == pytest.approx(float(want[token]), abs=ATOL)
-    assert not set(rare) & set(got["top_logprobs"])
+    assert not set(rare) & set(got.top_logprobs)
     for token in rare:
-        assert got["token_logprobs"][token] == pytest.approx(float(want[token]), abs=ATOL)
+        assert got.token_logprobs[token] == pytest.approx(float(want[token]), abs=ATOL)
     with pytest.raises(ValueError, match="keep_logprobs=100"):
         sv.classify_vllm(llm, prompt, EMOTIONS, keep_logprobs=100)
     with pytest.raises(ValueError, match="outside the vocabulary"):

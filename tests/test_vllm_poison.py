@@ -173,4 +173,4 @@ def test_classify_vllm_refuses_a_label_set_of_another_tokenizer(poison_llm, fore
         )
     own = LabelSet(SENTIMENT, tokenizer)
     (result,) = sv.classify_vllm(poison_llm, [PROMPTS["short"]], own, max_tokens=1)
-    assert result["probs"].keys() == set(SENTIMENT)
+    assert result.probs.keys() == set(SENTIMENT)

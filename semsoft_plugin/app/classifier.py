@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from semsoft_plugin.core.calibration import CONTENT_FREE, batch_calibrate, debias
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.engines.prompting import (
     DEFAULT_TEMPLATE,
     PromptTemplate,
@@ -353,21 +354,10 @@ class Classifier:
 
         token_ids = token_ids_of(self.labels)
         if self.backend == "vllm":
-            from semsoft_plugin.engines.vllm import classify_vllm
-
-            results = classify_vllm(
-                self.model, inputs, list(self.labels.names), self.config, mode="observe",
-                keep_logprobs=store_k, token_ids=token_ids, max_tokens=1,
-                use_tqdm=bool(self.progress),
-            )  # fmt: skip
+            results = self._classify(inputs, keep_logprobs=store_k, token_ids=token_ids)
             return kept_from_top_logprobs(results, token_ids)
-        from semsoft_plugin.engines.hf import classify
-
-        classified = classify(
-            self.model, self.tokenizer, inputs, self.labels, config=self.config,
-            mode="observe", max_new_tokens=1, batch_size=self.batch_size,
-            progress=self.progress, keep_logits=True,
-        )  # fmt: skip
+        # The fit keeps logits from hf.classify's default float32 head, as it always has.
+        classified = self._classify(inputs, keep_logits=True, exact_head=True)
         rows = torch.stack([c.logits for c in classified if c.logits is not None])
         ids = torch.tensor(token_ids)
         top_ids, top_logits, label_logits = compress(rows, store_k, ids)
@@ -500,45 +490,32 @@ class Classifier:
 
     def _score(self, inputs: list[Any]) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
         """Per input: Semantic Softmax and constrained dicts, coverage, fallback."""
+        results = self._classify(inputs)
+        return (
+            [r.probs for r in results],
+            [r.constrained_probs for r in results],
+            [r.coverage for r in results],
+            [r.fallback for r in results],
+        )
+
+    def _classify(self, inputs: list[Any], **options: Any) -> list[LabelResult]:
+        """One observe-mode decision step per input (only that step decides the
+        calibrated label) on this classifier's engine, through the adapter's batch
+        function; ``options`` go to it, over the classifier's own settings."""
         names = list(self.labels.names)
         if self.backend == "vllm":
             from semsoft_plugin.engines.vllm import classify_vllm
 
-            results = classify_vllm(
-                self.model,
-                inputs,
-                names,
-                self.config,
-                mode="observe",
-                max_tokens=1,
-                use_tqdm=bool(self.progress),
-            )
-            return (
-                [r["probs"] for r in results],
-                [r["constrained_probs"] for r in results],
-                [r["coverage"] for r in results],
-                [r["fallback"] for r in results],
-            )
+            own = {"mode": "observe", "max_tokens": 1, "use_tqdm": bool(self.progress)}
+            return classify_vllm(self.model, inputs, names, self.config, **{**own, **options})
         from semsoft_plugin.engines.hf import classify
 
-        classified = classify(
-            self.model,
-            self.tokenizer,
-            inputs,
-            self.labels,
-            config=self.config,
-            mode="observe",
-            max_new_tokens=1,
-            batch_size=self.batch_size,
-            progress=self.progress,
-            exact_head=self.exact_head,
-        )
-        return (
-            [c.probs for c in classified],
-            [c.constrained_probs for c in classified],
-            [c.coverage for c in classified],
-            [c.fallback for c in classified],
-        )
+        own = {
+            "config": self.config, "mode": "observe", "max_new_tokens": 1,
+            "batch_size": self.batch_size, "progress": self.progress,
+            "exact_head": self.exact_head,
+        }  # fmt: skip
+        return classify(self.model, self.tokenizer, inputs, self.labels, **{**own, **options})
 
     def __repr__(self) -> str:
         return (
