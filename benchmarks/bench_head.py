@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from semsoft_eval.data import load_builtin
-from semsoft_plugin.app.classifier import Classifier, Predictions
+from semsoft_plugin.app.classifier import Classifier
+from semsoft_plugin.app.predictions import Predictions
 from semsoft_plugin.engines import models
 
 WAYS = {

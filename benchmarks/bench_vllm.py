@@ -35,6 +35,10 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from semsoft_plugin.core.result import LabelResult
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -163,7 +167,7 @@ def start_server(checkpoint: str, dtype: str, log: Path) -> tuple[subprocess.Pop
 
 
 async def concurrent_requests(
-    url: str, prompts, offline: list[dict], checkpoint: str, timeout: float
+    url: str, prompts, offline: list[LabelResult], checkpoint: str, timeout: float
 ):
     import openai
 
@@ -198,7 +202,7 @@ async def concurrent_requests(
         scores = sopenai.openai_label_scores(response, LABELS, checkpoint)
         if response.choices[0].message.content.strip() not in LABELS:
             wrong_labels += 1
-        want = offline[i]["probs"]
+        want = offline[i].probs
         max_diff = max(max_diff, *(abs(scores.probs[k] - want[k]) for k in LABELS))
     return {
         "requests": len(offline),

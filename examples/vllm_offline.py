@@ -43,8 +43,8 @@ def main() -> None:
     ]
     # The common case in one call ...
     for text, result in zip(TEXTS, semsoft.classify_vllm(llm, prompts, LABELS), strict=True):
-        probs = ", ".join(f"{k} {v:.2f}" for k, v in result["probs"].items())
-        print(f"{result['label']:>8}  [{probs}]  {text}")
+        probs = ", ".join(f"{k} {v:.2f}" for k, v in result.probs.items())
+        print(f"{result.label:>8}  [{probs}]  {text}")
 
     # ... or ordinary generate calls, opted in per request.
     params = semsoft.sampling_params(LABELS)

@@ -84,11 +84,13 @@ class VLLMBackend:
             token_ids=list(token_ids), max_tokens=1, use_tqdm=progress,
         )  # fmt: skip
         kept = kept_from_top_logprobs(results, list(token_ids))
+        # Never None here: classify_vllm fetches the label tokens the top-k lacks.
+        probs = [r.probs or {} for r in results]
         return DecisionStep(
             top_ids=kept.top_ids,
             top_values=kept.top_logits,
             label_values=kept.label_logits,
-            check=torch.tensor([[r["probs"][n] for n in labels.names] for r in results]),
+            check=torch.tensor([[p[n] for n in labels.names] for p in probs]),
             vocab_size=self.embeddings().vocab_size,
         )
 

@@ -1,11 +1,20 @@
-"""Waiting for a vLLM server a test started (shared by the server fixtures)."""
+"""Starting a vLLM server in a test: a free port, then waiting until it answers (shared by
+the server fixtures)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def wait_until_healthy(

@@ -7,9 +7,13 @@ what it asks for rather than from a decorator someone may forget:
 
 * it requests (directly or through other fixtures) one of :data:`ENGINE_FIXTURES`;
 * or it carries its own ``@pytest.mark.vllm`` / ``@pytest.mark.outlines`` (tests that
-  build an ``LLM`` inline). A module-wide ``pytestmark`` does not count: ``test_vllm.py``
-  marks every test ``vllm`` because it imports vLLM, including its engine-free checks
-  (option parsing, refusals), which belong to the fast lane.
+  build an ``LLM`` inline). A module-wide ``pytestmark`` does not count: the
+  ``test_vllm_*.py`` files that import vLLM mark every test ``vllm``, including their
+  engine-free checks (option parsing, refusals), which belong to the fast lane.
+
+The vLLM engines (``llm``, ``plain_llm``, ``server``) are session fixtures here, so that
+the ``test_vllm_*.py`` files share one of each instead of starting one per file; vLLM is
+imported inside them, never when this file loads.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -74,3 +83,107 @@ def foreign_tokenizer():
     return PreTrainedTokenizerFast(
         tokenizer_object=raw, unk_token="[UNK]", name_or_path="tiny-wordlevel"
     )
+
+
+# ---------------------------------------------------------------------------
+# vLLM engines and their references, shared by the test_vllm_*.py files
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def checkpoint(default_checkpoint):
+    """The default model's local checkpoint (the vLLM tests' name for it)."""
+    return default_checkpoint
+
+
+@pytest.fixture(scope="session")
+def llm(checkpoint) -> Iterator[Any]:
+    """A vLLM engine with the plugin loaded by class."""
+    from _vllm import ENGINE_ARGS
+    from vllm import LLM
+
+    from semsoft_plugin.engines import vllm as sv
+
+    engine = LLM(
+        str(checkpoint), logits_processors=[sv.SemanticSoftmaxLogitsProcessor], **ENGINE_ARGS
+    )
+    yield engine
+    del engine
+
+
+@pytest.fixture(scope="session")
+def plain_llm(checkpoint) -> Iterator[Any]:
+    """The same engine without the plugin: the reference for opted-out requests."""
+    from _vllm import ENGINE_ARGS, without_entry_points
+    from vllm import LLM
+
+    with pytest.MonkeyPatch.context() as patch:
+        without_entry_points(patch)
+        engine = LLM(str(checkpoint), **ENGINE_ARGS)
+    yield engine
+    del engine
+
+
+@pytest.fixture(scope="session")
+def tokenizer(llm):
+    return llm.get_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_and_tokenizer):
+    """The transformers model in float32, like the engines here (a copy: the session
+    fixture is shared with other test modules)."""
+    import copy
+
+    model, tok = model_and_tokenizer
+    return copy.deepcopy(model).float(), tok
+
+
+@pytest.fixture(scope="session")
+def hf_results(hf_model):
+    from _vllm import EMOTIONS, PROMPTS, SENTIMENT
+
+    from semsoft_plugin.engines import hf
+
+    model, tok = hf_model
+    return {
+        "review": hf.classify(model, tok, [PROMPTS["review"]], SENTIMENT)[0],
+        "short": hf.classify(model, tok, [PROMPTS["short"]], SENTIMENT)[0],
+        "dog": hf.classify(model, tok, [PROMPTS["dog"]], EMOTIONS)[0],
+    }
+
+
+@pytest.fixture(scope="session")
+def server(checkpoint, tmp_path_factory) -> Iterator[str]:
+    """A vLLM OpenAI server subprocess with the plugin and its admission middleware;
+    yields its ``/v1`` base URL."""
+    from _server import free_port, wait_until_healthy
+    from _vllm import ROOT
+
+    from semsoft_plugin.core.request import ENTRY_POINT
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(checkpoint), "--served-model-name", "smollm2",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--logits-processors", ENTRY_POINT,
+        "--max-logprobs", "50", "--max-model-len", "512", "--enforce-eager",
+        "--dtype", "float32", "--max-num-batched-tokens", "32",
+        "--middleware", "semsoft_plugin.engines.vllm.admission",
+    ]  # fmt: skip
+    with open(log, "w") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_until_healthy(process, port, log)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -260,7 +260,7 @@ def test_fit_round_trip_through_a_config_file_into_a_vllm_request(fitted, tmp_pa
         results = classify_vllm(llm, inputs, labels, loaded, mode="observe", max_tokens=1)
     finally:
         del llm
-    got = np.array([[r["probs"][n] for n in labels] for r in results])
+    got = np.array([[r.probs[n] for n in labels] for r in results])
     want_clf = Classifier(clf.model, clf.tokenizer, labels, config=SemsoftConfig.load(path))
     want = want_clf.predict_proba(texts[:6])
     order = [list(want_clf.classes_).index(n) for n in labels]

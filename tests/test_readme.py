@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _server import wait_until_healthy
+from _server import free_port, wait_until_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -155,12 +154,6 @@ def test_vllm_snippet_runs(llm):
     assert out.outputs[0].text.strip() in ("joy", "sadness", "anger")  # type: ignore[attr-defined]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The README's server command as written, on a free port, CPU-sized."""
@@ -168,7 +161,7 @@ def server(tmp_path_factory):
     pytest.importorskip("openai")
     body = sections(README.read_text(encoding="utf-8"))["Server"]
     (command,) = BASH_BLOCK.findall(body)
-    port = _free_port()
+    port = free_port()
     command = command.replace("\\\n", " ").strip()
     command = command.replace("python -m", f"{sys.executable} -m", 1)
     command += f" --port {port} --host 127.0.0.1 --max-model-len 512 --enforce-eager"

@@ -2,6 +2,8 @@
 
 * :mod:`.classifier`: :class:`~.classifier.Classifier`, scikit-learn style, on the
   transformers or vLLM backend;
+* :mod:`.predictions`: :class:`~.predictions.Predictions`, the arrays it returns for a batch;
+* :mod:`.texts`: the checks on the texts it takes, and the cut of a text that is too long;
 * :mod:`.cli`: the ``semsoft`` command;
 * :mod:`.classify_args`: the labels, prompt and classifier ``semsoft classify``'s
   arguments name;

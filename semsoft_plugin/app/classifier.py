@@ -22,90 +22,33 @@ outputs are): ``import semsoft_plugin`` stays torch-only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from semsoft_plugin.app.predictions import Predictions, probability_rows
+from semsoft_plugin.app.texts import text_list, token_prefixes
 from semsoft_plugin.core.calibration import CONTENT_FREE, batch_calibrate, debias
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.engines.prompting import (
     DEFAULT_TEMPLATE,
     PromptTemplate,
     build_inputs,
     encode_prompts,
     format_prompt,
-    item_list,
 )
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BACKENDS", "Classifier", "Predictions", "text_list"]
+__all__ = ["BACKENDS", "Classifier"]
 
 BACKENDS = ("hf", "vllm")
 CALIBRATIONS = (None, "contextual", "batch")
 # Batch calibration divides by the batch's mean distribution: over a handful of texts
 # that mean is mostly the texts' own content, not the prompt's bias.
 MIN_BATCH_CALIBRATION = 16
-
-
-@dataclass(frozen=True)
-class Predictions:
-    """Everything scored for N texts, rows in input order, columns in ``labels`` order.
-
-    Attributes
-    ----------
-    labels : the label names in column order: the classifier's ``classes_`` (sorted)
-    label : per text, the calibrated label (argmax of ``probs``)
-    probs : ``[N, L]`` float64 Semantic Softmax probabilities, rows summing to 1
-    constrained : ``[N, L]`` float64 softmax over the label tokens only (the baseline)
-    coverage : ``[N]`` share of the top-K mass that voted for some label
-    fallback : ``[N]`` bool, True where no kept token voted for any label and
-        ``probs`` is the constrained softmax
-    truncated : ``[N]`` int, the number of tokens cut from the end of each text to fit
-        the model's context (or ``max_text_tokens``); 0 where the whole text was scored
-    """
-
-    labels: tuple[str, ...]
-    label: list[str]
-    probs: np.ndarray
-    constrained: np.ndarray
-    coverage: np.ndarray
-    fallback: np.ndarray
-    truncated: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.label)
-
-
-def _rows(dicts: Sequence[Mapping[str, float]], names: Sequence[str]) -> np.ndarray:
-    """Label -> probability dicts as ``[N, L]`` float64 rows renormalised to sum to 1
-    (the engines compute in float32; scikit-learn checks the sums)."""
-    import numpy as np
-
-    rows = np.array([[d[n] for n in names] for d in dicts], dtype=np.float64)
-    rows = rows.reshape(len(dicts), len(names))
-    return rows / rows.sum(axis=1, keepdims=True)
-
-
-def text_list(texts: Iterable[str]) -> list[str]:
-    """``texts`` as a list of non-empty strings; ``ValueError`` naming the bad element.
-
-    Any iterable is taken, as scikit-learn users pass them: a list, tuple, numpy array,
-    pandas Series (its values, not its index), generator. A single string is refused
-    (iterating it would classify its characters), and so is an element that is not a
-    string (a NaN from a pandas column, a number, ``None``), by index and type.
-    """
-    values = item_list(texts, "texts", "strings")
-    for index, text in enumerate(values):
-        if not isinstance(text, str):
-            raise ValueError(
-                f"texts[{index}] = {text!r:.60} is a {type(text).__name__}, not a string"
-            )
-        if not text.strip():
-            raise ValueError(f"texts[{index}] = {text!r} is not a non-empty string")
-    return [str(text) for text in values]
 
 
 def _is_vllm(model: Any) -> bool:
@@ -353,21 +296,10 @@ class Classifier:
 
         token_ids = token_ids_of(self.labels)
         if self.backend == "vllm":
-            from semsoft_plugin.engines.vllm import classify_vllm
-
-            results = classify_vllm(
-                self.model, inputs, list(self.labels.names), self.config, mode="observe",
-                keep_logprobs=store_k, token_ids=token_ids, max_tokens=1,
-                use_tqdm=bool(self.progress),
-            )  # fmt: skip
+            results = self._classify(inputs, keep_logprobs=store_k, token_ids=token_ids)
             return kept_from_top_logprobs(results, token_ids)
-        from semsoft_plugin.engines.hf import classify
-
-        classified = classify(
-            self.model, self.tokenizer, inputs, self.labels, config=self.config,
-            mode="observe", max_new_tokens=1, batch_size=self.batch_size,
-            progress=self.progress, keep_logits=True,
-        )  # fmt: skip
+        # The fit keeps logits from hf.classify's default float32 head, as it always has.
+        classified = self._classify(inputs, keep_logits=True, exact_head=True)
         rows = torch.stack([c.logits for c in classified if c.logits is not None])
         ids = torch.tensor(token_ids)
         top_ids, top_logits, label_logits = compress(rows, store_k, ids)
@@ -427,7 +359,7 @@ class Classifier:
 
     def _fit_one(self, index: int, text: str, budget: int | None) -> tuple[str, int]:
         """One text cut at a token boundary to fit; (text, tokens dropped)."""
-        size, prefix = _token_prefixes(self.tokenizer, text)
+        size, prefix = token_prefixes(self.tokenizer, text)
         keep = size if self.max_text_tokens is None else min(size, self.max_text_tokens)
         for _ in range(4):  # the cut text can tokenise with the prompt a token longer
             piece = prefix(keep)
@@ -471,7 +403,7 @@ class Classifier:
                 classes, [], empty, empty.copy(), np.zeros(0), np.zeros(0, bool), np.zeros(0, int)
             )
         probs, constrained, coverage, fallback = self._score(inputs)
-        p = _rows(probs, classes)
+        p = probability_rows(probs, classes)
         if self.calibrate == "contextual":
             p = debias(p, self.content_free_bias())
         elif self.calibrate == "batch":
@@ -480,7 +412,7 @@ class Classifier:
             labels=classes,
             label=[classes[i] for i in p.argmax(axis=1)],
             probs=p,
-            constrained=_rows(constrained, classes),
+            constrained=probability_rows(constrained, classes),
             coverage=np.array(coverage, dtype=np.float64),
             fallback=np.array(fallback, dtype=bool),
             truncated=np.array(cut, dtype=np.int64),
@@ -495,66 +427,40 @@ class Classifier:
                 self.prompt, list(CONTENT_FREE), list(self.labels.names), self.tokenizer
             )
             probs = self._score(inputs)[0]
-            self._bias = _rows(probs, self._classes).mean(axis=0)
+            self._bias = probability_rows(probs, self._classes).mean(axis=0)
         return self._bias
 
     def _score(self, inputs: list[Any]) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
         """Per input: Semantic Softmax and constrained dicts, coverage, fallback."""
+        results = self._classify(inputs)
+        return (
+            [r.probs for r in results],
+            [r.constrained_probs for r in results],
+            [r.coverage for r in results],
+            [r.fallback for r in results],
+        )
+
+    def _classify(self, inputs: list[Any], **options: Any) -> list[LabelResult]:
+        """One observe-mode decision step per input (only that step decides the
+        calibrated label) on this classifier's engine, through the adapter's batch
+        function; ``options`` go to it, over the classifier's own settings."""
         names = list(self.labels.names)
         if self.backend == "vllm":
             from semsoft_plugin.engines.vllm import classify_vllm
 
-            results = classify_vllm(
-                self.model,
-                inputs,
-                names,
-                self.config,
-                mode="observe",
-                max_tokens=1,
-                use_tqdm=bool(self.progress),
-            )
-            return (
-                [r["probs"] for r in results],
-                [r["constrained_probs"] for r in results],
-                [r["coverage"] for r in results],
-                [r["fallback"] for r in results],
-            )
+            own = {"mode": "observe", "max_tokens": 1, "use_tqdm": bool(self.progress)}
+            return classify_vllm(self.model, inputs, names, self.config, **{**own, **options})
         from semsoft_plugin.engines.hf import classify
 
-        classified = classify(
-            self.model,
-            self.tokenizer,
-            inputs,
-            self.labels,
-            config=self.config,
-            mode="observe",
-            max_new_tokens=1,
-            batch_size=self.batch_size,
-            progress=self.progress,
-            exact_head=self.exact_head,
-        )
-        return (
-            [c.probs for c in classified],
-            [c.constrained_probs for c in classified],
-            [c.coverage for c in classified],
-            [c.fallback for c in classified],
-        )
+        own = {
+            "config": self.config, "mode": "observe", "max_new_tokens": 1,
+            "batch_size": self.batch_size, "progress": self.progress,
+            "exact_head": self.exact_head,
+        }  # fmt: skip
+        return classify(self.model, self.tokenizer, inputs, self.labels, **{**own, **options})
 
     def __repr__(self) -> str:
         return (
             f"Classifier(backend={self.backend!r}, labels={list(self.labels.names)}, "
             f"config={self.config})"
         )
-
-
-def _token_prefixes(tokenizer: Any, text: str) -> tuple[int, Callable[[int], str]]:
-    """The number of tokens of ``text`` (no special tokens) and a function giving the
-    text of its first ``n`` tokens: cut at the character offset where token ``n`` starts,
-    exact in the original string (fast tokenizers); decoded otherwise."""
-    try:
-        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        starts = [int(start) for start, _ in encoded["offset_mapping"]]
-        return len(starts), lambda n: text[: starts[n]] if n < len(starts) else text
-    except (NotImplementedError, KeyError, TypeError, ValueError):
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        return len(ids), lambda n: tokenizer.decode(ids[:n]) if n < len(ids) else text

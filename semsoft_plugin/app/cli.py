@@ -302,7 +302,7 @@ def _run_classify(args: argparse.Namespace) -> int:
 
 
 def _by_label(columns: Sequence[str], row: Any, labels: Sequence[str]) -> dict[str, float]:
-    """One row of a :class:`~semsoft_plugin.app.classifier.Predictions` array (columns in
+    """One row of a :class:`~semsoft_plugin.app.predictions.Predictions` array (columns in
     ``classes_`` order) as label -> probability in the user's label order."""
     values = dict(zip(columns, row.tolist(), strict=True))
     return {label: values[label] for label in labels}

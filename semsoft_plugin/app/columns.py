@@ -3,7 +3,7 @@
 ``semsoft classify --input`` (one process), :func:`semsoft_plugin.app.ray.classify_dataset`
 (one :class:`~semsoft_plugin.app.classifier.Classifier` per Ray actor) and the vLLM-on-Ray
 postprocess all add the same columns to each input row, from the same
-:class:`~semsoft_plugin.app.classifier.Predictions`: ``label``, ``p_<label>`` (Semantic
+:class:`~semsoft_plugin.app.predictions.Predictions`: ``label``, ``p_<label>`` (Semantic
 Softmax), ``constrained_<label>`` (label tokens only), ``coverage``, ``fallback`` and
 ``review`` (top probability below the review threshold) and ``truncated`` (tokens cut
 from a text longer than the model's context). Keeping the names and the

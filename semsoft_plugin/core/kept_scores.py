@@ -13,7 +13,7 @@ The fit itself is :mod:`semsoft_plugin.core.fitting`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.core.softmax import SemanticSoftmax
 from semsoft_plugin.core.tokens import LabelTokens, as_label_tokens, as_output_embeddings
 
@@ -80,20 +81,22 @@ def compress(rows: Tensor, store_k: int, label_ids: Tensor) -> tuple[Tensor, Ten
     return ids, values, rows.index_select(1, label_ids)
 
 
-def kept_from_top_logprobs(
-    results: Sequence[Mapping[str, Any]], token_ids: Sequence[int]
-) -> KeptScores:
+def kept_from_top_logprobs(results: Sequence[LabelResult], token_ids: Sequence[int]) -> KeptScores:
     """:class:`KeptScores` from ``classify_vllm(..., keep_logprobs=S, token_ids=...)``
     results (``top_logprobs``: id -> raw log-prob, ``token_logprobs`` for ``token_ids``),
     top values sorted highest first."""
-    widths = {len(r["top_logprobs"]) for r in results}
+    tops = [r.top_logprobs for r in results if r.top_logprobs is not None]
+    if len(tops) != len(results):
+        raise ValueError("a result without top_logprobs: pass keep_logprobs=... to classify_vllm")
+    named = [r.token_logprobs or {} for r in results]  # None when token_ids was empty
+    widths = {len(top) for top in tops}
     if len(widths) != 1:
         raise ValueError(f"the engine returned ragged top log-probabilities (widths {widths})")
-    ids = torch.tensor([list(r["top_logprobs"]) for r in results], dtype=torch.long)
-    values = torch.tensor([list(r["top_logprobs"].values()) for r in results], dtype=torch.float32)
+    ids = torch.tensor([list(top) for top in tops], dtype=torch.long)
+    values = torch.tensor([list(top.values()) for top in tops], dtype=torch.float32)
     values, order = values.sort(dim=1, descending=True)
     label_values = torch.tensor(
-        [[r["token_logprobs"][t] for t in token_ids] for r in results], dtype=torch.float32
+        [[found[t] for t in token_ids] for found in named], dtype=torch.float32
     )
     return KeptScores(ids.gather(1, order), values, torch.tensor(list(token_ids)), label_values)
 

@@ -1,11 +1,11 @@
 """One result type for one classified input, whatever engine produced it.
 
-``hf.classify``, the vLLM reader (``label_scores``) and the OpenAI reader
-(``openai_label_scores``) all return a :class:`LabelResult`; the fields an engine
-cannot know are None (a reader of a server response has no generated ``text`` of its
-own to report; transformers has no top-k mass to report). ``hf.Classification`` and
-``vllm.LabelScores`` remain as aliases of this class for one release so that code
-naming them keeps working. (``Classifier.predict_details`` returns arrays over a batch,
+``hf.classify``, ``classify_vllm``, the vLLM reader (``label_scores``) and the OpenAI
+reader (``openai_label_scores``) all return :class:`LabelResult` (one per input); the
+fields an engine cannot know, or was not asked for, are None (a reader of a server
+response has no generated ``text`` of its own to report; transformers has no top-k mass
+to report; only ``classify_vllm`` keeps log-probabilities by token id).
+(``Classifier.predict_details`` returns arrays over a batch,
 :mod:`semsoft_plugin.engines.outlines` returns :class:`ScoredLabel`, a ``str`` with these
 fields, because Outlines' interface returns strings.)
 """
@@ -41,6 +41,10 @@ class LabelResult:
     top_k_mass : total probability of the k kept tokens (readers of top-k outputs)
     decision_step : index of the generated token that was the decision step (readers)
     logits : raw decision-step scores, float32 ``[V]`` (``hf.classify(keep_logits=True)``)
+    top_logprobs : token id -> raw decision-step log-probability of the highest
+        ``keep_logprobs`` tokens (``classify_vllm(keep_logprobs=...)``)
+    token_logprobs : token id -> raw decision-step log-probability of each requested
+        token, inside the top-k or not (``classify_vllm(token_ids=...)``)
     """
 
     label: str | None
@@ -52,6 +56,8 @@ class LabelResult:
     top_k_mass: float | None = None
     decision_step: int | None = None
     logits: Tensor | None = None
+    top_logprobs: dict[int, float] | None = None
+    token_logprobs: dict[int, float] | None = None
 
 
 class ScoredLabel(str):

@@ -7,6 +7,7 @@ evaluation's extra ``token_ids``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from semsoft_plugin.core.config import SemsoftConfig
@@ -39,8 +40,8 @@ def classify_vllm(
     max_tokens: int | None = None,
     use_tqdm: bool = False,
     **overrides: Any,
-) -> list[dict[str, Any]]:
-    """Classify prompts on a vLLM engine; one dict per prompt, in order.
+) -> list[LabelResult]:
+    """Classify prompts on a vLLM engine; one :class:`LabelResult` per prompt, in order.
 
     The engine must have the processor loaded (``logits_processors=[...]`` or the
     installed entry point) for ``mode="constrain"``, and ``max_logprobs >= k``.
@@ -72,9 +73,10 @@ def classify_vllm(
 
     Returns
     -------
-    list of dict with ``label``, ``probs`` and ``constrained_probs`` (label -> p),
-    ``fallback``, ``coverage``, ``top_k_mass`` and ``text``, plus ``top_logprobs``
-    and ``token_logprobs`` when asked for.
+    list of :class:`~semsoft_plugin.core.result.LabelResult` with ``label``, ``probs``
+    and ``constrained_probs`` (label -> p), ``fallback``, ``coverage``, ``top_k_mass``,
+    ``decision_step`` and ``text``; ``top_logprobs`` and ``token_logprobs`` when asked
+    for (None otherwise).
     """
     from vllm.inputs import TokensPrompt
 
@@ -193,25 +195,22 @@ def classify_vllm(
     scores = [s for s in first if s is not None]
     results = []
     for s, out, step in zip(scores, outputs, steps, strict=True):
-        result = {
-            "label": s.label,
-            "probs": s.probs,
-            "constrained_probs": s.constrained_probs,
-            "fallback": s.fallback,
-            "coverage": s.coverage,
-            "top_k_mass": s.top_k_mass,
-            "text": out.outputs[0].text,
-        }
+        top = None
         if keep_logprobs:
             ranked = out.outputs[0].logprobs[s.decision_step].items()
-            result["top_logprobs"] = {
+            top = {
                 int(t): float(lp.logprob)
                 for t, lp in ranked
                 if lp.rank is not None and lp.rank <= keep_logprobs
             }
-        if extra_ids:
-            result["token_logprobs"] = {t: step[t] for t in extra_ids}
-        results.append(result)
+        results.append(
+            replace(
+                s,
+                text=out.outputs[0].text,
+                top_logprobs=top,
+                token_logprobs={t: step[t] for t in extra_ids} if extra_ids else None,
+            )
+        )
     return results
 
 

@@ -1,0 +1,59 @@
+"""What :meth:`Classifier.predict_details <semsoft_plugin.app.classifier.Classifier.predict_details>`
+returns for a batch: :class:`Predictions`, numpy arrays over N texts in the classifier's
+``classes_`` column order, and :func:`probability_rows`, which turns the engines'
+per-text label -> probability dicts into those rows.
+
+Apart from the classifier: these are the arrays the CLI and the table columns read, and
+they do not depend on how the texts were scored. numpy is imported only when rows are built:
+``import semsoft_plugin`` stays torch-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["Predictions", "probability_rows"]
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """Everything scored for N texts, rows in input order, columns in ``labels`` order.
+
+    Attributes
+    ----------
+    labels : the label names in column order: the classifier's ``classes_`` (sorted)
+    label : per text, the calibrated label (argmax of ``probs``)
+    probs : ``[N, L]`` float64 Semantic Softmax probabilities, rows summing to 1
+    constrained : ``[N, L]`` float64 softmax over the label tokens only (the baseline)
+    coverage : ``[N]`` share of the top-K mass that voted for some label
+    fallback : ``[N]`` bool, True where no kept token voted for any label and
+        ``probs`` is the constrained softmax
+    truncated : ``[N]`` int, the number of tokens cut from the end of each text to fit
+        the model's context (or ``max_text_tokens``); 0 where the whole text was scored
+    """
+
+    labels: tuple[str, ...]
+    label: list[str]
+    probs: np.ndarray
+    constrained: np.ndarray
+    coverage: np.ndarray
+    fallback: np.ndarray
+    truncated: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+
+def probability_rows(dicts: Sequence[Mapping[str, float]], names: Sequence[str]) -> np.ndarray:
+    """Label -> probability dicts as ``[N, L]`` float64 rows renormalised to sum to 1
+    (the engines compute in float32; scikit-learn checks the sums)."""
+    import numpy as np
+
+    rows = np.array([[d[n] for n in names] for d in dicts], dtype=np.float64)
+    rows = rows.reshape(len(dicts), len(names))
+    return rows / rows.sum(axis=1, keepdims=True)

