@@ -8,10 +8,15 @@ level="${1:-core}"
 py="${PYTHON:-python3}"
 
 # The package itself, editable from this checkout (a clone elsewhere re-points it).
+# Its entry points must name modules that exist: an install made before a module moved
+# keeps the old ones (vLLM would then fail to load the plugin).
 here_ok() {
   "$py" - <<'PY' 2>/dev/null
-import os, semsoft_plugin
+import importlib.util, os, semsoft_plugin
+from importlib.metadata import distribution
 assert os.path.samefile(os.path.dirname(semsoft_plugin.__file__), "semsoft_plugin")
+for entry in distribution("semsoft-plugin").entry_points:
+    assert importlib.util.find_spec(entry.module) is not None, entry
 PY
 }
 
