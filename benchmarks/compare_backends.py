@@ -20,7 +20,9 @@ from typing import Any
 
 from _cli import report, sample_parser  # benchmarks/ is on sys.path when run as a script
 
-from semsoft_eval.evaluate import DEFAULT_METHODS, METRIC_COLUMNS, evaluate
+from semsoft_eval.evaluate import evaluate
+from semsoft_eval.methods import DEFAULT_METHODS
+from semsoft_eval.report import METRIC_COLUMNS
 from semsoft_plugin.engines import models
 
 

@@ -139,7 +139,7 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _template(args: argparse.Namespace) -> Any:
-    from semsoft_eval.prompts import load_template
+    from semsoft_plugin.engines.prompting import load_template
 
     return load_template(args.prompt_file) if args.prompt_file else None
 
@@ -158,7 +158,7 @@ def _cache_dir(args: argparse.Namespace) -> str | None:
 
 def add_eval_parser(subparsers: Any) -> None:
     """Register ``semsoft eval``."""
-    from semsoft_eval.evaluate import ALL_METHODS, DEFAULT_METHODS
+    from semsoft_eval.methods import ALL_METHODS, DEFAULT_METHODS
 
     parser = subparsers.add_parser(
         "eval",
@@ -198,7 +198,8 @@ def add_eval_parser(subparsers: Any) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from semsoft_eval.evaluate import evaluate, format_markdown, write_report
+    from semsoft_eval.evaluate import evaluate
+    from semsoft_eval.report import format_markdown, write_report
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     report = evaluate(

@@ -25,47 +25,25 @@ from typing import Any
 import numpy as np
 
 from semsoft_eval import calibrate
-from semsoft_eval.backends import ENGINES, Backend
+from semsoft_eval.backends import Backend
 from semsoft_eval.data import EvalData
 from semsoft_eval.methods import (
-    ALL_METHODS,
     DEFAULT_METHODS,
     MethodInputs,
-    MethodResult,
     check_methods,
-    constrained_probs,
     score_methods,
     semantic_probs,
 )
 from semsoft_eval.preparation import prepare
-from semsoft_eval.prompts import PromptTemplate
 from semsoft_eval.report import (
-    METRIC_COLUMNS,
     build_report,
-    format_markdown,
     machine,
     plot_reliability,
-    write_report,
 )
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.engines.prompting import PromptTemplate
 
-__all__ = [
-    "ALL_METHODS",
-    "BACKENDS",
-    "DEFAULT_METHODS",
-    "METRIC_COLUMNS",
-    "MethodResult",
-    "constrained_probs",
-    "evaluate",
-    "format_markdown",
-    "plot_reliability",
-    "score_methods",
-    "semantic_probs",
-    "write_report",
-]
-
-BACKENDS = ENGINES
-_constrained = constrained_probs  # the name the vLLM tests compare both engines through
+__all__ = ["evaluate"]
 
 
 def evaluate(

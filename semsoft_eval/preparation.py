@@ -19,9 +19,10 @@ from semsoft_eval.backend_factory import as_backend, load_backend
 from semsoft_eval.backends import Backend, check_engine_args
 from semsoft_eval.data import EvalData, load_builtin, sample
 from semsoft_eval.forward import Forward, cache_path, collect
-from semsoft_eval.prompts import TEMPLATES, PromptTemplate, build_inputs
+from semsoft_eval.prompts import TEMPLATES
 from semsoft_plugin.core.calibration import CONTENT_FREE
 from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.engines.prompting import PromptTemplate, build_inputs
 
 __all__ = ["Prepared", "prepare", "resolve_data"]
 

@@ -11,7 +11,7 @@ import torch
 
 from semsoft_eval import calibrate, metrics
 from semsoft_eval.data import load_builtin, load_goemotions, load_table, sample
-from semsoft_eval.prompts import PromptTemplate, load_template
+from semsoft_plugin.engines.prompting import PromptTemplate, load_template
 
 # Four binary items; predictions 0, 1, 0, 1 against targets 0, 1, 1, 1.
 P = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
@@ -199,7 +199,7 @@ def test_eval_end_to_end_report_schema_and_cache(tmp_path, capsys) -> None:
         assert key in run
     assert run["n"] == 16 and run["dataset"] == "ekman"
     assert run["cache_check_max_abs_diff"] < 0.02  # rescoring the kept logits reproduces classify
-    from semsoft_eval.evaluate import DEFAULT_METHODS
+    from semsoft_eval.methods import DEFAULT_METHODS
 
     assert list(report["methods"]) == list(DEFAULT_METHODS)
     for row in report["methods"].values():
@@ -339,10 +339,11 @@ def test_engine_args_without_the_vllm_backend_are_refused(capsys) -> None:
 def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_tokenizer) -> None:
     # The grid scores on a compact vocabulary; it must keep every anchor row too, or
     # labels scored without a leading space (anchored on their spaced word) would differ.
-    from semsoft_eval.forward import assemble, compress, label_token_ids
+    from semsoft_eval.forward import assemble
     from semsoft_eval.tune import grid_probs
     from semsoft_plugin import LabelSet, SemanticSoftmax, SemsoftConfig
     from semsoft_plugin.core.embeddings import from_model
+    from semsoft_plugin.core.kept_scores import compress, label_token_ids
 
     model, tokenizer = model_and_tokenizer
     labels = LabelSet(["joy", "sadness", "anger"], tokenizer, leading_space=leading_space)
@@ -398,9 +399,10 @@ def test_reliability_bins_are_the_ece_bins() -> None:
 def _synthetic_inputs(n: int = 12):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from semsoft_eval.forward import assemble, compress, label_token_ids
+    from semsoft_eval.forward import assemble
     from semsoft_eval.methods import MethodInputs
     from semsoft_plugin import LabelSet, SemsoftConfig
+    from semsoft_plugin.core.kept_scores import compress, label_token_ids
     from semsoft_plugin.engines import models
 
     tokenizer = AutoTokenizer.from_pretrained(models.resolve("default"))
@@ -426,7 +428,7 @@ def _synthetic_inputs(n: int = 12):  # type: ignore[no-untyped-def]
 
 def test_methods_registry_runs_each_default_method_and_takes_new_ones() -> None:
     from semsoft_eval import methods
-    from semsoft_eval.evaluate import ALL_METHODS, DEFAULT_METHODS
+    from semsoft_eval.methods import ALL_METHODS, DEFAULT_METHODS
 
     assert DEFAULT_METHODS[:2] == ("constrained", "semantic") and "verbal" not in DEFAULT_METHODS
     assert set(ALL_METHODS) == set(methods.METHODS) >= {"self-consistency", "verbal"}

@@ -68,7 +68,8 @@ def test_verbal_prompt_appends_the_request_to_the_user_message() -> None:
 
 
 def _prompts(tokenizer) -> list:
-    from semsoft_eval.prompts import TEMPLATES, build_inputs
+    from semsoft_eval.prompts import TEMPLATES
+    from semsoft_plugin.engines.prompting import build_inputs
 
     texts = ["A gorgeous, witty, seductive movie.", "The plot is a mess and the acting is worse."]
     return build_inputs(TEMPLATES["sentiment"], texts, ["negative", "positive"], tokenizer)

@@ -86,13 +86,10 @@ def test_eval_backend_vllm_equals_the_transformers_backend(llm, tokenizer, hf_mo
     probabilities as the transformers backend, on GoEmotions' 28 labels (multi-token
     ones included) with chunked prefill."""
     from semsoft_eval.data import load_builtin, sample
-    from semsoft_eval.evaluate import (
-        DEFAULT_METHODS,
-        _constrained,
-        evaluate,
-        prepare,
-        semantic_probs,
-    )
+    from semsoft_eval.evaluate import evaluate
+    from semsoft_eval.methods import DEFAULT_METHODS, semantic_probs
+    from semsoft_eval.methods import constrained_probs as _constrained
+    from semsoft_eval.preparation import prepare
     from semsoft_plugin.core.config import SemsoftConfig
 
     data = sample(load_builtin("goemotions"), 6, 0)
