@@ -145,7 +145,7 @@ def run_classify_file(
     from semsoft_plugin.app.columns import row_list as _row_list
     from semsoft_plugin.app.columns import text_of as _text_of
     from semsoft_plugin.app.table_writers import open_table_writer, read_output
-    from semsoft_plugin.app.tables import read_records
+    from semsoft_plugin.app.tables import read_records, table_format
 
     if not 0.0 <= args.review_below <= 1.0:
         raise ValueError(f"--review-below {args.review_below} must be a probability in [0, 1]")
@@ -208,7 +208,8 @@ def run_classify_file(
     if not resuming:
         _write_settings(output, settings)
     # Only a Parquet output needs the column types (and pyarrow, an optional extra).
-    arrow = result.arrow_types() if output.suffix.lower() == ".parquet" else ()
+    parquet = table_format(output, role="output file") == "parquet"
+    arrow = result.arrow_types() if parquet else ()
     writer = open_table_writer(
         output, out_columns, append=args.resume, records=records, added=arrow
     )

@@ -46,7 +46,8 @@ OUTPUT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 
 
 def table_format(path: str | Path, *, role: str = "data file") -> str:
-    """``"csv"``, ``"tsv"`` or ``"jsonl"`` from the suffix; ``ValueError`` naming it otherwise."""
+    """``"csv"``, ``"tsv"``, ``"jsonl"`` or ``"parquet"`` from the suffix; ``ValueError``
+    naming it otherwise (``role="output file"`` takes only the suffixes it writes)."""
     suffix = Path(path).suffix.lower()
     allowed = INPUT_SUFFIXES if role == "data file" else OUTPUT_SUFFIXES
     if suffix not in allowed:
