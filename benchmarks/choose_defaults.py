@@ -47,10 +47,10 @@ from semsoft_eval.backend_transformers import STORE_K
 from semsoft_eval.data import load_builtin, sample
 from semsoft_eval.forward import Forward, cache_path
 from semsoft_eval.prompts import TEMPLATES
-from semsoft_eval.tune import grid_probs
 from semsoft_plugin.core.calibration import batch_calibrate
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.embeddings import from_checkpoint
+from semsoft_plugin.core.kept_scores import grid_probs
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.engines import models
 

@@ -196,8 +196,9 @@ def _semantic_temperature(m: MethodInputs) -> MethodResult:
     "kept unless the fit beats it out of fold",
 )
 def _semantic_fit(m: MethodInputs) -> MethodResult:
-    from semsoft_eval.tune import grid_configs, grid_probs
+    from semsoft_eval.tune import grid_configs
     from semsoft_plugin.core import fitting
+    from semsoft_plugin.core.kept_scores import grid_probs
 
     start = time.perf_counter()
     configs = grid_configs(None, m.config.replace(temperature=1.0))

@@ -31,7 +31,7 @@ from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.tokens import as_output_embeddings
 
-__all__ = ["DEFAULT_GRID", "TuneResult", "grid_configs", "grid_probs", "tune", "label_cosines"]
+__all__ = ["DEFAULT_GRID", "TuneResult", "grid_configs", "tune", "label_cosines"]
 
 DEFAULT_GRID: dict[str, tuple[Any, ...]] = {"semantic_weight": fitting.DEFAULT_WEIGHTS}
 
@@ -41,22 +41,6 @@ def grid_configs(
 ) -> list[SemsoftConfig]:
     """Every combination of the grid's values over ``start`` (unknown keys raise)."""
     return fitting.grid_configs(DEFAULT_GRID if grid is None else grid, start)
-
-
-def grid_probs(
-    forward: Forward,
-    embeddings: Any,
-    labels: LabelSet,
-    configs: Sequence[SemsoftConfig],
-    *,
-    chunk: int = 256,
-    progress: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``[C, N, L]`` Semantic Softmax probabilities per config, and ``[C]`` fallback rates,
-    from kept forward passes (:func:`semsoft_plugin.core.kept_scores.grid_probs`)."""
-    return kept_scores.grid_probs(
-        forward, embeddings, labels, configs, chunk=chunk, progress=progress
-    )
 
 
 def label_cosines(embeddings: Any, labels: LabelSet, *, center: bool) -> dict[str, float]:
@@ -122,7 +106,9 @@ def tune(
     grid = dict(DEFAULT_GRID if grid is None else grid)
     started = time.perf_counter()
     configs = grid_configs(grid, start.replace(temperature=1.0))
-    probs, _ = grid_probs(forward, embeddings, labels, [*configs, start], progress=progress)
+    probs, _ = kept_scores.grid_probs(
+        forward, embeddings, labels, [*configs, start], progress=progress
+    )
     options = {
         "single": fitting.single_entries(configs, start),
         "temperature": temperature,

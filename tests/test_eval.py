@@ -340,10 +340,9 @@ def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_token
     # The grid scores on a compact vocabulary; it must keep every anchor row too, or
     # labels scored without a leading space (anchored on their spaced word) would differ.
     from semsoft_eval.forward import assemble
-    from semsoft_eval.tune import grid_probs
     from semsoft_plugin import LabelSet, SemanticSoftmax, SemsoftConfig
     from semsoft_plugin.core.embeddings import from_model
-    from semsoft_plugin.core.kept_scores import compress, label_token_ids
+    from semsoft_plugin.core.kept_scores import compress, grid_probs, label_token_ids
 
     model, tokenizer = model_and_tokenizer
     labels = LabelSet(["joy", "sadness", "anger"], tokenizer, leading_space=leading_space)
