@@ -246,8 +246,10 @@ def test_vllm_postprocess_on_recorded_outputs(recorded):
         short["labels"], recorded["model"], k=short["k"], semantic_weight=short["semantic_weight"]
     )
     refused = scored = 0
+    shapes = set()
     for case in short["rows"]:
         out = post(case["row"])
+        shapes.add(tuple(out))  # a refused row has the scored rows' columns, as nulls
         try:
             post.score(case["row"])
         except MissingLabelLogprobs as error:
@@ -259,6 +261,7 @@ def test_vllm_postprocess_on_recorded_outputs(recorded):
         assert out["error"] is None
         assert abs(out["p_superb"] - case["reference"]["probs"]["superb"]) <= 1e-6
     assert refused and scored  # the recording holds both kinds
+    assert len(shapes) == 1
 
 
 def test_a_bad_row_is_named_and_its_batch_scored(capfd):

@@ -83,23 +83,43 @@ class ResultColumns:
                 "(column_prefix='semsoft_')"
             )
 
+    def row(
+        self,
+        label: str | None,
+        probs: Sequence[float],
+        constrained: Sequence[float],
+        coverage: float,
+        fallback: bool,
+        truncated: int,
+        review_below: float,
+    ) -> dict[str, Any]:
+        """The added columns of one row; ``probs`` and ``constrained`` in the order of
+        :attr:`labels`. The one place a row's result columns are made."""
+        row: dict[str, Any] = {self.label: label}
+        row.update(zip(self.p, (float(v) for v in probs), strict=True))
+        row.update(zip(self.constrained, (float(v) for v in constrained), strict=True))
+        row[f"{self.prefix}coverage"] = float(coverage)
+        row[f"{self.prefix}fallback"] = bool(fallback)
+        row[self.review] = max(float(v) for v in probs) < review_below
+        row[self.truncated] = int(truncated)
+        return row
+
     def values(self, details: Any, review_below: float) -> list[dict[str, Any]]:
         """The added columns of each row of a ``Predictions`` (``classes_`` column order
         mapped back to the user's label order)."""
         order = [list(details.labels).index(label) for label in self.labels]
-        rows = []
-        for j in range(len(details)):
-            probs = details.probs[j]
-            constrained = details.constrained[j]
-            row: dict[str, Any] = {self.label: details.label[j]}
-            row.update(zip(self.p, (float(probs[i]) for i in order), strict=True))
-            row.update(zip(self.constrained, (float(constrained[i]) for i in order), strict=True))
-            row[f"{self.prefix}coverage"] = float(details.coverage[j])
-            row[f"{self.prefix}fallback"] = bool(details.fallback[j])
-            row[self.review] = float(probs.max()) < review_below
-            row[self.truncated] = int(details.truncated[j])
-            rows.append(row)
-        return rows
+        return [
+            self.row(
+                details.label[j],
+                [details.probs[j][i] for i in order],
+                [details.constrained[j][i] for i in order],
+                details.coverage[j],
+                details.fallback[j],
+                details.truncated[j],
+                review_below,
+            )
+            for j in range(len(details))
+        ]
 
     def rows(
         self, records: Sequence[Mapping[str, Any]], details: Any, review_below: float

@@ -157,7 +157,8 @@ def classify_dataset(
     Returns
     -------
     The dataset of the scored rows: every input column, then ``label``,
-    ``p_<label>``, ``constrained_<label>``, ``coverage``, ``fallback``, ``review``.
+    ``p_<label>``, ``constrained_<label>``, ``coverage``, ``fallback``, ``review``,
+    ``truncated``.
     Rows with an empty text, or that the classifier refuses, are left out and named
     on stderr. Bad options and labels fail here, before any actor starts.
     """

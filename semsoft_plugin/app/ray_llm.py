@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from semsoft_plugin.app.columns import ResultColumns, text_of
+from semsoft_plugin.app.predictions import probability_rows
 from semsoft_plugin.engines.scoring import MissingLabelLogprobs
 
 __all__ = ["ENGINE_COLUMNS", "VLLMPostprocess", "VLLMPreprocess", "exact_label_logprobs"]
@@ -216,17 +217,20 @@ class VLLMPostprocess:
         exact_label_logprobs(known, scoring.labels.answer_token_ids, names)
         result = scores_from_top_k(client, self.request, top, known, generated, step)
         assert result.probs is not None and result.constrained_probs is not None
-        probs = [result.probs[n] for n in self.columns.labels]
-        constrained = [result.constrained_probs[n] for n in self.columns.labels]
-        total, c_total = sum(probs), sum(constrained)
-        probs = [p / total for p in probs]  # float32 -> float64 rows summing to 1, as Classifier
-        added: dict[str, Any] = {self.columns.label: result.label}
-        added.update(zip(self.columns.p, probs, strict=True))
-        added.update(zip(self.columns.constrained, (c / c_total for c in constrained), strict=True))
-        added[f"{self.columns.prefix}coverage"] = float(result.coverage)
-        added[f"{self.columns.prefix}fallback"] = bool(result.fallback)
-        added[self.columns.review] = max(probs) < self.review_below
-        return added
+        # float32 -> float64 rows summing to 1, as Classifier's; no text is cut here
+        # (a prompt past the engine's context fails in the engine: ``__inference_error__``).
+        probs, constrained = probability_rows(
+            [result.probs, result.constrained_probs], self.columns.labels
+        )
+        return self.columns.row(
+            result.label,
+            probs,
+            constrained,
+            result.coverage,
+            result.fallback,
+            truncated=0,
+            review_below=self.review_below,
+        )
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         kept = {
