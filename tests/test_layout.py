@@ -1,6 +1,7 @@
 """The package's layout keeps its layers: core (torch-only math) <- engines (one adapter
-per engine) <- app (classifier, CLI, tables, Ray). Pinned here so that a new import or a
-grown module is caught at review time, not found later by a reader."""
+per engine) <- app (classifier, CLI, tables, Ray), and semsoft_eval's modules import one
+another one way. Pinned here so that a new import, a circle or a grown module is caught at
+review time, not found later by a reader (or as an import that works only in one order)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,24 @@ def _modules(package: Path) -> list[Path]:
     return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _imports(path: Path) -> list[tuple[str, list[str], int]]:
-    """Every ``import``/``from ... import`` in the file, function-level ones included."""
+    """Every ``import``/``from ... import`` in the file as ``(module, names, line)``,
+    function-level ones included; relative imports resolved against the file's package."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.module, [a.name for a in node.names], node.lineno))
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(parent + ([module] if module else []))
+            found.append((module, [a.name for a in node.names], node.lineno))
         elif isinstance(node, ast.Import):
             found.extend((a.name, [], node.lineno) for a in node.names)
     return found
@@ -109,3 +122,53 @@ def test_names_are_imported_from_the_module_that_defines_them() -> None:
                 f"{path.relative_to(ROOT)}:{line} {module}.{n}" for n in names if n not in defined
             ]
     assert passed_on == []
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle (its modules in order, the first repeated last), or ``[]``."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        if module in path:
+            return path[path.index(module) :] + [module]
+        if module in done:
+            return []
+        path.append(module)
+        for target in sorted(graph[module]):
+            if found := visit(target):
+                return found
+        path.pop()
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        if found := visit(module):
+            return found
+    return []
+
+
+def test_the_eval_package_imports_have_no_cycle() -> None:
+    paths = _modules(ROOT / "semsoft_eval")
+    known = {_module_name(p) for p in paths}
+    graph = {
+        _module_name(p): {
+            target
+            for module, names, _ in _imports(p)
+            for target in (module, *(f"{module}.{n}" for n in names))
+            if target in known and target != _module_name(p)
+        }
+        for p in paths
+    }
+    assert graph["semsoft_eval.backend_factory"] >= {
+        "semsoft_eval.backend_transformers",
+        "semsoft_eval.backend_vllm",
+    }  # the graph is read (a broken reader would find no edge, and so no cycle)
+    assert _cycle(graph) == []
+
+
+def test_a_cycle_is_found() -> None:
+    """The check itself: a circle through three modules is reported, in order."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycle(graph) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []
