@@ -56,7 +56,7 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--limit", type=int, help="a fixed random sample of N items")
     group.add_argument("--seed", type=int, default=0, help="sampling and fold seed")
     parser.add_argument(
-        "--model", default="default", help="'default', 'qwen2.5-coder-1.5b' or a checkpoint dir"
+        "--model", default="default", help="'default' (= qwen2.5-coder-1.5b), 'qwen2.5-coder-0.5b', 'smollm2-135m' (small, for tests) or a checkpoint dir"
     )
     parser.add_argument(
         "--prompt-file", help="JSON prompt template (keys user, answer_prefix, system)"

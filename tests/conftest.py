@@ -1,4 +1,4 @@
-"""Shared fixtures: one real model (the embedded default, SmolLM2-135M) per session; and
+"""Shared fixtures: one real model (the small embedded model, SmolLM2-135M) per session; and
 the ``engine`` marker, set here so that no test has to remember it.
 
 CI runs two lanes (``scripts/test.sh``): ``-m "not engine"`` first, then ``-m engine``. A
@@ -59,7 +59,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def default_checkpoint():
     from semsoft_plugin.engines import models
 
-    return models.resolve("default")
+    return models.resolve("smollm2-135m")
 
 
 @pytest.fixture(scope="session")

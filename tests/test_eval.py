@@ -237,7 +237,7 @@ def test_eval_end_to_end_report_schema_and_cache(tmp_path, capsys) -> None:
 def test_eval_soft_labels_and_sequence(tmp_path, model_and_tokenizer) -> None:
     from semsoft_eval.evaluate import evaluate
 
-    report = evaluate("default", "davidson", methods=["constrained", "semantic", "sequence"], limit=12,
+    report = evaluate("smollm2-135m", "davidson", methods=["constrained", "semantic", "sequence"], limit=12,
                       cache_dir="", n_bootstrap=0, progress=False, loaded=model_and_tokenizer)  # fmt: skip
     row = report["methods"]["semantic"]
     assert set(metrics.soft_label_metrics(np.full((2, 2), 0.5), np.array([0.2, 0.8]))) <= set(row)
@@ -254,7 +254,7 @@ def test_sequence_probabilities_of_multi_token_labels() -> None:
     from semsoft_plugin.engines import models
 
     # float32: in bf16 a KV-cached continuation and a full recomputation differ by ~0.2 nats
-    model, tokenizer = models.load("default", dtype="float32")
+    model, tokenizer = models.load("smollm2-135m", dtype="float32")
     labels = LabelSet(["joy", "disapproval"], tokenizer)
     assert labels.multi_token_labels == ("disapproval",)
     prompts = ["I love it. Emotion:", "This is wrong and I object. Emotion:"]
@@ -404,7 +404,7 @@ def _synthetic_inputs(n: int = 12):  # type: ignore[no-untyped-def]
     from semsoft_plugin.core.kept_scores import compress, label_token_ids
     from semsoft_plugin.engines import models
 
-    tokenizer = AutoTokenizer.from_pretrained(models.resolve("default"))
+    tokenizer = AutoTokenizer.from_pretrained(models.resolve("smollm2-135m"))
     labels = LabelSet(["joy", "sadness", "anger"], tokenizer)
     generator = torch.Generator().manual_seed(0)
     vocab = len(tokenizer)

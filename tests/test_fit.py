@@ -273,7 +273,7 @@ def test_fit_round_trip_through_a_config_file_into_a_vllm_request(fitted, tmp_pa
 def _checkpoint():
     from semsoft_plugin.engines import models
 
-    return models.resolve("default")
+    return models.resolve("smollm2-135m")
 
 
 def test_cross_fit_keeps_the_start_where_a_fold_has_too_few_items_to_fit():

@@ -30,6 +30,7 @@ BAD = "Awful, just awful."
 
 def classify_file(inp: Path, out: Path, *extra: str) -> int:
     argv = ["classify", "--input", str(inp), "--labels", ",".join(LABELS), "--output", str(out)]
+    argv += ["--model", "smollm2-135m"]
     return main([*argv, *extra])
 
 
@@ -248,7 +249,7 @@ def test_resume_refuses_other_settings_by_name(tmp_path, capsys):
     assert (
         recorded["config.k"] == 50
         and recorded["labels"] == LABELS
-        and recorded["model"] == "default"
+        and recorded["model"] == "smollm2-135m"
     )
     lines = out.read_text().splitlines(keepends=True)
     out.write_text("".join(lines[:2]))  # stopped after the first row
@@ -256,7 +257,7 @@ def test_resume_refuses_other_settings_by_name(tmp_path, capsys):
     for extra, name in (
         (["--k", "10"], "config.k: 50 then, 10 now"),
         (["--prompt", "Review: {text}"], "prompt.user"),
-        (["--model", "qwen2.5-coder-0.5b"], 'model: "default" then'),
+        (["--model", "qwen2.5-coder-0.5b"], 'model: "smollm2-135m" then'),
         (["--batch-size", "2"], "batch_size: 1 then, 2 now"),
         (["--dtype", "float32" if recorded["dtype"] != "float32" else "bfloat16"], "dtype"),
         (["--config", str(_config(tmp_path, tau=0.3))], "config.tau"),
@@ -360,7 +361,7 @@ def test_vllm_classifier_cuts_a_text_to_the_engines_context():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     engine = {"dtype": "float32", "enforce_eager": True, "max_model_len": 160, "seed": 0}
-    clf = Classifier.from_pretrained("default", LABELS, backend="vllm", engine_args=engine)
+    clf = Classifier.from_pretrained("smollm2-135m", LABELS, backend="vllm", engine_args=engine)
     assert clf.context_length() == 160
     long = " ".join([GOOD] * 60)  # about 600 tokens: the engine would refuse the prompt
     details = clf.predict_details([long, BAD])

@@ -60,7 +60,7 @@ def single_process(tmp_path: Path, name: str, input_path: Path) -> list[dict]:
     out = tmp_path / name
     code = main(
         ["classify", "--input", str(input_path), "--output", str(out), "--labels", ",".join(LABELS)]
-        + ["--dtype", "float32", "--batch-size", "4"]
+        + ["--dtype", "float32", "--batch-size", "4", "--model", "smollm2-135m"]
     )
     assert code == 0
     if out.suffix == ".parquet":
@@ -92,13 +92,14 @@ def test_dataset_in_and_out_equal_the_cli(cluster, tmp_path, capfd):
     table = pa.Table.from_pylist([r for r in rows_table() if r["text"].strip()])
     dataset = ray.data.from_arrow(aligned_blocks(table, 4))
     scored = classify_dataset(
-        dataset, LABELS, id_column="id", dtype="float32", batch_size=4, concurrency=1
+        dataset, LABELS, model="smollm2-135m", id_column="id", dtype="float32", batch_size=4,
+        concurrency=1,
     )
     assert_same_rows(scored.take_all(), want)
 
     # The CLI on Ray: the blank row is named by its row number, the rest equal.
     out = tmp_path / "ray-out"
-    args = ["classify", "--input", str(source), "--output", str(out), "--ray"]
+    args = ["classify", "--input", str(source), "--output", str(out), "--ray", "--model", "smollm2-135m"]
     args += ["--labels", ",".join(LABELS), "--dtype", "float32", "--batch-size", "4"]
     assert main(args + ["--output-format", "jsonl"]) == 0
     captured = capfd.readouterr()
@@ -125,7 +126,7 @@ def test_parquet_round_trip(cluster, tmp_path):
     assert [r["id"] for r in want] == [r["id"] for r in rows if r["text"].strip()]
 
     out = tmp_path / "ray-out"
-    args = ["classify", "--input", str(folder), "--output", str(out), "--ray", "--id-column", "id"]
+    args = ["classify", "--input", str(folder), "--output", str(out), "--ray", "--id-column", "id", "--model", "smollm2-135m"]
     assert (
         main(args + ["--labels", ",".join(LABELS), "--dtype", "float32", "--batch-size", "4"]) == 0
     )
@@ -145,7 +146,7 @@ def test_two_actors_holding_every_cpu_still_write(cluster, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "ray-out"
-    args = ["classify", "--input", str(source), "--output", str(out), "--ray", "--id-column", "id"]
+    args = ["classify", "--input", str(source), "--output", str(out), "--ray", "--id-column", "id", "--model", "smollm2-135m"]
     args += ["--labels", ",".join(LABELS), "--batch-size", "4", "--output-format", "jsonl"]
     assert main(args + ["--concurrency", "2", "--num-cpus", "1"]) == 0
     got = [json.loads(line) for f in sorted(out.iterdir()) for line in f.read_text().splitlines()]
@@ -176,7 +177,8 @@ def test_a_killed_actor_is_retried_without_loss(cluster, tmp_path):
     def run():
         dataset = ray.data.from_arrow(aligned_blocks(table, 4, max_blocks=16))
         return classify_dataset(
-            dataset, LABELS, id_column="id", dtype="float32", batch_size=4, concurrency=1
+            dataset, LABELS, model="smollm2-135m", id_column="id", dtype="float32",
+            batch_size=4, concurrency=1,
         )
 
     reference = run().take_all()
@@ -222,7 +224,7 @@ def test_vllm_postprocess_on_recorded_outputs(recorded):
     )
     texts = [case["row"]["text"] for case in exact["rows"]]
     hf = Classifier.from_pretrained(
-        "default",
+        "smollm2-135m",
         exact["labels"],
         dtype="float32",
         k=exact["k"],
@@ -272,7 +274,7 @@ def test_a_bad_row_is_named_and_its_batch_scored(capfd):
     from semsoft_plugin.app.ray import _ScoreBatch
 
     options = {"dtype": "float32", "batch_size": 4}
-    actor = _ScoreBatch("default", LABELS, options, "text", "id", "", 0.6, 1)
+    actor = _ScoreBatch("smollm2-135m", LABELS, options, "text", "id", "", 0.6, 1)
     batch = pa.Table.from_pylist(
         [
             {"id": 1, "text": "Great fun."},
@@ -285,7 +287,7 @@ def test_a_bad_row_is_named_and_its_batch_scored(capfd):
     assert [r["id"] for r in out] == [1, 4]
     err = capfd.readouterr().err
     assert "id 2: empty text, not scored" in err and "id 3: empty text, not scored" in err
-    want = Classifier.from_pretrained("default", LABELS, **options).predict_details(
+    want = Classifier.from_pretrained("smollm2-135m", LABELS, **options).predict_details(
         ["Great fun.", "Awful, just awful."]
     )
     for j, row in enumerate(out):

@@ -95,9 +95,9 @@ def test_eval_backend_vllm_equals_the_transformers_backend(llm, tokenizer, hf_mo
     data = sample(load_builtin("goemotions"), 6, 0)
     common = dict(sequence=True, progress=False)
     vllm_run = prepare(
-        "default", data, backend="vllm", loaded=(llm, tokenizer), cache_dir=tmp_path, **common
+        "smollm2-135m", data, backend="vllm", loaded=(llm, tokenizer), cache_dir=tmp_path, **common
     )
-    hf_run = prepare("default", data, loaded=hf_model, cache_dir="", **common)
+    hf_run = prepare("smollm2-135m", data, loaded=hf_model, cache_dir="", **common)
     assert vllm_run.labels.multi_token_labels
     assert vllm_run.forward.store_k == 50  # the engine's max_logprobs
     for config in (SemsoftConfig(), SemsoftConfig.paper(k=20, tau=0.1)):
@@ -126,7 +126,7 @@ def test_eval_backend_vllm_equals_the_transformers_backend(llm, tokenizer, hf_mo
     # The whole report, from the vLLM cache written above.
     assert vllm_run.cache_file is not None and vllm_run.cache_file.is_file()
     report = evaluate(
-        "default",
+        "smollm2-135m",
         data,
         backend="vllm",
         loaded=(llm, tokenizer),

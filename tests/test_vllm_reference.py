@@ -23,7 +23,7 @@ def test_label_clash_is_detected_by_the_tokenizer():
 
     from semsoft_plugin.engines import models
 
-    tok = AutoTokenizer.from_pretrained(str(models.resolve("default")))
+    tok = AutoTokenizer.from_pretrained(str(models.resolve("smollm2-135m")))
     with pytest.raises(ValueError, match="same token"):
         LabelSet(CLASH, tok)
 
@@ -57,6 +57,6 @@ def test_eval_backend_arguments_are_checked():
     from semsoft_eval.preparation import prepare
 
     with pytest.raises(ValueError, match="backend='tpu'"):
-        prepare("default", "sst2", backend="tpu")
+        prepare("smollm2-135m", "sst2", backend="tpu")
     with pytest.raises(ValueError, match="tensor_parallel_size"):
-        prepare("default", "sst2", engine_args={"tensor_parallel_size": 2})
+        prepare("smollm2-135m", "sst2", engine_args={"tensor_parallel_size": 2})

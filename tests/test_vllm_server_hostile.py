@@ -65,7 +65,7 @@ def _hf_tokenizer():
 
     from semsoft_plugin.engines import models
 
-    return AutoTokenizer.from_pretrained(str(models.resolve("default")))
+    return AutoTokenizer.from_pretrained(str(models.resolve("smollm2-135m")))
 
 
 def test_server_refuses_the_hostile_table_with_400(server):

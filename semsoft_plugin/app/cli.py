@@ -146,7 +146,7 @@ def _add_classify_parser(subparsers: Any) -> None:
         "--labels", required=True, help="comma-separated labels, e.g. joy,sadness,anger"
     )
     parser.add_argument(
-        "--model", default="default", help="'default', 'qwen2.5-coder-1.5b' or a checkpoint dir"
+        "--model", default="default", help="'default' (= qwen2.5-coder-1.5b), 'qwen2.5-coder-0.5b', 'smollm2-135m' (small, for tests) or a checkpoint dir"
     )
     parser.add_argument(
         "--dtype",
