@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Runs the `semsoft` command after installing what it needs (first run only).
+# Runs the `semsoft` command after installing what it needs (first run only), in the
+# interpreter scripts/_python.sh picks: $PYTHON, the active virtual environment, or the
+# checkout's own .venv (never the system Python).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-bash "$root/scripts/install.sh" core >&2
+source "$root/scripts/_python.sh"
+py="$(semsoft_python "$root")"
+PYTHON="$py" bash "$root/scripts/install.sh" core >&2
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" TOKENIZERS_PARALLELISM=false
-exec "${PYTHON:-python3}" -m semsoft_plugin "$@"
+exec "$py" -m semsoft_plugin "$@"

@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
 # Installs the test dependencies (first run only), then runs CI's two lanes:
 #   fast: ruff on the whole repository, mypy on both packages, every test that starts no
-#         engine (pytest -m "not engine": the math, the adapters on the small default
-#         model, the CLI, the readers, the eval); a failure here stops before the slow lane.
+#         engine (pytest -m "not engine": the math, the adapters on the small model, the
+#         CLI, the readers, the eval); a failure here stops before the slow lane.
 #   slow: the tests that start vLLM, Outlines or a vLLM server (pytest -m engine), with the
 #         15 slowest listed so that the lane's cost stays visible.
 # The `engine` marker is set by tests/conftest.py from what each test requests.
 # Extra arguments go to both pytest runs (e.g. a test file, -x, -k NAME).
+# The interpreter is the one scripts/_python.sh picks (never the system Python).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-bash scripts/install.sh test
+source scripts/_python.sh
+py="$(semsoft_python "$root")"
+PYTHON="$py" bash scripts/install.sh test
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
-py="${PYTHON:-python3}"
 
-# pytest exits 5 when a selection holds no test (e.g. a file with no engine test).
+# The engines must import: otherwise every engine test would skip and the slow lane
+# would pass having tested nothing.
+"$py" -c "import vllm, outlines, openai, ray.data" || {
+  echo "test.sh: the engines (vllm, outlines, openai, ray) do not import: the slow lane cannot run" >&2
+  exit 1
+}
+
+# pytest exits 5 when a selection holds no test. With no arguments that means a lane
+# lost its tests (a marker or collection broke): a failure. With a selection (a file,
+# -k NAME) a lane may legitimately hold none.
 lane() {
   local status=0
   "$py" -m pytest -q "$@" || status=$?
-  [ "$status" -eq 0 ] || [ "$status" -eq 5 ]
+  [ "$status" -eq 0 ] || { [ "$status" -eq 5 ] && [ "$selected" -eq 1 ]; }
 }
+selected=$(( $# > 0 ? 1 : 0 ))
 
 start=$SECONDS
 "$py" -m ruff check .
