@@ -26,7 +26,7 @@ most the constrained softmax's.
 
 Usage::
 
-    python benchmarks/choose_defaults.py --collect --models default,qwen2.5-coder-1.5b \\
+    python benchmarks/choose_defaults.py --collect --models smollm2-135m,qwen2.5-coder-1.5b \\
         --out benchmarks/results/defaults-loko.json
 """
 
@@ -237,7 +237,7 @@ def passes(pair: dict[str, Any], row: dict[str, Any]) -> dict[str, bool]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="default,qwen2.5-coder-1.5b")
+    parser.add_argument("--models", default="smollm2-135m,qwen2.5-coder-1.5b")
     parser.add_argument("--sets", default=SETS)
     parser.add_argument(
         "--sets-for",
