@@ -4,8 +4,10 @@ Every loader returns an :class:`EvalData`: texts, label names, hard targets, and
 binary soft-label data the raters' fraction for the positive label. Bad input raises a
 one-line ``ValueError`` naming the file and the bad value.
 
-Built-in shortcuts read the files in the project's shared data folder, found as
-``$SEMSOFT_DATA`` or ``../shared/data`` relative to the project root:
+Built-in shortcuts read public data sets from a data folder, ``$SEMSOFT_DATA`` or else
+``../shared/data`` beside the project root (where the project's own machines keep them; a
+clone has no such folder). Each one's files, origin and licence are in :data:`SOURCES`, and
+a missing file is refused in one line that says where to get it:
 
 * ``goemotions``: GoEmotions dev, 28 labels, single-label items (``any_gold`` keeps
   multi-label items and counts a prediction right when it is any gold label);
@@ -34,6 +36,10 @@ from semsoft_plugin.app.tables import read_records as _read_records
 __all__ = [
     "EvalData",
     "BUILTIN",
+    "DATA_ENV",
+    "SOURCES",
+    "Source",
+    "builtin_root",
     "data_dir",
     "load_builtin",
     "load_goemotions",
@@ -53,6 +59,83 @@ TREC_LABELS = {
     "HUM": "human",
     "LOC": "location",
     "NUM": "number",
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a built-in data set comes from, so that a missing one can be fetched.
+
+    Attributes
+    ----------
+    files : the files the loader reads, relative to :func:`data_dir`
+    what : the data set, as a reader would cite it
+    origin : the public repository and path the files are copied from
+    licence : the data's licence
+    how : what to do with the published file(s), when more than saving them as ``files``
+    """
+
+    files: tuple[str, ...]
+    what: str
+    origin: str
+    licence: str
+    how: str = ""
+
+
+_FEW_SHOT = "github.com/tonyzhaozh/few-shot-learning"
+_GOEMOTIONS = "github.com/monologg/GoEmotions-pytorch"
+SOURCES: dict[str, Source] = {
+    "goemotions": Source(
+        ("goemotions/dev.tsv", "goemotions/labels.txt"),
+        "GoEmotions dev split (Demszky et al., 2020)",
+        f"{_GOEMOTIONS} data/original/dev.tsv and labels.txt",
+        "CC BY 4.0",
+    ),
+    "ekman": Source(
+        ("goemotions/ekman_dev.tsv", "goemotions/ekman_labels.txt"),
+        "GoEmotions dev split mapped to Ekman's emotions (Demszky et al., 2020)",
+        f"{_GOEMOTIONS} data/ekman/dev.tsv and labels.txt",
+        "CC BY 4.0",
+    ),
+    "davidson": Source(
+        ("davidson/labeled_data.csv",),
+        "Hate Speech and Offensive Language tweets (Davidson et al., 2017)",
+        "github.com/t-davidson/hate-speech-and-offensive-language data/labeled_data.csv",
+        "MIT",
+    ),
+    "sst2": Source(
+        ("sst2/dev.txt",),
+        "SST-2 dev split",
+        f"{_FEW_SHOT} data/sst2/stsa.binary.dev",
+        "Apache-2.0",
+    ),
+    "agnews": Source(
+        ("agnews/dev.csv",),
+        "AG News (Zhang et al., 2015)",
+        f"{_FEW_SHOT} data/agnews/test.csv",
+        "Apache-2.0",
+        "keep its rows 0, 2, 4, ... under a 'Class Index,Title,Description' header",
+    ),
+    "trec": Source(
+        ("trec/train.txt",),
+        "TREC question classification, training split (Li and Roth, 2002)",
+        f"{_FEW_SHOT} data/trec/train.txt",
+        "Apache-2.0",
+    ),
+    "convabuse": Source(
+        ("convabuse/valid_soft.csv",),
+        "ConvAbuse validation split (Cercas Curry et al., 2021)",
+        "github.com/amandacurry/convabuse 2_splits/ConvAbuseEMNLPvalid.csv",
+        "CC BY 4.0",
+        "write it as columns text ('User: ' + the message), p_abusive (the share of its "
+        "annotators who marked it abusive), raters",
+    ),
+    "nq": Source(
+        ("nq_open/dev.jsonl",),
+        "Natural Questions open, dev split (Lee et al., 2019)",
+        "github.com/google-research-datasets/natural-questions nq_open/NQ-open.dev.jsonl",
+        "CC BY-SA 3.0",
+    ),
 }
 
 
@@ -103,6 +186,30 @@ def data_dir() -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+def builtin_root(name: str, *, own_file: str = "--data-file") -> Path:
+    """The data folder holding every file of built-in data set ``name`` (see :data:`SOURCES`).
+
+    A missing file is refused here, in one line naming the data set, its origin, its licence
+    and ``$SEMSOFT_DATA``, rather than by whichever loader first opens it; ``own_file`` is
+    the option that takes the user's own file instead.
+    """
+    if name not in SOURCES:
+        raise ValueError(f"no built-in data set {name!r}; those known are {', '.join(SOURCES)}")
+    source = SOURCES[name]
+    root = data_dir()
+    missing = [f for f in source.files if not (root / f).is_file()]
+    if missing:
+        them = "them" if len(source.files) > 1 else "it"
+        how = f"{source.how}, saved" if source.how else f"save {them}"
+        raise ValueError(
+            f"built-in data set {name!r} is not here ({root / missing[0]} is missing): it is "
+            f"{source.what}, from {source.origin}, licence {source.licence}; {how} as "
+            f"{' and '.join(source.files)} in a folder and set ${DATA_ENV} to that folder "
+            f"(or give your own file with {own_file})"
+        )
+    return root
 
 
 def load_goemotions(
@@ -326,8 +433,12 @@ def _trec(path: Path) -> EvalData:
 
 
 def load_builtin(name: str, *, any_gold: bool = False) -> EvalData:
-    """One of :data:`BUILTIN`, read from :func:`data_dir`."""
-    root = data_dir()
+    """One of :data:`BUILTIN`, read from :func:`data_dir` (:func:`builtin_root` checks it)."""
+    if name not in BUILTIN:
+        raise ValueError(
+            f"unknown dataset {name!r}; built-in ones are {', '.join(BUILTIN)}, or give --data-file"
+        )
+    root = builtin_root(name)
     if name == "goemotions":
         return load_goemotions(
             root / "goemotions/dev.tsv", root / "goemotions/labels.txt", any_gold=any_gold
@@ -340,10 +451,7 @@ def load_builtin(name: str, *, any_gold: bool = False) -> EvalData:
             name="ekman",
         )
     if name == "davidson":
-        path = root / "davidson/labeled_data.csv"
-        if not path.is_file():
-            raise ValueError(f"data file not found: {path} (set ${DATA_ENV} to the data folder)")
-        return _davidson(path)
+        return _davidson(root / "davidson/labeled_data.csv")
     if name == "sst2":
         return _sst2(root / "sst2/dev.txt")
     if name == "agnews":
@@ -360,9 +468,7 @@ def load_builtin(name: str, *, any_gold: bool = False) -> EvalData:
         )
         data.source["raters"] = "p_abusive"
         return data
-    raise ValueError(
-        f"unknown dataset {name!r}; built-in ones are {', '.join(BUILTIN)}, or give --data-file"
-    )
+    raise AssertionError(f"BUILTIN lists {name!r} but load_builtin does not read it")
 
 
 def sample(data: EvalData, limit: int | None, seed: int = 0) -> EvalData:

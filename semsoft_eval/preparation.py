@@ -17,7 +17,7 @@ from typing import Any
 
 from semsoft_eval.backend_factory import as_backend, load_backend
 from semsoft_eval.backends import Backend, check_engine_args
-from semsoft_eval.data import EvalData, load_builtin, sample
+from semsoft_eval.data import BUILTIN, EvalData, load_builtin, sample
 from semsoft_eval.forward import Forward, cache_path, collect
 from semsoft_eval.prompts import TEMPLATES
 from semsoft_plugin.core.calibration import CONTENT_FREE
@@ -45,7 +45,7 @@ def resolve_data(
         return dataset
     if data_file is None:
         if dataset is None:
-            raise ValueError("give --dataset (goemotions, ekman, davidson, sst2) or --data-file")
+            raise ValueError(f"give --dataset ({', '.join(BUILTIN)}) or --data-file")
         return load_builtin(dataset, any_gold=any_gold)
     if dataset in ("goemotions", "ekman"):
         if labels_file is None:

@@ -14,6 +14,10 @@ what it asks for rather than from a decorator someone may forget:
 The vLLM engines (``llm``, ``plain_llm``, ``server``) are session fixtures here, so that
 the ``test_vllm_*.py`` files share one of each instead of starting one per file; vLLM is
 imported inside them, never when this file loads.
+
+The evaluation's built-in data sets (``--dataset sst2``, ``load_builtin("goemotions")``,
+NQ-open) are read, in every test, from :data:`TEST_DATA` (``tests/data``: a few dozen rows
+of each, sources and licences in its README), never from a data folder beside the clone.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -47,6 +52,19 @@ def is_engine_test(item: pytest.Item) -> bool:
         return True
     own = getattr(item, "own_markers", [])
     return any(mark.name in ENGINE_MARKERS for mark in own)
+
+
+TEST_DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_root() -> Iterator[Path]:
+    """``$SEMSOFT_DATA`` is ``tests/data`` for the whole session (module-scoped fixtures
+    included, and subprocesses, which inherit it), whatever the caller's environment says:
+    the tests read the rows the repository carries, so a bare clone passes them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEMSOFT_DATA", str(TEST_DATA))
+        yield TEST_DATA
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

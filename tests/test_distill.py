@@ -110,31 +110,32 @@ def test_examples_teach_answer_and_confidence_and_the_control_shuffles() -> None
 
 
 def test_loaders_and_split() -> None:
-    items = load_nq()
-    assert len(items) == 3610
+    items = load_nq()  # the built-in NQ-open rows: tests/data carries the first 24
+    assert len(items) == 24
     assert items[0].aliases == ("14 December 1972 UTC", "December 1972")
-    sst = load_task("sst2")
-    assert len(sst) == 872 and sst[0].labels == SST and sst[0].aliases == ("negative",)
-    train, held = split_items(sst, 30, 20, seed=0)
-    assert len(train) == 30 and len(held) == 20
+    assert items[0].question.endswith("Question: when was the last time anyone was on the moon?")
+    sst = load_task("sst2")  # 24 negative and 24 positive reviews
+    assert len(sst) == 48 and sst[0].labels == SST and sst[0].aliases == ("negative",)
+    train, held = split_items(sst, 30, 12, seed=0)
+    assert len(train) == 30 and len(held) == 12
     assert not {i.question for i in train} & {i.question for i in held}
-    with pytest.raises(ValueError, match="exceed"):
-        split_items(items, 3000, 1000)
+    with pytest.raises(ValueError, match="exceed the 24 questions"):
+        split_items(items, 20, 5)
     with pytest.raises(ValueError, match="'emotions'"):
         load_task("emotions")
 
 
 def test_warmup_items_are_disjoint_and_leave_train_and_held_out_unchanged() -> None:
     sst = load_task("sst2")
-    train, held = split_items(sst, 30, 20, seed=3)
-    train_w, held_w, warm = split_items_with_warmup(sst, 30, 20, 40, seed=3)
-    assert (train_w, held_w) == (train, held) and len(warm) == 40
+    train, held = split_items(sst, 20, 10, seed=3)
+    train_w, held_w, warm = split_items_with_warmup(sst, 20, 10, 18, seed=3)
+    assert (train_w, held_w) == (train, held) and len(warm) == 18
     seen = {i.question for i in train + held}
     assert not seen & {i.question for i in warm}
-    with pytest.raises(ValueError, match="--warmup-items 900"):
-        split_items_with_warmup(sst, 30, 20, 900)
+    with pytest.raises(ValueError, match="--warmup-items 19"):
+        split_items_with_warmup(sst, 20, 10, 19)
     with pytest.raises(ValueError, match="-1"):
-        split_items_with_warmup(sst, 30, 20, -1)
+        split_items_with_warmup(sst, 20, 10, -1)
 
 
 def test_answer_examples_teach_the_gold_answer_and_no_confidence() -> None:
@@ -298,7 +299,8 @@ def test_expected_stated_value_is_a_probability_weighted_mean() -> None:
 def test_run_distill_with_an_answer_warmup_end_to_end(tmp_path) -> None:
     """Every stage on a tiny set: the warm-up adapter is trained once, then reused."""
     config = DistillConfig(
-        out=str(tmp_path / "run"), train_items=4, eval_items=2, warmup_items=2, n=2,
+        model="smollm2-135m", out=str(tmp_path / "run"), train_items=4, eval_items=2,
+        warmup_items=2, n=2,
         max_steps=1, batch_size=2, min_train_examples=1, min_entropy_bits=0.0,
         max_top_share=1.0, control=False, modal_filter_run=False, eval_max_new_tokens=6,
         progress=False,

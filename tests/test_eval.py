@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from semsoft_eval import calibrate, metrics
-from semsoft_eval.data import load_builtin, load_goemotions, load_table, sample
+from semsoft_eval.data import SOURCES, load_builtin, load_goemotions, load_table, sample
 from semsoft_plugin.engines.prompting import PromptTemplate, load_template
 
 # Four binary items; predictions 0, 1, 0, 1 against targets 0, 1, 1, 1.
@@ -119,15 +119,59 @@ def test_contextual_and_prior_hand_computed() -> None:
 # -- data ---------------------------------------------------------------------------
 
 
-def test_builtin_shortcuts_read_the_shared_data() -> None:
+def test_builtin_shortcuts_read_the_data_root(data_root) -> None:
+    # $SEMSOFT_DATA is tests/data (conftest): the shortcuts resolve their files there
     davidson = load_builtin("davidson")
+    assert davidson.source["data_file"] == str(data_root / "davidson" / "labeled_data.csv")
     assert davidson.labels == ["no", "yes"] and davidson.soft is not None
     assert ((davidson.soft >= 0) & (davidson.soft <= 1)).all()
+    assert davidson.soft[0] == pytest.approx(1 / 3) and davidson.targets.tolist().count(1) == 8
     goemotions = load_builtin("goemotions")
-    assert len(goemotions.labels) == 28 and len(goemotions) == 4548
-    assert len(load_builtin("goemotions", any_gold=True)) == 5426
+    assert len(goemotions.labels) == 28 and len(goemotions) == 31  # the single-label 31 of 40
+    assert len(load_builtin("goemotions", any_gold=True)) == 40
+    assert load_builtin("ekman").labels[:2] == ["anger", "disgust"]
     small = sample(load_builtin("sst2"), 10, seed=3)
     assert small.texts == sample(load_builtin("sst2"), 10, seed=3).texts and len(small) == 10
+
+
+@pytest.mark.parametrize(
+    "name, origin, licence",
+    [
+        ("sst2", "tonyzhaozh/few-shot-learning data/sst2/stsa.binary.dev", "Apache-2.0"),
+        ("goemotions", "monologg/GoEmotions-pytorch data/original/dev.tsv", "CC BY 4.0"),
+        ("davidson", "t-davidson/hate-speech-and-offensive-language data/labeled_data.csv", "MIT"),
+        ("convabuse", "amandacurry/convabuse 2_splits/ConvAbuseEMNLPvalid.csv", "CC BY 4.0"),
+    ],
+)
+def test_a_missing_builtin_data_set_says_where_it_comes_from(
+    name, origin, licence, tmp_path, monkeypatch
+) -> None:
+    nowhere = tmp_path / "nowhere"
+    monkeypatch.setenv("SEMSOFT_DATA", str(nowhere))
+    with pytest.raises(ValueError) as refused:
+        load_builtin(name)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"built-in data set {name!r} is not here ({nowhere / SOURCES[name].files[0]}" in message
+    assert f"from github.com/{origin}" in message
+    assert f"licence {licence};" in message
+    assert "set $SEMSOFT_DATA to that folder (or give your own file with --data-file)" in message
+
+
+def test_a_missing_data_set_is_one_line_from_the_cli_before_any_model(
+    tmp_path, monkeypatch, capsys
+):
+    from semsoft_eval.distill import load_nq
+    from semsoft_plugin.app.cli import main
+
+    monkeypatch.setenv("SEMSOFT_DATA", str(tmp_path / "nowhere"))
+    argv = ["eval", "--dataset", "sst2", "--model", "smollm2-135m", "--no-cache"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'sst2' is not here" in err and "Apache-2.0" in err
+    with pytest.raises(ValueError, match=r"natural-questions nq_open/NQ-open.dev.jsonl, licence "
+                       r"CC BY-SA 3.0;.*\$SEMSOFT_DATA.*with --data\)"):  # fmt: skip
+        load_nq()
 
 
 def test_bad_inputs_raise_one_line_errors(tmp_path) -> None:
@@ -189,7 +233,7 @@ def test_eval_end_to_end_report_schema_and_cache(tmp_path, capsys) -> None:
 
     out, plot = tmp_path / "r.json", tmp_path / "r.png"
     argv = ["eval", "--dataset", "ekman", "--limit", "16", "--seed", "1", "--cache-dir", str(tmp_path / "c"),
-            "--bootstrap", "100", "--out", str(out), "--plot", str(plot)]  # fmt: skip
+            "--bootstrap", "100", "--out", str(out), "--plot", str(plot), "--model", "smollm2-135m"]  # fmt: skip
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "| semantic |" in table and "| constrained |" in table
@@ -281,7 +325,7 @@ def test_tune_on_a_tiny_set_writes_a_config_eval_accepts(tmp_path, capsys) -> No
     cache = str(tmp_path / "c")
     argv = ["tune", "--dataset", "sst2", "--limit", "20", "--semantic-weight", "0.3,0.5,1",
             "--tau", "0.0,0.2", "--folds", "2", "--cache-dir", cache, "--margin", "0",
-            "--out", str(config), "--report", str(tmp_path / "t.json")]  # fmt: skip
+            "--out", str(config), "--report", str(tmp_path / "t.json"), "--model", "smollm2-135m"]  # fmt: skip
     assert main(argv) == 0
     chosen = SemsoftConfig.load(config)
     tuned = json.loads((tmp_path / "t.json").read_text())
@@ -296,7 +340,8 @@ def test_tune_on_a_tiny_set_writes_a_config_eval_accepts(tmp_path, capsys) -> No
     }
     assert "cross-validated" in capsys.readouterr().out
     assert main(["eval", "--dataset", "sst2", "--limit", "20", "--config", str(config), "--methods",
-                 "constrained,semantic", "--cache-dir", cache, "--bootstrap", "0"]) == 0  # fmt: skip
+                 "constrained,semantic", "--cache-dir", cache, "--bootstrap", "0",
+                 "--model", "smollm2-135m"]) == 0  # fmt: skip
 
 
 @pytest.mark.slow
@@ -305,10 +350,12 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys) -> None:
 
     missing = tmp_path / "d.csv"
     missing.write_text("text,label\nhello,pos\nbye,neg\n")
-    assert main(["eval", "--data-file", str(missing), "--label-column", "gold", "--no-cache"]) == 2
+    assert main(["eval", "--data-file", str(missing), "--label-column", "gold", "--no-cache",
+                 "--model", "smollm2-135m"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no column 'gold'" in err
-    assert main(["eval", "--dataset", "sst2", "--methods", "constrained,magic", "--no-cache"]) == 2
+    assert main(["eval", "--dataset", "sst2", "--methods", "constrained,magic", "--no-cache",
+                 "--model", "smollm2-135m"]) == 2  # fmt: skip
     assert "unknown method 'magic'" in capsys.readouterr().err
 
 
@@ -320,7 +367,8 @@ def test_engine_args_must_be_a_json_object(engine_args, message, capsys) -> None
     from semsoft_plugin.app.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["eval", "--dataset", "sst2", "--backend", "vllm", "--engine-args", engine_args])
+        main(["eval", "--dataset", "sst2", "--backend", "vllm", "--engine-args", engine_args,
+              "--model", "smollm2-135m"])  # fmt: skip
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -328,7 +376,8 @@ def test_engine_args_must_be_a_json_object(engine_args, message, capsys) -> None
 def test_engine_args_without_the_vllm_backend_are_refused(capsys) -> None:
     from semsoft_plugin.app.cli import main
 
-    argv = ["eval", "--dataset", "sst2", "--engine-args", '{"tensor_parallel_size": 2}']
+    argv = ["eval", "--dataset", "sst2", "--engine-args", '{"tensor_parallel_size": 2}',
+            "--model", "smollm2-135m"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "tensor_parallel_size" in err and "backend='vllm'" in err

@@ -68,11 +68,12 @@ class QAItem:
 
 
 def load_nq(path: str | Path | None = None) -> list[QAItem]:
-    """NQ-open (JSONL ``{question, answer: [aliases]}``); default: the shared dev split."""
+    """NQ-open (JSONL ``{question, answer: [aliases]}``); default: the built-in dev split
+    (``nq`` in :data:`~semsoft_eval.data.SOURCES`, refused in one line where it is absent)."""
     if path is None:
-        from semsoft_eval.data import data_dir
+        from semsoft_eval.data import SOURCES, builtin_root
 
-        path = data_dir() / "nq_open" / "dev.jsonl"
+        path = builtin_root("nq", own_file="--data") / SOURCES["nq"].files[0]
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"question file not found: {path}")
