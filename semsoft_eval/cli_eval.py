@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from semsoft_plugin.app.cli import json_object as _json_object
+from semsoft_plugin.core.labels import LABELS_SYNTAX, split_labels
 
 __all__ = [
     "add_eval_parser",
@@ -46,7 +47,7 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
         help="binary soft label column: the raters' fraction for the positive label",
     )
     group.add_argument(
-        "--labels", help="comma-separated labels (with --prob-column: negative,positive)"
+        "--labels", help=f"the labels (with --prob-column: negative,positive); {LABELS_SYNTAX}"
     )
     group.add_argument(
         "--any-gold",
@@ -124,9 +125,7 @@ def _bool(text: str) -> bool:
 def _data_options(args: argparse.Namespace) -> dict[str, Any]:
     labels = None
     if args.labels:
-        labels = [label.strip() for label in args.labels.split(",")]
-        if any(not label for label in labels):
-            raise ValueError(f"--labels {args.labels!r} has an empty label")
+        labels = split_labels(args.labels, "--labels")
     return {
         "data_file": args.data_file,
         "labels_file": args.labels_file,

@@ -67,6 +67,20 @@ PROMPTS = {
     ),
 }
 
+# Issue 34 items 4 and 6: body fields (beside a good semsoft request) that vLLM's own
+# SamplingParams refuses with VLLMValidationError, not a ValueError (it escaped the
+# admission middleware: "Exception in ASGI application", the kept-alive connection
+# dropped), and beam search (it was admitted: 200 and the text " Positive", no label);
+# each with what the 400 must say.
+VLLM_REFUSED = {
+    "n=2 greedy": ({"n": 2, "temperature": 0}, "n must be 1 when using greedy sampling, got 2"),
+    "top_p=0": ({"top_p": 0}, r"top_p must be in \(0, 1\], got 0\.0"),
+    "temperature=-1": ({"temperature": -1}, "temperature must be non-negative, got -1"),
+    "max_tokens=-1": ({"max_tokens": -1}, "max_tokens must be at least 1, got -1"),
+    "min_p=2": ({"min_p": 2}, r"min_p must be in \[0, 1\], got 2"),
+    "beam search": ({"use_beam_search": True}, "use_beam_search=True: .*cannot use beam search"),
+}
+
 
 class FreshConfig:
     """Stands for a second engine's config (the processor registers one per config)."""

@@ -48,6 +48,20 @@ def test_classify_json_on_the_default_model(capsys):
 
 
 @pytest.mark.slow
+def test_a_label_with_a_comma_is_one_label_in_quotes(capsys):
+    """Issue 34 item 9: ``--labels 'yes,"no, maybe"'`` was three labels (``yes``,
+    ``"no``, ``maybe"``); read as one CSV row it is two, and ``--help`` says how."""
+    argv = ["classify", "Shall we go?", "--labels", 'yes,"no, maybe"', "--json"]
+    assert main([*argv, "--model", "smollm2-135m"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["labels"] == ["yes", "no, maybe"]
+    assert set(report["semantic"]) == {"yes", "no, maybe"}
+    with pytest.raises(SystemExit):
+        main(["classify", "--help"])
+    assert """'yes,"no, maybe"'""" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.slow
 def test_classify_table(capsys):
     assert main(["classify", "I am furious.", "--labels", "joy,anger", "--model", "smollm2-135m"]) == 0
     out = capsys.readouterr().out
@@ -59,6 +73,8 @@ def test_classify_table(capsys):
     [
         (["classify", "x", "--labels", "joy"], "at least two"),
         (["classify", "x", "--labels", "joy,,anger"], "empty label"),
+        # Issue 34 item 9: --labels is one CSV row; an unclosed quote is named.
+        (["classify", "x", "--labels", 'yes,"no, maybe'], "not one comma-separated (CSV) row"),
         (["classify", "x", "--labels", "a,b", "--tau", "3"], "tau=3.0"),
         (["classify", "x", "--labels", "a,b", "--model", "/no/such/model"], "/no/such/model"),
         (

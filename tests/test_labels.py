@@ -170,3 +170,73 @@ def test_a_tokenizer_of_the_same_size_with_other_tokens_is_refused(tokenizer):
     assert len(same_size) == len(tokenizer)
     with pytest.raises(ValueError, match="stand for other tokens"):
         labels.check_tokenizer(same_size)
+
+
+# --- labels that look alike, hide characters or are not Unicode (issue 34, items 5, 7, 9) -
+
+NFC_CAFE, NFD_CAFE = "caf\u00e9", "cafe\u0301"  # one code point for é; e + combining accent
+
+
+@pytest.mark.parametrize(
+    "labels, match",
+    [
+        # Item 7: one text in two Unicode spellings was two columns 'p_café' (.44 and .56).
+        ([NFC_CAFE, NFD_CAFE, "tea"], r"'caf\\xe9' and 'cafe\\u0301'.*NFC"),
+        # Item 7: "yes\x00" was accepted and classes_ printed it as 'yes'.
+        (["yes\x00", "no"], r"'yes\\x00' holds .*U\+0000.*print as 'yes'"),
+        (["yes\u200b", "no"], r"U\+200B"),
+        (["yes", "no\u202e"], r"U\+202E"),  # a bidirectional override
+        # Item 7: invisible characters only are empty, like whitespace only.
+        (["yes", "\u200b"], r"label '\\u200b' is empty"),
+        (["yes", "\u00a0\ufeff"], r"is empty"),
+        # Item 5: a lone surrogate was the tokenizer's TypeError, naming nothing.
+        (["yes", "\ud800"], r"label '\\ud800' holds a lone surrogate U\+D800 at character 0"),
+    ],
+)
+def test_labels_that_look_alike_or_are_not_text_are_refused_by_name(tokenizer, labels, match):
+    from semsoft_plugin.core.labels import label_names
+
+    with pytest.raises(ValueError, match=match):
+        label_names(labels)
+    with pytest.raises(ValueError, match=match):
+        LabelSet(labels, tokenizer)
+
+
+def test_labels_that_only_look_unusual_are_taken(tokenizer):
+    """Joiners are part of writing (Persian, emoji), NFD alone is one label, and a label
+    is kept as given (not rewritten to NFC)."""
+    persian = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"  # with a zero-width non-joiner
+    labels = LabelSet([NFD_CAFE, "tea", persian, "\U0001f468\u200d\U0001f469"], tokenizer)
+    assert labels.names == (NFD_CAFE, "tea", persian, "\U0001f468\u200d\U0001f469")
+
+
+@pytest.mark.parametrize(
+    "text, labels",
+    [
+        # Item 9: this was three labels: 'yes', '"no', 'maybe"'.
+        ('yes,"no, maybe"', ["yes", "no, maybe"]),
+        ('yes,  "no, maybe",later', ["yes", "no, maybe", "later"]),
+        ('"say ""hi""",bye', ['say "hi"', "bye"]),
+        ("joy , sadness,anger", ["joy", "sadness", "anger"]),
+    ],
+)
+def test_command_line_labels_are_one_csv_row(text, labels):
+    from semsoft_plugin.core.labels import split_labels
+
+    assert split_labels(text) == labels
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ('yes,"no, maybe', "not one comma-separated.*unexpected end"),
+        ('"no, maybe" ,yes', "not one comma-separated.*',' expected"),
+        ("yes,,no", "empty label"),
+        ("", "empty"),
+    ],
+)
+def test_command_line_labels_that_are_not_one_csv_row_are_refused(text, match):
+    from semsoft_plugin.core.labels import split_labels
+
+    with pytest.raises(ValueError, match=match):
+        split_labels(text)

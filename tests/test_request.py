@@ -68,3 +68,23 @@ def test_near_miss_keys_are_refused_by_name(key, meant):
     with pytest.raises(ValueError, match=f"{key!r} looks like a semsoft option"):
         parse_request({**build_request(LABELS).to_extra_args(), key: 1})
     assert parse_request({"temperature_semsoft": 1, "other": 2}) is None
+
+
+@pytest.mark.parametrize(
+    "labels, match",
+    [
+        # Issue 34 item 7, over HTTP: two Unicode spellings of 'café' were two labels.
+        (
+            ["caf\u00e9", "cafe\u0301"],
+            r"semsoft_labels: labels .*'caf\\xe9' and 'cafe\\u0301'.*NFC",
+        ),
+        (["yes\x00", "no"], r"semsoft_labels: label 'yes\\x00' holds .*U\+0000"),
+        (["\u200b", "no"], r"semsoft_labels: label '\\u200b' is .*empty"),
+        (["yes", "yes"], r"semsoft_labels: label 'yes' appears twice"),
+    ],
+)
+def test_request_labels_follow_the_one_label_rule(labels, match):
+    with pytest.raises(ValueError, match=match):
+        parse_request({"semsoft_labels": labels})
+    with pytest.raises(ValueError, match=match.removeprefix("semsoft_labels: ")):
+        build_request(labels)

@@ -88,3 +88,32 @@ def test_predict_proba_of_a_forged_turn_is_read_as_text(model_and_tokenizer):
     scorer = SemanticSoftmax(from_model(model), LabelSet(LABELS, tokenizer), SemsoftConfig())
     want = dict(zip(LABELS, scorer(logits).semantic.tolist(), strict=True))
     np.testing.assert_allclose(got, [want[x] for x in classifier.classes_], atol=1e-4)
+
+
+# --- texts that are not text, or are empty in disguise (issue 34, items 5 and 7) ----
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        # Item 5: a lone surrogate was a raw UnicodeEncodeError naming no text.
+        ("ok \ud800 then", r"texts\[1\] holds a lone surrogate U\+D800 at character 3"),
+        # Item 7: zero-width-space-only was scored while no-break-space-only was empty.
+        ("\u200b\u200b", r"texts\[1\] = '\\u200b\\u200b' is empty"),
+        ("\ufeff \u2060", r"texts\[1\] = .* is empty"),
+        ("\u00a0", r"texts\[1\] = '\\xa0' is empty"),
+    ],
+)
+def test_predict_proba_refuses_texts_that_are_not_text_by_index(model_and_tokenizer, bad, match):
+    model, tokenizer = model_and_tokenizer
+    classifier = Classifier(model, tokenizer, LABELS)
+    with pytest.raises(ValueError, match=match):
+        classifier.predict_proba([CLEAN, bad, CLEAN])
+
+
+def test_a_text_with_a_few_invisible_characters_is_still_scored(model_and_tokenizer):
+    """Only texts of nothing but invisible characters are empty: a word beside a
+    zero-width space is a text."""
+    model, tokenizer = model_and_tokenizer
+    probs = Classifier(model, tokenizer, LABELS).predict_proba(["\u200bgreat\u200b"])
+    assert probs.shape == (1, 2) and np.isclose(probs.sum(), 1.0)

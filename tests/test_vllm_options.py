@@ -16,7 +16,7 @@ from importlib.metadata import EntryPoint
 from types import SimpleNamespace
 
 import pytest
-from _vllm import EMOTIONS, ROOT, SENTIMENT
+from _vllm import EMOTIONS, ROOT, SENTIMENT, VLLM_REFUSED
 
 vllm = pytest.importorskip("vllm")
 
@@ -234,3 +234,21 @@ def test_readers_never_start_a_download(monkeypatch):
     with pytest.raises(ValueError, match="could not provide it"):
         scoring.output_embeddings("owner/name", allow_download=True)
     assert calls[-1]["local_files_only"] is False
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_REFUSED))
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_vllm_validation_errors_and_beam_search_are_answered_not_raised(name, path):
+    """Issue 34 items 4 and 6, engine-free: the middleware's check answers each of vLLM's
+    own SamplingParams refusals (``VLLMValidationError``, not a ``ValueError``) and beam
+    search with a message naming the field and the value, instead of raising (the server
+    test sends them over one kept-alive connection)."""
+    fields, message = VLLM_REFUSED[name]
+    api = "chat" if path.endswith("chat/completions") else "completions"
+    request = sopenai.openai_request(SENTIMENT, api=api)
+    body = {"model": "m", **request.pop("extra_body"), **request, **fields}
+    body.update(
+        {"messages": [{"role": "user", "content": "hi"}]} if api == "chat" else {"prompt": "hi"}
+    )
+    answer = sadm._check_http_body(json.dumps(body).encode(), path, None)
+    assert answer is not None and re.search(message, answer), answer

@@ -1,7 +1,7 @@
 """The vLLM server under hostile input: the table of bodies the admission middleware and
-vLLM refuse with a 400 (on every route that takes sampling options), and a bounded
-Hypothesis fuzz of bad ``vllm_xargs`` sent beside good requests, which must score as when
-sent alone.
+vLLM refuse with a 400 (on every route that takes sampling options), every refusal over
+one kept-alive connection that must stay usable, and a bounded Hypothesis fuzz of bad
+``vllm_xargs`` sent beside good requests, which must score as when sent alone.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from _vllm import ATOL, CLASH, CONTINUE, EMOTIONS, PROMPTS, SENTIMENT
+from _vllm import ATOL, CLASH, CONTINUE, EMOTIONS, PROMPTS, SENTIMENT, VLLM_REFUSED
 
 vllm = pytest.importorskip("vllm")
 
@@ -164,6 +164,62 @@ def test_server_refuses_the_hostile_table_with_400(server):
     # A stop that cannot cut a label still serves.
     status, reply = _post(server, "/chat/completions", _chat_body(SENTIMENT, stop=["\n"]))
     assert status == 200, reply
+
+
+def test_every_refusal_is_a_400_and_the_kept_alive_connection_stays_usable(server):
+    """Issue 34 items 4, 6 and 7 on a real server: vLLM's own ``VLLMValidationError``
+    (``n=2`` when greedy, ``top_p=0``, ``temperature=-1``, ``max_tokens=-1``, ...) escaped
+    the admission middleware ("Exception in ASGI application") and the next valid request
+    on that kept-alive connection got "Connection reset by peer"; beam search was
+    admitted (200, the text " Positive"). Every one is sent over ONE connection: each is
+    a 400 naming the value, the socket is never reopened, and a valid request on it
+    then scores."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+    good = sopenai.openai_request(SENTIMENT)["extra_body"]["vllm_xargs"]
+    cases = {
+        name: (_chat_body(SENTIMENT, **fields), message)
+        for name, (fields, message) in VLLM_REFUSED.items()
+    }
+    cases["n=2 greedy, streamed"] = (
+        _chat_body(SENTIMENT, n=2, temperature=0, stream=True),
+        VLLM_REFUSED["n=2 greedy"][1],
+    )
+    cases["NFC and NFD labels"] = (
+        _chat_body(SENTIMENT, {**good, "semsoft_labels": ["caf\u00e9", "cafe\u0301"]}),
+        r"'caf\\xe9' and 'cafe\\u0301'.*NFC",
+    )
+    cases["hidden character"] = (
+        _chat_body(SENTIMENT, {**good, "semsoft_labels": ["yes\x00", "no"]}),
+        r"'yes\\x00' holds .*U\+0000",
+    )
+    cases["bad k"] = (_chat_body(SENTIMENT, {**good, "semsoft_k": 0}), "semsoft_k=0")
+
+    def send(body: dict) -> tuple[int, dict]:
+        connection.request(
+            "POST", url.path + "/chat/completions", json.dumps(body),
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        response = connection.getresponse()
+        assert response.getheader("connection", "").lower() != "close", response.headers
+        return response.status, json.loads(response.read())
+
+    status, reply = send(_chat_body(SENTIMENT))
+    assert status == 200, reply
+    opened = connection.sock.getsockname()
+    for name, (body, message) in cases.items():
+        status, reply = send(body)
+        assert status == 400, (name, reply)
+        assert re.search(message, _error(reply)), (name, _error(reply))
+        assert connection.sock is not None and connection.sock.getsockname() == opened, name
+    status, reply = send(_chat_body(SENTIMENT))
+    assert status == 200, reply
+    assert reply["choices"][0]["message"]["content"].strip() in SENTIMENT, reply
+    assert connection.sock.getsockname() == opened
+    connection.close()
 
 
 def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokenizer):

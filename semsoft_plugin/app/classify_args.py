@@ -11,16 +11,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from semsoft_plugin.core.labels import split_labels
 from semsoft_plugin.engines.prompting import DEFAULT_PROMPT
 
 __all__ = ["classifier_from_args", "parse_labels", "prompt_template"]
 
 
 def parse_labels(text: str) -> list[str]:
-    """``--labels a,b,c`` as a list; ``ValueError`` for an empty label or fewer than two."""
-    labels = [label.strip() for label in text.split(",")]
-    if any(not label for label in labels):
-        raise ValueError(f"--labels {text!r} has an empty label")
+    """``--labels a,b,c`` as a list, read as one CSV row (``yes,"no, maybe"`` is two
+    labels: :func:`~semsoft_plugin.core.labels.split_labels`); ``ValueError`` for an
+    empty label or fewer than two."""
+    labels = split_labels(text, "--labels")
     if len(labels) < 2:
         raise ValueError(f"--labels {text!r}: give at least two comma-separated labels")
     return labels

@@ -28,6 +28,7 @@ from typing import Any
 
 from semsoft_plugin.app.classify_args import classifier_from_args, parse_labels, prompt_template
 from semsoft_plugin.app.classify_file import run_classify_file
+from semsoft_plugin.core.labels import LABELS_SYNTAX
 
 __all__ = [
     "COMMAND_GROUP",
@@ -143,7 +144,9 @@ def _add_classify_parser(subparsers: Any) -> None:
     )
     parser.add_argument("text", nargs="?", help="the text to classify (or give --input)")
     parser.add_argument(
-        "--labels", required=True, help="comma-separated labels, e.g. joy,sadness,anger"
+        "--labels",
+        required=True,
+        help=f"the labels, e.g. joy,sadness,anger; {LABELS_SYNTAX}",
     )
     parser.add_argument(
         "--model", default="default", help="'default' (= qwen2.5-coder-1.5b), 'qwen2.5-coder-0.5b', 'smollm2-135m' (small, for tests) or a checkpoint dir"

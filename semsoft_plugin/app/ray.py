@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from semsoft_plugin.app.columns import ResultColumns, row_list, text_of
+from semsoft_plugin.core.text_rules import is_blank
 
 __all__ = ["aligned_blocks", "classify_dataset", "run_classify_cli"]
 
@@ -96,7 +97,7 @@ class _ScoreBatch:
         import pyarrow as pa
 
         texts = [text_of(v) for v in batch.column(self.text_column).to_pylist()]
-        keep = [i for i, t in enumerate(texts) if t.strip()]
+        keep = [i for i, t in enumerate(texts) if not is_blank(t)]
         for i in sorted(set(range(len(texts))) - set(keep)):
             print(f"semsoft: {self._name(batch, i)}: empty text, not scored", file=sys.stderr)
         scored = self._score([texts[i] for i in keep]) if keep else []
@@ -285,14 +286,14 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
     result.check_clash(columns, args.input)
     texts = [text_of(v) for v in table.column(args.text_column).to_pylist()]
     ids = table.column(id_column).to_pylist()
-    empty = [ids[i] for i, t in enumerate(texts) if not t.strip()]
+    empty = [ids[i] for i, t in enumerate(texts) if is_blank(t)]
     if empty:
         print(
             f"semsoft classify: skipped {len(empty)} row(s) with an empty {args.text_column!r}: "
             f"{id_column} {row_list(empty)}",
             file=sys.stderr,
         )
-    todo = [i for i, t in enumerate(texts) if t.strip()]
+    todo = [i for i, t in enumerate(texts) if not is_blank(t)]
     table = table.take(pa.array(todo, pa.int64()))
     if not ray.is_initialized():
         ray.init(address=args.ray_address, log_to_driver=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 from semsoft_plugin.app.columns import ResultColumns, text_of
 from semsoft_plugin.app.predictions import probability_rows
+from semsoft_plugin.core.text_rules import is_blank
 from semsoft_plugin.engines.scoring import MissingLabelLogprobs
 
 __all__ = ["ENGINE_COLUMNS", "VLLMPostprocess", "VLLMPreprocess", "exact_label_logprobs"]
@@ -116,7 +117,7 @@ class VLLMPreprocess:
 
             self._tokenizer = client_model(self.model).tokenizer
         text = text_of(row.get(self.text_column))
-        if not text.strip():
+        if is_blank(text):
             raise ValueError(f"{self.text_column}={row.get(self.text_column)!r} is empty")
         (messages,) = build_inputs(
             self.template, [text], list(self.request.labels), self._tokenizer

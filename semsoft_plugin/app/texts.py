@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from semsoft_plugin.core.text_rules import is_blank, lone_surrogate
 from semsoft_plugin.engines.prompting import item_list
 
 __all__ = ["text_list", "token_prefixes"]
@@ -22,7 +23,9 @@ def text_list(texts: Iterable[str]) -> list[str]:
     Any iterable is taken, as scikit-learn users pass them: a list, tuple, numpy array,
     pandas Series (its values, not its index), generator. A single string is refused
     (iterating it would classify its characters), and so is an element that is not a
-    string (a NaN from a pandas column, a number, ``None``), by index and type.
+    string (a NaN from a pandas column, a number, ``None``), by index and type; an
+    empty one (whitespace or invisible characters only, ``is_blank``) and one that is not
+    valid Unicode (a lone surrogate: no UTF-8 encoding, no tokenizer takes it), by index.
     """
     values = item_list(texts, "texts", "strings")
     for index, text in enumerate(values):
@@ -30,8 +33,17 @@ def text_list(texts: Iterable[str]) -> list[str]:
             raise ValueError(
                 f"texts[{index}] = {text!r:.60} is a {type(text).__name__}, not a string"
             )
-        if not text.strip():
-            raise ValueError(f"texts[{index}] = {text!r} is not a non-empty string")
+        if is_blank(text):
+            raise ValueError(
+                f"texts[{index}] = {text!r:.60} is empty (whitespace or invisible characters only)"
+            )
+        at = lone_surrogate(text)
+        if at is not None:
+            raise ValueError(
+                f"texts[{index}] holds a lone surrogate U+{ord(text[at]):04X} at character "
+                f"{at} ({text[max(0, at - 20) : at + 20]!r}): not valid Unicode (it has no "
+                "UTF-8 encoding), so it cannot be tokenised; fix or drop that text"
+            )
     return [str(text) for text in values]
 
 

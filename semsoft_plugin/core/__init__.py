@@ -6,6 +6,8 @@
 * :mod:`.labels`: :class:`~.labels.LabelSet`, label names turned into answer tokens
   by any tokenizer;
 * :mod:`.request`: the per-request options every engine adapter parses the same way;
+* :mod:`.text_rules`: what an empty text is, what a label may hold, when two labels are
+  one (Unicode);
 * :mod:`.embeddings`: output embeddings from a model or a safetensors checkpoint;
 * :mod:`.calibration`: content-free and batch calibration of label probabilities;
 * :mod:`.kept_scores`: kept forward passes, and a grid of settings scored on them;

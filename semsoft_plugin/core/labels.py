@@ -35,8 +35,13 @@ The rule (decided here, measured: docs/results.md, docs/defaults.md):
   non-empty strings. A single label would always get probability 1, so it is refused;
   a ``str`` is refused too rather than split (``"positive,negative"`` would otherwise
   become characters, and a label may itself hold a comma): pass
-  ``"positive,negative".split(",")``. The ``semsoft`` command splits ``--labels`` on
-  commas itself.
+  ``"positive,negative".split(",")``. The command line reads ``--labels`` as one CSV
+  row (:func:`split_labels`: ``yes,"no, maybe"`` is two labels).
+* **What a label may hold** (:func:`~semsoft_plugin.core.text_rules.check_label`):
+  not whitespace or invisible characters only, no lone surrogate, no control or
+  invisible character (``"yes\\x00"`` would print as ``yes``). Labels are compared
+  after NFC normalisation: ``"café"`` written with one code point and with a combining
+  accent is one label given twice, and refused.
 * **Bound to its tokenizer.** Token ids mean nothing without the tokenizer that made
   them: a LabelSet used with another model would score unrelated tokens and return
   normal-looking probabilities. So it keeps its tokenizer's identity (vocabulary size,
@@ -52,15 +57,24 @@ The rule (decided here, measured: docs/results.md, docs/defaults.md):
 
 from __future__ import annotations
 
+import csv
 import hashlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from semsoft_plugin.core.text_rules import check_label, label_identity
 from semsoft_plugin.core.tokens import LabelTokens
 
-__all__ = ["Label", "LabelSet", "TokenizerLike", "label_names"]
+__all__ = [
+    "LABELS_SYNTAX",
+    "Label",
+    "LabelSet",
+    "TokenizerLike",
+    "label_names",
+    "split_labels",
+]
 
 # Labels a server or a user may pass are bounded so a request cannot blow up the
 # weight tensor; adapters may set stricter limits.
@@ -330,8 +344,9 @@ def label_names(labels: Any) -> list[str]:
     Raises
     ------
     ValueError
-        Naming the bad value: a string, fewer than two labels, a non-string, empty or
-        repeated label.
+        Naming the bad value: a string, fewer than two labels, a label refused by
+        :func:`~semsoft_plugin.core.text_rules.check_label`, or one repeated (after NFC
+        normalisation).
     """
     if isinstance(labels, LabelSet):
         return list(labels.names)
@@ -352,16 +367,52 @@ def label_names(labels: Any) -> list[str]:
         )
     if len(labels) > MAX_LABELS:
         raise ValueError(f"{len(labels)} labels exceed the limit of {MAX_LABELS}")
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for label in labels:
-        if not isinstance(label, str):
-            raise ValueError(f"label {label!r} is not a string")
-        if not label.strip():
-            raise ValueError(f"label {label!r} is empty")
-        if label in seen:
+        check_label(label)
+        key = label_identity(label)
+        if key in seen and seen[key] == label:
             raise ValueError(f"label {label!r} appears twice")
-        seen.add(label)
+        if key in seen:
+            raise ValueError(
+                f"labels {seen[key]!r} and {label!r} ({ascii(seen[key])} and {ascii(label)}) "
+                "are one text in two Unicode spellings (equal after NFC normalisation): "
+                "they would be two columns that look the same; give it once"
+            )
+        seen[key] = label
     return list(labels)
+
+
+# How a label list is written on a command line (both commands' --help say it).
+LABELS_SYNTAX = (
+    "comma-separated, read as one CSV row: a label holding a comma goes in double "
+    """quotes, e.g. --labels 'yes,"no, maybe"' (two labels)"""
+)
+
+
+def split_labels(text: str, option: str = "--labels") -> list[str]:
+    """The labels of a command-line label list: one CSV row (the ``csv`` module's
+    quoting), so a label holding a comma is written in double quotes
+    (``yes,"no, maybe"``) and a double quote inside one is doubled; spaces around each
+    label are dropped. The one parser of ``semsoft classify`` and ``semsoft-eval``.
+
+    Raises
+    ------
+    ValueError
+        Naming ``option`` and the text: not one CSV row (an unclosed quote, a new line),
+        or an empty label.
+    """
+    try:
+        rows = list(csv.reader([text], skipinitialspace=True, strict=True))
+    except csv.Error as error:
+        raise ValueError(
+            f"{option} {text!r} is not one comma-separated (CSV) row: {error}; quote a "
+            """label holding a comma: 'yes,"no, maybe"'"""
+        ) from None
+    labels = [label.strip() for label in (rows[0] if rows else [])]
+    if not labels or any(not label for label in labels):
+        raise ValueError(f"{option} {text!r} has an empty label")
+    return labels
 
 
 def _spaced_anchors(tokenizer: TokenizerLike, answers: list[tuple[str, int]]) -> list[int]:

@@ -25,6 +25,7 @@ from typing import Any, Literal, cast
 
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import label_names
+from semsoft_plugin.core.text_rules import is_blank
 
 __all__ = [
     "ENTRY_POINT",
@@ -279,7 +280,7 @@ def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:
             f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to SERVER_MAX_LABELS={SERVER_MAX_LABELS}"
         )
     for label in labels:
-        if not isinstance(label, str) or not label.strip():
+        if not isinstance(label, str) or is_blank(label):
             raise ValueError(f"{KEY_LABELS}: label {show_value(label)} is not a non-empty string")
         size = _utf8_bytes(label)
         if size is None:
@@ -289,9 +290,10 @@ def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:
                 f"{KEY_LABELS}: label {show_value(label, 24)} is longer than "
                 f"SERVER_MAX_LABEL_BYTES={SERVER_MAX_LABEL_BYTES} UTF-8 bytes"
             )
-    if len(set(labels)) != len(labels):
-        twice = next(label for i, label in enumerate(labels) if label in labels[:i])
-        raise ValueError(f"{KEY_LABELS} holds the label {show_value(twice)} twice")
+    try:  # the rule of every path, on labels now known to be short
+        label_names(list(labels))
+    except ValueError as error:
+        raise ValueError(f"{KEY_LABELS}: {error}") from None
 
     overrides: dict[str, Any] = {}
     for key, name in _CONFIG_KEYS.items():

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from vllm import SamplingParams
+from vllm.exceptions import VLLMClientError
 
 from semsoft_plugin.core.request import check_near_misses, near_misses, parse_request, show_value
 from semsoft_plugin.engines.vllm.params import validate_params
@@ -112,17 +113,29 @@ def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
                 "(guided decoding erases the silent vote; vLLM no longer applies these fields)"
             )
         parse_request(xargs)  # the raw JSON values: a true is still a bool here
+        if data.get("use_beam_search"):
+            raise ValueError(
+                f"use_beam_search={show_value(data['use_beam_search'])}: semsoft requests "
+                "cannot use beam search (vLLM's beam search runs apart from the logits "
+                "processors, so the text would be no label and the scores no Semantic "
+                "Softmax); drop use_beam_search"
+            )
         params = _body_sampling_params(data, path)
         if params is not None:
             validate_params(params, vllm_config=vllm_config)
-    except ValueError as error:
+    except (ValueError, VLLMClientError) as error:
+        # VLLMValidationError (n=2 when greedy, top_p=0, max_tokens=-1, ...) is not a
+        # ValueError: let through, it was "Exception in ASGI application" and a dropped
+        # kept-alive connection. Its str names the field and the value.
         return str(error)
     return None
 
 
 def _body_sampling_params(data: dict[str, Any], path: str) -> SamplingParams | None:
     """The ``SamplingParams`` vLLM's serving layer will build from ``data`` (None if
-    vLLM's own request validation refuses the body: it answers that itself)."""
+    vLLM's request model refuses the body's fields: it answers that itself). Values the
+    fields take but ``SamplingParams`` refuses (``top_p=0``, ``n=2`` when greedy) raise
+    vLLM's ``VLLMValidationError``, naming the field and the value."""
     if path.endswith("/chat/completions"):
         from vllm.entrypoints.openai.chat_completion.protocol import (
             ChatCompletionRequest as Request,
@@ -131,7 +144,7 @@ def _body_sampling_params(data: dict[str, Any], path: str) -> SamplingParams | N
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Request
     try:
         parsed = Request.model_validate(data)
-        limit = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens or 16
-        return parsed.to_sampling_params(limit, {})
     except (ValueError, TypeError):
         return None
+    limit = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens or 16
+    return parsed.to_sampling_params(limit, {})
