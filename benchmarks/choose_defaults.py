@@ -47,7 +47,7 @@ from semsoft_eval.backend_transformers import STORE_K
 from semsoft_eval.data import load_builtin, sample
 from semsoft_eval.forward import Forward, cache_path
 from semsoft_eval.prompts import TEMPLATES
-from semsoft_plugin.core.calibration import batch_calibrate
+from semsoft_plugin.core.calibration import FileCalibration, batch_calibrate
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.embeddings import from_checkpoint
 from semsoft_plugin.core.kept_scores import grid_probs
@@ -77,6 +77,14 @@ CANDIDATES: dict[str, tuple[SemsoftConfig, bool]] = {
     },
 }
 CONFIGS = {name: config for name, (config, _) in CANDIDATES.items()}
+
+# With --file-mode: the file mode (semsoft_plugin.core.calibration.FileCalibration, the
+# bias estimated once from the pair's items as one file) at four strengths, on the
+# constrained softmax and on the previous default pool, and "constrained" itself (no
+# change), all as candidates of the same leave-one-kind-out choice.
+FILE_BASES = ("constrained", "residual share tau=0.0 a=0.3")
+FILE_STRENGTHS = (0.25, 0.5, 0.75, 1.0)
+FILE_CANDIDATES = tuple(f"file s={s} on {b}" for b in FILE_BASES for s in FILE_STRENGTHS)
 
 
 def load_pair(model: str, dataset: str, limit: int, seed: int, collect: bool) -> dict[str, Any]:
@@ -124,6 +132,10 @@ def candidate_probs(pair: dict[str, Any]) -> dict[str, np.ndarray]:
         label_set = LabelSet(list(labels.names), pair["tokenizer"], auto_variants=variants)
         probs, _ = grid_probs(forward, pair["embeddings"], label_set, [CONFIGS[n] for n in names])
         out.update(zip(names, probs, strict=True))
+    for base in FILE_BASES:
+        for strength in FILE_STRENGTHS:
+            correction = FileCalibration.estimate(out[base], strength=strength)
+            out[f"file s={strength} on {base}"] = correction.apply(out[base])
     return out
 
 
@@ -250,9 +262,17 @@ def main() -> int:
     parser.add_argument("--collect", action="store_true", help="run missing forward passes")
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--out", default="benchmarks/results/defaults-loko.json")
+    parser.add_argument(
+        "--file-mode",
+        action="store_true",
+        help="add the file mode and 'constrained' itself to the candidates",
+    )
     args = parser.parse_args()
 
     sets_for = dict(item.split("=", 1) for item in args.sets_for)
+    names = list(CANDIDATES)
+    if args.file_mode:
+        names += ["constrained", *FILE_CANDIDATES]
     pairs: dict[str, dict[str, Any]] = {}
     for model in args.models.split(","):
         for spec in sets_for.get(model, args.sets).split(","):
@@ -267,13 +287,12 @@ def main() -> int:
             pair["probs"] = candidate_probs(pair)
             pair["probs"]["temperature (fitted)"] = temperature_cross_fitted(pair, 1)
             pair["base_scores"] = _scores(pair["probs"]["constrained"], pair["data"].targets)
-            pair["diffs"] = {n: _differences(pair, n) for n in CANDIDATES}
+            pair["diffs"] = {n: _differences(pair, n) for n in names}
             pairs[f"{model}/{dataset}"] = pair
             print(f"{model}/{dataset}: scored in {time.perf_counter() - start:.0f} s", flush=True)
     if not pairs:
         raise SystemExit("no pairs to measure")
 
-    names = list(CANDIDATES)
     kinds = list(dict.fromkeys(p["kind"] for p in pairs.values()))
     chosen_all = pick(pairs, names)
     folds: dict[str, str] = {}
@@ -308,6 +327,7 @@ def main() -> int:
         "stable": len(set(folds.values())) == 1 and chosen_all in folds.values(),
         "passes_every_left_out_pair": all(p["passes_left_out"] for p in per_pair.values()),
         "configs": {n: {**c.to_dict(), "auto_variants": v} for n, (c, v) in CANDIDATES.items()},
+        "candidates": names,
         "pairs": per_pair,
         "command": " ".join(["python", "benchmarks/choose_defaults.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

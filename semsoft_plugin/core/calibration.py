@@ -18,16 +18,33 @@ correction, and neither needs labelled data:
 
 Contextual calibration (the bias read from content-free inputs such as "N/A") is the
 same division with another estimate of ``b``; ``semsoft eval`` has both.
+
+**The file mode** (:class:`FileCalibration`) is batch calibration made reproducible: the
+bias is estimated once, from the distinct rows of the whole file (or dataset, or the
+texts given to ``fit``), and then applied to each row alone, so a row's score does not
+depend on its batch or position and a resumed run reproduces it. ``strength`` ``s`` in
+``[0, 1]`` applies part of the correction, dividing by ``b^s``.
+
+It is opt-in, not a default, because no label-free guard can tell when it harms: a
+file whose skew is the prompt's bias and one whose skew is the truth look the same from
+the unlabelled rows. Measured leaving one kind out (``benchmarks/choose_defaults.py``,
+``benchmarks/results/defaults-loko-file.md``): SmolLM2-135M's abuse and Davidson rows have
+the same statistics (mean top probability .78 / .80, every row the same label, the full
+correction flips 53% / 43% of rows), yet the correction raises the NLL on abuse by .29
+and lowers it on Davidson by .65.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["CONTENT_FREE", "RunningBias", "batch_calibrate", "debias"]
+__all__ = ["CONTENT_FREE", "FileCalibration", "RunningBias", "batch_calibrate", "debias"]
 
 # Inputs that carry no content, scored in the user's prompt to read its label bias
 # (Zhao et al., 2021).
@@ -130,3 +147,85 @@ class RunningBias:
         if self.count < self.min_count:
             return torch.full_like(self.total, 1.0 / self.total.shape[0])
         return self.total / self.count
+
+
+@dataclass(frozen=True)
+class FileCalibration:
+    """A label bias estimated from the unlabelled rows of one file, applied row by row.
+
+    Parameters
+    ----------
+    bias : tuple of float
+        The mean label distribution ``b`` of the distinct rows it was estimated on, in
+        the label order of those rows.
+    strength : float in [0, 1]
+        The share of the correction applied: rows are divided by ``b ** strength`` and
+        renormalised; ``0`` changes nothing, ``1`` is batch calibration.
+    rows : int
+        How many distinct rows ``bias`` is the mean of (kept for the settings record).
+
+    Notes
+    -----
+    The math: :math:`p_{file}(l \\mid x) \\propto p(l \\mid x) / \\hat b(l)^s` with
+    :math:`\\hat b = \\frac{1}{N} \\sum_i p(\\cdot \\mid x_i)` over the N distinct rows.
+    Duplicated texts count once, so a file of repeated rows does not outvote the rest.
+    """
+
+    bias: tuple[float, ...]
+    strength: float = 1.0
+    rows: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.bias) < 2:
+            raise ValueError(f"bias must hold at least 2 labels, got {len(self.bias)}")
+        if not all(math.isfinite(b) and b > 0 for b in self.bias):
+            raise ValueError(f"bias must be finite and positive, got {list(self.bias)[:8]}")
+        if not (isinstance(self.strength, (int, float)) and 0.0 <= self.strength <= 1.0):
+            raise ValueError(f"strength={self.strength!r} must be a number in [0, 1]")
+        if isinstance(self.rows, bool) or not isinstance(self.rows, int) or self.rows < 0:
+            raise ValueError(f"rows={self.rows!r} must be a non-negative integer")
+
+    @classmethod
+    def estimate(
+        cls, probs: Any, *, strength: float = 1.0, min_rows: int = 32
+    ) -> FileCalibration:
+        """The correction of the distinct rows ``probs`` ``[N, L]`` (the first pass).
+
+        Fewer than ``min_rows`` rows are refused: a mean over a handful of rows is
+        mostly noise, and would move every row's score.
+        """
+        values = _as_probs(probs)
+        if values.shape[0] < min_rows:
+            raise ValueError(
+                f"the file mode needs at least {min_rows} distinct rows to estimate the label "
+                f"bias, got {values.shape[0]}"
+            )
+        rows = values / values.sum(1, keepdim=True).clamp_min(_EPS)
+        bias = rows.mean(0).clamp_min(_EPS)
+        return cls(tuple(float(b) for b in bias), float(strength), int(values.shape[0]))
+
+    def apply(self, probs: ArrayT) -> ArrayT:
+        """Each row of ``probs`` ``[N, L]`` divided by ``bias ** strength``, renormalised;
+        the result does not depend on the other rows."""
+        values = _as_probs(probs)
+        if values.shape[1] != len(self.bias):
+            raise ValueError(
+                f"probs have {values.shape[1]} labels, the file correction {len(self.bias)}"
+            )
+        bias = torch.tensor(self.bias, dtype=torch.float64) ** self.strength
+        return debias(probs, bias)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for the settings record (``from_dict`` reads it back)."""
+        return {"bias": list(self.bias), "strength": self.strength, "rows": self.rows}
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> FileCalibration:
+        unknown = set(record) - {"bias", "strength", "rows"}
+        if unknown:
+            raise ValueError(f"unknown file calibration field(s): {sorted(unknown)}")
+        return cls(
+            tuple(float(b) for b in record["bias"]),
+            float(record.get("strength", 1.0)),
+            int(record.get("rows", 0)),
+        )
