@@ -423,3 +423,21 @@ def test_resume_with_duplicates_gives_the_same_bytes(tmp_path, capsys, scored_te
     assert run(inp, cut, "--batch-size", "2", "--resume") == 0
     assert scored_texts == [a, b, e]  # batches [a, b] and [e]; [c, d] is not needed
     assert cut.read_text() == whole.read_text()
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_before_its_first_row_leaves_nothing_to_block_a_rerun(
+    tmp_path, monkeypatch
+):
+    """Guards item 8: a run that died after opening its output left a header-only file,
+    and the rerun was refused as "--output exists"."""
+
+    def broken(self, texts):
+        raise RuntimeError("the engine died")
+
+    inp = write_csv(tmp_path / "in.csv", REVIEWS[:2])
+    out = tmp_path / "out.csv"
+    monkeypatch.setattr(Classifier, "predict_details", broken)
+    with pytest.raises(RuntimeError, match="the engine died"):
+        run(inp, out)
+    assert left_behind(tmp_path, inp) == []

@@ -22,7 +22,7 @@ from typing import Any
 from semsoft_plugin.app.classify_args import classifier_from_args
 from semsoft_plugin.app.columns import row_list
 from semsoft_plugin.app.file_plan import FilePlan, check_output, make_plan
-from semsoft_plugin.app.file_settings import write_settings
+from semsoft_plugin.app.file_settings import settings_path, write_settings
 from semsoft_plugin.app.output_lock import OutputLock
 
 __all__ = ["run_classify_file"]
@@ -138,6 +138,13 @@ def _score(plan: FilePlan, classifier: Any, labels: list[str]) -> int:
             file=sys.stderr,
         )
         return 1
+    except Exception:
+        bar.close()
+        _close_quietly(writer)
+        if not plan.resuming and pending == 0:  # nothing of this run's: nothing to resume
+            plan.output.unlink(missing_ok=True)
+            settings_path(plan.output).unlink(missing_ok=True)
+        raise
     bar.close()
     _summary(plan, kept, now, time.perf_counter() - began, labels)
     return 0
