@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from semsoft_plugin import Classifier
-from semsoft_plugin.app.classify_file import settings_path
 from semsoft_plugin.app.cli import main
+from semsoft_plugin.app.file_settings import settings_path
 from semsoft_plugin.app.table_writers import TableWriter
 from semsoft_plugin.app.tables import read_records
 from semsoft_plugin.engines.hf import padding_batches

@@ -8,6 +8,9 @@
 * :mod:`.classify_args`: the labels, prompt and classifier ``semsoft classify``'s
   arguments name;
 * :mod:`.classify_file`: ``semsoft classify --input``, a whole table scored and resumable;
+* :mod:`.file_plan`: that job's plan, every check made before the model loads;
+* :mod:`.file_settings`: the settings record beside its output, checked on ``--resume``;
+* :mod:`.output_lock`: one writer per output file;
 * :mod:`.tables`: CSV/TSV/JSONL/Parquet input, strictly read;
 * :mod:`.table_writers`: the output tables, written a batch at a time and resumed;
 * :mod:`.columns`: the result columns every table output shares;

@@ -184,7 +184,7 @@ def _add_classify_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="one text: print JSON")
     files = parser.add_argument_group("a file")
-    files.add_argument("--input", help="CSV, TSV or JSONL file with a text column")
+    files.add_argument("--input", help="CSV, TSV, JSONL or Parquet file with a text column")
     files.add_argument("--text-column", default="text", help="the column to classify")
     files.add_argument(
         "--encoding",
@@ -199,7 +199,11 @@ def _add_classify_parser(subparsers: Any) -> None:
         help="score at most the first N tokens of each text (default: what the model's "
         "context holds); the 'truncated' column counts the tokens cut",
     )
-    files.add_argument("--output", help="where the scored rows go: .csv, .tsv or .jsonl")
+    files.add_argument(
+        "--output",
+        help="where the scored rows go: .csv, .tsv, .jsonl or .parquet (the only one that "
+        "keeps every input column's type); one run at a time writes it",
+    )
     files.add_argument("--batch-size", type=int, default=8, help="rows per forward pass")
     files.add_argument(
         "--review-below",

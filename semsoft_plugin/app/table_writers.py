@@ -21,15 +21,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.app.tables import table_format, table_schema
+from semsoft_plugin.app.tables import table_format
 
 __all__ = [
     "ParquetTableWriter",
     "TableWriter",
     "cell",
     "json_safe",
-    "open_table_writer",
     "read_output",
+    "unholdable",
 ]
 
 
@@ -93,7 +93,9 @@ class TableWriter:
         self.kind = table_format(self.path, role="output file")
         self.columns = list(columns)
         fresh = not append or not self.path.exists() or self.path.stat().st_size == 0
-        self._handle = self.path.open("w" if fresh else "a", encoding="utf-8", newline="")
+        # Unbuffered bytes: a failed write (a full disk, a file-size limit) leaves nothing
+        # in a buffer for close() or the garbage collector to try and fail again.
+        self._handle = self.path.open("wb" if fresh else "ab", buffering=0)
         self._rows = 0  # data rows written by this writer (error messages count from 1)
         if fresh and self.kind != "jsonl":
             self._write_text(self._encode([dict(zip(self.columns, self.columns, strict=True))]))
@@ -117,8 +119,9 @@ class TableWriter:
         return buffer.getvalue()
 
     def _write_text(self, text: str) -> None:
-        self._handle.write(text)
-        self._handle.flush()
+        data = memoryview(text.encode("utf-8"))
+        while data:  # a raw write may take only part of the bytes
+            data = data[self._handle.write(data) or 0 :]
         os.fsync(self._handle.fileno())
 
     def write(
@@ -214,12 +217,14 @@ def read_output(
 
 
 class ParquetTableWriter:
-    """Writes records to a Parquet file, one row group per ``write``; readable once closed.
+    """Writes Arrow tables to a Parquet file, one row group per ``write``; readable once
+    closed.
 
     Parameters
     ----------
     path : the ``.parquet`` output
-    schema : the pyarrow schema of every record (see :func:`table_schema`)
+    schema : the pyarrow schema of every table written (passthrough columns keep the
+        input's types, see :mod:`semsoft_plugin.app.file_plan`)
     """
 
     def __init__(self, path: str | Path, schema: Any) -> None:
@@ -229,15 +234,10 @@ class ParquetTableWriter:
         self.schema = schema
         self._writer = pq.ParquetWriter(self.path, schema)
 
-    def write(
-        self, records: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None
-    ) -> None:
-        """Write a batch as one row group (``names`` as in :meth:`TableWriter.write`;
-        pyarrow's own error names the column a value does not fit)."""
-        import pyarrow as pa
-
-        if records:
-            self._writer.write_table(pa.Table.from_pylist(list(records), schema=self.schema))
+    def write(self, table: Any, names: Sequence[str] | None = None) -> None:
+        """Write a batch (a ``pyarrow.Table`` of :attr:`schema`) as one row group."""
+        if table.num_rows:
+            self._writer.write_table(table)
 
     def close(self) -> None:
         self._writer.close()
@@ -249,23 +249,43 @@ class ParquetTableWriter:
         self.close()
 
 
-def open_table_writer(
-    path: str | Path,
-    columns: Sequence[str],
-    *,
-    append: bool,
-    records: Sequence[Mapping[str, Any]] = (),
-    added: Sequence[tuple[str, Any]] = (),
-) -> TableWriter | ParquetTableWriter:
-    """The writer for ``path``'s format: :class:`TableWriter` (CSV/TSV/JSONL), or
-    :class:`ParquetTableWriter` with the input ``records``' column types followed by
-    the ``added`` ``(name, pyarrow type)`` columns (Parquet cannot be appended to)."""
-    if table_format(path, role="output file") != "parquet":
-        return TableWriter(path, columns, append=append)
+def unholdable(kind: Any) -> str | None:
+    """The part of the pyarrow type ``kind`` that CSV, TSV and JSON lines cannot hold as
+    it is, or None when they can.
+
+    They hold text, booleans, integers and floats (JSON numbers: a float32 is written
+    as the exact double it is), and lists and structs of those (as JSON). Not held:
+    bytes (``binary``: JSON has no bytes), times, dates and durations (Python's
+    ``datetime`` stops at microseconds, so nanoseconds would be cut), decimals (no
+    exact JSON type), maps (they would come back as lists of pairs), unions and
+    extension types. A dictionary column is held when its values are.
+    """
     import pyarrow as pa
 
-    if append:
-        raise ValueError(f"--resume: {path} is Parquet, which cannot be continued")
-    names = {name for name, _ in added}
-    schema = table_schema(records, [c for c in columns if c not in names])
-    return ParquetTableWriter(path, pa.schema([*schema, *(pa.field(n, t) for n, t in added)]))
+    types = pa.types
+    if types.is_dictionary(kind):
+        return unholdable(kind.value_type)
+    if (
+        types.is_list(kind)
+        or types.is_large_list(kind)
+        or types.is_fixed_size_list(kind)
+        or types.is_list_view(kind)
+        or types.is_large_list_view(kind)
+    ):
+        return unholdable(kind.value_type)
+    if types.is_struct(kind):
+        return next(
+            (found for field in kind if (found := unholdable(field.type)) is not None), None
+        )
+    simple = (
+        types.is_null,
+        types.is_boolean,
+        types.is_integer,
+        types.is_floating,
+        types.is_string,
+        types.is_large_string,
+        types.is_string_view,
+    )
+    if isinstance(kind, pa.DataType) and any(test(kind) for test in simple):
+        return None
+    return str(kind)

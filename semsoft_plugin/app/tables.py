@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,15 @@ from typing import Any
 __all__ = [
     "INPUT_SUFFIXES",
     "OUTPUT_SUFFIXES",
+    "delimited_rows",
+    "jsonl_rows",
+    "located_rows",
     "read_arrow",
     "read_delimited",
     "read_jsonl",
     "read_lines",
     "read_parquet_records",
+    "read_parquet_table",
     "read_records",
     "read_text",
     "table_format",
@@ -112,19 +117,40 @@ def read_records(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"data file not found: {path}")
+    if table_format(path) == "parquet":
+        return read_parquet_records(path)
+    return [record for _, record in located_rows(path, encoding)]
+
+
+def located_rows(path: Path, encoding: str = "utf-8") -> list[tuple[int, dict[str, object]]]:
+    """``(line number, record)`` for each row of a CSV, TSV or JSONL file: the line
+    names a bad value in a message (``file:line``); Parquet has no lines, see
+    :func:`read_parquet_table`."""
+    path = Path(path)
     kind = table_format(path)
     if kind == "parquet":
-        return read_parquet_records(path)
+        raise ValueError(f"{path}: Parquet has no lines; read it with read_parquet_table")
+    if not path.is_file():
+        raise ValueError(f"data file not found: {path}")
     if kind == "jsonl":
-        return read_jsonl(path, encoding)
-    return read_delimited(path, "," if kind == "csv" else "\t", encoding)
+        return jsonl_rows(path, encoding)
+    return delimited_rows(path, "," if kind == "csv" else "\t", encoding)
 
 
 def read_jsonl(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]:
-    """The objects of a JSON-lines file, one per non-blank line.
+    """The objects of a JSON-lines file, one per non-blank line (see :func:`jsonl_rows`)."""
+    return [record for _, record in jsonl_rows(path, encoding)]
 
-    A line that is not a JSON object, or an object with a key twice (``json`` would
-    keep the last value and drop the first in silence), is refused naming the line.
+
+def jsonl_rows(path: Path, encoding: str = "utf-8") -> list[tuple[int, dict[str, object]]]:
+    """``(line number, object)`` for each non-blank line of a JSON-lines file.
+
+    Refused naming the line: a line that is not a JSON object, an object with a key
+    twice (``json`` would keep the last value and drop the first in silence), and a
+    string holding a lone surrogate (a ``"\\ud800"`` escape decodes to one; it cannot
+    be tokenised or written back as UTF-8, so it would fail the run later, after rows
+    were scored). Lines are split at newlines only: a raw U+2028 inside a JSON string
+    is text, not a line break. An empty file is refused.
     """
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -134,8 +160,12 @@ def read_jsonl(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]:
             raise _DuplicateKey(twice)
         return dict(pairs)
 
-    records = []
-    for number, line in enumerate(read_lines(path, encoding), start=1):
+    if not path.is_file():
+        raise ValueError(f"data file not found: {path}")
+    rows = []
+    for number, line in enumerate(read_text(path, encoding).split("\n"), start=1):
+        if not line.strip():
+            continue
         try:
             record = json.loads(line, object_pairs_hook=unique)
         except json.JSONDecodeError as error:
@@ -144,8 +174,38 @@ def read_jsonl(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]:
             raise ValueError(f"{path}:{number}: key(s) {error.args[0]} appear twice") from None
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{number}: each JSONL line must be an object")
-        records.append(record)
-    return records
+        bad = _surrogate_key(record)
+        if bad is not None:
+            raise ValueError(
+                f"{path}:{number}: {bad} holds a lone surrogate (an unpaired \\ud800-\\udfff "
+                "escape), which is not text: fix the line or drop it"
+            )
+        rows.append((number, record))
+    if not rows:
+        raise ValueError(f"data file {path} is empty")
+    return rows
+
+
+def _surrogate_key(value: Any, where: str = "") -> str | None:
+    """Where in a decoded JSON value a string holds a lone surrogate (``key 'text'``,
+    ``key 'a'[2]``), or None; paired escapes were already joined by the decoder."""
+    if isinstance(value, str):
+        return where or "a value" if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{where}[{key!r}]" if where else f"key {key!r}"
+            found = _surrogate_key(key, f"the name of {name}") or _surrogate_key(item, name)
+            if found:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _surrogate_key(item, f"{where}[{index}]")
+            if found:
+                return found
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _DuplicateKey(Exception):
@@ -153,7 +213,15 @@ class _DuplicateKey(Exception):
 
 
 def read_delimited(path: Path, delimiter: str, encoding: str = "utf-8") -> list[dict[str, object]]:
-    """The rows of a CSV/TSV file under its header, every row checked against it.
+    """The rows of a CSV/TSV file under its header (see :func:`delimited_rows`)."""
+    return [record for _, record in delimited_rows(path, delimiter, encoding)]
+
+
+def delimited_rows(
+    path: Path, delimiter: str, encoding: str = "utf-8"
+) -> list[tuple[int, dict[str, object]]]:
+    """``(line number, row)`` for each row of a CSV/TSV file under its header (the line
+    a row starts on: a quoted field may span lines), every row checked against it.
 
     Refused, naming the file and line: a header with an empty or repeated column name
     (a dict would drop one of the two columns); a row with more or fewer fields than
@@ -168,7 +236,7 @@ def read_delimited(path: Path, delimiter: str, encoding: str = "utf-8") -> list[
         io.StringIO(read_text(path, encoding), newline=""), delimiter=delimiter, strict=True
     )
     header: list[str] | None = None
-    records: list[dict[str, object]] = []
+    records: list[tuple[int, dict[str, object]]] = []
     start = 1
     while True:
         try:
@@ -194,7 +262,7 @@ def read_delimited(path: Path, delimiter: str, encoding: str = "utf-8") -> list[
                 f"{path}:{line}: {len(row)} field(s), the header has {len(header)} "
                 f"({header}); quote fields holding {delimiter!r}"
             )
-        records.append(dict(zip(header, row, strict=True)))
+        records.append((line, dict(zip(header, row, strict=True))))
     if not records:
         raise ValueError(f"data file {path} is empty (no rows under the header)")
     return records
@@ -216,15 +284,23 @@ def _check_header(path: Path, line: int, header: list[str]) -> None:
 
 def read_parquet_records(path: Path) -> list[dict[str, object]]:
     """The rows of a Parquet file as dicts (values in their Parquet types)."""
+    return list(read_parquet_table(path).to_pylist())
+
+
+def read_parquet_table(path: Path) -> Any:
+    """A Parquet file as one ``pyarrow.Table``; ``ValueError`` naming the file when it is
+    not readable or holds no rows."""
     import pyarrow.parquet as pq
 
+    if not Path(path).is_file():
+        raise ValueError(f"data file not found: {path}")
     try:
         table = pq.read_table(path)
     except Exception as error:  # pyarrow's ArrowInvalid and OSError name no file
         raise ValueError(f"data file {path}: not a readable Parquet file ({error})") from None
     if table.num_rows == 0:
         raise ValueError(f"data file {path} is empty (no rows)")
-    return table.to_pylist()
+    return table
 
 
 def table_schema(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Any:

@@ -1,0 +1,105 @@
+"""The settings record of a scored file, ``OUTPUT.semsoft.json`` beside it.
+
+It holds everything besides the texts that changes a written value (model, labels,
+prompt, configuration, batch size...), so that ``--resume`` can refuse to continue rows
+scored with other settings, by name; and, to reproduce a result, the package version and
+the published sha256 of a known model's weights (not compared on ``--resume``: a
+checkpoint directory is not hashed, it can be gigabytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["check_settings", "provenance", "run_settings", "settings_path", "write_settings"]
+
+
+def settings_path(output: str | Path) -> Path:
+    """The sidecar of an output file: ``OUTPUT.semsoft.json`` beside it."""
+    output = Path(output)
+    return output.with_name(output.name + ".semsoft.json")
+
+
+def run_settings(
+    args: argparse.Namespace, labels: list[str], template: Any, config: Any
+) -> dict[str, Any]:
+    """What a file's rows were scored with, flattened to dotted names (``config.k``):
+    everything besides the texts that changes a written value."""
+    from semsoft_plugin.engines.models import default_dtype
+
+    settings: dict[str, Any] = {
+        "model": args.model,
+        "backend": args.backend,
+        "dtype": default_dtype() if args.dtype == "auto" else args.dtype,
+        "engine_args": args.engine_args,
+        "labels": labels,
+        "batch_size": args.batch_size,
+        "max_text_tokens": args.max_text_tokens,
+        "review_below": args.review_below,
+        "text_column": args.text_column,
+        "column_prefix": args.column_prefix,
+    }
+    if args.backend == "vllm":  # transformers' dtype does not apply; engine_args does
+        settings["dtype"] = None
+    settings.update({f"prompt.{k}": v for k, v in template.to_dict().items()})
+    settings.update({f"config.{k}": v for k, v in config.to_dict().items()})
+    # Through JSON and back: what is compared is what the sidecar holds.
+    return dict(json.loads(json.dumps(settings)))
+
+
+def check_settings(output: Path, settings: dict[str, Any]) -> None:
+    """``--resume``: refuse to continue rows scored with other settings, by name."""
+    sidecar = settings_path(output)
+    try:
+        recorded = json.loads(sidecar.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(
+            f"--resume: {output} has no settings record {sidecar.name}, so its rows cannot be "
+            "checked against this run's settings: pass --overwrite to score it again"
+        ) from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--resume: {sidecar} is not readable JSON ({error})") from None
+    recorded = recorded.get("settings") if isinstance(recorded, dict) else None
+    if not isinstance(recorded, dict):
+        raise ValueError(f"--resume: {sidecar} holds no 'settings' object")
+    differ = [
+        k for k in sorted(set(recorded) | set(settings)) if recorded.get(k) != settings.get(k)
+    ]
+    if differ:
+        shown = "; ".join(
+            f"{k}: {json.dumps(recorded.get(k))} then, {json.dumps(settings.get(k))} now"
+            for k in differ[:4]
+        )
+        raise ValueError(
+            f"--resume: the rows in {output} were scored with other settings ({shown}); "
+            "resume with the same settings, or pass --overwrite"
+        )
+
+
+def provenance(model: str) -> dict[str, Any]:
+    """What identifies the code and weights beyond the settings: the package version
+    and, for a known model name, its weights' published sha256 (None for a directory)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from semsoft_plugin.engines.models import KNOWN_MODELS
+
+    try:
+        package = version("semsoft-plugin")
+    except PackageNotFoundError:
+        package = None
+    source = KNOWN_MODELS.get(model)
+    return {"semsoft_plugin": package, "model_sha256": source.sha256 if source else None}
+
+
+def write_settings(output: Path, settings: dict[str, Any], made_with: dict[str, Any]) -> None:
+    """Record the settings (and :func:`provenance`) beside a new output, written whole
+    to a staged file and then renamed over the old record."""
+    sidecar = settings_path(output)
+    staged = sidecar.with_name(sidecar.name + ".tmp")
+    body = {"semsoft_classify": 1, "settings": settings, "provenance": made_with}
+    staged.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(staged, sidecar)
