@@ -4,7 +4,7 @@ A config is a small JSON file (:meth:`SemsoftConfig.save` and ``semsoft tune`` w
 ``--config`` reads it; fields left out keep their defaults). The defaults::
 
     {"k": 50, "tau": 0.0, "center": true, "own_vote": true, "normalize_votes": true,
-     "temperature": 1.0, "residual": true, "tau_quantile": null, "semantic_weight": 0.3,
+     "temperature": 1.0, "residual": true, "tau_quantile": null, "semantic_weight": 0.0,
      "nearest_vote": false}
 """
 
@@ -27,7 +27,11 @@ DEFAULT_OWN_VOTE = True
 DEFAULT_NORMALIZE_VOTES = True
 DEFAULT_RESIDUAL = True
 DEFAULT_TAU_QUANTILE: float | None = None
-DEFAULT_SEMANTIC_WEIGHT = 0.3
+# 0: the default is the constrained softmax. No label-free setting, the semantic pool
+# or the file mode, did no harm on every kind of data left out of its choice
+# (docs/defaults.md); the pool is SemsoftConfig.pooled(), one name away.
+DEFAULT_SEMANTIC_WEIGHT = 0.0
+POOLED_SEMANTIC_WEIGHT = 0.3
 DEFAULT_NEAREST_VOTE = False
 
 MAX_K = 4096
@@ -71,9 +75,11 @@ class SemsoftConfig:
         as a log-linear pool: ``P ∝ P_con^(1 - a) · P_sem^a``. ``1`` is the semantic
         distribution alone (the paper), ``0`` the constrained softmax. The semantic
         votes are a noisy estimate of the model's preference (a few kept tokens, a
-        cosine as weight), so a weight below 1 is a shrinkage. ``a = 0.3`` is the
-        leave-one-kind-out choice of ``benchmarks/choose_defaults.py`` (the same on
-        every fold, both dev models; docs/defaults.md gives where it still misses).
+        cosine as weight), so a weight below 1 is a shrinkage. The default ``0`` is
+        the constrained softmax: no label-free weight did no harm on every kind of data
+        left out of its choice (``benchmarks/choose_defaults.py``, docs/defaults.md).
+        :meth:`pooled` (``a = 0.3``) helps the over-confident kinds (emotions, question
+        types) and costs a little on accurate ones (news topics, abuse).
     nearest_vote : bool
         With ``residual``: a kept token votes for its *nearest* label only, and claims
         the share of its mass given by its margin over the second nearest label,
@@ -134,6 +140,13 @@ class SemsoftConfig:
             semantic_weight=1.0,
             nearest_vote=False,
         )
+
+    @classmethod
+    def pooled(cls, *, k: int = 50) -> SemsoftConfig:
+        """The semantic pool, label-free: the residual votes pooled with the constrained
+        softmax at ``semantic_weight = 0.3`` (the default until the constrained softmax
+        replaced it; docs/defaults.md says on which kinds of data it helps)."""
+        return cls(k=k, semantic_weight=POOLED_SEMANTIC_WEIGHT)
 
     @classmethod
     def shared_votes(cls, *, k: int = 50) -> SemsoftConfig:
