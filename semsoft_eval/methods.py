@@ -29,7 +29,7 @@ import torch
 from semsoft_eval import calibrate
 from semsoft_eval.backends import Backend
 from semsoft_eval.forward import Forward
-from semsoft_plugin.core.calibration import batch_calibrate
+from semsoft_plugin.core.calibration import FileCalibration, batch_calibrate
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.softmax import SemanticSoftmax
@@ -213,6 +213,30 @@ def _semantic_fit(m: MethodInputs) -> MethodResult:
             m.config.semantic_weight if entry is None else configs[entry].semantic_weight
         )
     return m.derived(m.semantic(), probs, start, fold_choices=choices)
+
+
+@method("pooled", "the semantic pool, label-free: SemsoftConfig.pooled() (a = 0.3)")
+def _pooled(m: MethodInputs) -> MethodResult:
+    return m.score(SemsoftConfig.pooled(k=m.config.k))
+
+
+def _file_mode(m: MethodInputs, base: MethodResult) -> MethodResult:
+    """The file mode: the bias of the evaluated items as one file, applied row by row."""
+    start = time.perf_counter()
+    # Any run size: an evaluation measures the mode on whatever file it is given (the
+    # CLI's floor of 32 rows protects a user's file, not a measurement).
+    correction = FileCalibration.estimate(base.probs, min_rows=2)
+    return m.derived(base, correction.apply(base.probs), start, bias=list(correction.bias))
+
+
+@method("constrained-file", "the file mode (the items' mean as the label bias) on constrained")
+def _constrained_file(m: MethodInputs) -> MethodResult:
+    return _file_mode(m, m.constrained())
+
+
+@method("pooled-file", "the file mode on the semantic pool (SemsoftConfig.pooled())")
+def _pooled_file(m: MethodInputs) -> MethodResult:
+    return _file_mode(m, _pooled(m))
 
 
 @method("semantic-batch", "semantic, then batch calibration (divided by the mean over items)")
