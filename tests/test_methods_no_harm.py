@@ -274,7 +274,7 @@ def test_contextual_classifier_divides_out_the_content_free_bias(model_and_token
     np.testing.assert_allclose(got.constrained, base.constrained)  # the baseline is reported as is
     assert got.label == [calibrated.classes_[i] for i in got.probs.argmax(1)]
     with pytest.raises(ValueError, match="calibrate='mean'"):
-        Classifier(model, tokenizer, ["positive", "negative"], calibrate="mean")
+        Classifier(model, tokenizer, ["positive", "negative"], calibrate="mean").predict(["x"])
     batch = Classifier(model, tokenizer, ["positive", "negative"], calibrate="batch")
     with pytest.raises(ValueError, match="at least 16 texts per call, got 3"):
         batch.predict_proba(texts)
