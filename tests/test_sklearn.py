@@ -345,3 +345,17 @@ def test_labels_from_fit(clf):
     assert list(est.classes_) == list(np.unique(Y)) and est.labels_ == ("negative", "positive")
     with pytest.raises(ValueError, match=r"y\[0\] = 1 is a int, not a label name"):
         Classifier(MODEL, **FIXED, **F32).fit(TEXTS[:2], [1, 0])
+
+
+@pytest.mark.slow
+def test_a_vllm_classifier_clones_and_searches_on_one_engine(llm):
+    """A ``vllm.LLM`` given as the model: clones and search candidates use that engine
+    (no second engine), and the rows match the transformers classifier's in float32."""
+    base = Classifier(llm, None, LABELS, **FIXED)
+    copy = clone(base)
+    assert copy.model is llm and copy._setup().loaded.backend == "vllm"
+    search = GridSearchCV(base, {"semantic_weight": [0.0, 1.0]}, scoring="neg_log_loss", cv=2)
+    search.fit(TEXTS[:8], Y[:8])
+    assert search.best_estimator_.model is llm
+    want = Classifier(MODEL, labels=LABELS, **F32).predict_proba(TEXTS[:4])
+    np.testing.assert_allclose(copy.predict_proba(TEXTS[:4]), want, atol=2e-3)

@@ -42,7 +42,7 @@ from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate, b
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BACKENDS", "Classifier", "NotFittedError"]
+__all__ = ["BACKENDS", "Classifier", "NotFittedError", "checked_settings"]
 
 BACKENDS = handles.BACKENDS
 CALIBRATIONS = (None, "contextual", "batch")
@@ -325,12 +325,6 @@ class Classifier(EstimatorProtocol):
             )
         return list(self.labels_)
 
-    def _start_config(self) -> SemsoftConfig:
-        if self.config is not None and not isinstance(self.config, SemsoftConfig):
-            raise ValueError(f"config must be a SemsoftConfig or None, got {self.config!r}")
-        own = {"k": self.k, "semantic_weight": self.semantic_weight}
-        return (self.config or SemsoftConfig()).replace(**own, temperature=self.temperature)
-
     def _setup(self, names: list[str] | None = None) -> _Setup:
         """The loaded model, label set, prompt and settings, checked; cached per label
         list until a parameter is assigned."""
@@ -343,15 +337,7 @@ class Classifier(EstimatorProtocol):
         return setup
 
     def _build_setup(self, names: list[str]) -> _Setup:
-        _check_options(self)
-        prompt = self.prompt
-        if isinstance(prompt, str):
-            prompt = PromptTemplate(user=prompt)
-        if prompt is not None and not isinstance(prompt, PromptTemplate):
-            raise ValueError(
-                f"prompt must be a PromptTemplate or a str, got {type(prompt).__name__}"
-            )
-        config = self._start_config()
+        prompt, config = checked_settings(self)
         loaded = handles.loaded(
             self.model, self.tokenizer, backend=self.backend, dtype=self.dtype,
             engine_args=self.engine_args, k=config.k,
@@ -362,7 +348,6 @@ class Classifier(EstimatorProtocol):
             label_set = self.labels
         else:
             label_set = LabelSet(names, loaded.tokenizer)
-        prompt = prompt or DEFAULT_TEMPLATE
         fitter = TextFitter(
             loaded.tokenizer, prompt, names, context=loaded.context_length(),
             max_text_tokens=self.max_text_tokens, truncate=bool(self.truncate),
@@ -482,8 +467,10 @@ class Classifier(EstimatorProtocol):
         return classify(model, tokenizer, inputs, setup.labels, **{**own, **options})
 
 
-def _check_options(clf: Classifier) -> None:
-    """The scoring options' values, each refused by name."""
+def checked_settings(clf: Classifier) -> tuple[PromptTemplate, SemsoftConfig]:
+    """The prompt and Semantic Softmax settings ``clf``'s parameters name, with every
+    parameter that needs no model checked (each refused by name): what ``fit`` and
+    ``predict*`` check first, and what a caller can check before a model loads."""
     n = clf.max_text_tokens
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"max_text_tokens={n!r} must be a positive int")
@@ -498,3 +485,12 @@ def _check_options(clf: Classifier) -> None:
         raise ValueError(f"fit_grid={clf.fit_grid!r} must be a mapping field -> values")
     if clf.engine_args is not None and not isinstance(clf.engine_args, Mapping):
         raise ValueError(f"engine_args={clf.engine_args!r} must be a mapping or None")
+    prompt = clf.prompt
+    if isinstance(prompt, str):
+        prompt = PromptTemplate(user=prompt)
+    if prompt is not None and not isinstance(prompt, PromptTemplate):
+        raise ValueError(f"prompt must be a PromptTemplate or a str, got {type(prompt).__name__}")
+    if clf.config is not None and not isinstance(clf.config, SemsoftConfig):
+        raise ValueError(f"config must be a SemsoftConfig or None, got {clf.config!r}")
+    own = {"k": clf.k, "semantic_weight": clf.semantic_weight, "temperature": clf.temperature}
+    return prompt or DEFAULT_TEMPLATE, (clf.config or SemsoftConfig()).replace(**own)
