@@ -68,7 +68,7 @@ def _score(clf: Any, texts: list[str], gold: list[str]) -> dict[str, Any]:
     columns = list(details.labels)
     constrained = [columns[i] for i in np.argmax(details.constrained, axis=1)]
     labels = list(details.label)
-    first = clf.labels.names[0]
+    first = list(clf.labels)[0]
     return {
         "rows": len(texts),
         "accuracy": float(np.mean([p == g for p, g in zip(labels, gold, strict=True)])),

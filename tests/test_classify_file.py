@@ -392,12 +392,15 @@ def test_classifier_rejects_bad_input(model_and_tokenizer):
         clf.predict_proba("one text")
     with pytest.raises(ValueError, match=r"texts\[1\] = '  '"):
         clf.predict_proba(["fine", "  "])
+    # Settings are checked where they are used (scikit-learn's rule), before any text is scored.
     with pytest.raises(ValueError, match="batch_size=0"):
-        Classifier(model, tokenizer, LABELS, batch_size=0)
+        Classifier(model, tokenizer, LABELS, batch_size=0).predict(["fine"])
     with pytest.raises(ValueError, match="tokenizer is None"):
-        Classifier(model, None, LABELS)
+        Classifier(model, None, LABELS).predict(["fine"])
     with pytest.raises(ValueError, match="prompt template must contain"):
-        Classifier(model, tokenizer, LABELS, prompt="no placeholder")
+        Classifier(model, tokenizer, LABELS, prompt="no placeholder").predict(["fine"])
+    with pytest.raises(ValueError, match="batch_size=0"):
+        Classifier.from_pretrained("smollm2-135m", LABELS, batch_size=0)
     assert clf.predict_proba([]).shape == (0, 2)
 
 

@@ -188,8 +188,8 @@ def fitted(default_checkpoint):
 
     model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
     texts, y = _sst2(40)
-    clf = Classifier(model, tokenizer, sorted(set(y)), batch_size=8)
-    clf.fit(texts, y, margin=0.0)
+    clf = Classifier(model, tokenizer, sorted(set(y)), batch_size=8, margin=0.0)
+    assert clf.fit(texts, y) is clf
     return clf, texts, y
 
 
@@ -197,7 +197,7 @@ def fitted(default_checkpoint):
 def test_fit_on_a_small_real_set_picks_a_valid_config(fitted) -> None:
     clf, texts, _ = fitted
     cfg = clf.fitted_config_
-    assert isinstance(cfg, SemsoftConfig) and cfg is clf.config
+    assert isinstance(cfg, SemsoftConfig) and clf.config is None  # the parameter is kept
     result = clf.fit_result_
     assert result.n == 40 and result.n_folds == 5
     assert result.fitted.semantic_weight in fitting.DEFAULT_WEIGHTS
@@ -209,9 +209,10 @@ def test_fit_on_a_small_real_set_picks_a_valid_config(fitted) -> None:
     # The fit's own scores (compact grid over the kept pass) are what predict_proba gives.
     probs = clf.predict_proba(texts[:8])
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-9)
-    kept = clf._kept(clf.inputs(texts[:8]), cfg.k)
-    mine, _ = grid_probs(kept, clf._embeddings(), clf.labels, [cfg])
-    order = [list(clf.labels.names).index(c) for c in clf.classes_]
+    setup = clf._setup()
+    kept = clf._kept(setup, clf.inputs(texts[:8]), cfg.k)
+    mine, _ = grid_probs(kept, setup.loaded.embeddings(), setup.labels, [cfg])
+    order = [list(clf.labels).index(c) for c in clf.classes_]
     np.testing.assert_allclose(probs, mine[0][:, order], atol=2e-5)
 
 
@@ -245,7 +246,7 @@ def test_fit_round_trip_through_a_config_file_into_a_vllm_request(fitted, tmp_pa
     config.save(path)
     loaded = SemsoftConfig.load(path)
     assert loaded == config
-    labels = list(clf.labels.names)
+    labels = list(clf.labels)
     params = sampling_params(labels, config=loaded, mode="observe")
     parsed = parse_request(params.extra_args)
     assert parsed is not None and parsed.config == config

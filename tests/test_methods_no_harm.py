@@ -263,9 +263,9 @@ def test_contextual_classifier_divides_out_the_content_free_bias(model_and_token
     # The bias is the plain classifier's mean over the content-free inputs, by hand.
     from semsoft_plugin.engines.prompting import build_inputs
 
-    cf = plain._score(
-        build_inputs(plain.prompt, list(CONTENT_FREE), ["positive", "negative"], tokenizer)
-    )[0]
+    setup = plain._setup()
+    inputs = build_inputs(setup.prompt, list(CONTENT_FREE), ["positive", "negative"], tokenizer)
+    cf = [r.probs for r in plain._classify(setup, inputs)]
     bias = np.array([[d[c] for c in plain.classes_] for d in cf]).mean(0)
     np.testing.assert_allclose(calibrated.content_free_bias(), bias, atol=1e-6)
     got = calibrated.predict_details(texts)
@@ -274,7 +274,7 @@ def test_contextual_classifier_divides_out_the_content_free_bias(model_and_token
     np.testing.assert_allclose(got.constrained, base.constrained)  # the baseline is reported as is
     assert got.label == [calibrated.classes_[i] for i in got.probs.argmax(1)]
     with pytest.raises(ValueError, match="calibrate='mean'"):
-        Classifier(model, tokenizer, ["positive", "negative"], calibrate="mean")
+        Classifier(model, tokenizer, ["positive", "negative"], calibrate="mean").predict(["x"])
     batch = Classifier(model, tokenizer, ["positive", "negative"], calibrate="batch")
     with pytest.raises(ValueError, match="at least 16 texts per call, got 3"):
         batch.predict_proba(texts)

@@ -1,20 +1,23 @@
-"""``Classifier``: a scikit-learn-shaped estimator over a zero-shot LLM classifier.
+"""``Classifier``: a scikit-learn estimator over a zero-shot LLM classifier.
 
 One object holds the model, the labels, the prompt and the Semantic Softmax settings;
 ``predict_proba(texts)`` returns an ``[N, L]`` float64 array whose rows sum to one, in
 the order of ``classes_``, so scikit-learn's metrics take it unchanged::
 
-    clf = Classifier.from_pretrained("default", ["positive", "negative"])
+    clf = Classifier("default", labels=["positive", "negative"])
     log_loss(y, clf.predict_proba(texts), labels=clf.classes_)
 
-It is the one way the project scores texts: ``semsoft classify`` (one text or a whole
-file) goes through it, and it goes through the engine adapters' batch functions,
-:func:`semsoft_plugin.engines.hf.classify` (transformers) and
-:func:`semsoft_plugin.engines.vllm.classify_vllm` (a ``vllm.LLM``), so the batching, padding
-and scoring live in one place per engine. Both run the same forward pass as
-``semsoft eval``: the decision step is the first token after the prompt's answer
-prefix, and only that step is computed (observe mode, one new token), since the
-calibrated label is the argmax of the scores it yields.
+It is a scikit-learn estimator (``clone``, ``Pipeline``, ``GridSearchCV`` over its
+settings with any scorer) without importing scikit-learn: the protocol is written out in
+:mod:`semsoft_plugin.app.estimator`, and the model is a parameter that copies cheaply (a
+name loaded once per process, or a loaded model shared by reference:
+:mod:`semsoft_plugin.app.handles`), so no copy of the classifier copies the weights.
+
+It is the one way the project scores texts (``semsoft classify`` goes through it), through
+the adapters' batch functions, :func:`semsoft_plugin.engines.hf.classify` and
+:func:`semsoft_plugin.engines.vllm.classify_vllm`, so batching, padding and scoring live in
+one place per engine. Both run ``semsoft eval``'s forward pass: the decision step (the
+first token after the answer prefix) only, whose scores decide the calibrated label.
 
 No engine is imported until a method needs it, nor numpy (which the estimator's
 outputs are): ``import semsoft_plugin`` stays torch-only.
@@ -23,69 +26,84 @@ outputs are): ``import semsoft_plugin`` stays torch-only.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from semsoft_plugin.app import handles
+from semsoft_plugin.app.estimator import EstimatorProtocol
 from semsoft_plugin.app.predictions import Predictions, probability_rows
-from semsoft_plugin.app.texts import text_list, token_prefixes
+from semsoft_plugin.app.texts import TextFitter, target_list, text_list
 from semsoft_plugin.core.calibration import CONTENT_FREE, batch_calibrate, debias
 from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.labels import LabelSet, label_names
 from semsoft_plugin.core.result import LabelResult
-from semsoft_plugin.engines.prompting import (
-    DEFAULT_TEMPLATE,
-    PromptTemplate,
-    build_inputs,
-    encode_prompts,
-    format_prompt,
-)
+from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BACKENDS", "Classifier"]
+__all__ = ["BACKENDS", "Classifier", "NotFittedError", "checked_settings"]
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = handles.BACKENDS
 CALIBRATIONS = (None, "contextual", "batch")
 # Batch calibration divides by the batch's mean distribution: over a handful of texts
 # that mean is mostly the texts' own content, not the prompt's bias.
 MIN_BATCH_CALIBRATION = 16
 
 
-def _is_vllm(model: Any) -> bool:
-    return type(model).__module__.split(".")[0] == "vllm" and hasattr(model, "llm_engine")
+class NotFittedError(ValueError, AttributeError):
+    """Used before ``fit`` where the labels come from ``fit`` (``labels=None``); a
+    ``ValueError`` and an ``AttributeError``, as scikit-learn's own ``NotFittedError``."""
 
 
-class Classifier:
-    """Calibrated zero-shot classification of texts by an LLM, scikit-learn style.
+@dataclass(frozen=True)
+class _Setup:
+    """What the parameters resolve to for one label list, checked; rebuilt when a
+    parameter is assigned (:meth:`EstimatorProtocol._cache`)."""
+
+    loaded: handles.Loaded
+    labels: LabelSet
+    prompt: PromptTemplate
+    config: SemsoftConfig
+    fitter: TextFitter
+
+
+class Classifier(EstimatorProtocol):
+    """Calibrated zero-shot classification of texts by an LLM, a scikit-learn estimator.
+
+    Parameters are stored as given and checked where they are used (``fit``,
+    ``predict*``; :meth:`from_pretrained` checks them and loads the model at once), as
+    scikit-learn requires of an estimator.
 
     Parameters
     ----------
-    model : a transformers causal LM, or a ``vllm.LLM`` (scored through
+    model : a model name (``"default"``, ``"smollm2-135m"``) or checkpoint directory, as
+        :func:`semsoft_plugin.engines.models.resolve` finds it, loaded on first use and
+        shared by every classifier naming it in this process; or a loaded transformers
+        causal LM or ``vllm.LLM`` (scored through
         :func:`~semsoft_plugin.engines.vllm.classify_vllm`; the engine needs
-        ``max_logprobs >= k``)
-    tokenizer : the model's tokenizer; ``None`` for a ``vllm.LLM`` (its own is used)
-    labels : label names (scored as leading-space whole words after the answer
-        prefix; listed in this order in the prompt's ``{labels}``); with transformers
-        also a ready :class:`~semsoft_plugin.core.labels.LabelSet`. ``classes_`` holds them
-        sorted and every output's columns follow ``classes_``: scikit-learn's metrics
-        assume probability columns in sorted label order (``log_loss`` warns and
-        misreads them otherwise).
+        ``max_logprobs >= k``), shared by reference with every clone
+    tokenizer : a loaded transformers model's tokenizer; ``None`` for a name or a
+        ``vllm.LLM`` (its own is used)
+    labels : label names, any ordered sequence (list, tuple, numpy array such as another
+        estimator's ``classes_``, ``dict_keys``; not a set, which has no order), scored as
+        leading-space whole words after the answer prefix and listed in this order in the
+        prompt's ``{labels}``; with transformers also a ready
+        :class:`~semsoft_plugin.core.labels.LabelSet`; ``None``: the sorted labels of
+        ``y`` in :meth:`fit`. ``classes_`` holds them sorted and every output's columns
+        follow ``classes_``: scikit-learn's metrics assume probability columns in sorted
+        label order (``log_loss`` warns and misreads them otherwise).
     prompt : a :class:`~semsoft_plugin.engines.prompting.PromptTemplate`, or a user message with
         ``{text}`` (and optionally ``{labels}``) and the default answer prefix
         ``"Answer:"``; default: the prompt of ``semsoft classify``
     config : Semantic Softmax settings (e.g. ``SemsoftConfig.load`` of a ``semsoft
-        tune`` file); keyword ``overrides`` change single fields
+        tune`` file); default ``SemsoftConfig()``
+    k, semantic_weight, temperature : override these fields of ``config`` (``None``: the
+        config's): the settings a search varies (``GridSearchCV`` over
+        ``semantic_weight``)
     batch_size : texts per forward pass (transformers; vLLM schedules its own)
     progress : show the adapter's progress bar (default: when there is more than one
         batch)
-    max_text_tokens : at most this many tokens of each text are scored (a cost bound);
-        default: as many as the model's context holds with the prompt around them
-    truncate : what to do with a text longer than that: ``True`` (default) keeps its
-        first tokens, cut at a token boundary, and reports the number of tokens dropped
-        in ``Predictions.truncated``; ``False`` refuses it (``ValueError`` naming its
-        index and length). A text is never scored at positions the model was not
-        trained for: the context is ``max_position_embeddings`` (transformers) or the
-        engine's ``max_model_len`` (vLLM), less the one decision token.
     calibrate : ``None``, ``"batch"`` or ``"contextual"``: also divide out the prompt's
         label bias, estimated as the mean distribution of the texts of each call (batch
         calibration, Zhou et al., 2024; no extra pass, at least 16 texts a call; it
@@ -94,115 +112,123 @@ class Classifier:
         :meth:`content_free_bias`: three forward passes per classifier)
     exact_head : transformers: compute the decision step's logits with a float32 head
         (:func:`~semsoft_plugin.engines.hf.float32_head`) when the model is bf16/fp16, so
-        different texts do not tie on bf16's coarse grid (a vLLM engine built by
-        :meth:`from_pretrained` runs its head in float32 the same way)
+        different texts do not tie on bf16's coarse grid (a vLLM engine loaded by name
+        runs its head in float32 the same way)
+    max_text_tokens : at most this many tokens of each text are scored (a cost bound);
+        default: as many as the model's context holds with the prompt around them
+    truncate : what to do with a text longer than that: ``True`` (default) keeps its
+        first tokens, cut at a token boundary, and reports the number of tokens dropped
+        in ``Predictions.truncated``; ``False`` refuses it (``ValueError`` naming its
+        index and length). A text is never scored at positions the model was not
+        trained for: the context is ``max_position_embeddings`` (transformers) or the
+        engine's ``max_model_len`` (vLLM), less the one decision token.
+    backend : a named model's engine, ``"hf"`` (transformers, the default) or ``"vllm"``
+        (a ``vllm.LLM`` built with the plugin and ``max_logprobs = k``); a loaded model's
+        is its own
+    dtype : a named transformers model's weights (``"auto"``: bf16 where the CPU has
+        native bf16, else float32: ``models.default_dtype()``)
+    engine_args : a named vLLM model's ``vllm.LLM`` arguments, e.g.
+        ``{"tensor_parallel_size": 4}``; the head runs in float32 unless ``hf_overrides``
+        sets another ``head_dtype``
+    fit_grid : what :meth:`fit` searches: config field -> values (default:
+        ``semantic_weight`` over 0, 0.1, ..., 1; ``{}``: nothing)
+    fit_temperature : whether :meth:`fit` also fits a final temperature. With
+        ``fit_grid={}`` and ``fit_temperature=False`` fit only reads the labels, as a
+        search over this classifier's own settings wants (``GridSearchCV`` over
+        ``semantic_weight`` or ``temperature``)
+    n_folds, margin, random_state : :meth:`fit`'s rule: the start is kept unless the fit
+        beats it by ``margin`` standard errors of out-of-fold NLL over ``n_folds``
+        stratified folds (fold seed ``random_state``; :mod:`semsoft_plugin.core.fitting`)
+
+    Attributes
+    ----------
+    classes_ : the label names sorted (available before ``fit`` when ``labels`` is given)
+    labels_ : after ``fit``: the label names, in prompt order
+    fitted_config_ : after ``fit``: the :class:`SemsoftConfig` every prediction uses
+    fit_result_ : after ``fit``: what the fit chose and why (``None`` if it searched
+        nothing)
     """
+
+    _shared_params = ("model", "tokenizer")
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
-        labels: Sequence[str] | LabelSet,
+        model: Any = "default",
+        tokenizer: Any = None,
+        labels: Sequence[str] | LabelSet | None = None,
         *,
         prompt: PromptTemplate | str | None = None,
         config: SemsoftConfig | None = None,
+        k: int | None = None,
+        semantic_weight: float | None = None,
+        temperature: float | None = None,
         batch_size: int = 8,
         progress: bool | None = False,
         calibrate: str | None = None,
         exact_head: bool = True,
         max_text_tokens: int | None = None,
         truncate: bool = True,
-        **overrides: Any,
+        backend: str | None = None,
+        dtype: str = "auto",
+        engine_args: Mapping[str, Any] | None = None,
+        fit_grid: Mapping[str, Sequence[Any]] | None = None,
+        fit_temperature: bool = True,
+        n_folds: int = 5,
+        margin: float = 1.0,
+        random_state: int = 0,
     ) -> None:
-        if max_text_tokens is not None and (
-            isinstance(max_text_tokens, bool)
-            or not isinstance(max_text_tokens, int)
-            or max_text_tokens < 1
-        ):
-            raise ValueError(f"max_text_tokens={max_text_tokens!r} must be a positive int")
-        if calibrate not in CALIBRATIONS:
-            raise ValueError(f"calibrate={calibrate!r} must be one of {CALIBRATIONS}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be a positive int")
-        self.backend = "vllm" if _is_vllm(model) else "hf"
-        if tokenizer is None:
-            if self.backend != "vllm":
-                raise ValueError("tokenizer is None: give the model's tokenizer")
-            tokenizer = model.get_tokenizer()
-        if isinstance(labels, LabelSet):
-            if self.backend == "vllm":
-                raise ValueError("a vLLM Classifier takes label names, not a LabelSet")
-            label_set = labels
-        else:
-            # Built once here: bad labels fail now, and every batch reuses the set.
-            label_set = LabelSet(labels, tokenizer)
-        if isinstance(prompt, str):
-            prompt = PromptTemplate(user=prompt)
-        if prompt is not None and not isinstance(prompt, PromptTemplate):
-            raise ValueError(
-                f"prompt must be a PromptTemplate or a str, got {type(prompt).__name__}"
-            )
         self.model = model
         self.tokenizer = tokenizer
-        self.labels = label_set
-        self.prompt: PromptTemplate = prompt or DEFAULT_TEMPLATE
-        self.config = (config or SemsoftConfig()).replace(**overrides)
-        # What fit() starts from, however often it runs (fit replaces self.config).
-        self.start_config = self.config
+        self.labels = labels
+        self.prompt = prompt
+        self.config = config
+        self.k = k
+        self.semantic_weight = semantic_weight
+        self.temperature = temperature
         self.batch_size = batch_size
         self.progress = progress
-        self._classes = tuple(sorted(label_set.names))
         self.calibrate = calibrate
         self.exact_head = exact_head
         self.max_text_tokens = max_text_tokens
-        self.truncate = bool(truncate)
-        self._bias: np.ndarray | None = None
-        self._overhead: int | None = None
+        self.truncate = truncate
+        self.backend = backend
+        self.dtype = dtype
+        self.engine_args = engine_args
+        self.fit_grid = fit_grid
+        self.fit_temperature = fit_temperature
+        self.n_folds = n_folds
+        self.margin = margin
+        self.random_state = random_state
 
     @classmethod
     def from_pretrained(
-        cls,
-        model: str = "default",
-        labels: Sequence[str] = (),
-        *,
-        backend: str = "hf",
-        engine_args: Mapping[str, Any] | None = None,
-        dtype: str = "auto",
-        **kwargs: Any,
+        cls, model: str = "default", labels: Sequence[str] | None = None, **kwargs: Any
     ) -> Classifier:
-        """A classifier on a model by name (``"default"``, ``"qwen2.5-coder-1.5b"``) or
-        checkpoint directory, as :func:`semsoft_plugin.engines.models.resolve` finds it.
+        """A classifier on a model by name or checkpoint directory, its settings checked
+        and the model loaded now (so a bad option or label fails before any text).
 
         Parameters
         ----------
-        backend : ``"hf"`` (transformers; ``dtype`` of the weights, default
-            ``models.default_dtype()``: bf16 where the CPU has native bf16, else float32) or ``"vllm"`` (a ``vllm.LLM`` built
-            with the plugin and ``max_logprobs = k``; ``engine_args`` go to it, e.g.
-            ``{"tensor_parallel_size": 4}`` or ``{"dtype": "float32"}``; the head runs in
-            float32 unless ``hf_overrides`` sets another ``head_dtype``)
-        **kwargs : the constructor's keywords (``prompt``, ``config``, ``batch_size``, ...)
+        model, labels, **kwargs : the constructor's (``backend``, ``dtype``,
+            ``engine_args``, ``prompt``, ``config``, ``batch_size``, ...)
         """
-        from semsoft_plugin.engines import models
+        classifier = cls(model, None, labels, **kwargs)
+        if labels is not None:
+            classifier._setup()
+        return classifier
 
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
-        if engine_args and backend != "vllm":
-            raise ValueError(f"engine_args {dict(engine_args)!r} apply only to backend='vllm'")
-        if backend == "hf":
-            loaded, tokenizer = models.load(model, dtype=dtype)
-            return cls(loaded, tokenizer, labels, **kwargs)
-        from vllm import LLM
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's tags (scikit-learn >= 1.6): a classifier of texts (1-D string
+        input), multiclass, usable before ``fit`` when the labels are given."""
+        from sklearn.utils import ClassifierTags, InputTags, Tags, TargetTags
 
-        from semsoft_plugin.core.request import ENTRY_POINT
-
-        k = (kwargs.get("config") or SemsoftConfig()).replace(k=kwargs.get("k")).k
-        args = {"max_logprobs": k, **dict(engine_args or {})}
-        # The decision step's logits from a float32 head (vLLM's own option): in bf16 they
-        # fall on a coarse grid, so different texts tie and scores move with the batch.
-        args["hf_overrides"] = {"head_dtype": "float32", **dict(args.get("hf_overrides") or {})}
-        # If the entry point is installed too, the second copy of the processor stands down.
-        llm = LLM(str(models.resolve(model)), logits_processors=[ENTRY_POINT], **args)
-        return cls(llm, None, labels, **kwargs)
+        return Tags(
+            estimator_type="classifier",
+            target_tags=TargetTags(required=True),
+            classifier_tags=ClassifierTags(),
+            input_tags=InputTags(one_d_array=True, two_d_array=False, string=True),
+            requires_fit=self.labels is None,
+        )
 
     # -- scikit-learn surface -------------------------------------------------
     @property
@@ -211,7 +237,7 @@ class Classifier:
         :meth:`predict_proba`, as scikit-learn expects."""
         import numpy as np
 
-        return np.array(self._classes)
+        return np.array(sorted(self._names()))
 
     def predict_proba(self, texts: Iterable[str]) -> np.ndarray:
         """``[N, L]`` float64 calibrated probabilities (Semantic Softmax), rows sum to 1."""
@@ -223,70 +249,118 @@ class Classifier:
 
         return np.array(self.predict_details(texts).label)
 
-    def fit(
-        self,
-        texts: Sequence[str],
-        y: Sequence[str],
-        *,
-        grid: Mapping[str, Sequence[Any]] | None = None,
-        temperature: bool = True,
-        n_folds: int = 5,
-        margin: float = 1.0,
-        seed: int = 0,
-    ) -> Classifier:
+    def score(self, texts: Iterable[str], y: Iterable[str], sample_weight: Any = None) -> float:
+        """Accuracy of :meth:`predict` against ``y`` (scikit-learn's ``accuracy_score``,
+        what a classifier's ``score`` is; ``GridSearchCV`` uses it without a scorer)."""
+        from sklearn.metrics import accuracy_score
+
+        return float(accuracy_score(y, self.predict(texts), sample_weight=sample_weight))
+
+    def fit(self, texts: Iterable[str], y: Iterable[str]) -> Classifier:
         """Fit the settings to a few labelled texts (50-200 are enough); returns ``self``.
 
         One forward pass per text; then :func:`semsoft_plugin.core.fitting.fit_config` on the
-        kept decision-step scores: from the classifier's config (the label-free default
-        unless one was given), the pool weight ``semantic_weight`` over a grid and a final
-        ``temperature`` are fitted, and the start is *kept* unless the fit beats it by
-        ``margin`` standard errors of out-of-fold NLL (stratified ``n_folds`` folds), so
-        a few uninformative labels leave the classifier as it was.
+        kept decision-step scores: from the classifier's settings (``config`` with ``k``,
+        ``semantic_weight``, ``temperature``), the fields of ``fit_grid`` are searched and
+        a final temperature is fitted (``fit_temperature``), and the start is *kept*
+        unless the fit beats it by ``margin`` standard errors of out-of-fold NLL
+        (stratified ``n_folds`` folds), so a few uninformative labels leave the
+        classifier as it was. With nothing to search, no text is scored.
 
-        Afterwards :meth:`predict_proba` uses ``fitted_config_``, a plain
+        Afterwards the predictions use ``fitted_config_``, a plain
         :class:`SemsoftConfig`: ``fitted_config_.save(path)`` writes the file that
         ``--config``, ``SemsoftConfig.load`` and the vLLM per-request options take
         (``sampling_params(labels, config=...)`` / ``semsoft_*`` ``vllm_xargs``).
-        ``fit_result_`` says what was chosen and why.
+        ``fit_result_`` says what was chosen and why. The parameters are not changed.
 
         Parameters
         ----------
         texts : the labelled texts
-        y : their labels, elements of ``classes_``
-        grid : config field -> values searched (default: ``semantic_weight`` 0, 0.1, ..., 1)
-        temperature : also fit a final temperature
-        n_folds, margin, seed : the rule (see :mod:`semsoft_plugin.core.fitting`)
+        y : their labels, elements of ``classes_`` (with ``labels=None``: any strings,
+            which become the labels)
         """
         from semsoft_plugin.core import fitting
 
+        values = text_list(texts)
+        given = target_list(y, len(values))
+        names = label_names(sorted(set(given))) if self.labels is None else self._names()
+        index = {name: i for i, name in enumerate(names)}
+        unknown = [label for label in given if label not in index]
+        if unknown:
+            raise ValueError(f"y holds {unknown[0]!r}, which is not a label; labels: {names}")
+        setup = self._setup(names)
         if self.calibrate is not None:
             raise ValueError(
                 f"fit with calibrate={self.calibrate!r}: the fit scores the uncalibrated "
                 "probabilities; build the classifier with calibrate=None to fit it"
             )
-        names = list(self.labels.names)
-        index = {name: i for i, name in enumerate(names)}
-        given = [] if isinstance(y, str) else [str(label) for label in y]
-        if len(given) != len(texts):
-            raise ValueError(f"y must hold one label per text ({len(texts)}), got {len(given)}")
-        unknown = [label for label in given if label not in index]
-        if unknown:
-            raise ValueError(f"y holds {unknown[0]!r}, which is not a label; labels: {names}")
-        targets = [index[label] for label in given]
-        start = self.start_config
-        axes = {"semantic_weight": fitting.DEFAULT_WEIGHTS} if grid is None else dict(grid)
-        store_k = max(c.k for c in fitting.grid_configs(axes, start))
-        kept = self._kept(self.inputs(texts), store_k)
-        result = fitting.fit_config(
-            kept, self._embeddings(), self.labels, targets, start=start, grid=axes,
-            temperature=temperature, n_folds=n_folds, margin=margin, seed=seed,
-        )  # fmt: skip
+        for name in ("labels_", "fit_result_", "fitted_config_"):  # a refit starts afresh
+            self.__dict__.pop(name, None)
+        default = {"semantic_weight": fitting.DEFAULT_WEIGHTS}
+        axes = default if self.fit_grid is None else dict(self.fit_grid)
+        result = None
+        if axes or self.fit_temperature:
+            start = setup.config
+            store_k = max(c.k for c in fitting.grid_configs(axes, start))
+            kept = self._kept(setup, setup.fitter.prompts(values)[0], store_k)
+            result = fitting.fit_config(
+                kept, setup.loaded.embeddings(), setup.labels, [index[label] for label in given],
+                start=start, grid=axes, temperature=bool(self.fit_temperature),
+                n_folds=self.n_folds, margin=self.margin, seed=self.random_state,
+            )  # fmt: skip
+        self.labels_ = tuple(names)
         self.fit_result_ = result
-        self.fitted_config_ = result.config
-        self.config = result.config
+        self.fitted_config_ = setup.config if result is None else result.config
         return self
 
-    def _kept(self, inputs: list[Any], store_k: int) -> Any:
+    # -- the parameters, resolved --------------------------------------------
+    def _names(self) -> list[str]:
+        """The label names in prompt order: the ``labels`` parameter's, else fit's."""
+        if self.labels is not None:
+            return label_names(self.labels)
+        if "labels_" not in self.__dict__:
+            raise NotFittedError(
+                "labels=None: the labels come from fit(texts, y); fit the classifier or "
+                "give labels=[...]"
+            )
+        return list(self.labels_)
+
+    def _setup(self, names: list[str] | None = None) -> _Setup:
+        """The loaded model, label set, prompt and settings, checked; cached per label
+        list until a parameter is assigned."""
+        names = self._names() if names is None else names
+        cache = self._cache()
+        key = ("setup", tuple(names))
+        if key not in cache:
+            cache[key] = self._build_setup(names)
+        setup: _Setup = cache[key]
+        return setup
+
+    def _build_setup(self, names: list[str]) -> _Setup:
+        prompt, config = checked_settings(self)
+        loaded = handles.loaded(
+            self.model, self.tokenizer, backend=self.backend, dtype=self.dtype,
+            engine_args=self.engine_args, k=config.k,
+        )  # fmt: skip
+        if isinstance(self.labels, LabelSet):
+            if loaded.backend == "vllm":
+                raise ValueError("a vLLM Classifier takes label names, not a LabelSet")
+            label_set = self.labels
+        else:
+            label_set = LabelSet(names, loaded.tokenizer)
+        fitter = TextFitter(
+            loaded.tokenizer, prompt, names, context=loaded.context_length(),
+            max_text_tokens=self.max_text_tokens, truncate=bool(self.truncate),
+        )  # fmt: skip
+        return _Setup(loaded, label_set, prompt, config, fitter)
+
+    def _config(self, setup: _Setup) -> SemsoftConfig:
+        """The settings predictions use: fit's, else the parameters'."""
+        fitted: SemsoftConfig | None = self.__dict__.get("fitted_config_")
+        return setup.config if fitted is None else fitted
+
+    # -- scoring ----------------------------------------------------------------
+    def _kept(self, setup: _Setup, inputs: list[Any], store_k: int) -> Any:
         """The decision step's top ``store_k`` raw scores and every label token's
         (:class:`~semsoft_plugin.core.kept_scores.KeptScores`), from this classifier's engine."""
         import torch
@@ -294,103 +368,36 @@ class Classifier:
         from semsoft_plugin.core.kept_scores import KeptScores, compress, kept_from_top_logprobs
         from semsoft_plugin.core.kept_scores import label_token_ids as token_ids_of
 
-        token_ids = token_ids_of(self.labels)
-        if self.backend == "vllm":
-            results = self._classify(inputs, keep_logprobs=store_k, token_ids=token_ids)
+        token_ids = token_ids_of(setup.labels)
+        if setup.loaded.backend == "vllm":
+            results = self._classify(setup, inputs, keep_logprobs=store_k, token_ids=token_ids)
             return kept_from_top_logprobs(results, token_ids)
         # The fit keeps logits from hf.classify's default float32 head, as it always has.
-        classified = self._classify(inputs, keep_logits=True, exact_head=True)
+        classified = self._classify(setup, inputs, keep_logits=True, exact_head=True)
         rows = torch.stack([c.logits for c in classified if c.logits is not None])
         ids = torch.tensor(token_ids)
         top_ids, top_logits, label_logits = compress(rows, store_k, ids)
         return KeptScores(top_ids, top_logits, ids, label_logits)
 
-    def _embeddings(self) -> Any:
-        if self.backend == "vllm":
-            from semsoft_plugin.engines.scoring import output_embeddings
-
-            return output_embeddings(self.model)
-        from semsoft_plugin.core.embeddings import from_model
-
-        return from_model(self.model)
-
-    # -- everything ---------------------------------------------------------
     def inputs(self, texts: Iterable[str]) -> list[Any]:
         """The prompts (chat message lists, or strings without a chat template), each
         text cut to the length bound (see ``max_text_tokens``)."""
-        return self._fitted(text_list(texts))[0]
+        values = text_list(texts)
+        return self._setup().fitter.prompts(values)[0]
 
-    # -- the length bound ------------------------------------------------------
     def context_length(self) -> int | None:
-        """Tokens the model attends to: the vLLM engine's ``max_model_len``, else the
-        transformers config's ``max_position_embeddings`` (``None`` if it has none)."""
-        if self.backend == "vllm":
-            return int(self.model.llm_engine.model_config.max_model_len)
-        n = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
-        return int(n) if isinstance(n, int) and n > 0 else None
-
-    def _prompt_length(self, text: str) -> int:
-        item = build_inputs(self.prompt, [text], list(self.labels.names), self.tokenizer)[0]
-        return len(encode_prompts(self.tokenizer, [format_prompt(self.tokenizer, item)])[0])
-
-    def _fitted(self, texts: list[str]) -> tuple[list[Any], list[int]]:
-        """The prompts for ``texts`` within the length bound, and the tokens cut per text.
-
-        The prompt is encoded exactly as the engines encode it, so the bound holds for
-        the tokens they see: at most ``context_length() - 1`` (the decision token
-        follows the prompt), and at most ``max_text_tokens`` of the text. A text whose
-        UTF-8 length plus the prompt's own tokens is within both bounds needs no check
-        (a token is at least one byte); only longer ones are tokenised here.
-        """
-        context = self.context_length()
-        budget = None if context is None else context - 1
-        if self._overhead is None:
-            self._overhead = self._prompt_length("x")
-        cut = [0] * len(texts)
-        fitted = list(texts)
-        for index, text in enumerate(texts):
-            size = len(text.encode("utf-8"))
-            small_enough = self.max_text_tokens is None or size <= self.max_text_tokens
-            if small_enough and (budget is None or size + self._overhead + 8 <= budget):
-                continue
-            fitted[index], cut[index] = self._fit_one(index, text, budget)
-        prompts = build_inputs(self.prompt, fitted, list(self.labels.names), self.tokenizer)
-        return prompts, cut
-
-    def _fit_one(self, index: int, text: str, budget: int | None) -> tuple[str, int]:
-        """One text cut at a token boundary to fit; (text, tokens dropped)."""
-        size, prefix = token_prefixes(self.tokenizer, text)
-        keep = size if self.max_text_tokens is None else min(size, self.max_text_tokens)
-        for _ in range(4):  # the cut text can tokenise with the prompt a token longer
-            piece = prefix(keep)
-            over = 0 if budget is None else self._prompt_length(piece) - budget
-            if over <= 0:
-                break
-            keep -= over
-            if keep < 1:
-                raise ValueError(
-                    f"texts[{index}]: the prompt without the text is about "
-                    f"{self._overhead} tokens; it leaves no room for text in the context of "
-                    f"{budget + 1 if budget is not None else '?'} tokens"
-                )
-        else:
-            raise ValueError(f"texts[{index}] could not be cut to fit the context")
-        dropped = size - keep
-        if dropped and not self.truncate:
-            limit = "max_text_tokens" if keep == self.max_text_tokens else "the context"
-            raise ValueError(
-                f"texts[{index}] has {size} tokens; {limit} leaves room for {keep} "
-                "(pass truncate=True to score its first tokens)"
-            )
-        return piece, dropped
+        """Tokens the model attends to (:meth:`handles.Loaded.context_length`)."""
+        return self._setup().loaded.context_length()
 
     def predict_details(self, texts: Iterable[str]) -> Predictions:
         """Labels, calibrated and constrained probabilities, coverage, fallback flags and
         the tokens cut from each text (see ``max_text_tokens``)."""
         import numpy as np
 
-        inputs, cut = self._fitted(text_list(texts))
-        classes = self._classes
+        values = text_list(texts)
+        setup = self._setup()
+        inputs, cut = setup.fitter.prompts(values)
+        classes = tuple(sorted(setup.labels.names))
         if self.calibrate == "batch" and len(inputs) < MIN_BATCH_CALIBRATION:
             raise ValueError(
                 f"calibrate='batch' needs at least {MIN_BATCH_CALIBRATION} texts per call, got "
@@ -402,10 +409,12 @@ class Classifier:
             return Predictions(
                 classes, [], empty, empty.copy(), np.zeros(0), np.zeros(0, bool), np.zeros(0, int)
             )
-        probs, constrained, coverage, fallback = self._score(inputs)
+        results = self._classify(setup, inputs)
+        probs: list[Any] = [r.probs for r in results]
+        constrained: list[Any] = [r.constrained_probs for r in results]
         p = probability_rows(probs, classes)
         if self.calibrate == "contextual":
-            p = debias(p, self.content_free_bias())
+            p = debias(p, self._content_free_bias(setup))
         elif self.calibrate == "batch":
             p = batch_calibrate(p)
         return Predictions(
@@ -413,8 +422,8 @@ class Classifier:
             label=[classes[i] for i in p.argmax(axis=1)],
             probs=p,
             constrained=probability_rows(constrained, classes),
-            coverage=np.array(coverage, dtype=np.float64),
-            fallback=np.array(fallback, dtype=bool),
+            coverage=np.array([r.coverage for r in results], dtype=np.float64),
+            fallback=np.array([r.fallback for r in results], dtype=bool),
             truncated=np.array(cut, dtype=np.int64),
         )
 
@@ -422,45 +431,66 @@ class Classifier:
         """``[L]`` (``classes_`` order): the mean Semantic Softmax distribution of the
         content-free inputs ("N/A", "", "[MASK]") in this prompt, the label bias that
         ``calibrate="contextual"`` divides out. Three forward passes, computed once."""
-        if self._bias is None:
-            inputs = build_inputs(
-                self.prompt, list(CONTENT_FREE), list(self.labels.names), self.tokenizer
-            )
-            probs = self._score(inputs)[0]
-            self._bias = probability_rows(probs, self._classes).mean(axis=0)
-        return self._bias
+        return self._content_free_bias(self._setup())
 
-    def _score(self, inputs: list[Any]) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
-        """Per input: Semantic Softmax and constrained dicts, coverage, fallback."""
-        results = self._classify(inputs)
-        return (
-            [r.probs for r in results],
-            [r.constrained_probs for r in results],
-            [r.coverage for r in results],
-            [r.fallback for r in results],
-        )
+    def _content_free_bias(self, setup: _Setup) -> np.ndarray:
+        cache = self._cache()
+        key = ("bias", tuple(setup.labels.names), self._config(setup))
+        if key not in cache:
+            names = list(setup.labels.names)
+            inputs = build_inputs(setup.prompt, list(CONTENT_FREE), names, setup.loaded.tokenizer)
+            probs: list[Any] = [r.probs for r in self._classify(setup, inputs)]
+            cache[key] = probability_rows(probs, sorted(names)).mean(axis=0)
+        bias: np.ndarray = cache[key]
+        return bias
 
-    def _classify(self, inputs: list[Any], **options: Any) -> list[LabelResult]:
+    def _classify(self, setup: _Setup, inputs: list[Any], **options: Any) -> list[LabelResult]:
         """One observe-mode decision step per input (only that step decides the
         calibrated label) on this classifier's engine, through the adapter's batch
         function; ``options`` go to it, over the classifier's own settings."""
-        names = list(self.labels.names)
-        if self.backend == "vllm":
+        names = list(setup.labels.names)
+        config = self._config(setup)
+        model = setup.loaded.model
+        if setup.loaded.backend == "vllm":
             from semsoft_plugin.engines.vllm import classify_vllm
 
             own = {"mode": "observe", "max_tokens": 1, "use_tqdm": bool(self.progress)}
-            return classify_vllm(self.model, inputs, names, self.config, **{**own, **options})
+            return classify_vllm(model, inputs, names, config, **{**own, **options})
         from semsoft_plugin.engines.hf import classify
 
         own = {
-            "config": self.config, "mode": "observe", "max_new_tokens": 1,
+            "config": config, "mode": "observe", "max_new_tokens": 1,
             "batch_size": self.batch_size, "progress": self.progress,
             "exact_head": self.exact_head,
         }  # fmt: skip
-        return classify(self.model, self.tokenizer, inputs, self.labels, **{**own, **options})
+        tokenizer = setup.loaded.tokenizer
+        return classify(model, tokenizer, inputs, setup.labels, **{**own, **options})
 
-    def __repr__(self) -> str:
-        return (
-            f"Classifier(backend={self.backend!r}, labels={list(self.labels.names)}, "
-            f"config={self.config})"
-        )
+
+def checked_settings(clf: Classifier) -> tuple[PromptTemplate, SemsoftConfig]:
+    """The prompt and Semantic Softmax settings ``clf``'s parameters name, with every
+    parameter that needs no model checked (each refused by name): what ``fit`` and
+    ``predict*`` check first, and what a caller can check before a model loads."""
+    n = clf.max_text_tokens
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"max_text_tokens={n!r} must be a positive int")
+    if clf.calibrate not in CALIBRATIONS:
+        raise ValueError(f"calibrate={clf.calibrate!r} must be one of {CALIBRATIONS}")
+    size = clf.batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"batch_size={size!r} must be a positive int")
+    if not isinstance(clf.dtype, str):
+        raise ValueError(f"dtype={clf.dtype!r} must be a torch dtype name or 'auto'")
+    if clf.fit_grid is not None and not isinstance(clf.fit_grid, Mapping):
+        raise ValueError(f"fit_grid={clf.fit_grid!r} must be a mapping field -> values")
+    if clf.engine_args is not None and not isinstance(clf.engine_args, Mapping):
+        raise ValueError(f"engine_args={clf.engine_args!r} must be a mapping or None")
+    prompt = clf.prompt
+    if isinstance(prompt, str):
+        prompt = PromptTemplate(user=prompt)
+    if prompt is not None and not isinstance(prompt, PromptTemplate):
+        raise ValueError(f"prompt must be a PromptTemplate or a str, got {type(prompt).__name__}")
+    if clf.config is not None and not isinstance(clf.config, SemsoftConfig):
+        raise ValueError(f"config must be a SemsoftConfig or None, got {clf.config!r}")
+    own = {"k": clf.k, "semantic_weight": clf.semantic_weight, "temperature": clf.temperature}
+    return prompt or DEFAULT_TEMPLATE, (clf.config or SemsoftConfig()).replace(**own)

@@ -153,7 +153,7 @@ def classify_dataset(
     review_below : flag ``review`` when the top probability is below this
     column_prefix : prefix of the added columns (``--column-prefix``)
     **classifier_kwargs : the ``Classifier``'s other options (``prompt``, ``config``,
-        ``calibrate``, or single ``SemsoftConfig`` fields such as ``k=...``)
+        ``calibrate``, ``k``, ``semantic_weight``, ``temperature``, ...)
 
     Returns
     -------
@@ -163,18 +163,12 @@ def classify_dataset(
     Rows with an empty text, or that the classifier refuses, are left out and named
     on stderr. Bad options and labels fail here, before any actor starts.
     """
-    from semsoft_plugin.core.config import SemsoftConfig
+    from semsoft_plugin.app.classifier import Classifier, checked_settings
     from semsoft_plugin.core.labels import label_names
 
     names = label_names(labels)
     if not 0.0 <= review_below <= 1.0:
         raise ValueError(f"review_below={review_below} must be a probability in [0, 1]")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive int")
-    overrides = {
-        k: v for k, v in classifier_kwargs.items() if k not in ("prompt", "config", "calibrate")
-    }
-    (classifier_kwargs.get("config") or SemsoftConfig()).replace(**overrides)  # fails early
     columns = list(dataset.schema().names)
     for name, role in ((text_column, "text_column"), (id_column, "id_column")):
         if name is not None and name not in columns:
@@ -187,6 +181,7 @@ def classify_dataset(
         "batch_size": batch_size,
         **classifier_kwargs,
     }
+    checked_settings(Classifier(model, None, names, **kwargs))  # an unknown option: TypeError
     resources = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     return dataset.map_batches(
         _ScoreBatch,

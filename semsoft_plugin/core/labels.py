@@ -31,8 +31,10 @@ The rule (decided here, measured: docs/results.md, docs/defaults.md):
   than the label itself (" NEGATIVE" -> " N", "EG", "ATIVE") is skipped: its first
   token is a fragment, not the label. Variants you pass are always taken.
 * **What a label list is** (:func:`label_names`, the one rule of every adapter:
-  transformers, Outlines and vLLM): a list (or tuple) of at least two distinct,
-  non-empty strings. A single label would always get probability 1, so it is refused;
+  transformers, Outlines and vLLM): an ordered sequence (a list, tuple, 1-D numpy
+  array such as ``np.unique(y)`` or an estimator's ``classes_``, ``dict_keys``) of at
+  least two distinct, non-empty strings; a set is refused, having no order (the prompt
+  lists the labels in their order). A single label would always get probability 1, so it is refused;
   a ``str`` is refused too rather than split (``"positive,negative"`` would otherwise
   become characters, and a label may itself hold a comma): pass
   ``"positive,negative".split(",")``. The command line reads ``--labels`` as one CSV
@@ -60,7 +62,8 @@ from __future__ import annotations
 import csv
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence, ValuesView
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -337,8 +340,9 @@ def label_names(labels: Any) -> list[str]:
     """The label names of a label list (or of a :class:`LabelSet`), checked.
 
     The one rule of every adapter (``hf.classify``, the Outlines adapter, the vLLM
-    helpers): a list or tuple of at least two distinct, non-empty strings, at most
-    ``MAX_LABELS``. A ``str`` is refused, never split: iterating it would give its
+    helpers): an ordered sequence (list, tuple, 1-D numpy array or pandas Series,
+    ``dict_keys``) of at least two distinct, non-empty strings, at most ``MAX_LABELS``;
+    a set is refused (it has no order). A ``str`` is refused, never split: iterating it would give its
     characters, and a label may hold a comma.
 
     Raises
@@ -356,6 +360,19 @@ def label_names(labels: Any) -> list[str]:
             f"not split (a label may hold a comma): pass {labels.split(',')!r} if that "
             "is what you mean"
         )
+    if isinstance(labels, AbstractSet) and not isinstance(labels, KeysView):
+        raise ValueError(
+            f"labels {labels!r} is a {type(labels).__name__}, which has no order: give a "
+            f"list (e.g. sorted(labels)); the prompt lists the labels in their order"
+        )
+    if getattr(labels, "ndim", 1) != 1:
+        raise ValueError(
+            f"labels must be one-dimensional, got shape {getattr(labels, 'shape', None)}"
+        )
+    if hasattr(labels, "tolist"):  # a numpy array or pandas Series: its Python values
+        labels = labels.tolist()
+    elif isinstance(labels, KeysView | ValuesView):  # a dict's order is its insertion order
+        labels = list(labels)
     if not isinstance(labels, Sequence):
         raise ValueError(f"labels must be a list of strings, got {labels!r}")
     if len(labels) == 0:

@@ -1,0 +1,161 @@
+"""The model behind a :class:`~semsoft_plugin.app.classifier.Classifier`: loaded once per
+process and shared by every copy of the classifier.
+
+scikit-learn copies an estimator often: ``clone`` for every ``GridSearchCV`` candidate and
+fold, every ``cross_val_score`` fold, a ``Pipeline``'s steps. A copy must not copy the
+model's weights, so the model is a parameter that copies cheaply:
+
+* **a name** (``"default"``, ``"smollm2-135m"``, a checkpoint directory): loaded on first
+  use and kept here, keyed by what was loaded (backend, resolved path, dtype or engine
+  arguments), for the life of the process. Every classifier naming the same model shares
+  one set of weights; a copy is a string. A worker process (``n_jobs > 1``) loads its
+  own once;
+* **a loaded object** (a transformers model, a ``vllm.LLM``): the classifier passes it to
+  its copies by reference (``Classifier.__sklearn_clone__``).
+
+:func:`forget` drops the models loaded by name (their memory is freed once no classifier
+holds them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["BACKENDS", "Loaded", "forget", "is_vllm", "loaded"]
+
+BACKENDS = ("hf", "vllm")
+
+_LOCK = threading.Lock()  # one load at a time; a second caller waits and shares it
+_LOADED: dict[tuple[str, str, str], Loaded] = {}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model ready to score: the model, its tokenizer and the engine it runs on."""
+
+    model: Any
+    tokenizer: Any
+    backend: str
+
+    def context_length(self) -> int | None:
+        """Tokens the model attends to: the vLLM engine's ``max_model_len``, else the
+        transformers config's ``max_position_embeddings`` (``None`` if it has none)."""
+        if self.backend == "vllm":
+            return int(self.model.llm_engine.model_config.max_model_len)
+        n = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
+
+    def embeddings(self) -> Any:
+        """The model's output embeddings (the rows Semantic Softmax compares)."""
+        if self.backend == "vllm":
+            from semsoft_plugin.engines.scoring import output_embeddings
+
+            return output_embeddings(self.model)
+        from semsoft_plugin.core.embeddings import from_model
+
+        return from_model(self.model)
+
+
+def is_vllm(model: Any) -> bool:
+    """Whether ``model`` is a ``vllm.LLM`` (told by its module, without importing vLLM)."""
+    return type(model).__module__.split(".")[0] == "vllm" and hasattr(model, "llm_engine")
+
+
+def loaded(
+    model: Any,
+    tokenizer: Any,
+    *,
+    backend: str | None,
+    dtype: str,
+    engine_args: Mapping[str, Any] | None,
+    k: int,
+) -> Loaded:
+    """The model a classifier's parameters name, loaded (once per process) or as given.
+
+    Parameters
+    ----------
+    model : a name or path (``str`` / ``os.PathLike``), or a loaded transformers model
+        or ``vllm.LLM``
+    tokenizer : the loaded model's tokenizer; ``None`` for a name or a ``vllm.LLM``
+    backend : ``"hf"``, ``"vllm"``, or ``None``: the loaded model's own, ``"hf"`` for a name
+    dtype : transformers weights of a named model (``"auto"``: ``models.default_dtype()``)
+    engine_args : a named model's ``vllm.LLM`` arguments
+    k : the kept top-k: a vLLM engine built here gets ``max_logprobs = k``
+    """
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} must be one of {BACKENDS} or None")
+    if isinstance(model, str | os.PathLike):
+        if tokenizer is not None:
+            raise ValueError(
+                f"tokenizer={type(tokenizer).__name__} is given with the model named "
+                f"{str(model)!r}, which loads its own: give a loaded model with it, or no tokenizer"
+            )
+        backend = backend or "hf"
+        if engine_args and backend != "vllm":
+            raise ValueError(f"engine_args {dict(engine_args)!r} apply only to backend='vllm'")
+        if backend == "vllm" and dtype != "auto":
+            raise ValueError(f"dtype={dtype!r}: give a vLLM engine's dtype in engine_args")
+        return _by_name(str(model), backend, dtype, dict(engine_args or {}), k)
+    found = "vllm" if is_vllm(model) else "hf"
+    if backend is not None and backend != found:
+        raise ValueError(
+            f"backend={backend!r}, but the model is a {type(model).__name__} ({found})"
+        )
+    if engine_args or dtype != "auto":
+        raise ValueError(
+            "engine_args and dtype apply to a model loaded by name, not to the loaded "
+            f"{type(model).__name__} given"
+        )
+    if tokenizer is None:
+        if found != "vllm":
+            raise ValueError("tokenizer is None: give the model's tokenizer")
+        tokenizer = model.get_tokenizer()
+    return Loaded(model, tokenizer, found)
+
+
+def _by_name(name: str, backend: str, dtype: str, engine_args: dict[str, Any], k: int) -> Loaded:
+    from semsoft_plugin.engines import models
+
+    path = str(models.resolve(name))
+    if backend == "hf":
+        setting = models.default_dtype() if dtype == "auto" else dtype
+    else:
+        engine_args = {"max_logprobs": k, **engine_args}
+        # The decision step's logits from a float32 head (vLLM's own option): in bf16 they
+        # fall on a coarse grid, so different texts tie and scores move with the batch.
+        overrides = dict(engine_args.get("hf_overrides") or {})
+        engine_args["hf_overrides"] = {"head_dtype": "float32", **overrides}
+        setting = json.dumps(engine_args, sort_keys=True, default=repr)
+    key = (backend, path, setting)
+    with _LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = _load(path, backend, setting, engine_args)
+        return _LOADED[key]
+
+
+def _load(path: str, backend: str, dtype: str, engine_args: dict[str, Any]) -> Loaded:
+    if backend == "hf":
+        from semsoft_plugin.engines import models
+
+        model, tokenizer = models.load(path, dtype=dtype)
+        return Loaded(model, tokenizer, "hf")
+    from vllm import LLM
+
+    from semsoft_plugin.core.request import ENTRY_POINT
+
+    # If the entry point is installed too, the second copy of the processor stands down.
+    llm = LLM(path, logits_processors=[ENTRY_POINT], **engine_args)
+    return Loaded(llm, llm.get_tokenizer(), "vllm")
+
+
+def forget() -> int:
+    """Drop every model loaded by name (classifiers still holding one keep it); how many."""
+    with _LOCK:
+        count = len(_LOADED)
+        _LOADED.clear()
+    return count
