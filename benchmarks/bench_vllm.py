@@ -16,9 +16,22 @@
    opted-in response's label is one of the labels and its scores equal the offline
    engine's for the same prompt (max absolute difference reported).
 
+3. **vLLM's own label scoring against the plugin** (``--generative``, issue 36), on the
+   same server, model, prompts and items: ``POST /generative_scoring``
+   (``apply_softmax: true``; it returns the first label token's probability normalised
+   over the label tokens sent, so ``L`` labels take ``L - 1`` requests, each with another
+   label first), sent as one request holding every row and as one request per row; the
+   plugin with ``max_tokens=1``; the plugin generating the label. Rows per second count
+   every HTTP request the reader needs for exact scores (the plugin reader's follow-ups
+   for label tokens outside the top-``k`` included), every row sent at once, the prefix
+   cache emptied before each timed pass; ECE / NLL / macro-F1 of each path's scores,
+   and of both after batch calibration over the rows (label-free, from the file).
+
 Usage::
 
     python benchmarks/bench_vllm.py --prompts 64 --requests 200 [--dtype float32]
+    python benchmarks/bench_vllm.py --model smollm2-135m --prompts 128 --skip-offline \
+        --generative --out benchmarks/results/generative-vs-plugin.json
 """
 
 from __future__ import annotations
@@ -35,7 +48,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     from semsoft_plugin.core.result import LabelResult
@@ -45,8 +60,15 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "sst2" / "dev.txt"
+# $SEMSOFT_DATA or ../shared/data, as the built-in data sets (semsoft_eval.data.data_dir)
+DATA = Path(os.environ.get("SEMSOFT_DATA") or ROOT.parent / "shared" / "data") / "sst2" / "dev.txt"
 LABELS = ["positive", "negative"]
+
+
+def sst2_targets(n: int) -> list[int]:
+    """The gold index into :data:`LABELS` of the first ``n`` SST-2 dev sentences
+    (the file's 1 is positive, 0 negative)."""
+    return [0 if line.split(" ", 1)[0] == "1" else 1 for line in DATA.read_text().splitlines()[:n]]
 
 
 def sst2_prompts(n: int) -> list[list[dict[str, str]]]:
@@ -139,11 +161,14 @@ def _free_port() -> int:
 
 
 def start_server(checkpoint: str, dtype: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """The server with the plugin; dev mode for ``POST /reset_prefix_cache``, so each
+    timed pass of :func:`compare_paths` starts from an empty prefix cache."""
     from semsoft_plugin.core import request as sreq
 
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", checkpoint, "--served-model-name", "model",
@@ -217,6 +242,179 @@ async def concurrent_requests(
     }
 
 
+def _post_json(client, url: str, body: dict) -> dict:
+    reply = client.post(url, json=body)
+    if reply.status_code != 200:
+        raise RuntimeError(f"{url}: HTTP {reply.status_code}: {reply.text[:300]}")
+    return reply.json()
+
+
+def generative_scoring(client, root: str, query, items, label_ids) -> np.ndarray:
+    """``[len(items), L]`` from ``POST /generative_scoring``: one request per label but
+    the last, each with that label's token first (the server returns only the first
+    label's probability); the last label's is what the others leave."""
+    out = np.zeros((len(items), len(label_ids)))
+    for j in range(max(1, len(label_ids) - 1)):
+        first = [label_ids[j], *label_ids[:j], *label_ids[j + 1 :]]
+        body = {"model": "model", "query": query, "items": items, "label_token_ids": first}
+        reply = _post_json(client, f"{root}/generative_scoring", {**body, "apply_softmax": True})
+        out[:, j] = [d["score"] for d in sorted(reply["data"], key=lambda d: d["index"])]
+    out[:, -1] = 1.0 - out[:, :-1].sum(1)
+    return out
+
+
+def _every_row(run, rows: int) -> list:
+    """``run(i)`` for every row at once, one thread each (a client with ``rows`` users)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=rows) as pool:
+        return list(pool.map(run, range(rows)))
+
+
+def compare_paths(url: str, checkpoint: str, prompts, targets, repeats: int) -> dict:
+    """Section 3 of the module docstring: scores and rows per second of each path."""
+    import httpx
+    import openai
+
+    from semsoft_eval.metrics import classification_metrics
+    from semsoft_plugin.core.calibration import batch_calibrate
+    from semsoft_plugin.core.labels import LabelSet
+    from semsoft_plugin.engines import openai as sopenai
+    from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
+    from semsoft_plugin.engines.scoring import client_model
+
+    root, rows = url.removesuffix("/v1"), len(prompts)
+    tokenizer = client_model(checkpoint).tokenizer
+    encoded = encode_prompts(tokenizer, [format_prompt(tokenizer, p) for p in prompts])
+    shared = 0  # the chat template's head every prompt starts with: the query
+    while all(len(e) > shared + 1 and e[shared] == encoded[0][shared] for e in encoded):
+        shared += 1
+    query, items = encoded[0][:shared], [e[shared:] for e in encoded]
+    label_ids = list(LabelSet(LABELS, tokenizer).answer_token_ids)
+    sent: list[str] = []  # every HTTP request, the readers' follow-ups included
+    hooks = {"request": [lambda request: sent.append(request.url.path)]}
+    limits = httpx.Limits(max_connections=rows + 8, max_keepalive_connections=rows + 8)
+    http = httpx.Client(timeout=600, limits=limits, event_hooks=hooks)
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, http_client=http)
+    continue_answer = {"continue_final_message": True, "add_generation_prompt": False}
+
+    def plugin(max_tokens: int | None):
+        request = sopenai.openai_request(LABELS, extra_body=continue_answer)
+        if max_tokens is not None:
+            request["max_tokens"] = max_tokens
+
+        def run(i: int):
+            reply = client.chat.completions.create(model="model", messages=prompts[i], **request)
+            return sopenai.openai_label_scores(reply, request, checkpoint, client=client)
+
+        return run
+
+    def per_row(i: int) -> np.ndarray:
+        return generative_scoring(http, root, query, [items[i]], label_ids)[0]
+
+    paths = {  # each: rows -> the scores of the first ``rows`` rows
+        "generative_scoring (one request, all rows)": lambda n: generative_scoring(
+            http, root, query, items[:n], label_ids
+        ),
+        "generative_scoring (one request per row)": lambda n: _every_row(per_row, n),
+        "plugin max_tokens=1": lambda n: _every_row(plugin(1), n),
+        "plugin generating the label": lambda n: _every_row(plugin(None), n),
+    }
+    for run in paths.values():  # warm every path (and the reader's cached embeddings)
+        run(min(rows, 4))
+    seconds: dict[str, list[float]] = {name: [] for name in paths}
+    requests: dict[str, int] = {}
+    outputs: dict[str, Any] = {}
+    names = list(paths)
+    for repeat in range(repeats):  # each repeat in another order: no path always goes first
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            run = paths[name]
+            http.post(f"{root}/reset_prefix_cache").raise_for_status()
+            before, start = len(sent), time.perf_counter()
+            outputs[name] = run(rows)
+            seconds[name].append(time.perf_counter() - start)
+            requests[name] = len(sent) - before
+    gen = outputs["generative_scoring (one request, all rows)"]
+    row_by_row = np.array(outputs["generative_scoring (one request per row)"])
+    one, label = outputs["plugin max_tokens=1"], outputs["plugin generating the label"]
+    semantic = np.array([[r.probs[n] for n in LABELS] for r in one])
+    constrained = np.array([[r.constrained_probs[n] for n in LABELS] for r in one])
+    generated = np.array([[r.probs[n] for n in LABELS] for r in label])
+    y = np.array(targets)
+    scores = {
+        "generative_scoring (= constrained)": gen,
+        "plugin default (semantic)": semantic,
+        "generative_scoring + batch calibration over the rows": batch_calibrate(gen),
+        "plugin + batch calibration over the rows": batch_calibrate(semantic),
+    }
+    return {
+        "rows": rows,
+        "labels": LABELS,
+        "label_token_ids": label_ids,
+        "query_tokens": shared,
+        "repeats": repeats,
+        "concurrency": rows,
+        "metrics": {name: classification_metrics(p, y) for name, p in scores.items()},
+        "max_abs_diff": {
+            "generative_scoring batch vs per row": float(np.abs(gen - row_by_row).max()),
+            "generative_scoring vs the plugin's constrained_probs": float(
+                np.abs(gen - constrained).max()
+            ),
+            "plugin max_tokens=1 vs generating the label": float(
+                np.abs(semantic - generated).max()
+            ),
+        },
+        "throughput": {
+            name: {
+                "rows_per_s": rows / statistics.median(seconds[name]),
+                "best_rows_per_s": rows / min(seconds[name]),
+                "seconds": seconds[name],
+                "http_requests": requests[name],
+                "http_requests_per_row": requests[name] / rows,
+            }
+            for name in paths
+        },
+    }
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    """The ``--generative`` comparison as a Markdown page."""
+    paths = report["generative"]
+    lines = [
+        "# vLLM's own label scoring (`/generative_scoring`) against the plugin",
+        "",
+        f"`{command}`",
+        "",
+        f"{report['model']}, {report['dtype']}, {paths['rows']} SST-2 dev rows (the first ones), "
+        f"labels {', '.join(paths['labels'])}; one vLLM 0.32 CPU server with the plugin, "
+        f"every row sent at once, prefix cache emptied before each timed pass, "
+        f"{paths['repeats']} passes per path in rotating order. Load average before / after: {report['load_before']} / "
+        f"{report['load_after']} on {os.cpu_count()} cores shared with other jobs.",
+        "",
+        "| scores | accuracy | macro-F1 | ECE | NLL |",
+        "|---|---|---|---|---|",
+    ]
+    for name, m in paths["metrics"].items():
+        lines.append(
+            f"| {name} | {m['accuracy']:.3f} | {m['macro_f1']:.3f} | {m['ece']:.3f} "
+            f"| {m['nll']:.3f} |"
+        )
+    lines += [
+        "",
+        "| path | rows/s (median) | rows/s (best) | seconds per pass | HTTP requests per row |",
+        "|---|---|---|---|---|",
+    ]
+    for name, t in paths["throughput"].items():
+        took = ", ".join(f"{x:.1f}" for x in t["seconds"])
+        lines.append(
+            f"| {name} | {t['rows_per_s']:.2f} | {t['best_rows_per_s']:.2f} | {took} "
+            f"| {t['http_requests_per_row']:.3g} |"
+        )
+    lines += ["", "Max abs differences between paths (same server):", ""]
+    lines += [f"- {name}: {value:.2g}" for name, value in paths["max_abs_diff"].items()]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="default")
@@ -228,7 +426,17 @@ def main() -> int:
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="bound on the HTTP run (s)")
     parser.add_argument("--skip-server", action="store_true")
-    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    parser.add_argument(
+        "--skip-offline",
+        action="store_true",
+        help="no offline engines: neither section 1 nor the offline check of section 2",
+    )
+    parser.add_argument(
+        "--generative", action="store_true", help="section 3: /generative_scoring vs the plugin"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="write the figures here as JSON (and a .md beside it)"
+    )
     args = parser.parse_args()
 
     from semsoft_plugin.engines import models
@@ -236,22 +444,34 @@ def main() -> int:
 
     checkpoint = str(models.resolve(args.model))
     prompts = sst2_prompts(max(args.prompts, 1))
-    plugin, reference = engines(checkpoint, args.dtype)
-    report: dict[str, object] = {"model": args.model, "dtype": args.dtype}
-    report["throughput"] = throughput(plugin, reference, prompts, args.repeats)
-    print(json.dumps(report["throughput"], indent=2), flush=True)
-    if not args.skip_server:
-        # The offline scores every HTTP response is compared with.
-        offline = sv.classify_vllm(
-            plugin, [prompts[i % len(prompts)] for i in range(args.requests)], LABELS
-        )
+    report: dict[str, Any] = {"model": args.model, "dtype": args.dtype}
+    report["load_before"] = [round(x, 2) for x in os.getloadavg()]
+    offline = None
+    if not args.skip_offline:
+        plugin, reference = engines(checkpoint, args.dtype)
+        report["throughput"] = throughput(plugin, reference, prompts, args.repeats)
+        print(json.dumps(report["throughput"], indent=2), flush=True)
+        if not args.skip_server:
+            # The offline scores every HTTP response is compared with.
+            offline = sv.classify_vllm(
+                plugin, [prompts[i % len(prompts)] for i in range(args.requests)], LABELS
+            )
         del plugin, reference
+    if not args.skip_server and (offline is not None or args.generative):
         with tempfile.TemporaryDirectory() as tmp:
             process, url = start_server(checkpoint, args.dtype, Path(tmp) / "server.log")
             try:
-                report["http"] = asyncio.run(
-                    concurrent_requests(url, prompts, offline, checkpoint, args.timeout)
-                )
+                if offline is not None:
+                    report["http"] = asyncio.run(
+                        concurrent_requests(url, prompts, offline, checkpoint, args.timeout)
+                    )
+                    print(json.dumps(report["http"], indent=2), flush=True)
+                if args.generative:
+                    targets = sst2_targets(len(prompts))
+                    report["generative"] = compare_paths(
+                        url, checkpoint, prompts, targets, args.repeats
+                    )
+                    print(json.dumps(report["generative"], indent=2), flush=True)
             finally:
                 process.terminate()
                 try:
@@ -259,9 +479,13 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-        print(json.dumps(report["http"], indent=2), flush=True)
+    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    command = "python benchmarks/bench_vllm.py " + " ".join(sys.argv[1:])
+    report["command"] = command
     if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        args.out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        if "generative" in report:
+            args.out.with_suffix(".md").write_text(markdown(report, command))
     http = report.get("http")
     ok = http is None or (http["failed"] == 0 and http["answered"] == http["requests"]
                           and http["distinct_response_ids"] == http["requests"])  # fmt: skip

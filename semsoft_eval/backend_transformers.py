@@ -164,6 +164,17 @@ class TransformersBackend:
             out[batch] = scores
         return out
 
+    def label_token_logprobs(
+        self, inputs: Sequence[Any], token_ids: Sequence[int], *, progress: bool = True
+    ) -> Tensor:
+        """Refused: transformers has no label-scoring endpoint of its own to compare with
+        (its softmax over the label tokens is the ``constrained`` method)."""
+        raise ValueError(
+            "generative-scoring is vLLM's own label scoring (/generative_scoring): "
+            "run it with backend='vllm' (--backend vllm); on transformers the same "
+            "softmax over the label tokens is the 'constrained' method"
+        )
+
     def generate(
         self,
         prompts: Sequence[Prompt],

@@ -131,6 +131,35 @@ class VLLMBackend:
                 out[i, label] += float(logprobs[token].logprob)
         return out
 
+    def label_token_logprobs(
+        self, inputs: Sequence[Any], token_ids: Sequence[int], *, progress: bool = True
+    ) -> Tensor:
+        """``[N, M]`` full-vocabulary log-probabilities of ``token_ids`` as the next token,
+        read the way vLLM's ``POST /generative_scoring`` reads them (vLLM 0.32,
+        ``vllm/entrypoints/generate/generative_scoring/serving.py``): one request per
+        prompt with the server's own parameters, ``SamplingParams(max_tokens=1,
+        logprobs=M, logprob_token_ids=token_ids, n=1, watermarking=False)``, and each
+        token's log-probability from the first step's ``logprobs``.
+
+        The server's own serving class needs an async engine client and its renderer, so
+        the offline engine sends the same requests instead; the scores are the server's
+        (``tests/test_vllm_generative.py`` compares them with a real request). One
+        difference: the server cuts a prompt longer than the context, the engine refuses it.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        ids = [int(t) for t in token_ids]
+        params = SamplingParams(
+            max_tokens=1, logprobs=len(ids), logprob_token_ids=ids, n=1, watermarking=False
+        )
+        requests = [TokensPrompt(prompt_token_ids=p) for p in self._encode(inputs)]
+        outputs = self.model.generate(requests, params, use_tqdm=progress)
+        return torch.tensor(
+            [[float(o.outputs[0].logprobs[0][t].logprob) for t in ids] for o in outputs],
+            dtype=torch.float64,
+        )
+
     def _encode(self, inputs: Sequence[Any]) -> list[list[int]]:
         from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
 

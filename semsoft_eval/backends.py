@@ -2,7 +2,8 @@
 
 Everything the evaluation asks of a model goes through :class:`Backend`: the decision
 step's top-``k`` (what every Semantic Softmax method and baseline is scored from), the
-log-probability of each label's whole token sequence, free generation (self-consistency,
+log-probability of each label's whole token sequence, the engine's own label scoring
+(vLLM's ``/generative_scoring``), free generation (self-consistency,
 verbal confidence, the distillation recipe's sampling) and the output embeddings the
 adapters score with. ``evaluate``, ``forward``, ``selfconsistency`` and ``tune`` hold a
 backend and never ask which engine it is; only
@@ -109,6 +110,14 @@ class Backend(Protocol):
         self, inputs: Sequence[Any], labels: LabelSet, *, batch_size: int = 8, progress: bool = True
     ) -> Tensor:
         """``[N, L]`` log P(each label's whole answer token sequence | prompt)."""
+        ...
+
+    def label_token_logprobs(
+        self, inputs: Sequence[Any], token_ids: Sequence[int], *, progress: bool = True
+    ) -> Tensor:
+        """``[N, M]`` full-vocabulary log-probabilities of ``token_ids`` as the next token,
+        read through the engine's own label scoring where it has one (vLLM's
+        ``/generative_scoring``); an engine without one refuses."""
         ...
 
     def generate(

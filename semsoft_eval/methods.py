@@ -11,8 +11,9 @@ decorated function here::
         return m.derived(m.semantic(), (m.semantic().probs + m.constrained().probs) / 2)
 
 Methods scored from the kept passes cost no forward pass; ``self-consistency`` and
-``verbal`` generate through the run's :class:`~semsoft_eval.backends.Backend`
-(``default=False``: they are not in :data:`DEFAULT_METHODS`). Methods that need labels
+``verbal`` generate through the run's :class:`~semsoft_eval.backends.Backend`, and
+``generative-scoring`` reads vLLM's own label scoring through it (``default=False``:
+they are not in :data:`DEFAULT_METHODS`). Methods that need labels
 are cross-fitted over ``fold_ids`` so every item is scored out of fold.
 """
 
@@ -320,6 +321,34 @@ def _verbal(m: MethodInputs) -> MethodResult:
     probs, unparsed = selfconsistency.verbal_probs(backend, None, list(m.prompts), names)
     return MethodResult(
         _normalised(probs), time.perf_counter() - start, extra={"n_unparsed": int(unparsed)}
+    )
+
+
+@method(
+    "generative-scoring",
+    "vLLM's own label scoring (/generative_scoring, apply_softmax=True): the label "
+    "tokens' softmax from its one-token requests (--backend vllm)",
+    default=False,
+)
+def _generative_scoring(m: MethodInputs) -> MethodResult:
+    """Each item scored as ``POST /generative_scoring`` scores it, through the engine.
+
+    The server softmaxes the label tokens' full-vocabulary log-probabilities over the
+    ``label_token_ids`` it is given (in float64, as here) and returns only the first
+    label's probability per item: a client that wants all ``L`` probabilities sends
+    ``L - 1`` requests, each with another label first (``extra``). One read of the
+    engine's log-probabilities here gives all ``L``, so ``seconds`` is the one-request
+    cost per item."""
+    if m.backend is None:
+        raise ValueError("generative-scoring scores through the engine: give the run's backend")
+    start = time.perf_counter()
+    logprobs = m.backend.label_token_logprobs(
+        list(m.prompts), m.labels.answer_token_ids, progress=False
+    )
+    probs = torch.softmax(logprobs.double(), dim=-1).numpy()
+    requests = max(1, len(m.labels) - 1)
+    return MethodResult(
+        probs, time.perf_counter() - start, extra={"server_requests_per_item": requests}
     )
 
 
