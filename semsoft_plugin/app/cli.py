@@ -172,6 +172,12 @@ def _add_classify_parser(subparsers: Any) -> None:
     parser.add_argument("--k", type=int, help="top-K tokens kept")
     parser.add_argument("--tau", type=float, help="cosine threshold")
     parser.add_argument(
+        "--semantic-weight",
+        type=float,
+        help="pool the semantic votes in: 0 (the default) is the constrained softmax, 0.3 "
+        "the semantic pool (SemsoftConfig.pooled(); docs/defaults.md: where it helps)",
+    )
+    parser.add_argument(
         "--backend",
         choices=("hf", "vllm"),
         default="hf",
@@ -267,7 +273,7 @@ def _run_classify(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-text-tokens {args.max_text_tokens} must be a positive integer")
     labels = parse_labels(args.labels)
     config = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
-    config = config.replace(k=args.k, tau=args.tau)
+    config = config.replace(k=args.k, tau=args.tau, semantic_weight=args.semantic_weight)
     template = prompt_template(args)
     if args.input is not None and args.ray:
         from semsoft_plugin.app.ray import run_classify_cli
