@@ -48,7 +48,7 @@ def quickstart_model() -> str:
     body = sections(README.read_text(encoding="utf-8"))[
         "Quick start (a fresh machine, Python >= 3.11)"
     ]
-    found = re.findall(r"--model (\S+)", body)
+    found = re.findall(r"--model (\S+)", "\n".join(BASH_BLOCK.findall(body)))
     return found[0] if found else "default"
 
 
