@@ -77,10 +77,11 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
 
     # Still serving, opted in and opted out, completions API too.
     again = ask(PROMPTS["dog"], EMOTIONS)
-    # " disapproval" lies outside the top-50 here: the client fetches its exact log-prob
-    with pytest.raises(ValueError, match="'disapproval'"):
-        sopenai.openai_label_probs(again, EMOTIONS, checkpoint)
-    probs = sopenai.openai_label_probs(again, EMOTIONS, checkpoint, client=client)
+    # " disapproval" lies outside the top-50 here: the server's middleware adds its exact
+    # log-prob to the response, so no client follow-up is needed (and none is made)
+    assert again.choices[0].semsoft_label_logprobs
+    probs = sopenai.openai_label_probs(again, EMOTIONS, checkpoint)
+    assert probs == sopenai.openai_label_probs(again, EMOTIONS, checkpoint, client=client)
     for label, p in hf_results["dog"].probs.items():
         assert probs[label] == pytest.approx(p, abs=ATOL)
     plain = client.completions.create(
@@ -116,8 +117,15 @@ def test_server_reader_never_reverses_scores_outside_the_top_k(server, checkpoin
     request = sopenai.openai_request(labels, api="completions")
     response = client.completions.create(model="smollm2", prompt=prompt, **request)
     assert response.choices[0].text.strip() == want.label == "superb"
+    # the middleware completes non-streaming responses; a stream is read as it came
+    streamed = list(
+        client.completions.create(model="smollm2", prompt=prompt, stream=True, **request)
+    )
     with pytest.raises(MissingLabelLogprobs, match="'dreadful'"):
-        sopenai.openai_label_probs(response, request, checkpoint)
+        sopenai.openai_label_probs(streamed, request, checkpoint)
+    assert sopenai.openai_label_probs(response, request, checkpoint) == pytest.approx(
+        sopenai.openai_label_probs(response, request, checkpoint, client=client), abs=1e-7
+    )
     got = sopenai.openai_label_scores(response, request, checkpoint, client=client)
     assert got.label == "superb" == max(got.probs, key=got.probs.__getitem__)
     for label in labels:
