@@ -152,3 +152,63 @@ def test_completions_responses_get_no_completions_advice(default_checkpoint):
     with pytest.raises(ValueError, match="maps to no unique token id") as refused:
         openai_label_scores(response, request, default_checkpoint)
     assert "completions API" not in str(refused.value)
+
+
+def _echoed(log_p: torch.Tensor, emitted: int, prompt_ids: list[int]) -> dict:
+    """The completions choice of ``_completion`` as an ``echo: true`` response: the
+    prompt's tokens first (the first without a log-prob), its length told only by
+    ``prompt_logprobs`` (no ``prompt_token_ids``: the request lacked return_token_ids)."""
+    response = _completion(log_p, emitted, " superb")
+    choice = response["choices"][0]
+    logprobs = choice["logprobs"]
+    prompt_tokens = [f"token_id:{t}" for t in prompt_ids]
+    logprobs["tokens"] = prompt_tokens + logprobs["tokens"]
+    logprobs["token_logprobs"] = (
+        [None] + [-1.0] * (len(prompt_ids) - 1) + logprobs["token_logprobs"]
+    )
+    logprobs["top_logprobs"] = [None] * len(prompt_ids) + logprobs["top_logprobs"]
+    choice["prompt_logprobs"] = [None] + [{str(t): {"logprob": -1.0}} for t in prompt_ids[1:]]
+    choice["text"] = PROMPT + " superb"
+    return response
+
+
+def test_a_refusal_for_a_follow_up_that_cannot_be_asked_names_its_labels(
+    decision, model_and_tokenizer, default_checkpoint
+):
+    """Issue 34 item 13: an ``echo: true`` completions response without its prompt ids,
+    read with ``client=``: the follow-up cannot be asked. The refusal used to name the
+    labels ``[]``; it names 'dreadful', the label whose answer token is missing, and why."""
+    from semsoft_plugin.engines.scoring import MissingLabelLogprobs
+
+    _, log_p = decision
+    _, tokenizer = model_and_tokenizer
+    answers = LabelSet(LABELS, tokenizer).answer_token_ids
+    response = _echoed(log_p, answers[0], tokenizer(PROMPT)["input_ids"])
+    request = openai_request(LABELS, api="completions")
+    never_called = object()  # the follow-up is refused before the client is used
+    with pytest.raises(MissingLabelLogprobs, match=r"label\(s\) \['dreadful'\]") as refused:
+        openai_label_scores(response, request, default_checkpoint, client=never_called)
+    assert refused.value.labels == ("dreadful",) and refused.value.token_ids == (answers[1],)
+    assert "return_token_ids" in str(refused.value)
+    with pytest.raises(TypeError, match="must name the labels"):
+        MissingLabelLogprobs([], [answers[1]], "no labels")
+
+
+def test_reader_takes_the_label_logprobs_the_server_added(
+    decision, model_and_tokenizer, default_checkpoint
+):
+    """A choice that carries ``semsoft_label_logprobs`` (what the server's middleware
+    adds for answer tokens outside the top-k) is read exactly with no follow-up."""
+    want, log_p = decision
+    _, tokenizer = model_and_tokenizer
+    answers = LabelSet(LABELS, tokenizer).answer_token_ids
+    response = _completion(log_p, answers[0], " superb")
+    response["choices"][0]["semsoft_label_logprobs"] = {
+        f"token_id:{answers[1]}": float(log_p[answers[1]])
+    }
+    got = openai_label_scores(
+        response, openai_request(LABELS, api="completions"), default_checkpoint
+    )
+    assert got.label == "superb"
+    for label in LABELS:
+        assert got.probs[label] == pytest.approx(want.probs[label], abs=1e-4)

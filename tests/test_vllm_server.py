@@ -77,10 +77,11 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
 
     # Still serving, opted in and opted out, completions API too.
     again = ask(PROMPTS["dog"], EMOTIONS)
-    # " disapproval" lies outside the top-50 here: the client fetches its exact log-prob
-    with pytest.raises(ValueError, match="'disapproval'"):
-        sopenai.openai_label_probs(again, EMOTIONS, checkpoint)
-    probs = sopenai.openai_label_probs(again, EMOTIONS, checkpoint, client=client)
+    # " disapproval" lies outside the top-50 here: the server's middleware adds its exact
+    # log-prob to the response, so no client follow-up is needed (and none is made)
+    assert again.choices[0].semsoft_label_logprobs
+    probs = sopenai.openai_label_probs(again, EMOTIONS, checkpoint)
+    assert probs == sopenai.openai_label_probs(again, EMOTIONS, checkpoint, client=client)
     for label, p in hf_results["dog"].probs.items():
         assert probs[label] == pytest.approx(p, abs=ATOL)
     plain = client.completions.create(
@@ -116,8 +117,15 @@ def test_server_reader_never_reverses_scores_outside_the_top_k(server, checkpoin
     request = sopenai.openai_request(labels, api="completions")
     response = client.completions.create(model="smollm2", prompt=prompt, **request)
     assert response.choices[0].text.strip() == want.label == "superb"
+    # the middleware completes non-streaming responses; a stream is read as it came
+    streamed = list(
+        client.completions.create(model="smollm2", prompt=prompt, stream=True, **request)
+    )
     with pytest.raises(MissingLabelLogprobs, match="'dreadful'"):
-        sopenai.openai_label_probs(response, request, checkpoint)
+        sopenai.openai_label_probs(streamed, request, checkpoint)
+    assert sopenai.openai_label_probs(response, request, checkpoint) == pytest.approx(
+        sopenai.openai_label_probs(response, request, checkpoint, client=client), abs=1e-7
+    )
     got = sopenai.openai_label_scores(response, request, checkpoint, client=client)
     assert got.label == "superb" == max(got.probs, key=got.probs.__getitem__)
     for label in labels:
@@ -203,3 +211,59 @@ def test_server_readers_take_every_response_shape(server, checkpoint):
         sopenai.openai_label_scores(
             response, SENTIMENT, checkpoint, trigger="zebra-quartz", mode="observe"
         )
+
+
+# Issue 33 item 3: the README's two-label request over the prompts and label pairs of the
+# tests (4 x 4 = 16 answers), each compared with transformers in float32.
+PAIRS = [SENTIMENT, ["superb", "dreadful"], ["joy", "sadness"], MULTI]
+TWO_LABEL_PROMPTS = [
+    PROMPTS["review"],
+    PROMPTS["short"],
+    PROMPTS["dog"],
+    chat_of("I loved this film, the acting was wonderful."),
+]
+
+
+def test_readme_request_reads_exactly_in_one_request(server, checkpoint, hf_model):
+    """The README's path, ``openai_request(labels, extra_body=...)`` then
+    ``openai_label_probs(response, request, model)`` with no ``client=``: the server's
+    middleware returns the label answer tokens' log-probs the top-50 lacks in the same
+    response, so all 16 two-label answers read within 1e-4 of transformers (float32)
+    with no follow-up from the client (before: 15 of 16 refused)."""
+    import openai
+
+    from semsoft_plugin.engines import hf
+
+    model, tok = hf_model
+    client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
+    filled = 0
+    for labels in PAIRS:
+        wants = hf.classify(model, tok, TWO_LABEL_PROMPTS, labels)
+        for messages, want in zip(TWO_LABEL_PROMPTS, wants, strict=True):
+            request = sopenai.openai_request(labels, extra_body=CONTINUE)
+            response = client.chat.completions.create(model="smollm2", messages=messages, **request)
+            added = getattr(response.choices[0], "semsoft_label_logprobs", None) or {}
+            filled += bool(added)
+            # the top-50 itself is left as vLLM returned it
+            assert len(response.choices[0].logprobs.content[0].top_logprobs) == 50
+            got = sopenai.openai_label_scores(response, request, checkpoint)
+            assert got.label == want.label == response.choices[0].message.content.strip()
+            for label in labels:
+                assert got.probs[label] == pytest.approx(want.probs[label], abs=ATOL)
+    assert filled >= 8  # most losing labels lie outside the top-50 (the issue: 15 of 16)
+    # the completions API and n > 1 are filled the same way, per choice
+    completion = sopenai.openai_request(["superb", "dreadful"], api="completions")
+    prompt = "I loved this film, the acting was wonderful."
+    reply = client.completions.create(model="smollm2", prompt=prompt, **completion)
+    want = hf.classify(model, tok, [prompt], ["superb", "dreadful"])[0]
+    got = sopenai.openai_label_probs(reply, completion, checkpoint)
+    assert all(got[k] == pytest.approx(want.probs[k], abs=ATOL) for k in want.probs)
+    request = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE)
+    sampled = client.chat.completions.create(
+        model="smollm2", messages=PROMPTS["short"], **{**request, "temperature": 0.8}, n=2
+    )
+    for i in range(2):
+        scores = sopenai.openai_label_scores(
+            sampled, request, checkpoint, choice=i, greedy_pick=False
+        )
+        assert scores.label == sampled.choices[i].message.content.strip()

@@ -29,6 +29,7 @@ from semsoft_plugin.core.text_rules import is_blank
 
 __all__ = [
     "ENTRY_POINT",
+    "RESPONSE_LABEL_LOGPROBS",
     "SERVER_MAX_K",
     "SERVER_MAX_LABELS",
     "SERVER_MAX_LABEL_BYTES",
@@ -49,6 +50,9 @@ KEY_LABELS = "semsoft_labels"
 KEY_MODE = "semsoft_mode"
 KEY_TRIGGER = "semsoft_trigger"
 KEY_LEADING_SPACE = "semsoft_leading_space"
+# The response field in which the server's admission middleware returns the label
+# answer tokens' raw log-probs that the decision step's top-k lacks ({"token_id:N": lp}).
+RESPONSE_LABEL_LOGPROBS = "semsoft_label_logprobs"
 _CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftConfig)}
 _KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, *_CONFIG_KEYS}
 

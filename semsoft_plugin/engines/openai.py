@@ -17,6 +17,7 @@ from typing import Any, Literal
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import label_names
 from semsoft_plugin.core.request import (
+    RESPONSE_LABEL_LOGPROBS,
     Mode,
     SemsoftRequest,
     build_request,
@@ -25,7 +26,7 @@ from semsoft_plugin.core.request import (
 )
 from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.engines.reader_contract import read_scores
-from semsoft_plugin.engines.scoring import ModelScorer, client_model, decision_step
+from semsoft_plugin.engines.scoring import ModelScorer, ReaderError, client_model, decision_step
 
 # vLLM's cap on logprob_token_ids per request (vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS;
 # not imported: this module works without vLLM).
@@ -208,10 +209,14 @@ def openai_label_scores(
         its tokenizer and output embeddings); a name not on this machine yet is
         refused unless ``allow_download=True`` (reading never downloads by itself)
     choice : which choice (``n > 1`` gives ``n``; chunks are grouped by their index)
-    client : the ``openai.OpenAI`` client the request went through: answer tokens the
-        scores need that are outside the returned top-k are then fetched exactly with
-        one follow-up (:func:`openai_fetch`, vLLM servers); without it such a response
-        is refused with :class:`~semsoft_plugin.engines.scoring.MissingLabelLogprobs`
+    client : the ``openai.OpenAI`` client the request went through. Not needed with
+        semsoft's server middleware, which returns the answer tokens the scores need
+        that are outside the top-k in the same response (each choice's
+        ``semsoft_label_logprobs``; non-streaming requests). Given, whatever is still
+        missing (a streaming response, a server without the middleware) is fetched
+        exactly with one follow-up (:func:`openai_fetch`, vLLM servers); without it
+        such a response is refused with
+        :class:`~semsoft_plugin.engines.scoring.MissingLabelLogprobs`
     greedy_pick : whether the server picked greedily (default: from the ``create``
         keywords' ``temperature`` when given them, else greedy); only a greedy pick
         must be the argmax of the scores
@@ -242,6 +247,7 @@ def openai_label_scores(
     content = _get(logprobs, "content")
     tops: list[dict[int, float]] = []
     generated: list[int] = []
+    cut: list[bool] = []  # chat: the step's k-th top log-prob may have been pushed out
     if content is not None:  # chat
         api = "chat"
         text = _get(_get(picked, "message") or _get(picked, "delta") or {}, "content")
@@ -254,6 +260,7 @@ def openai_label_scores(
             top.setdefault(chosen, float(_get(entry, "logprob")))  # beyond the top-k
             generated.append(chosen)
             tops.append(top)
+            cut.append(_chat_top_k_cut(top, chosen, semsoft.config.k))
     else:  # completions
         api = "completions"
         text = _get(picked, "text")
@@ -272,6 +279,19 @@ def openai_label_scores(
             generated.append(chosen)
             tops.append(parsed)
     step = decision_step(reader, semsoft, generated)
+    # What the server's admission middleware added: the label answer tokens' raw
+    # log-probs the decision step's top-k lacks (semsoft_plugin.engines.vllm.label_logprobs).
+    filled = _get(picked, RESPONSE_LABEL_LOGPROBS)
+    if isinstance(filled, Mapping):  # more exact raw log-probs of the same step
+        for token, value in filled.items():
+            tops[step].setdefault(_openai_token(reader, token, api), float(value))
+    elif step < len(cut) and cut[step]:
+        raise ReaderError(
+            "the chat response's decision step may lack its k-th top log-prob: vLLM lists "
+            "the sampled token (here the constrained label, outside the top-k) first and "
+            "cuts the list at top_logprobs=k; serve with semsoft's middleware (it adds what "
+            "is missing) or use the completions API"
+        )
     fetch = None
     if fetch_client is not None:
         prompt = _get(picked, "prompt_token_ids") or _get(response, "prompt_token_ids")
@@ -288,6 +308,16 @@ def openai_label_scores(
         greedy=greedy,
         constrained=plugin,
     )
+
+
+def _chat_top_k_cut(top: Mapping[int, float], chosen: int, k: int) -> bool:
+    """Whether a chat step's ``top_logprobs`` may lack the ``k``-th token: vLLM lists
+    the first ``k`` entries of a dict that starts with the sampled token, so a sampled
+    token outside the top-``k`` pushes the ``k``-th out. Seen as the sampled token
+    listed first and lowest in a list of ``k``."""
+    if len(top) < k or next(iter(top)) != chosen:
+        return False
+    return all(top[chosen] <= v for v in top.values())
 
 
 def _sent_with(request: Any, options: Mapping[str, Any]) -> tuple[bool, bool]:
@@ -320,15 +350,13 @@ def openai_fetch(
     top-k. ``prompt_token_ids`` come back when the request asked for
     ``return_token_ids`` (:func:`openai_request` does).
     """
-    from semsoft_plugin.engines.scoring import MissingLabelLogprobs
+    from semsoft_plugin.engines.scoring import FetchUnavailable
 
     def fetch(token_ids: list[int]) -> dict[int, float]:
         if not prompt_token_ids:
-            raise MissingLabelLogprobs(
-                [],
-                token_ids,
+            raise FetchUnavailable(
                 "the response does not carry its prompt token ids to ask for them (send "
-                "return_token_ids: true, as openai_request does)",
+                "return_token_ids: true, as openai_request does)"
             )
         found: dict[int, float] = {}
         for begin in range(0, len(token_ids), _MAX_LOGPROB_TOKEN_IDS):

@@ -204,6 +204,8 @@ class MissingLabelLogprobs(ReaderError):
     """
 
     def __init__(self, labels: Sequence[str], token_ids: Sequence[int], cause: str) -> None:
+        if not labels:  # a refusal names what it concerns (issue 34 item 13)
+            raise TypeError("MissingLabelLogprobs must name the labels it concerns")
         self.labels = tuple(labels)
         self.token_ids = tuple(int(t) for t in token_ids)
         self.cause = cause
@@ -213,8 +215,14 @@ class MissingLabelLogprobs(ReaderError):
         )
 
 
+class FetchUnavailable(ReaderError):
+    """A :data:`Fetch` cannot ask for the tokens at all (the message says why, e.g. the
+    response lacks its prompt ids); the reader turns it into :class:`MissingLabelLogprobs`
+    naming the labels whose answer tokens were asked for."""
+
+
 # What a reader can ask for the decision step's answer tokens outside the top-k: token ids
-# -> raw log-probs (e.g. a follow-up request's).
+# -> raw log-probs (e.g. a follow-up request's); may raise FetchUnavailable.
 Fetch = Callable[[list[int]], Mapping[int, float]]
 
 
@@ -258,7 +266,7 @@ def scores_from_top_k(
     answer_ids = scoring.labels.answer_token_ids
     missing = [t for t in dict.fromkeys(answer_ids) if t not in known]
     if missing and _needed(request, fallback=False) and fetch is not None:
-        known.update(_fetched(fetch, missing))
+        known.update(_fetched(fetch, missing, scoring))
         missing = [t for t in missing if t not in known]
     # Answer tokens outside the top-k whose log-probs are known go in too: they rank
     # below every kept token, so the top-k is unchanged, and the pool with the
@@ -272,7 +280,7 @@ def scores_from_top_k(
     result = scoring.scorer.score_top_k(ids, values)
     fallback = bool(result.fallback)
     if missing and _needed(request, fallback) and fetch is not None and fallback:
-        known.update(_fetched(fetch, missing))  # the 0/0 case needs them after all
+        known.update(_fetched(fetch, missing, scoring))  # the 0/0 case needs them after all
         return scores_from_top_k(model, request, top, known, emitted, decision_step)
     if missing and _needed(request, fallback):
         wanted = set(missing)
@@ -317,8 +325,17 @@ def scores_from_top_k(
     )
 
 
-def _fetched(fetch: Fetch, token_ids: list[int]) -> dict[int, float]:
-    found = {int(t): float(v) for t, v in fetch(list(token_ids)).items()}
+def _fetched(fetch: Fetch, token_ids: list[int], scoring: LabelScorer) -> dict[int, float]:
+    try:
+        found = {int(t): float(v) for t, v in fetch(list(token_ids)).items()}
+    except FetchUnavailable as error:
+        wanted = set(token_ids)
+        names = [
+            n
+            for n, t in zip(scoring.labels.names, scoring.labels.answer_token_ids, strict=True)
+            if t in wanted
+        ]
+        raise MissingLabelLogprobs(names, token_ids, str(error)) from None
     bad = [t for t, v in found.items() if math.isnan(v) or v == math.inf]
     if bad:
         raise ValueError(f"the follow-up returned NaN/+inf log-probs for token(s) {bad[:5]}")

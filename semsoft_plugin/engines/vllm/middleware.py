@@ -13,7 +13,14 @@ from typing import Any
 from vllm import SamplingParams
 from vllm.exceptions import VLLMClientError
 
-from semsoft_plugin.core.request import check_near_misses, near_misses, parse_request, show_value
+from semsoft_plugin.core.request import (
+    SemsoftRequest,
+    check_near_misses,
+    near_misses,
+    parse_request,
+    show_value,
+)
+from semsoft_plugin.engines.vllm.label_logprobs import fill_label_logprobs
 from semsoft_plugin.engines.vllm.params import validate_params
 
 __all__ = ["admission"]
@@ -35,17 +42,43 @@ async def admission(request: Any, call_next: Any) -> Any:
     route is looked at: semsoft options (or near misses such as ``SEMSOFT_LABELS``) on a
     route other than :data:`SUPPORTED_ROUTES`, or outside ``vllm_xargs``, are refused
     with HTTP 400 naming the key. Requests that do not opt in pass untouched.
+
+    An admitted, opted-in, non-streaming chat or completions request that asked for
+    its token ids (``return_token_ids``, as ``openai_request`` does) gets its answer
+    completed: the label answer tokens' raw log-probs its decision step's top-k lacks,
+    read with one internal one-token request, in each choice's
+    ``semsoft_label_logprobs`` (:mod:`.label_logprobs`), so the client's reader is
+    exact without a follow-up of its own.
     """
     if request.method == "POST":
         path = request.url.path.rstrip("/")
         config = getattr(request.app.state, "vllm_config", None)
-        message = _check_http_body(await request.body(), path, config)
+        body = await request.body()
+        message = _check_http_body(body, path, config)
         if message is not None:
             from starlette.responses import JSONResponse
 
             error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
             return JSONResponse({"error": error}, status_code=400)
+        semsoft = _fillable(body, path)
+        if semsoft is not None and config is not None:
+            return await fill_label_logprobs(request, await call_next(request), semsoft, config)
     return await call_next(request)
+
+
+def _fillable(body: bytes, path: str) -> SemsoftRequest | None:
+    """The options of an admitted, opted-in, non-streaming chat or completions request,
+    whose answer the middleware completes with the label answer tokens' log-probs
+    (:mod:`.label_logprobs`); None for every other request."""
+    if not path.endswith(SUPPORTED_ROUTES):
+        return None
+    try:
+        data = json.loads(body)
+        if not isinstance(data, dict) or data.get("stream") or not data.get("return_token_ids"):
+            return None
+        return parse_request(data.get("vllm_xargs"))
+    except (ValueError, RecursionError, TypeError):
+        return None
 
 
 # The routes whose requests semsoft reads and checks; every other route that could carry
