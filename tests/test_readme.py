@@ -176,7 +176,9 @@ def server(tmp_path_factory):
     (command,) = BASH_BLOCK.findall(body)
     port = free_port()
     command = small_model(command.replace("\\\n", " ").strip())
+    # The README's "python" is the user's environment's: here, the test's interpreter.
     command = command.replace("python -m", f"{sys.executable} -m", 1)
+    command = command.replace("$(python -c", f"$({sys.executable} -c")
     command += f" --port {port} --host 127.0.0.1 --max-model-len 512 --enforce-eager"
     log = tmp_path_factory.mktemp("server") / "server.log"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
