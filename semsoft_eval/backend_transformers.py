@@ -53,7 +53,9 @@ class _HiddenAtDecision:
     (with ``max_new_tokens=1``, one call per batch: the decision step)."""
 
     def __init__(self, model: Any) -> None:
-        self.head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        self.head = (
+            model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        )
         self.calls: list[Tensor] = []
         self._handle: Any = None
 

@@ -214,7 +214,7 @@ def test_fit_offset_finds_scipys_optimum() -> None:
     np.testing.assert_allclose(np.r_[1 / t, b], found.x, atol=1e-4)
 
 
-def test_the_inner_folds_choose_a_weak_penalty_for_a_real_offset_and_a_strong_one_for_none() -> None:
+def test_inner_folds_choose_a_weak_penalty_for_an_offset_and_a_strong_one_for_none() -> None:
     base, y = _offset_data(400, np.array([1.5, -1.0, 0.0, -0.5]), 1.0, 5)
     _, b, strength = label_offsets.fit_offset_cv(base, y)
     assert strength <= 0.1 and np.abs(_centred(b)).max() > 1.0
@@ -325,9 +325,7 @@ def test_cross_fit_applies_each_folds_offset() -> None:
     base, y = _offset_data(120, truth, 1.0, 40)
     grid, start = _grid_with_base(base), _softmax(base)
     fold_ids = np.arange(120) % 3
-    probs, choices = fitting.cross_fit(
-        grid, start, y, fold_ids, single=BASE_GRID, bias=("offset",)
-    )
+    probs, choices = fitting.cross_fit(grid, start, y, fold_ids, single=BASE_GRID, bias=("offset",))
     for fold, choice in enumerate(choices):
         held = fold_ids == fold
         entry, t, keep, stats = fitting.fit_probs(
