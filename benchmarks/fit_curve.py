@@ -189,6 +189,16 @@ def _load(model: str, dataset: str, limit: int, seed: int, collect: bool, probe:
     return pair
 
 
+def _dtype_note() -> str:
+    from semsoft_plugin.engines.models import default_dtype
+
+    return (
+        f"passes collected by --collect: {default_dtype()} weights (models.load's 'auto' on this "
+        "machine), float32 output head; passes read from the cache keep the dtype they were "
+        "written with"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="default,qwen2.5-coder-1.5b")
@@ -265,6 +275,7 @@ def main() -> int:
         "start_config": start_config.to_dict(),
         "grid": {"semantic_weight": list(fitting.DEFAULT_WEIGHTS)},
         "bias_members": list(MEMBERS),
+        "dtype": _dtype_note(),
         "margin": args.margin,
         "draws": args.draws,
         "pairs": pairs,
@@ -284,7 +295,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{', '.join(result['missing_pairs']) or 'none'}.",
         "",
         f"Mean over {result['draws']} random draws of the labels; test = the rest of the "
-        f"set. Rule margin {result['margin']:g} standard errors. `fit`: the whole family "
+        f"set. Rule margin {result['margin']:g} standard errors. Dtype: {result['dtype']}. `fit`: the whole family "
         f"(weight + temperature, temperature, {', '.join(result['bias_members'])}); `w+T`: "
         "without the bias corrections (what `Classifier.fit` runs).",
         "",
