@@ -57,6 +57,8 @@ class DecisionStep:
     logits (transformers) or log-probabilities (vLLM): they differ by one constant per
     row, which every method here is invariant to. ``check`` is ``[N, L]``, the
     probabilities the engine's own adapter returned, to verify a rescoring.
+    ``hidden`` is ``[N, H]`` float32, the last layer's hidden state at the decision step
+    (what the output layer reads), where the engine gives it (transformers), else None.
     """
 
     top_ids: Tensor
@@ -64,6 +66,7 @@ class DecisionStep:
     label_values: Tensor
     check: Tensor
     vocab_size: int
+    hidden: Tensor | None = None
 
 
 @dataclass

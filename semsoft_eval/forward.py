@@ -71,6 +71,9 @@ class Forward:
     sequence_logprob : ``[N, L]`` log P(whole label sequence | prompt), or None
     seconds : wall time of the classify forward passes (all items)
     sequence_seconds : wall time of the extra sequence passes (0 if none)
+    hidden : ``[N, H]`` float32 last-layer hidden state at the decision step (the
+        ``probe`` method's features), or None: the engine gives none (vLLM's generate
+        runner) or the cache predates it (``collect(hidden=True)`` adds it)
     """
 
     top_ids: Tensor
@@ -85,6 +88,7 @@ class Forward:
     sequence_logprob: Tensor | None
     seconds: float
     sequence_seconds: float = 0.0
+    hidden: Tensor | None = None
 
     @property
     def n(self) -> int:
@@ -117,6 +121,7 @@ class Forward:
             label_logits=self.cf_label_logits,
             semantic_check=self.semantic_check[:0],
             sequence_logprob=None,
+            hidden=None,
         )
 
     def chunks(self, size: int = 256) -> Iterator[Tensor]:
@@ -169,6 +174,7 @@ def assemble(
     *,
     vocab_size: int,
     seconds: float,
+    hidden: Tensor | None = None,
 ) -> Forward:
     """A :class:`Forward` from the ``(top_ids, top_values, label_values)`` of the items
     and of the content-free inputs."""
@@ -185,6 +191,7 @@ def assemble(
         semantic_check=check.to(torch.float32),
         sequence_logprob=None,
         seconds=seconds,
+        hidden=hidden,
     )
 
 
@@ -208,12 +215,15 @@ def collect(
     sequence: bool = False,
     progress: bool = True,
     cache_file: Path | None = None,
+    hidden: bool = False,
 ) -> Forward:
     """The decision step of the items and the content-free inputs on ``backend``.
 
     ``store_k`` defaults to what the backend can keep (``backend.max_store_k()``). With
     ``cache_file`` an existing cache is read instead (and a new one written); a cache
-    without the sequence log-probabilities is extended when ``sequence`` asks.
+    without the sequence log-probabilities is extended when ``sequence`` asks, and one
+    without the decision step's hidden states (written before they were kept) when
+    ``hidden`` asks and the backend gives them (the decision step is run again).
     """
 
     def sequence_pass() -> Tensor:
@@ -225,6 +235,14 @@ def collect(
             seq, seconds = _timed_sequence(labels, sequence, sequence_pass)
             if seq is not None:
                 forward.sequence_logprob, forward.sequence_seconds = seq, seconds
+                forward.save(cache_file)
+        if hidden and forward.hidden is None:
+            again = backend.decision_step(
+                inputs, labels, forward.label_ids.tolist(), store_k=forward.store_k,
+                batch_size=batch_size, progress=progress,
+            )  # fmt: skip
+            if again.hidden is not None:
+                forward.hidden = again.hidden
                 forward.save(cache_file)
         return forward
     store_k = backend.max_store_k() if store_k is None else store_k
@@ -241,6 +259,7 @@ def collect(
         items.check,
         vocab_size=items.vocab_size,
         seconds=seconds,
+        hidden=items.hidden,
     )
     forward.sequence_logprob, forward.sequence_seconds = _timed_sequence(
         labels, sequence, sequence_pass

@@ -193,20 +193,24 @@ def _semantic_temperature(m: MethodInputs) -> MethodResult:
 
 @method(
     "semantic-fit",
-    "Classifier.fit on held folds: pool weight and temperature fitted from the run's config, "
-    "kept unless the fit beats it out of fold",
+    "the few-label fit on held folds: pool weight and temperature from the run's config, and "
+    "the bias corrections (a per-label offset, batch, contextual), kept unless the fit beats "
+    "it out of fold",
 )
 def _semantic_fit(m: MethodInputs) -> MethodResult:
     from semsoft_eval.tune import grid_configs
     from semsoft_plugin.core import fitting
     from semsoft_plugin.core.kept_scores import grid_probs
+    from semsoft_plugin.core.label_offsets import MEMBERS
 
     start = time.perf_counter()
     configs = grid_configs(None, m.config.replace(temperature=1.0))
     grid, _ = grid_probs(m.forward, m.embeddings, m.labels, configs)
+    single = fitting.single_entries(configs, m.config)
     probs, choices = fitting.cross_fit(
-        grid, m.semantic().probs, m.targets, m.fold_ids,
-        single=fitting.single_entries(configs, m.config), seed=m.seed,
+        grid, m.semantic().probs, m.targets, m.fold_ids, single=single, seed=m.seed,
+        bias=MEMBERS if "temperature" in single else (),
+        content_free=m.score(m.config.replace(temperature=1.0), content_free=True).probs,
     )  # fmt: skip
     for choice in choices:
         entry = choice.pop("entry")
@@ -350,6 +354,28 @@ def _generative_scoring(m: MethodInputs) -> MethodResult:
     return MethodResult(
         probs, time.perf_counter() - start, extra={"server_requests_per_item": requests}
     )
+
+
+@method(
+    "probe",
+    "logistic regression on the decision step's hidden state (hidden calibration), its L2 "
+    "strength chosen by inner folds, fitted on held folds",
+    default=False,
+)
+def _probe(m: MethodInputs) -> MethodResult:
+    from semsoft_eval.probe import cross_fit_probe
+
+    if m.forward.hidden is None:
+        raise ValueError(
+            "method 'probe' needs the decision step's hidden states, which these kept forward "
+            "passes lack (the vLLM backend gives none; a transformers cache gains them when "
+            "'probe' is asked for through semsoft eval)"
+        )
+    start = time.perf_counter()
+    probs, choices = cross_fit_probe(
+        m.forward.hidden.numpy(), m.targets, m.fold_ids, len(m.labels), seed=m.seed
+    )
+    return MethodResult(probs, time.perf_counter() - start, extra={"fold_choices": choices})
 
 
 def check_methods(methods: Sequence[str]) -> list[str]:

@@ -98,6 +98,7 @@ def prepare(
     batch_size: int = 8,
     cache_dir: str | Path | None = None,
     sequence: bool = False,
+    hidden: bool = False,
     backend: str = "transformers",
     engine_args: dict[str, Any] | None = None,
     progress: bool = True,
@@ -110,6 +111,8 @@ def prepare(
     ``backend="vllm"`` builds a ``vllm.LLM`` with the plugin (``engine_args`` go to it,
     e.g. ``{"tensor_parallel_size": 4}``) unless ``loaded`` gives one, as
     ``(llm, llm.get_tokenizer())`` or as a :class:`~semsoft_eval.backends.Backend`.
+    ``sequence`` / ``hidden``: extend a cache that lacks the label sequences' log-probabilities
+    / the decision step's hidden states (:func:`~semsoft_eval.forward.collect`).
     """
     from semsoft_plugin.engines import models
 
@@ -152,5 +155,6 @@ def prepare(
         sequence=sequence,
         progress=progress,
         cache_file=cache_file,
+        hidden=hidden,
     )
     return Prepared(data, template, model_dir, engine, label_set, inputs, forward, cache_file)

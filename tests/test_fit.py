@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from semsoft_plugin.core import fitting  # noqa: E402
+from semsoft_plugin.core import fitting, label_offsets  # noqa: E402
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
 from semsoft_plugin.core.kept_scores import grid_probs  # noqa: E402
 from semsoft_plugin.core.softmax import semantic_softmax_details  # noqa: E402
@@ -169,6 +169,172 @@ def test_fit_refuses_bad_input() -> None:
         fitting.fit_probs(grid[:, :3], grid[0, :3], np.array([0, 1, 2]))
     with pytest.raises(ValueError, match="margin"):
         fitting.fit_probs(grid, grid[0], np.array([0, 1, 2, 0, 1, 2]), margin=-1)
+
+
+# -- the bias corrections (label_offsets) ------------------------------------------------
+
+
+def _offset_data(n: int, offset: np.ndarray, temperature: float, seed: int):
+    """Base log-probabilities, and labels drawn from softmax(base / T + offset)."""
+    z = np.random.default_rng(seed).normal(size=(n, len(offset))) * 2
+    base = np.log(_softmax(z))
+    return base, _sample(_softmax(base / temperature + offset), seed + 1)
+
+
+def _centred(b) -> np.ndarray:
+    b = np.asarray(b, dtype=np.float64)
+    return b - b.mean()
+
+
+def test_fit_offset_recovers_a_known_offset_and_temperature() -> None:
+    truth = np.array([1.0, -0.5, 0.0, -0.5])
+    base, y = _offset_data(4000, truth, 1.0, 0)
+    t, b = label_offsets.fit_offset(base, y, 1e-4)
+    assert t == pytest.approx(1.0, abs=0.06)
+    np.testing.assert_allclose(_centred(b), truth, atol=0.12)
+    assert abs(b.sum()) < 1e-3  # the ridge fixes the constant a softmax ignores
+    base, y = _offset_data(4000, truth, 2.0, 1)
+    t, b = label_offsets.fit_offset(base, y, 1e-4)
+    assert t == pytest.approx(2.0, rel=0.08)
+    np.testing.assert_allclose(_centred(b), truth, atol=0.12)
+
+
+def test_fit_offset_finds_scipys_optimum() -> None:
+    optimize = pytest.importorskip("scipy.optimize")
+    base, y = _offset_data(300, np.array([0.5, -1.0, 0.2]), 1.5, 3)
+    strength = 0.05
+    t, b = label_offsets.fit_offset(base, y, strength)
+
+    def loss(theta: np.ndarray) -> float:
+        p = label_offsets.apply_offset(base, 1.0 / theta[0], theta[1:])
+        return float(nll(p, y).mean() + 0.5 * strength * theta[1:] @ theta[1:])
+
+    found = optimize.minimize(loss, np.r_[1.0, np.zeros(3)], method="BFGS", options={"gtol": 1e-9})
+    assert loss(np.r_[1 / t, b]) <= found.fun + 1e-9
+    np.testing.assert_allclose(np.r_[1 / t, b], found.x, atol=1e-4)
+
+
+def test_inner_folds_choose_a_weak_penalty_for_an_offset_and_a_strong_one_for_none() -> None:
+    base, y = _offset_data(400, np.array([1.5, -1.0, 0.0, -0.5]), 1.0, 5)
+    _, b, strength = label_offsets.fit_offset_cv(base, y)
+    assert strength <= 0.1 and np.abs(_centred(b)).max() > 1.0
+    base, y = _offset_data(400, np.zeros(4), 1.0, 6)
+    _, b, strength = label_offsets.fit_offset_cv(base, y)
+    assert np.abs(b).max() < 0.25
+
+
+BASE_GRID = {"temperature": 0}
+
+
+def _grid_with_base(base: np.ndarray) -> np.ndarray:
+    return np.concatenate([_softmax(base)[None], _grid_of(base)[1:]])
+
+
+def test_the_fit_finds_a_known_label_offset() -> None:
+    truth = np.array([1.5, -0.5, 0.0, -1.0])
+    base, y = _offset_data(150, truth, 1.0, 10)
+    start = _softmax(base)
+    entry, t, kept, stats = fitting.fit_probs(
+        _grid_with_base(base), start, y, single=BASE_GRID, bias=label_offsets.MEMBERS,
+        content_free=start[:3],
+    )  # fmt: skip
+    assert not kept and stats["procedure"] == "offset" and entry == 0
+    np.testing.assert_allclose(_centred(stats["offset"]), truth, atol=0.5)
+    assert t == pytest.approx(1.0, abs=0.3)
+    # what the outcome gives on items is softmax(base / T + offset)
+    np.testing.assert_allclose(
+        fitting.fitted_probs(_grid_with_base(base), start, entry, t, kept, stats["offset"]),
+        label_offsets.apply_offset(base, t, stats["offset"]),
+    )
+
+
+def test_the_fit_with_the_bias_members_still_finds_a_known_temperature() -> None:
+    base, y = _offset_data(500, np.zeros(4), 3.0, 12)
+    start = _softmax(base)
+    _, t, kept, stats = fitting.fit_probs(
+        _grid_with_base(base), start, y, single=BASE_GRID, bias=label_offsets.MEMBERS,
+        content_free=start[:3],
+    )  # fmt: skip
+    assert not kept
+    assert t == pytest.approx(3.0, rel=0.2)
+    assert t == pytest.approx(fit_temperature(base, y), rel=0.03)  # what scaling alone finds
+    assert stats["offset"] is None or np.abs(_centred(stats["offset"])).max() < 0.5
+
+
+def _prompt_biased(n: int, seed: int):
+    """Labels from softmax(truth); the model's scores carry a prompt bias ``c`` on top."""
+    truth = np.random.default_rng(seed).normal(size=(n, 4)) * 2.5
+    bias = np.array([0.55, 0.25, 0.15, 0.05])
+    return np.log(_softmax(truth + np.log(bias))), _sample(_softmax(truth), seed + 1), bias
+
+
+def test_the_fit_finds_batch_calibration() -> None:
+    base, y, _ = _prompt_biased(200, 20)
+    start = _softmax(base)
+    entry, t, kept, stats = fitting.fit_probs(
+        _grid_with_base(base), start, y, single=BASE_GRID, bias=("batch",)
+    )
+    assert not kept and stats["procedure"] == "batch"
+    want = -np.log(start.mean(0))  # the mean of the fitted rows
+    np.testing.assert_allclose(_centred(stats["offset"]), _centred(want) / t, atol=1e-9)
+
+
+def test_the_fit_finds_contextual_calibration() -> None:
+    base, y, bias = _prompt_biased(200, 30)
+    start = _softmax(base)
+    content_free = np.stack([bias, bias])  # content-free inputs that read the bias exactly
+    _, t, kept, stats = fitting.fit_probs(
+        _grid_with_base(base), start, y, single=BASE_GRID, bias=("contextual",),
+        content_free=content_free,
+    )  # fmt: skip
+    assert not kept and stats["procedure"] == "contextual"
+    np.testing.assert_allclose(_centred(stats["offset"]) * t, _centred(-np.log(bias)), atol=1e-9)
+    assert t == pytest.approx(1.0, abs=0.3)
+
+
+def test_the_whole_family_keeps_the_default_on_labels_from_its_own_distribution() -> None:
+    z = np.random.default_rng(4).normal(size=(100, 4)) * 3
+    start = _softmax(z)
+    content_free = _softmax(np.random.default_rng(5).normal(size=(3, 4)))
+    kept = []
+    for seed in range(10):
+        _, _, keep, stats = fitting.fit_probs(
+            _grid_of(z), start, _sample(start, seed), single={"temperature": 0}, seed=seed,
+            bias=label_offsets.MEMBERS, content_free=content_free,
+        )  # fmt: skip
+        assert set(stats["procedures"]) == {"grid", "temperature", *label_offsets.MEMBERS}
+        kept.append(keep)
+    assert sum(kept) >= 8, kept
+
+
+def test_the_bias_members_refuse_what_they_cannot_fit() -> None:
+    grid = _grid_of(np.random.default_rng(0).normal(size=(12, 3)))
+    y = np.arange(12) % 3
+    with pytest.raises(ValueError, match="unknown bias member 'vector'"):
+        fitting.fit_probs(grid, grid[0], y, single=BASE_GRID, bias=("vector",))
+    with pytest.raises(ValueError, match="'contextual' needs content_free"):
+        fitting.fit_probs(grid, grid[0], y, single=BASE_GRID, bias=("contextual",))
+    with pytest.raises(ValueError, match=r"single\['temperature'\]"):
+        fitting.fit_probs(grid, grid[0], y, bias=("offset",))
+    with pytest.raises(ValueError, match="strength=0"):
+        label_offsets.fit_offset(np.log(grid[0]), y, 0)
+
+
+def test_cross_fit_applies_each_folds_offset() -> None:
+    truth = np.array([1.5, -0.5, 0.0, -1.0])
+    base, y = _offset_data(120, truth, 1.0, 40)
+    grid, start = _grid_with_base(base), _softmax(base)
+    fold_ids = np.arange(120) % 3
+    probs, choices = fitting.cross_fit(grid, start, y, fold_ids, single=BASE_GRID, bias=("offset",))
+    for fold, choice in enumerate(choices):
+        held = fold_ids == fold
+        entry, t, keep, stats = fitting.fit_probs(
+            grid[:, ~held], start[~held], y[~held], single=BASE_GRID, bias=("offset",)
+        )
+        assert choice["procedure"] == stats["procedure"] and choice["offset"] == stats["offset"]
+        want = fitting.fitted_probs(grid[:, held], start[held], entry, t, keep, stats["offset"])
+        np.testing.assert_allclose(probs[held], want)
+    assert any(c["procedure"] == "offset" and not c["kept_default"] for c in choices)
 
 
 # -- a real model -----------------------------------------------------------------------

@@ -20,6 +20,11 @@ procedure's mean out-of-fold NLL gain over the default exceeds ``margin`` standa
 errors of that gain (paired over items). So labels that carry no evidence against the
 default (too few, or drawn from the default's own distribution) leave it unchanged.
 
+**Bias corrections** (``fit_probs(bias=...)``, :mod:`~semsoft_plugin.core.label_offsets`):
+a per-label offset, batch and contextual calibration, each one more procedure under the
+same rule. An offset per label is no :class:`SemsoftConfig`, so :func:`fit_config`
+(``Classifier.fit``, ``semsoft tune``) leaves them out; ``semantic-fit`` searches them.
+
 Everything is computed from *kept forward passes*: per item the top ``S`` decision-step
 logits (or log-probabilities) and those of every label token, one forward pass per item
 whatever the grid (:mod:`semsoft_plugin.core.kept_scores`, which also scores the grid on
@@ -40,6 +45,12 @@ import numpy as np
 
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.kept_scores import Kept, grid_probs
+from semsoft_plugin.core.label_offsets import (
+    apply_offset,
+    check_members,
+    fit_member,
+    member_out_of_fold,
+)
 from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_temperature, nll
 
 __all__ = [
@@ -233,6 +244,8 @@ def fit_probs(
     n_folds: int = 5,
     margin: float = 1.0,
     seed: int = 0,
+    bias: Sequence[str] = (),
+    content_free: np.ndarray | None = None,
 ) -> tuple[int, float, bool, dict[str, Any]]:
     """The fit on precomputed probabilities: ``grid`` ``[C, N, L]`` per grid entry,
     ``start`` ``[N, L]`` of the starting setting (scored as is). Returns ``(entry,
@@ -244,6 +257,11 @@ def fit_probs(
     matters. Each is adopted only if its gain passes the rule (module docstring); of
     those that pass, the larger gain wins.
     ``n_folds`` is lowered to half the number of items when there are fewer.
+
+    ``bias``: the bias members also checked (``label_offsets.MEMBERS``), on the
+    ``single["temperature"]`` entry; ``content_free`` ``[C, L]``: that entry on the
+    content-free inputs (``"contextual"``). ``stats["offset"]``: the adopted member's
+    per-label log-offset (else None), which :func:`fitted_probs` applies.
     """
     y = _check_targets(targets, grid.shape[1], grid.shape[2])
     n = len(y)
@@ -258,13 +276,21 @@ def fit_probs(
     subsets = {"grid": np.arange(len(grid))}
     if temperature and len(grid) > 1:
         subsets.update({name: np.array([entry]) for name, entry in (single or {}).items()})
+    base_entry = check_members(bias, single, content_free)
+    base = log_grid[base_entry]
     checked: dict[str, dict[str, Any]] = {}
-    for name, entries in subsets.items():
-        fitted_nll, choices = _out_of_fold(log_grid[entries], y, fold_ids, temperature)
+    for name in [*subsets, *bias]:
+        if name in subsets:
+            fitted_nll, choices = _out_of_fold(log_grid[subsets[name]], y, fold_ids, temperature)
+            for choice in choices:
+                choice["entry"] = int(subsets[name][choice["entry"]])
+        else:
+            fitted_nll, choices = member_out_of_fold(
+                name, base, y, fold_ids, content_free=content_free, temperature=temperature,
+                seed=seed, entry=base_entry,
+            )  # fmt: skip
         diff = start_nll - fitted_nll
         gain, se = float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(n))
-        for choice in choices:
-            choice["entry"] = int(entries[choice["entry"]])
         checked[name] = {
             "gain": gain,
             "gain_se": se,
@@ -274,12 +300,15 @@ def fit_probs(
         }
     passing = [k for k, v in checked.items() if v["passes"]]
     chosen = max(passing, key=lambda k: checked[k]["gain"]) if passing else "grid"
-    entries = subsets[chosen]
-    best, t, scores, temps = _choose(log_grid[entries], y, temperature)
-    best = int(entries[best])
-    if chosen == "grid":
-        scores_all, temps_all = scores, temps
+    offset = None
+    if chosen in subsets:
+        best, t, scores_all, temps_all = _choose(log_grid[subsets[chosen]], y, temperature)
+        best = int(subsets[chosen][best])
     else:
+        t, b = fit_member(chosen, base, y, content_free=content_free, temperature=temperature,
+                          seed=seed)  # fmt: skip
+        best, offset = base_entry, b.tolist()
+    if chosen != "grid":  # the report lists every grid entry
         _, _, scores_all, temps_all = _choose(log_grid, y, temperature)
     stats = {
         "n": n,
@@ -295,16 +324,25 @@ def fit_probs(
         "scores": scores_all.tolist(),
         "temperatures": temps_all.tolist(),
         "fold_choices": checked[chosen]["fold_choices"],
+        "offset": offset,
     }
     return best, t, not passing, stats
 
 
 def fitted_probs(
-    grid: np.ndarray, start: np.ndarray, entry: int, temperature: float, kept_default: bool
+    grid: np.ndarray,
+    start: np.ndarray,
+    entry: int,
+    temperature: float,
+    kept_default: bool,
+    offset: Sequence[float] | None = None,
 ) -> np.ndarray:
     """What a fit's outcome gives on items: ``start`` as is when the rule kept it, else
-    grid entry ``entry`` with its temperature (the core's last step)."""
-    return start if kept_default else apply_temperature(_log(grid[entry]), temperature)
+    grid entry ``entry`` with its temperature (the core's last step) and, from a bias
+    member, its per-label log-offset."""
+    if kept_default:
+        return start
+    return apply_offset(_log(grid[entry]), temperature, 0.0 if offset is None else offset)
 
 
 def cross_fit(
@@ -328,9 +366,10 @@ def cross_fit(
             out[held] = start[held]
             choices.append({"entry": None, "temperature": 1.0, "kept_default": True})
             continue
-        entry, t, keep, _ = fit_probs(grid[:, ~held], start[~held], y[~held], **options)
-        out[held] = fitted_probs(grid[:, held], start[held], entry, t, keep)
-        choices.append({"entry": entry, "temperature": t, "kept_default": keep})
+        entry, t, keep, stats = fit_probs(grid[:, ~held], start[~held], y[~held], **options)
+        out[held] = fitted_probs(grid[:, held], start[held], entry, t, keep, stats["offset"])
+        choices.append({"entry": entry, "temperature": t, "kept_default": keep,
+                        "procedure": stats["procedure"], "offset": stats["offset"]})  # fmt: skip
     return out, choices
 
 

@@ -1,0 +1,264 @@
+"""Bias corrections fitted on a few labels: a per-label log-offset with a temperature
+(numpy only).
+
+Temperature scaling rescales every log-probability by one number, so it can never
+change which label wins. A prompt biases a model toward some labels whatever the
+input (Zhao et al., 2021; Zhou et al., 2024), and only a per-label offset undoes that.
+Every member here is one form,
+
+.. math::
+
+    p(l \\mid x) \\propto \\exp\\bigl(\\log p_0(l \\mid x) / T + b_l\\bigr),
+
+on the base probabilities ``p0`` (the starting setting at ``T = 1``), with a different
+way of getting ``b``:
+
+* ``"offset"``: ``(1/T, b)`` fitted jointly on the labels (bias-corrected temperature
+  scaling, Alexandari et al., ICML 2020), with ``b`` pulled toward zero by an L2
+  penalty whose strength the *inner* folds choose (:data:`STRENGTHS`). The loss is
+  convex in ``(1/T, b)``: a damped Newton method finds the optimum.
+* ``"batch"``: ``b = -log mean(p0)`` over the rows being fitted (batch calibration,
+  Zhou et al., 2024), then a temperature fitted on the labels.
+* ``"contextual"``: ``b = -log mean(p0(content-free inputs))`` (contextual calibration,
+  Zhao et al., 2021), then a temperature.
+
+(Batch and contextual offsets are divided by the fitted temperature, so
+``softmax((log p0 - log bias) / T)``: the label-free correction, then a temperature.)
+:mod:`semsoft_plugin.core.fitting` scores each member out of fold against the default
+and keeps the default unless one beats it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from semsoft_plugin.core.temperature_scaling import (
+    LOG_T_BOUNDS,
+    apply_temperature,
+    fit_temperature,
+    nll,
+)
+
+__all__ = [
+    "MEMBERS",
+    "STRENGTHS",
+    "apply_offset",
+    "check_members",
+    "fit_member",
+    "fit_offset",
+    "fit_offset_cv",
+    "member_out_of_fold",
+]
+
+# L2 strengths tried for the offset (on the mean NLL; the penalty is strength/2 |b|^2):
+# from nearly free (1e-3) to nearly zero offsets (10).
+STRENGTHS: tuple[float, ...] = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 10.0)
+# The bias members, in the order the fit reports them.
+MEMBERS: tuple[str, ...] = ("offset", "batch", "contextual")
+_FLOOR = 1e-30
+_A_BOUNDS = (math.exp(-LOG_T_BOUNDS[1]), math.exp(-LOG_T_BOUNDS[0]))  # 1/T
+
+
+def apply_offset(log_probs: Any, temperature: float, offset: Any) -> np.ndarray:
+    """``softmax(log_probs / T + offset)`` row-wise, float64."""
+    z = np.asarray(log_probs, dtype=np.float64) / temperature + np.asarray(offset, np.float64)
+    return apply_temperature(z, 1.0)
+
+
+def _loss(x: np.ndarray, y: np.ndarray, a: float, b: np.ndarray, strength: float) -> float:
+    z = a * x + b
+    top = z.max(1)
+    lse = top + np.log(np.exp(z - top[:, None]).sum(1))
+    return float((lse - z[np.arange(len(y)), y]).mean() + 0.5 * strength * b @ b)
+
+
+def fit_offset(
+    log_probs: Any,
+    targets: Any,
+    strength: float,
+    *,
+    temperature: bool = True,
+    max_iter: int = 100,
+    tol: float = 1e-10,
+) -> tuple[float, np.ndarray]:
+    """``(T, b)`` minimising mean NLL of ``softmax(log_probs / T + b)`` plus
+    ``strength / 2 * |b|^2``; ``temperature=False`` keeps ``T = 1``.
+
+    The objective is convex in ``(1/T, b)`` (a log-sum-exp of linear functions, minus a
+    linear one, plus a ridge), so a Newton step with backtracking converges to the
+    optimum; ``1/T`` stays inside the temperature search's bounds ``[0.05, 20]``. The
+    ridge also fixes the constant a softmax ignores: ``b`` sums to zero.
+    """
+    x = np.asarray(log_probs, dtype=np.float64)
+    y = np.asarray(targets, dtype=np.int64)
+    if x.ndim != 2 or len(x) != len(y) or len(y) == 0:
+        raise ValueError(f"log_probs {x.shape} and targets {y.shape} must be [N, L] and [N]")
+    if not strength > 0:
+        raise ValueError(f"strength={strength!r} must be > 0 (the offset is unidentified at 0)")
+    x = x - x.max(1, keepdims=True)
+    n, width = x.shape
+    onehot = np.zeros_like(x)
+    onehot[np.arange(n), y] = 1.0
+    a, b = 1.0, np.zeros(width)
+    current = _loss(x, y, a, b, strength)
+    for _ in range(max_iter):
+        p = apply_temperature(a * x + b, 1.0)
+        r = p - onehot
+        grad_b = r.mean(0) + strength * b
+        hess_bb = (np.diag(p.sum(0)) - p.T @ p) / n + strength * np.eye(width)
+        if temperature:
+            px = (p * x).sum(1)
+            grad = np.concatenate([[(r * x).sum() / n], grad_b])
+            hess = np.empty((width + 1, width + 1))
+            hess[0, 0] = float((p * x * x).sum(1) @ np.ones(n) - px @ px) / n
+            cross = ((p * x) - p * px[:, None]).mean(0)
+            hess[0, 1:] = hess[1:, 0] = cross
+            hess[1:, 1:] = hess_bb
+        else:
+            grad, hess = grad_b, hess_bb
+        step = np.linalg.solve(hess + 1e-12 * np.eye(len(grad)), grad)
+        decrement = float(grad @ step)
+        if decrement < tol:
+            break
+        size = 1.0
+        while size > 1e-8:
+            if temperature:
+                a_new = float(np.clip(a - size * step[0], *_A_BOUNDS))
+                b_new = b - size * step[1:]
+            else:
+                a_new, b_new = a, b - size * step
+            trial = _loss(x, y, a_new, b_new, strength)
+            if trial <= current - 1e-4 * size * decrement:
+                break
+            size /= 2
+        else:
+            break  # no descent (at a bound): the optimum up to the tolerance
+        a, b, current = a_new, b_new, trial
+    return 1.0 / a, b
+
+
+def _inner_folds(y: np.ndarray, seed: int, n_folds: int) -> np.ndarray:
+    from semsoft_plugin.core.fitting import stratified_folds
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # rare labels: unstratified inner folds
+        return stratified_folds(y, min(n_folds, len(y) // 2), seed)
+
+
+def fit_offset_cv(
+    log_probs: Any,
+    targets: Any,
+    *,
+    strengths: tuple[float, ...] = STRENGTHS,
+    temperature: bool = True,
+    n_folds: int = 5,
+    seed: int = 0,
+) -> tuple[float, np.ndarray, float]:
+    """``(T, b, strength)``: the strength with the least mean NLL over inner stratified
+    folds (ties: the stronger), then :func:`fit_offset` with it on all rows."""
+    x = np.asarray(log_probs, dtype=np.float64)
+    y = np.asarray(targets, dtype=np.int64)
+    fold_ids = _inner_folds(y, seed, n_folds)
+    losses = np.zeros(len(strengths))
+    for fold in np.unique(fold_ids):
+        held = fold_ids == fold
+        for s, strength in enumerate(strengths):
+            t, b = fit_offset(x[~held], y[~held], strength, temperature=temperature)
+            losses[s] += nll(apply_offset(x[held], t, b), y[held]).sum()
+    best = int(np.flatnonzero(losses <= losses.min() + 1e-12)[-1])
+    t, b = fit_offset(x, y, strengths[best], temperature=temperature)
+    return t, b, float(strengths[best])
+
+
+def _fixed(bias: np.ndarray, x: np.ndarray, y: np.ndarray, temperature: bool) -> tuple[float, Any]:
+    """A label-free offset ``-log bias``, then a temperature on the corrected scores."""
+    corrected = x - np.log(np.clip(bias, _FLOOR, None))
+    t = fit_temperature(corrected, y) if temperature else 1.0
+    return t, -np.log(np.clip(bias, _FLOOR, None)) / t
+
+
+def fit_member(
+    name: str,
+    log_probs: np.ndarray,
+    targets: np.ndarray,
+    *,
+    content_free: np.ndarray | None = None,
+    temperature: bool = True,
+    seed: int = 0,
+) -> tuple[float, np.ndarray]:
+    """``(T, b)`` of bias member ``name`` (:data:`MEMBERS`) fitted on these rows.
+
+    ``content_free``: ``[C, L]`` the base probabilities of the content-free inputs
+    (needed by ``"contextual"``).
+    """
+    x = np.asarray(log_probs, dtype=np.float64)
+    y = np.asarray(targets, dtype=np.int64)
+    fitters: dict[str, Callable[[], tuple[float, Any]]] = {
+        "offset": lambda: fit_offset_cv(x, y, temperature=temperature, seed=seed)[:2],
+        "batch": lambda: _fixed(apply_temperature(x, 1.0).mean(0), x, y, temperature),
+        "contextual": lambda: _fixed(_content_free_bias(content_free), x, y, temperature),
+    }
+    if name not in fitters:
+        raise ValueError(f"unknown bias member {name!r}; members are {', '.join(MEMBERS)}")
+    t, b = fitters[name]()
+    return float(t), np.asarray(b, dtype=np.float64)
+
+
+def _content_free_bias(content_free: np.ndarray | None) -> np.ndarray:
+    if content_free is None:
+        raise ValueError("the 'contextual' member needs the content-free inputs' probabilities")
+    cf = np.asarray(content_free, dtype=np.float64)
+    if cf.ndim != 2 or len(cf) == 0:
+        raise ValueError(f"content_free must be [C, L] probabilities, got shape {cf.shape}")
+    return cf.mean(0)
+
+
+def check_members(
+    bias: Sequence[str], single: Mapping[str, int] | None, content_free: np.ndarray | None
+) -> int:
+    """The grid entry the members fit on (``single["temperature"]``: the start at
+    ``T = 1``; 0 when no member is asked for); unknown names or missing inputs are
+    refused by name."""
+    names = list(bias)
+    unknown = [b for b in names if b not in MEMBERS]
+    if unknown:
+        raise ValueError(f"unknown bias member {unknown[0]!r}; members are {', '.join(MEMBERS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"bias members are listed twice: {names}")
+    if not names:
+        return 0
+    if "temperature" not in (single or {}):
+        raise ValueError("bias members need the start at T = 1 in the grid (single['temperature'])")
+    if "contextual" in names and content_free is None:
+        raise ValueError("bias member 'contextual' needs content_free probabilities")
+    return int(single["temperature"])  # type: ignore[index]
+
+
+def member_out_of_fold(
+    name: str,
+    base: np.ndarray,
+    y: np.ndarray,
+    fold_ids: np.ndarray,
+    *,
+    content_free: np.ndarray | None,
+    temperature: bool,
+    seed: int,
+    entry: int,
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Per-item NLL of bias member ``name`` fitted on the other folds (the offset's
+    strength chosen by inner folds inside each), and each fold's choice (``entry``: the
+    grid entry ``base`` is)."""
+    out = np.empty(len(y))
+    choices = []
+    for fold in np.unique(fold_ids):
+        held = fold_ids == fold
+        t, b = fit_member(name, base[~held], y[~held], content_free=content_free,
+                          temperature=temperature, seed=seed)  # fmt: skip
+        out[held] = nll(apply_offset(base[held], t, b), y[held])
+        choices.append({"entry": entry, "temperature": t, "offset": b.tolist()})
+    return out, choices

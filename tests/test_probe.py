@@ -1,0 +1,127 @@
+"""The ``probe`` method: logistic regression on the decision step's hidden state, kept in
+the forward passes by the transformers backend (old caches extended on request)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from semsoft_eval import probe
+from semsoft_plugin.core.temperature_scaling import nll
+
+
+def _features(n: int, signal: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Three labels; 40 features, the first three carrying ``signal`` times the label."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % 3
+    x = rng.normal(size=(n, 40))
+    x[np.arange(n), y] += signal
+    return x, y
+
+
+def test_the_probe_learns_a_signal_and_stays_near_the_prior_without_one() -> None:
+    fold_ids = np.arange(90) % 5
+    x, y = _features(90, 3.0, 0)
+    probs, choices = probe.cross_fit_probe(x, y, fold_ids, 3)
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-9)
+    assert (probs.argmax(1) == y).mean() > 0.8 and nll(probs, y).mean() < 0.5
+    assert all(c["C"] in probe.CS for c in choices)
+    x, y = _features(90, 0.0, 1)
+    probs, choices = probe.cross_fit_probe(x, y, fold_ids, 3)
+    assert nll(probs, y).mean() < np.log(3) + 0.1  # no signal: about the uniform prior
+    assert min(c["C"] for c in choices) <= 1e-2  # the inner folds chose a strong penalty
+
+
+def test_the_probe_is_out_of_fold_and_gives_unseen_labels_a_floor() -> None:
+    x, y = _features(60, 2.0, 2)
+    y[:2] = 3  # a fourth label with two items, both in fold 0
+    fold_ids = np.r_[0, 0, np.arange(58) % 3]
+    probs, _ = probe.cross_fit_probe(x, y, fold_ids, 5)
+    for fold in range(3):
+        held = fold_ids == fold
+        model = probe.fit_probe(x[~held], y[~held])
+        want = probe.probe_probs(model, x[held], 5, int((~held).sum()))
+        np.testing.assert_allclose(probs[held], want)
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-9)
+    # label 4 is never seen, label 3 only in fold 0: the add-one floor where unseen
+    for fold in range(3):
+        held = fold_ids == fold
+        floor = 1 / (int((~held).sum()) + 5)
+        np.testing.assert_allclose(probs[held, 4], floor)
+        assert (probs[held, 3] == floor).all() == (fold == 0)
+
+
+@pytest.fixture(scope="module")
+def float32_backend(default_checkpoint):
+    from semsoft_eval.backend_factory import as_backend
+    from semsoft_plugin.engines import models
+
+    model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
+    return as_backend(model, tokenizer)
+
+
+@pytest.mark.slow
+def test_kept_hidden_states_are_the_last_layers_at_the_decision_step(
+    float32_backend, tmp_path
+) -> None:
+    from semsoft_eval.preparation import prepare
+    from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
+
+    prepared = prepare("smollm2-135m", "sst2", limit=24, cache_dir=tmp_path, progress=False,
+                       loaded=float32_backend, batch_size=5)  # fmt: skip
+    hidden = prepared.forward.hidden
+    assert hidden is not None and hidden.dtype == torch.float32
+    assert tuple(hidden.shape) == (24, prepared.model.config.hidden_size)
+    model, tokenizer = prepared.model, prepared.tokenizer
+    for i in (0, 7, 23):  # alone, unpadded, against output_hidden_states
+        ids = torch.tensor(
+            encode_prompts(tokenizer, [format_prompt(tokenizer, prepared.inputs[i])])
+        )
+        with torch.inference_mode():
+            out = model(input_ids=ids, output_hidden_states=True)
+        torch.testing.assert_close(hidden[i], out.hidden_states[-1][0, -1].float(),
+                                   atol=2e-3, rtol=1e-4)  # fmt: skip
+    assert not torch.allclose(hidden[0], hidden[7])
+
+
+@pytest.mark.slow
+def test_probe_on_kept_passes_and_an_old_cache_without_hidden_states(
+    float32_backend, tmp_path
+) -> None:
+    from semsoft_eval.evaluate import evaluate
+    from semsoft_eval.forward import Forward
+    from semsoft_eval.methods import DEFAULT_METHODS, MethodInputs, score_methods
+    from semsoft_eval.preparation import prepare
+    from semsoft_plugin.core.config import SemsoftConfig
+
+    assert "probe" not in DEFAULT_METHODS
+    options = {"limit": 40, "cache_dir": tmp_path, "progress": False, "loaded": float32_backend}
+    prepared = prepare("smollm2-135m", "sst2", **options)
+    cache = prepared.cache_file
+    assert cache is not None and prepared.forward.hidden is not None
+    # An old cache: the same passes without the hidden states.
+    old = prepared.forward
+    old.hidden = None
+    old.save(cache)
+    loaded = Forward.load(cache)
+    assert loaded.hidden is None
+    inputs = MethodInputs(
+        loaded, prepared.embeddings, prepared.labels, prepared.data.targets, SemsoftConfig(),
+        SemsoftConfig.paper(), np.arange(40) % 5,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="method 'probe' needs the decision step's hidden"):
+        score_methods(["probe"], inputs)
+    # Asking for the probe extends the cache; the other passes are the cache's own.
+    report = evaluate("smollm2-135m", "sst2", methods=["constrained", "temperature", "probe"],
+                      n_bootstrap=0, **options)  # fmt: skip
+    extended = Forward.load(cache)
+    assert extended.hidden is not None and torch.equal(extended.top_ids, loaded.top_ids)
+    row = report["methods"]["probe"]
+    assert 0 <= row["accuracy"] <= 1 and np.isfinite(row["nll"]) and row["nll"] > 0
+    # What the method scored is the out-of-fold probe on the kept hidden states.
+    inputs.forward = extended
+    probs = score_methods(["probe"], inputs)["probe"].probs
+    want, _ = probe.cross_fit_probe(extended.hidden.numpy(), prepared.data.targets,
+                                    np.arange(40) % 5, 2)  # fmt: skip
+    np.testing.assert_allclose(probs, want)
