@@ -3,8 +3,8 @@
 #   core: torch (CPU) + the package with its transformers extra (enough for `semsoft classify`)
 #   test: also the test, eval, Outlines, Ray Data and vLLM (CPU wheel) dependencies
 # Into the interpreter scripts/_python.sh picks (never the system one), with uv where it
-# installs (measured on a fresh machine, docs/results.md#install: the core in 17 s with uv
-# against 68 s with pip), else pip.
+# installs (benchmarks/bench_install.sh, fresh venv, empty caches: the core in 11 s with
+# uv, bootstrap included, against 96 s with pip), else pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_python.sh
