@@ -119,20 +119,31 @@ def test_own_vote_variants_count_for_their_label():
 @pytest.mark.parametrize("own_vote", [True, False])
 def test_anchor_token_supplies_the_label_embedding(own_vote):
     # The anchor's row stands in for the answer token's row as E_l; the answer token still
-    # carries the constrained softmax and (with own_vote) its own vote.
+    # carries the constrained softmax and (with own_vote) its own vote. The semantic
+    # distribution alone (weight 1): the default pools none of it in.
     logits, emb, ids = random_case(7, labels=3)
     anchors = (40, 41, 42) if 40 not in ids else (43, 44, 45)
     tokens = LabelTokens(tuple(ids), tuple((t,) for t in ids), anchors)
-    got = semantic_softmax_details(logits, emb, tokens, k=20, center=False, own_vote=own_vote)
+    got = semantic_softmax_details(
+        logits, emb, tokens, k=20, center=False, own_vote=own_vote, semantic_weight=1.0
+    )
     swapped = emb.clone()
     swapped[ids] = emb[list(anchors)]
     want = semantic_softmax_details(
-        logits, swapped, LabelTokens.from_ids(ids), k=20, center=False, own_vote=own_vote
+        logits,
+        swapped,
+        LabelTokens.from_ids(ids),
+        k=20,
+        center=False,
+        own_vote=own_vote,
+        semantic_weight=1.0,
     )
     if own_vote:  # the answer tokens' rows matter only through E_l then
         torch.testing.assert_close(got.semantic, want.semantic)
     torch.testing.assert_close(got.constrained, constrained_softmax(logits, ids))
-    plain = semantic_softmax(logits, emb, ids, k=20, center=False, own_vote=own_vote)
+    plain = semantic_softmax(
+        logits, emb, ids, k=20, center=False, own_vote=own_vote, semantic_weight=1.0
+    )
     assert not torch.allclose(got.semantic, plain)
 
 
