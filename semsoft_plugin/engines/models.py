@@ -192,6 +192,10 @@ def load(name_or_path: str = "default", *, dtype: str = "auto") -> tuple[Any, An
     return model, tokenizer
 
 
+# Rows of a stored tensor read and cast at once by _load_cast.
+_CAST_CHUNK_BYTES = 64 << 20
+
+
 def _load_cast(auto_class: Any, path: Path, dtype: Any) -> Any:
     """``auto_class.from_pretrained(path, dtype=dtype)`` without a second copy of the weights.
 
@@ -200,10 +204,10 @@ def _load_cast(auto_class: Any, path: Path, dtype: Any) -> Any:
     ends, so the peak is the float32 weights plus the whole bf16 file (1.55x the float32
     bytes for the 1.5B default; ``benchmarks/bench_memory.py``). Here the model is
     loaded in the stored dtype (tensors that are views of the mapping, never read), then
-    each parameter is read from the file with ``pread`` into memory of its own, cast
-    and swapped in; the mapping is dropped with the last stored-dtype tensor. Peak: the
-    cast weights plus one stored tensor. The values are the same as a direct load's
-    (the cast is the same ``Tensor.to``).
+    each parameter is read from the file with ``pread``, in slices of at most
+    :data:`_CAST_CHUNK_BYTES`, into its cast tensor, which is swapped in; the mapping
+    is dropped with the last stored-dtype tensor. Peak: the cast weights plus one
+    slice. The values are the same as a direct load's (the same rounding cast).
     """
     import contextlib
 
@@ -231,11 +235,16 @@ def _load_cast(auto_class: Any, path: Path, dtype: Any) -> Any:
             if param.dtype == dtype:
                 continue
             stored = where.get(name)
-            source = stored.get_tensor(name) if stored is not None else None
-            if source is None or source.shape != param.shape:
-                source = param.data  # a renamed key: cast from the mapping
-            param.data = source.to(dtype)
-            del source
+            piece = stored.get_slice(name) if stored is not None else None
+            if piece is None or tuple(piece.get_shape()) != tuple(param.shape) or param.dim() == 0:
+                param.data = param.data.to(dtype)  # a renamed key: cast from the mapping
+                continue
+            cast = torch.empty(param.shape, dtype=dtype)
+            rows = max(1, _CAST_CHUNK_BYTES // max(1, cast[0].nbytes))
+            for start in range(0, param.shape[0], rows):  # the embeddings: 0.5 GB in bf16
+                stop = min(start + rows, param.shape[0])
+                cast[start:stop] = piece[start:stop]
+            param.data = cast
     model.to(dtype)  # float buffers, as a direct load gives them
     model.config.dtype = dtype
     return model
