@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -195,3 +196,40 @@ def test_default_is_the_constrained_softmax_and_the_pool_is_one_flag_away(capsys
     for label in ("joy", "sadness", "anger"):
         assert plain["semantic"][label] == pytest.approx(plain["constrained"][label], abs=1e-6)
     assert max(abs(pooled["semantic"][x] - pooled["constrained"][x]) for x in pooled["semantic"]) > 1e-3
+
+
+# A fresh interpreter's peak resident set over loading SmolLM2's bf16 checkpoint in
+# float32, against the loaded parameters' bytes: the weights' own bytes and the
+# interpreter, not a second copy of them (a direct float32 load kept the whole bf16
+# file resident as well: 1.5x).
+LOAD_PEAK = """
+import json, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM
+from semsoft_plugin.engines import models
+
+def status(field):
+    line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field))
+    return int(line.split()[1]) * 1024
+
+path = models.resolve("smollm2-135m")
+baseline = status("VmRSS")
+Path("/proc/self/clear_refs").write_text("5")  # the peak counter starts again here
+model = models._load_cast(AutoModelForCausalLM, path, torch.float32)
+peak = status("VmHWM") - baseline
+stored = json.loads((path / "config.json").read_text())["dtype"]
+params = {p.data_ptr(): p.nbytes for p in model.parameters()}
+print(json.dumps({"stored": stored, "loaded": str(model.dtype), "ratio": peak / sum(params.values())}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux peak RSS counter")
+def test_a_float32_load_of_bf16_weights_holds_one_copy():
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_PEAK], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["stored"], result["loaded"]) == ("bfloat16", "torch.float32")
+    assert result["ratio"] <= 1.3, result

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -82,7 +83,7 @@ def assert_same_rows(got: list[dict], want: list[dict], key: str = "id") -> None
                 assert actual[column] == value, (expected[key], column)
 
 
-def test_dataset_in_and_out_equal_the_cli(cluster, tmp_path, capfd):
+def test_dataset_in_and_out_equal_the_cli(cluster, tmp_path, capfd, recwarn):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows_table()))
     want = single_process(tmp_path, "single.jsonl", source)
@@ -104,6 +105,12 @@ def test_dataset_in_and_out_equal_the_cli(cluster, tmp_path, capfd):
     assert main(args + ["--output-format", "jsonl"]) == 0
     captured = capfd.readouterr()
     assert "skipped 1 row(s) with an empty 'text': row 4" in captured.err
+    # Nothing a user must look up: Ray logs its deprecations (``concurrency``) on
+    # stderr and warns of others (``ray_remote_args``) with RayDeprecationWarning.
+    assert "deprecated" not in captured.err.lower(), captured.err
+    from ray.util.annotations import RayDeprecationWarning
+
+    assert [str(w.message) for w in recwarn if w.category is RayDeprecationWarning] == []
     assert f"{len(want)} rows in {out}" in captured.out
     got = [json.loads(line) for f in sorted(out.iterdir()) for line in f.read_text().splitlines()]
     assert sorted(r["row"] for r in got) == [i + 1 for i, t in enumerate(TEXTS) if t.strip()]
@@ -151,6 +158,18 @@ def test_two_actors_holding_every_cpu_still_write(cluster, tmp_path):
     assert main(args + ["--concurrency", "2", "--num-cpus", "1"]) == 0
     got = [json.loads(line) for f in sorted(out.iterdir()) for line in f.read_text().splitlines()]
     assert sorted(r["id"] for r in got) == list(range(len(rows)))
+
+
+def test_concurrency_is_an_actor_pool():
+    """``concurrency`` (an int or a ``(min, max)`` pair) becomes Ray's ActorPoolStrategy,
+    which ``map_batches`` takes without a deprecation; anything else is refused by value."""
+    from semsoft_plugin.app.ray import _actor_pool
+
+    assert (_actor_pool(3).min_size, _actor_pool(3).max_size) == (3, 3)
+    assert (_actor_pool((1, 4)).min_size, _actor_pool((1, 4)).max_size) == (1, 4)
+    for bad in (0, -1, True, 2.0, (3, 1), (1, 2, 3), "2"):
+        with pytest.raises(ValueError, match=re.escape(f"concurrency={bad!r}")):
+            _actor_pool(bad)
 
 
 def _actor_pids() -> set[int]:

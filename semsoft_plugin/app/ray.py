@@ -197,8 +197,27 @@ def classify_dataset(
         },
         batch_size=batch_size,
         batch_format="pyarrow",
-        concurrency=concurrency,
+        compute=_actor_pool(concurrency),
         **{k: v for k, v in resources.items() if v is not None},
+    )
+
+
+def _actor_pool(concurrency: int | tuple[int, int]) -> Any:
+    """``concurrency`` as Ray's ``ActorPoolStrategy``: ``map_batches(concurrency=...)``
+    is deprecated since Ray 2.51 and logs a warning a user would have to look up."""
+    from ray.data import ActorPoolStrategy
+
+    if isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1:
+        return ActorPoolStrategy(size=concurrency)
+    if (
+        isinstance(concurrency, tuple)
+        and len(concurrency) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in concurrency)
+        and 1 <= concurrency[0] <= concurrency[1]
+    ):
+        return ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])
+    raise ValueError(
+        f"concurrency={concurrency!r} must be a positive int or a (min, max) pair of them"
     )
 
 
