@@ -68,7 +68,9 @@ def single_process(tmp_path: Path, name: str, input_path: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def assert_same_rows(got: list[dict], want: list[dict], key: str = "id", tol: float = 1e-6) -> None:
+def assert_same_rows(
+    got: list[dict], want: list[dict], key: str = "id", tol: float = 1e-6
+) -> None:
     """Same rows (by ``key``), same columns, floats within ``tol``, the rest equal."""
     by_key = {r[key]: r for r in got}
     assert sorted(by_key) == sorted(r[key] for r in want)
@@ -92,28 +94,14 @@ def test_dataset_in_and_out_equal_the_cli(cluster, tmp_path, capfd):
     table = pa.Table.from_pylist([r for r in rows_table() if r["text"].strip()])
     dataset = ray.data.from_arrow(aligned_blocks(table, 4))
     scored = classify_dataset(
-        dataset,
-        LABELS,
-        model="smollm2-135m",
-        id_column="id",
-        dtype="float32",
-        batch_size=4,
+        dataset, LABELS, model="smollm2-135m", id_column="id", dtype="float32", batch_size=4,
         concurrency=1,
     )
     assert_same_rows(scored.take_all(), want)
 
     # The CLI on Ray: the blank row is named by its row number, the rest equal.
     out = tmp_path / "ray-out"
-    args = [
-        "classify",
-        "--input",
-        str(source),
-        "--output",
-        str(out),
-        "--ray",
-        "--model",
-        "smollm2-135m",
-    ]
+    args = ["classify", "--input", str(source), "--output", str(out), "--ray", "--model", "smollm2-135m"]
     args += ["--labels", ",".join(LABELS), "--dtype", "float32", "--batch-size", "4"]
     assert main(args + ["--output-format", "jsonl"]) == 0
     captured = capfd.readouterr()
@@ -140,18 +128,7 @@ def test_parquet_round_trip(cluster, tmp_path):
     assert [r["id"] for r in want] == [r["id"] for r in rows if r["text"].strip()]
 
     out = tmp_path / "ray-out"
-    args = [
-        "classify",
-        "--input",
-        str(folder),
-        "--output",
-        str(out),
-        "--ray",
-        "--id-column",
-        "id",
-        "--model",
-        "smollm2-135m",
-    ]
+    args = ["classify", "--input", str(folder), "--output", str(out), "--ray", "--id-column", "id", "--model", "smollm2-135m"]
     assert (
         main(args + ["--labels", ",".join(LABELS), "--dtype", "float32", "--batch-size", "4"]) == 0
     )
@@ -171,18 +148,7 @@ def test_two_actors_holding_every_cpu_still_write(cluster, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "ray-out"
-    args = [
-        "classify",
-        "--input",
-        str(source),
-        "--output",
-        str(out),
-        "--ray",
-        "--id-column",
-        "id",
-        "--model",
-        "smollm2-135m",
-    ]
+    args = ["classify", "--input", str(source), "--output", str(out), "--ray", "--id-column", "id", "--model", "smollm2-135m"]
     args += ["--labels", ",".join(LABELS), "--batch-size", "4", "--output-format", "jsonl"]
     assert main(args + ["--concurrency", "2", "--num-cpus", "1"]) == 0
     got = [json.loads(line) for f in sorted(out.iterdir()) for line in f.read_text().splitlines()]
@@ -213,13 +179,8 @@ def test_a_killed_actor_is_retried_without_loss(cluster, tmp_path):
     def run():
         dataset = ray.data.from_arrow(aligned_blocks(table, 4, max_blocks=16))
         return classify_dataset(
-            dataset,
-            LABELS,
-            model="smollm2-135m",
-            id_column="id",
-            dtype="float32",
-            batch_size=4,
-            concurrency=1,
+            dataset, LABELS, model="smollm2-135m", id_column="id", dtype="float32",
+            batch_size=4, concurrency=1,
         )
 
     reference = run().take_all()
