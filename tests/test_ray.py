@@ -69,8 +69,10 @@ def single_process(tmp_path: Path, name: str, input_path: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def assert_same_rows(got: list[dict], want: list[dict], key: str = "id") -> None:
-    """Same rows (by ``key``), same columns, floats within 1e-6, the rest equal."""
+def assert_same_rows(
+    got: list[dict], want: list[dict], key: str = "id", tol: float = 1e-6
+) -> None:
+    """Same rows (by ``key``), same columns, floats within ``tol``, the rest equal."""
     by_key = {r[key]: r for r in got}
     assert sorted(by_key) == sorted(r[key] for r in want)
     assert len(got) == len(by_key), "a row came out twice"
@@ -78,7 +80,7 @@ def assert_same_rows(got: list[dict], want: list[dict], key: str = "id") -> None
         actual = by_key[expected[key]]
         for column, value in expected.items():
             if column.startswith(FLOAT_PREFIXES):
-                assert abs(actual[column] - value) <= 1e-6, (expected[key], column)
+                assert abs(actual[column] - value) <= tol, (expected[key], column)
             else:
                 assert actual[column] == value, (expected[key], column)
 
@@ -312,3 +314,48 @@ def test_a_bad_row_is_named_and_its_batch_scored(capfd):
     for j, row in enumerate(out):
         for i, label in enumerate(want.labels):
             assert abs(row[f"p_{label}"] - want.probs[j, i]) <= 1e-6
+
+
+def test_file_mode_on_ray_equals_the_cli(cluster, tmp_path, capfd):
+    # 40 distinct reviews written for this test (the file mode needs at least 32), one
+    # of them repeated: the same two passes as the CLI's, to the same numbers.
+    things = ["film", "meal", "hotel", "phone", "book", "concert", "car", "game", "class", "show"]
+    words = ["wonderful", "a delight", "awful", "boring"]
+    texts = [f"The {t} was {w}." for t in things for w in words]
+    texts = texts[:10] + [texts[0]] * 3 + texts[10:]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows_table(texts)))
+    out = tmp_path / "single.jsonl"
+    args = [
+        "classify",
+        "--input",
+        str(source),
+        "--labels",
+        ",".join(LABELS),
+        "--model",
+        "smollm2-135m",
+    ]
+    args += [
+        "--dtype",
+        "float32",
+        "--batch-size",
+        "4",
+        "--calibrate",
+        "file",
+        "--file-strength",
+        "0.8",
+    ]
+    assert main([*args, "--output", str(out)]) == 0
+    want = [json.loads(line) for line in out.read_text().splitlines()]
+    summary = capfd.readouterr().out.splitlines()[-1]
+    assert summary.startswith("file correction (--calibrate file): bias positive")
+
+    ray_out = tmp_path / "ray-out"
+    assert main([*args, "--output", str(ray_out), "--ray", "--output-format", "jsonl"]) == 0
+    assert summary in capfd.readouterr().err  # the same bias, named on stderr
+    got = [
+        json.loads(line) for f in sorted(ray_out.iterdir()) for line in f.read_text().splitlines()
+    ]
+    # Ray scores the repeated rows again, so from them on its batches are not the CLI's
+    # batches of distinct texts: float32 padding noise (1.1e-6 seen), not the correction.
+    assert_same_rows([{k: v for k, v in r.items() if k != "row"} for r in got], want, tol=1e-5)

@@ -7,20 +7,15 @@ the order of ``classes_``, so scikit-learn's metrics take it unchanged::
     clf = Classifier("default", labels=["positive", "negative"])
     log_loss(y, clf.predict_proba(texts), labels=clf.classes_)
 
-It is a scikit-learn estimator (``clone``, ``Pipeline``, ``GridSearchCV`` over its
-settings with any scorer) without importing scikit-learn: the protocol is written out in
-:mod:`semsoft_plugin.app.estimator`, and the model is a parameter that copies cheaply (a
-name loaded once per process, or a loaded model shared by reference:
-:mod:`semsoft_plugin.app.handles`), so no copy of the classifier copies the weights.
+A scikit-learn estimator (``clone``, ``Pipeline``, ``GridSearchCV``) without importing
+scikit-learn (:mod:`semsoft_plugin.app.estimator`); the model is a parameter that copies
+cheaply (:mod:`semsoft_plugin.app.handles`), so no copy of the classifier copies the weights.
 
-It is the one way the project scores texts (``semsoft classify`` goes through it), through
-the adapters' batch functions, :func:`semsoft_plugin.engines.hf.classify` and
-:func:`semsoft_plugin.engines.vllm.classify_vllm`, so batching, padding and scoring live in
-one place per engine. Both run ``semsoft eval``'s forward pass: the decision step (the
-first token after the answer prefix) only, whose scores decide the calibrated label.
-
-No engine is imported until a method needs it, nor numpy (which the estimator's
-outputs are): ``import semsoft_plugin`` stays torch-only.
+The one way the project scores texts (``semsoft classify`` goes through it), through the
+adapters' batch functions (:func:`semsoft_plugin.engines.hf.classify`,
+:func:`semsoft_plugin.engines.vllm.classify_vllm`): ``semsoft eval``'s forward pass, the
+decision step only. No engine is imported until a method needs it, nor numpy:
+``import semsoft_plugin`` stays torch-only.
 """
 
 from __future__ import annotations
@@ -29,31 +24,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from semsoft_plugin.app import handles
+from semsoft_plugin.app import file_mode, handles
+from semsoft_plugin.app.classifier_settings import checked_settings
 from semsoft_plugin.app.estimator import EstimatorProtocol
 from semsoft_plugin.app.predictions import Predictions, probability_rows
 from semsoft_plugin.app.texts import TextFitter, target_list, text_list
-from semsoft_plugin.core.calibration import CONTENT_FREE, batch_calibrate, debias
+from semsoft_plugin.core.calibration import CONTENT_FREE, FileCalibration, debias
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet, label_names
 from semsoft_plugin.core.result import LabelResult
-from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
+from semsoft_plugin.engines.prompting import PromptTemplate, build_inputs
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BACKENDS", "Classifier", "NotFittedError", "checked_settings"]
+__all__ = ["BACKENDS", "Classifier", "NotFittedError"]
 
 BACKENDS = handles.BACKENDS
-CALIBRATIONS = (None, "contextual", "batch")
-# Batch calibration divides by the batch's mean distribution: over a handful of texts
-# that mean is mostly the texts' own content, not the prompt's bias.
-MIN_BATCH_CALIBRATION = 16
 
 
 class NotFittedError(ValueError, AttributeError):
-    """Used before ``fit`` where the labels come from ``fit`` (``labels=None``); a
-    ``ValueError`` and an ``AttributeError``, as scikit-learn's own ``NotFittedError``."""
+    """Used before ``fit`` where ``fit`` supplies something (the labels with
+    ``labels=None``, the file correction with ``calibrate="file"``); a ``ValueError`` and an
+    ``AttributeError``, as scikit-learn's own ``NotFittedError``."""
 
 
 @dataclass(frozen=True)
@@ -104,12 +97,14 @@ class Classifier(EstimatorProtocol):
     batch_size : texts per forward pass (transformers; vLLM schedules its own)
     progress : show the adapter's progress bar (default: when there is more than one
         batch)
-    calibrate : ``None``, ``"batch"`` or ``"contextual"``: also divide out the prompt's
-        label bias, estimated as the mean distribution of the texts of each call (batch
-        calibration, Zhou et al., 2024; no extra pass, at least 16 texts a call; it
-        assumes the call's texts are not dominated by one label) or read from
-        content-free inputs scored the same way (Zhao et al., 2021; see
-        :meth:`content_free_bias`: three forward passes per classifier)
+    calibrate : ``None``, ``"contextual"`` or ``"file"``: also divide out the prompt's
+        label bias, read from content-free inputs (Zhao et al., 2021; three passes, see
+        :meth:`content_free_bias`), or (the file mode, :mod:`~semsoft_plugin.app.file_mode`)
+        the mean distribution of the distinct texts given to ``fit(texts)``, estimated
+        once and applied to each row alone. Opt-in: it harms a file where one label is
+        truly the majority, which unlabelled rows cannot tell (docs/defaults.md)
+    file_strength : with ``calibrate="file"``, the share of the correction applied, in
+        [0, 1]: rows are divided by ``bias ** file_strength`` (0 changes nothing)
     exact_head : transformers: compute the decision step's logits with a float32 head
         (:func:`~semsoft_plugin.engines.hf.float32_head`) when the model is bf16/fp16, so
         different texts do not tie on bf16's coarse grid (a vLLM engine loaded by name
@@ -147,6 +142,9 @@ class Classifier(EstimatorProtocol):
     fitted_config_ : after ``fit``: the :class:`SemsoftConfig` every prediction uses
     fit_result_ : after ``fit``: what the fit chose and why (``None`` if it searched
         nothing)
+    file_calibration_ : after ``fit`` with ``calibrate="file"``: the
+        :class:`~semsoft_plugin.core.calibration.FileCalibration` every prediction applies
+        (its bias in ``classes_`` order)
     """
 
     _shared_params = ("model", "tokenizer")
@@ -165,6 +163,7 @@ class Classifier(EstimatorProtocol):
         batch_size: int = 8,
         progress: bool | None = False,
         calibrate: str | None = None,
+        file_strength: float = 1.0,
         exact_head: bool = True,
         max_text_tokens: int | None = None,
         truncate: bool = True,
@@ -188,6 +187,7 @@ class Classifier(EstimatorProtocol):
         self.batch_size = batch_size
         self.progress = progress
         self.calibrate = calibrate
+        self.file_strength = file_strength
         self.exact_head = exact_head
         self.max_text_tokens = max_text_tokens
         self.truncate = truncate
@@ -204,30 +204,25 @@ class Classifier(EstimatorProtocol):
     def from_pretrained(
         cls, model: str = "default", labels: Sequence[str] | None = None, **kwargs: Any
     ) -> Classifier:
-        """A classifier on a model by name or checkpoint directory, its settings checked
-        and the model loaded now (so a bad option or label fails before any text).
-
-        Parameters
-        ----------
-        model, labels, **kwargs : the constructor's (``backend``, ``dtype``,
-            ``engine_args``, ``prompt``, ``config``, ``batch_size``, ...)
-        """
+        """A classifier on a model by name or checkpoint directory (``model``, ``labels``
+        and ``**kwargs`` as the constructor's), its settings checked and the model loaded
+        now (so a bad option or label fails before any text)."""
         classifier = cls(model, None, labels, **kwargs)
         if labels is not None:
             classifier._setup()
         return classifier
 
     def __sklearn_tags__(self) -> Any:
-        """scikit-learn's tags (scikit-learn >= 1.6): a classifier of texts (1-D string
-        input), multiclass, usable before ``fit`` when the labels are given."""
+        """scikit-learn's tags (scikit-learn >= 1.6): a classifier of texts (1-D strings),
+        multiclass, usable before ``fit`` when the labels are given but not in file mode."""
         from sklearn.utils import ClassifierTags, InputTags, Tags, TargetTags
 
         return Tags(
             estimator_type="classifier",
-            target_tags=TargetTags(required=True),
+            target_tags=TargetTags(required=self.calibrate != "file"),
             classifier_tags=ClassifierTags(),
             input_tags=InputTags(one_d_array=True, two_d_array=False, string=True),
-            requires_fit=self.labels is None,
+            requires_fit=self.labels is None or self.calibrate == "file",
         )
 
     # -- scikit-learn surface -------------------------------------------------
@@ -256,8 +251,10 @@ class Classifier(EstimatorProtocol):
 
         return float(accuracy_score(y, self.predict(texts), sample_weight=sample_weight))
 
-    def fit(self, texts: Iterable[str], y: Iterable[str]) -> Classifier:
-        """Fit the settings to a few labelled texts (50-200 are enough); returns ``self``.
+    def fit(self, texts: Iterable[str], y: Iterable[str] | None = None) -> Classifier:
+        """Fit the settings to a few labelled texts (50-200 are enough), or, with
+        ``calibrate="file"`` and no ``y``, estimate the file correction from the texts to
+        classify; returns ``self``.
 
         One forward pass per text; then :func:`semsoft_plugin.core.fitting.fit_config` on the
         kept decision-step scores: from the classifier's settings (``config`` with ``k``,
@@ -273,31 +270,50 @@ class Classifier(EstimatorProtocol):
         (``sampling_params(labels, config=...)`` / ``semsoft_*`` ``vllm_xargs``).
         ``fit_result_`` says what was chosen and why. The parameters are not changed.
 
+        With ``calibrate="file"``, ``fit(texts)`` scores each distinct text once (at
+        least 32) and keeps their mean label distribution as ``file_calibration_``. The
+        labelled search scores uncorrected probabilities, so ``fit(texts, y)`` with
+        ``calibrate="file"`` is refused unless it searches nothing (``fit_grid={}``,
+        ``fit_temperature=False``: it reads the labels and estimates the correction on
+        ``texts``, as a ``GridSearchCV`` over ``file_strength`` wants).
+
         Parameters
         ----------
-        texts : the labelled texts
+        texts : the labelled texts; with ``calibrate="file"``, the texts to classify
         y : their labels, elements of ``classes_`` (with ``labels=None``: any strings,
-            which become the labels)
+            which become the labels); ``None`` only with ``calibrate="file"``
         """
         from semsoft_plugin.core import fitting
 
         values = text_list(texts)
-        given = target_list(y, len(values))
-        names = label_names(sorted(set(given))) if self.labels is None else self._names()
+        unlabelled = y is None and self.calibrate == "file"
+        if unlabelled and self.labels is None:
+            raise ValueError("fit(texts) without y needs labels=[...]: texts do not name them")
+        if y is None and not unlabelled:  # scikit-learn's words (check_requires_y_none)
+            raise ValueError(
+                "Classifier requires y to be passed, but the target y is None (only "
+                "calibrate='file' fits on texts alone)"
+            )
+        given = [] if y is None else target_list(y, len(values))
+        names = self._names() if self.labels is not None else label_names(sorted(set(given)))
         index = {name: i for i, name in enumerate(names)}
         unknown = [label for label in given if label not in index]
         if unknown:
             raise ValueError(f"y holds {unknown[0]!r}, which is not a label; labels: {names}")
         setup = self._setup(names)
-        if self.calibrate is not None:
-            raise ValueError(
-                f"fit with calibrate={self.calibrate!r}: the fit scores the uncalibrated "
-                "probabilities; build the classifier with calibrate=None to fit it"
-            )
-        for name in ("labels_", "fit_result_", "fitted_config_"):  # a refit starts afresh
-            self.__dict__.pop(name, None)
+        self._forget_fit()
         default = {"semantic_weight": fitting.DEFAULT_WEIGHTS}
         axes = default if self.fit_grid is None else dict(self.fit_grid)
+        if self.calibrate == "file" and (unlabelled or not (axes or self.fit_temperature)):
+            self._fit_file(setup, names, values)
+            return self
+        if self.calibrate is not None:
+            raise ValueError(
+                f"fit(texts, y) with calibrate={self.calibrate!r}: the fit scores uncorrected "
+                "probabilities, so its choice would not hold once corrected; fit with "
+                "calibrate=None (calibrate='file': fit(texts) without y, or fit_grid={} and "
+                "fit_temperature=False to only read the labels)"
+            )
         result = None
         if axes or self.fit_temperature:
             start = setup.config
@@ -312,6 +328,22 @@ class Classifier(EstimatorProtocol):
         self.fit_result_ = result
         self.fitted_config_ = setup.config if result is None else result.config
         return self
+
+    def _forget_fit(self) -> None:
+        for name in ("labels_", "fit_result_", "fitted_config_", "file_calibration_"):
+            self.__dict__.pop(name, None)  # a refit starts afresh
+
+    def _fit_file(self, setup: _Setup, names: list[str], values: list[str]) -> None:
+        """The file mode's fit: the correction of the distinct ``values``, no search."""
+        raw = self._raw_details(setup, list(dict.fromkeys(values)))
+        self.file_calibration_ = FileCalibration.estimate(raw.probs, strength=self.file_strength)
+        self.labels_, self.fit_result_, self.fitted_config_ = tuple(names), None, setup.config
+
+    def _file_calibration(self, setup: _Setup) -> FileCalibration:
+        """The fitted file correction, checked against the parameters now."""
+        fitted, fit_labels = self.__dict__.get("file_calibration_"), self.__dict__.get("labels_")
+        names = setup.labels.names
+        return file_mode.checked_fit(fitted, self.file_strength, fit_labels, names, NotFittedError)
 
     # -- the parameters, resolved --------------------------------------------
     def _names(self) -> list[str]:
@@ -391,19 +423,24 @@ class Classifier(EstimatorProtocol):
 
     def predict_details(self, texts: Iterable[str]) -> Predictions:
         """Labels, calibrated and constrained probabilities, coverage, fallback flags and
-        the tokens cut from each text (see ``max_text_tokens``)."""
-        import numpy as np
-
+        the tokens cut from each text (see ``max_text_tokens``). With a ``calibrate``
+        correction, ``probs`` and ``label`` are corrected, ``constrained`` is not."""
         values = text_list(texts)
         setup = self._setup()
+        correction = self._file_calibration(setup) if self.calibrate == "file" else None
+        raw = self._raw_details(setup, values)  # scored after the check above
+        if correction is not None:
+            return raw.with_probs(correction.apply(raw.probs))
+        if self.calibrate == "contextual":
+            return raw.with_probs(debias(raw.probs, self._content_free_bias(setup)))
+        return raw
+
+    def _raw_details(self, setup: _Setup, values: list[str]) -> Predictions:
+        """:meth:`predict_details` before any ``calibrate`` correction."""
+        import numpy as np
+
         inputs, cut = setup.fitter.prompts(values)
         classes = tuple(sorted(setup.labels.names))
-        if self.calibrate == "batch" and len(inputs) < MIN_BATCH_CALIBRATION:
-            raise ValueError(
-                f"calibrate='batch' needs at least {MIN_BATCH_CALIBRATION} texts per call, got "
-                f"{len(inputs)}: the bias is their mean distribution (for one text at a time use "
-                "semsoft_plugin.core.calibration.RunningBias, or calibrate='contextual')"
-            )
         if not inputs:
             empty = np.zeros((0, len(classes)))
             return Predictions(
@@ -413,10 +450,6 @@ class Classifier(EstimatorProtocol):
         probs: list[Any] = [r.probs for r in results]
         constrained: list[Any] = [r.constrained_probs for r in results]
         p = probability_rows(probs, classes)
-        if self.calibrate == "contextual":
-            p = debias(p, self._content_free_bias(setup))
-        elif self.calibrate == "batch":
-            p = batch_calibrate(p)
         return Predictions(
             labels=classes,
             label=[classes[i] for i in p.argmax(axis=1)],
@@ -465,32 +498,3 @@ class Classifier(EstimatorProtocol):
         }  # fmt: skip
         tokenizer = setup.loaded.tokenizer
         return classify(model, tokenizer, inputs, setup.labels, **{**own, **options})
-
-
-def checked_settings(clf: Classifier) -> tuple[PromptTemplate, SemsoftConfig]:
-    """The prompt and Semantic Softmax settings ``clf``'s parameters name, with every
-    parameter that needs no model checked (each refused by name): what ``fit`` and
-    ``predict*`` check first, and what a caller can check before a model loads."""
-    n = clf.max_text_tokens
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"max_text_tokens={n!r} must be a positive int")
-    if clf.calibrate not in CALIBRATIONS:
-        raise ValueError(f"calibrate={clf.calibrate!r} must be one of {CALIBRATIONS}")
-    size = clf.batch_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"batch_size={size!r} must be a positive int")
-    if not isinstance(clf.dtype, str):
-        raise ValueError(f"dtype={clf.dtype!r} must be a torch dtype name or 'auto'")
-    if clf.fit_grid is not None and not isinstance(clf.fit_grid, Mapping):
-        raise ValueError(f"fit_grid={clf.fit_grid!r} must be a mapping field -> values")
-    if clf.engine_args is not None and not isinstance(clf.engine_args, Mapping):
-        raise ValueError(f"engine_args={clf.engine_args!r} must be a mapping or None")
-    prompt = clf.prompt
-    if isinstance(prompt, str):
-        prompt = PromptTemplate(user=prompt)
-    if prompt is not None and not isinstance(prompt, PromptTemplate):
-        raise ValueError(f"prompt must be a PromptTemplate or a str, got {type(prompt).__name__}")
-    if clf.config is not None and not isinstance(clf.config, SemsoftConfig):
-        raise ValueError(f"config must be a SemsoftConfig or None, got {clf.config!r}")
-    own = {"k": clf.k, "semantic_weight": clf.semantic_weight, "temperature": clf.temperature}
-    return prompt or DEFAULT_TEMPLATE, (clf.config or SemsoftConfig()).replace(**own)

@@ -14,7 +14,16 @@ from typing import Any
 from semsoft_plugin.core.labels import split_labels
 from semsoft_plugin.engines.prompting import DEFAULT_PROMPT
 
-__all__ = ["classifier_from_args", "parse_labels", "prompt_template"]
+__all__ = ["classifier_from_args", "file_strength", "parse_labels", "prompt_template"]
+
+
+def file_strength(args: argparse.Namespace) -> float | None:
+    """The file mode's strength (``--file-strength``, default 1.0), or ``None`` without
+    ``--calibrate file``."""
+    if getattr(args, "calibrate", None) != "file":
+        return None
+    given = getattr(args, "file_strength", None)
+    return 1.0 if given is None else float(given)
 
 
 def parse_labels(text: str) -> list[str]:
@@ -61,4 +70,7 @@ def classifier_from_args(
         config=config,
         batch_size=args.batch_size,
         max_text_tokens=getattr(args, "max_text_tokens", None),
+        # The file mode corrects the written rows itself (classify_file, ray): its
+        # classifier gives the raw scores of the first pass.
+        calibrate="contextual" if getattr(args, "calibrate", None) == "contextual" else None,
     )

@@ -8,6 +8,12 @@ their settings) under the output's lock (:mod:`semsoft_plugin.app.output_lock`: 
 writer per output); then a straight read, score, write. The settings that change a
 written value are recorded beside the output (``OUTPUT.semsoft.json``,
 :mod:`semsoft_plugin.app.file_settings`).
+
+With ``--calibrate file`` (:mod:`semsoft_plugin.app.file_mode`) a first pass scores every
+distinct text (in the same batches as the write pass would) and writes nothing; the
+correction they give is recorded in the settings record, and then every row is written
+with it applied. The first pass's scores are kept in memory (a few numbers per distinct
+text), so no text is scored twice.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from semsoft_plugin.app import file_mode
 from semsoft_plugin.app.classify_args import classifier_from_args
 from semsoft_plugin.app.columns import row_list
 from semsoft_plugin.app.file_plan import FilePlan, check_output, make_plan
@@ -42,7 +49,10 @@ def run_classify_file(
     many rows hold it. Each batch is written and flushed when it finishes. ``--resume``
     keeps the complete rows already in the output (checking that they are this input's
     rows, in order, scored with the same settings); every text is scored in the same
-    batch as in an uninterrupted run, so the numbers are the same.
+    batch as in an uninterrupted run, so the numbers are the same. With ``--calibrate
+    file``, ``p_<label>``, ``label`` and ``review`` have the file correction applied (a
+    ``--resume`` reuses the recorded one; a run stopped before it was recorded estimates
+    it again).
 
     Returns 0, or 1 when writing the output failed (a full disk, a file-size limit): one
     line on stderr says so and that ``--resume`` continues.
@@ -95,15 +105,25 @@ def _score(plan: FilePlan, classifier: Any, labels: list[str]) -> int:
     )
     began, writer = time.perf_counter(), None
     scores: dict[str, dict[str, Any]] = {}
+    first: dict[str, dict[str, Any]] = {}  # --calibrate file: the first pass's raw rows
     pending = len(plan.done)  # the next position in plan.todo to write
+    correction = plan.correction
     try:
         if not plan.resuming:
             write_settings(plan.output, plan.settings, plan.made_with)
+        if plan.file_strength is not None and correction is None and classifier is not None:
+            correction = _first_pass(plan, classifier, first, now)
         writer = plan.open_writer()
         for chunk in plan.batches() if classifier is not None else []:
-            details = classifier.predict_details(chunk)
-            scores.update(zip(chunk, plan.result.values(details, plan.review_below), strict=True))
-            now.texts, now.batches = now.texts + len(chunk), now.batches + 1
+            if all(text in first for text in chunk):
+                added = [first[text] for text in chunk]
+            else:
+                details = classifier.predict_details(chunk)
+                added = plan.result.values(details, plan.review_below)
+                now.texts, now.batches = now.texts + len(chunk), now.batches + 1
+            if correction is not None:
+                added = file_mode.corrected_rows(plan.result, added, correction, plan.review_below)
+            scores.update(zip(chunk, added, strict=True))
             end = pending
             while end < len(plan.todo) and plan.texts[plan.todo[end]] in scores:
                 end += 1
@@ -117,6 +137,13 @@ def _score(plan: FilePlan, classifier: Any, labels: list[str]) -> int:
     except KeyboardInterrupt:
         bar.close()
         _close_quietly(writer)
+        if writer is None and plan.file_strength is not None:
+            print(
+                "semsoft classify: interrupted in the first pass of --calibrate file (nothing "
+                "written): run the same command again",
+                file=sys.stderr,
+            )
+            raise
         print(
             f"semsoft classify: interrupted; {pending} of {len(plan.todo)} rows are in "
             f"{plan.output}: run again with --resume to finish",
@@ -147,7 +174,30 @@ def _score(plan: FilePlan, classifier: Any, labels: list[str]) -> int:
         raise
     bar.close()
     _summary(plan, kept, now, time.perf_counter() - began, labels)
+    if correction is not None:
+        print(file_mode.describe(labels, correction))
     return 0
+
+
+def _first_pass(
+    plan: FilePlan, classifier: Any, first: dict[str, dict[str, Any]], now: _Tally
+) -> Any:
+    """``--calibrate file``: score every distinct text (in the write pass's batches, so
+    its numbers are the write pass's), estimate the correction from them (each text
+    once) and record it beside the output before any row is written."""
+    from tqdm.auto import tqdm
+
+    distinct = plan.distinct
+    with tqdm(total=len(distinct), unit="text", desc="first pass", file=sys.stderr) as bar:
+        for chunk in plan.batches():
+            details = classifier.predict_details(chunk)
+            first.update(zip(chunk, plan.result.values(details, plan.review_below), strict=True))
+            now.texts, now.batches = now.texts + len(chunk), now.batches + 1
+            bar.update(len(chunk))
+    rows = [first[text] for text in distinct]
+    correction = file_mode.estimate_rows(plan.result, rows, plan.file_strength or 1.0)
+    write_settings(plan.output, plan.settings, plan.made_with, correction)
+    return correction
 
 
 def _close_quietly(writer: Any) -> None:

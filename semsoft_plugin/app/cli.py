@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from semsoft_plugin.app.classifier_settings import check_file_strength
 from semsoft_plugin.app.classify_args import classifier_from_args, parse_labels, prompt_template
 from semsoft_plugin.app.classify_file import run_classify_file
 from semsoft_plugin.core.labels import LABELS_SYNTAX
@@ -188,6 +189,21 @@ def _add_classify_parser(subparsers: Any) -> None:
         type=json_object,
         help="vLLM engine arguments as JSON, e.g. '{\"tensor_parallel_size\": 4}'",
     )
+    parser.add_argument(
+        "--calibrate",
+        choices=("contextual", "file"),
+        help="also divide out the prompt's label bias: 'contextual' reads it from content-free "
+        "inputs; 'file' (with --input) estimates it once from the file's distinct texts (a "
+        "first pass, at least 32) and applies it to each row alone. Opt-in: it harms a file "
+        "where one label is truly the majority (docs/defaults.md)",
+    )
+    parser.add_argument(
+        "--file-strength",
+        type=float,
+        metavar="S",
+        help="with --calibrate file: the share of the correction applied, in [0, 1] "
+        "(default 1; 0 changes nothing)",
+    )
     parser.add_argument("--json", action="store_true", help="one text: print JSON")
     files = parser.add_argument_group("a file")
     files.add_argument("--input", help="CSV, TSV, JSONL or Parquet file with a text column")
@@ -271,6 +287,16 @@ def _run_classify(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size {args.batch_size} must be a positive integer")
     if args.max_text_tokens is not None and args.max_text_tokens < 1:
         raise ValueError(f"--max-text-tokens {args.max_text_tokens} must be a positive integer")
+    if args.file_strength is not None:
+        check_file_strength(args.file_strength, args.calibrate, "--file-strength")
+        if args.calibrate != "file":  # the default 1.0 given by hand, without the mode
+            raise ValueError("--file-strength goes with --calibrate file")
+    if args.calibrate == "file" and args.input is None:
+        raise ValueError(
+            "--calibrate file learns the label bias from a whole file, and one text has no "
+            "file to learn from: give --input FILE (at least 32 distinct texts), or "
+            "--calibrate contextual"
+        )
     labels = parse_labels(args.labels)
     config = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
     config = config.replace(k=args.k, tau=args.tau, semantic_weight=args.semantic_weight)

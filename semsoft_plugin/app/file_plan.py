@@ -27,8 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from semsoft_plugin.app import file_mode
 from semsoft_plugin.app.columns import ResultColumns, text_of
-from semsoft_plugin.app.file_settings import check_settings, provenance, run_settings
+from semsoft_plugin.app.file_settings import (
+    check_settings,
+    provenance,
+    recorded_calibration,
+    run_settings,
+)
 from semsoft_plugin.app.table_writers import (
     ParquetTableWriter,
     TableWriter,
@@ -99,7 +105,9 @@ class FilePlan:
     scored, in order; ``done`` the output rows a ``--resume`` keeps (the first
     ``len(done)`` of ``todo``). ``records`` are the input rows as Python values (empty
     for a Parquet output of a Parquet input, which takes ``arrow``, the input table);
-    ``schema`` is a Parquet output's schema.
+    ``schema`` is a Parquet output's schema. ``file_strength`` is ``--calibrate
+    file``'s strength (``None`` without it) and ``correction`` the file correction a
+    ``--resume`` found recorded (``None``: the first pass estimates it).
     """
 
     input: Path
@@ -119,6 +127,8 @@ class FilePlan:
     records: list[dict[str, Any]] = field(default_factory=list)
     arrow: Any = None
     schema: Any = None
+    file_strength: float | None = None
+    correction: Any = None
 
     @property
     def distinct(self) -> list[str]:
@@ -202,8 +212,12 @@ def make_plan(
                 f"--resume: row {n} of {output} is not row {index + 1} of {source} "
                 f"(column {column!r} differs): not this input's output"
             )
+    correction = None
     if resuming:
         check_settings(output, settings)
+    strength = settings["file_strength"]
+    if strength is not None:
+        correction = _file_correction(source, output, texts, todo, done, resuming)
     return FilePlan(
         input=source,
         output=output,
@@ -222,7 +236,29 @@ def make_plan(
         records=records,
         arrow=arrow,
         schema=schema,
+        file_strength=strength,
+        correction=correction,
     )
+
+
+def _file_correction(
+    source: Path, output: Path, texts: list[str], todo: list[int], done: list[Any], resuming: bool
+) -> Any:
+    """``--calibrate file``: the correction a ``--resume`` reuses (``None``: estimate it in
+    a first pass), refused before the model loads when the file has too few texts."""
+    distinct = len({texts[i] for i in todo})
+    if distinct < file_mode.MIN_ROWS:
+        raise ValueError(
+            f"--calibrate file needs at least {file_mode.MIN_ROWS} distinct texts to estimate "
+            f"the label bias, {source} has {distinct}"
+        )
+    correction = recorded_calibration(output) if resuming else None
+    if done and correction is None:
+        raise ValueError(
+            f"--resume: {output} holds rows but its settings record holds no file correction "
+            "to apply to the rest: pass --overwrite to score it again"
+        )
+    return correction
 
 
 def _need_column(source: Path, column: str, columns: list[str]) -> None:

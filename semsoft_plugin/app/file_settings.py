@@ -15,7 +15,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_settings", "provenance", "run_settings", "settings_path", "write_settings"]
+from semsoft_plugin.app.classify_args import file_strength
+from semsoft_plugin.core.calibration import FileCalibration
+
+__all__ = [
+    "check_settings",
+    "provenance",
+    "recorded_calibration",
+    "run_settings",
+    "settings_path",
+    "write_settings",
+]
 
 
 def settings_path(output: str | Path) -> Path:
@@ -42,6 +52,8 @@ def run_settings(
         "review_below": args.review_below,
         "text_column": args.text_column,
         "column_prefix": args.column_prefix,
+        "calibrate": getattr(args, "calibrate", None),
+        "file_strength": file_strength(args),
     }
     if args.backend == "vllm":  # transformers' dtype does not apply; engine_args does
         settings["dtype"] = None
@@ -95,11 +107,34 @@ def provenance(model: str) -> dict[str, Any]:
     return {"semsoft_plugin": package, "model_sha256": source.sha256 if source else None}
 
 
-def write_settings(output: Path, settings: dict[str, Any], made_with: dict[str, Any]) -> None:
+def write_settings(
+    output: Path,
+    settings: dict[str, Any],
+    made_with: dict[str, Any],
+    file_calibration: FileCalibration | None = None,
+) -> None:
     """Record the settings (and :func:`provenance`) beside a new output, written whole
-    to a staged file and then renamed over the old record."""
+    to a staged file and then renamed over the old record. With ``--calibrate file``
+    the record is written again once the first pass has estimated the correction, which
+    it then holds (``file_calibration``: bias in ``--labels`` order, strength, rows), so
+    that ``--resume`` applies the same correction to the rows it adds."""
     sidecar = settings_path(output)
     staged = sidecar.with_name(sidecar.name + ".tmp")
-    body = {"semsoft_classify": 1, "settings": settings, "provenance": made_with}
+    body: dict[str, Any] = {"semsoft_classify": 1, "settings": settings, "provenance": made_with}
+    if file_calibration is not None:
+        body["file_calibration"] = file_calibration.to_dict()
     staged.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(staged, sidecar)
+
+
+def recorded_calibration(output: Path) -> FileCalibration | None:
+    """The file correction recorded beside ``output`` (``None`` if there is none: the
+    first pass did not finish); read after :func:`check_settings` passed."""
+    sidecar = settings_path(output)
+    record = json.loads(sidecar.read_text(encoding="utf-8")).get("file_calibration")
+    if record is None:
+        return None
+    try:
+        return FileCalibration.from_dict(record)
+    except (TypeError, ValueError, KeyError) as error:
+        raise ValueError(f"--resume: {sidecar} holds a bad file_calibration ({error})") from None

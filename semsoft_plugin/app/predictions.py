@@ -11,7 +11,7 @@ they do not depend on how the texts were scored. numpy is imported only when row
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -47,6 +47,11 @@ class Predictions:
 
     def __len__(self) -> int:
         return len(self.label)
+
+    def with_probs(self, probs: np.ndarray) -> Predictions:
+        """The same predictions with ``probs`` replaced (a bias correction applied) and
+        ``label`` following them; ``constrained`` stays the raw baseline."""
+        return replace(self, probs=probs, label=[self.labels[i] for i in probs.argmax(axis=1)])
 
 
 def probability_rows(dicts: Sequence[Mapping[str, float]], names: Sequence[str]) -> np.ndarray:

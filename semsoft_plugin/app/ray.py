@@ -17,6 +17,12 @@ every input column, so the row's id (or the row number the CLI adds) travels wit
 A row the classifier cannot score is dropped from the output and named on stderr
 (Ray forwards actors' stderr to the driver); the rest of its batch is scored.
 
+The file mode (``calibrate="file"``, ``--calibrate file``) is the same two passes as the
+CLI's: the actors score every row (their ``p_<label>`` raw), the scored dataset is
+materialised, the correction is estimated on the driver from one row per distinct text
+(:mod:`semsoft_plugin.app.file_mode`), and a cheap model-free ``map_batches`` applies it
+to each row's ``p_<label>``, ``label`` and ``review`` alone.
+
 ``import semsoft_plugin.app.ray`` does not import Ray: it is imported when used
 (``pip install 'semsoft-plugin[ray]'``).
 """
@@ -31,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from semsoft_plugin.app import file_mode
 from semsoft_plugin.app.columns import ResultColumns, row_list, text_of
 from semsoft_plugin.core.text_rules import is_blank
 
@@ -153,7 +160,12 @@ def classify_dataset(
     review_below : flag ``review`` when the top probability is below this
     column_prefix : prefix of the added columns (``--column-prefix``)
     **classifier_kwargs : the ``Classifier``'s other options (``prompt``, ``config``,
-        ``calibrate``, ``k``, ``semantic_weight``, ``temperature``, ...)
+        ``calibrate``, ``file_strength``, ``k``, ``semantic_weight``, ``temperature``,
+        ...). With ``calibrate="file"`` the scoring pass runs when this is called (it is
+        materialised: the correction needs every row), the correction is estimated from
+        one row per distinct text (at least 32; their texts and ``p_<label>`` are
+        gathered on the driver), printed on stderr, and applied by a lazy model-free
+        ``map_batches``
 
     Returns
     -------
@@ -163,7 +175,8 @@ def classify_dataset(
     Rows with an empty text, or that the classifier refuses, are left out and named
     on stderr. Bad options and labels fail here, before any actor starts.
     """
-    from semsoft_plugin.app.classifier import Classifier, checked_settings
+    from semsoft_plugin.app.classifier import Classifier
+    from semsoft_plugin.app.classifier_settings import checked_settings
     from semsoft_plugin.core.labels import label_names
 
     names = label_names(labels)
@@ -182,8 +195,12 @@ def classify_dataset(
         **classifier_kwargs,
     }
     checked_settings(Classifier(model, None, names, **kwargs))  # an unknown option: TypeError
+    strength = kwargs.pop("file_strength", 1.0)
+    file = kwargs.get("calibrate") == "file"
+    if file:
+        kwargs["calibrate"] = None  # the actors give raw scores; the second pass corrects
     resources = {"num_cpus": num_cpus, "num_gpus": num_gpus}
-    return dataset.map_batches(
+    scored = dataset.map_batches(
         _ScoreBatch,
         fn_constructor_kwargs={
             "model": model,
@@ -200,6 +217,47 @@ def classify_dataset(
         compute=_actor_pool(concurrency),
         **{k: v for k, v in resources.items() if v is not None},
     )
+    if not file:
+        return scored
+    result = ResultColumns(tuple(names), column_prefix)
+    return _file_pass(scored.materialize(), result, text_column, float(strength), review_below)
+
+
+def _file_pass(
+    scored: Any, columns: ResultColumns, text_column: str, strength: float, review_below: float
+) -> Any:
+    """The file mode's second pass: the correction of one row per distinct text, applied
+    to every row alone by a model-free ``map_batches``."""
+    first: dict[str, dict[str, Any]] = {}
+    for batch in scored.select_columns([text_column, *columns.p]).iter_batches(
+        batch_format="pyarrow"
+    ):
+        for row in batch.to_pylist():
+            first.setdefault(text_of(row[text_column]), row)
+    correction = file_mode.estimate_rows(columns, list(first.values()), strength)
+    print(f"semsoft: {file_mode.describe(columns.labels, correction)}", file=sys.stderr)
+    return scored.map_batches(
+        _apply_correction,
+        fn_kwargs={"columns": columns, "correction": correction, "review_below": review_below},
+        batch_format="pyarrow",
+    )
+
+
+def _apply_correction(
+    batch: Any, columns: ResultColumns, correction: Any, review_below: float
+) -> Any:
+    """One pyarrow batch with ``correction`` applied to each row's probability columns."""
+    import pyarrow as pa
+
+    changed = [*columns.p, columns.label, columns.review]
+    rows = file_mode.corrected_rows(
+        columns, batch.select(changed).to_pylist(), correction, review_below
+    )
+    for name in changed:
+        index = batch.schema.get_field_index(name)
+        kind = batch.schema.field(name)
+        batch = batch.set_column(index, kind, pa.array([r[name] for r in rows], kind.type))
+    return batch
 
 
 def _actor_pool(concurrency: int | tuple[int, int]) -> Any:
@@ -258,6 +316,7 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
     import pyarrow as pa
     import ray
 
+    from semsoft_plugin.app.classify_args import file_strength
     from semsoft_plugin.app.tables import read_arrow
 
     if args.resume:
@@ -332,6 +391,8 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
         column_prefix=args.column_prefix,
         prompt=template,
         config=config,
+        calibrate=args.calibrate,
+        **({"file_strength": file_strength(args)} if args.calibrate == "file" else {}),
     )
     # The writes reserve no CPU, at most one per actor: when the actors hold every CPU
     # (two one-CPU actors on two CPUs), a write asking for one waits until the actors
