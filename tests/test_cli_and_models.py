@@ -182,6 +182,59 @@ def test_no_download_unless_allowed(monkeypatch, tmp_path):
         models.resolve("smollm2-135m", allow_download=False)
 
 
+def test_a_reader_caches_only_the_tokenizer_and_output_embeddings(
+    monkeypatch, tmp_path, default_checkpoint
+):
+    """Issue 33 item 3: a client reading scores of a known name gets the tokenizer and the
+    output embeddings from the GGUF, not the full converted checkpoint. SmolLM2 ties its
+    embeddings (``token_embd.weight``); the untied path (``output.weight``) was checked
+    equal on the 1.5B default (the docstring of ``models.resolve_reader``)."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from semsoft_plugin.core.embeddings import from_checkpoint
+    from semsoft_plugin.engines.scoring import client_model
+
+    source = models.KNOWN_MODELS["smollm2-135m"]
+    cached = models.cache_dir() / "gguf" / source.gguf_name
+    if not cached.is_file():
+        pytest.skip(f"{cached} is not cached")
+    cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
+    (cache / "gguf" / source.gguf_name).symlink_to(cached)
+    monkeypatch.setenv(models.CACHE_ENV, str(cache))
+    monkeypatch.setattr(models, "_fetch_wheel", lambda *a: pytest.fail("fetched a wheel"))
+    with pytest.raises(ValueError, match="allow_download=True") as refused:
+        client_model("smollm2-135m")
+    assert "\n" not in str(refused.value)
+    loads = transformers.AutoModelForCausalLM
+    monkeypatch.setattr(loads, "from_pretrained", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(models, "_convert", lambda *a: pytest.fail("converted the model"))
+
+    reader = models.resolve_reader("smollm2-135m", allow_download=True)
+    assert reader == cache / f"{source.name}-reader"
+    assert not (cache / source.name).exists()
+    full_bytes = sum(f.stat().st_size for f in default_checkpoint.glob("*.safetensors"))
+    reader_bytes = sum(f.stat().st_size for f in reader.iterdir())
+    assert reader_bytes < full_bytes / 3, (reader_bytes, full_bytes)
+    mine, full = from_checkpoint(reader), from_checkpoint(default_checkpoint)
+    assert mine.weight.dtype == full.weight.dtype == torch.bfloat16
+    assert torch.equal(mine.weight, full.weight) and mine.vocab_size == full.vocab_size
+    labels = [" positive", " negative", "neutral", " joy", "sadness, anger", "Yes"]
+    tokenizers = (
+        AutoTokenizer.from_pretrained(reader),
+        AutoTokenizer.from_pretrained(default_checkpoint),
+    )
+    ids = [[t.encode(x) for x in labels] for t in tokenizers]
+    assert ids[0] == ids[1]
+    client = client_model("smollm2-135m")  # the reader directory, no download now
+    assert client.checkpoint == str(reader)
+    assert torch.equal(client.embeddings.weight, full.weight)
+    assert client.tokenizer.encode(" positive") == tokenizers[1].encode(" positive")
+    assert not (cache / source.name).exists()
+
+
 @pytest.mark.slow
 def test_default_is_the_constrained_softmax_and_the_pool_is_one_flag_away(capsys):
     """The default scores are the constrained softmax (docs/defaults.md: no label-free

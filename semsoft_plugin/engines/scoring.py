@@ -138,7 +138,9 @@ def client_model(model: Any, *, allow_download: bool = False) -> ModelScorer:
 
     A name that is not on this machine yet (a known name not cached, a hub name not in
     the hub cache) is a ``ValueError`` unless ``allow_download``: a reader must not
-    start a download as a side effect of reading scores.
+    start a download as a side effect of reading scores. A known name reads
+    :func:`~semsoft_plugin.engines.models.resolve_reader`'s directory: the tokenizer
+    and output embeddings only, not the full checkpoint.
     """
     if isinstance(model, ModelScorer):
         return model
@@ -150,7 +152,10 @@ def client_model(model: Any, *, allow_download: bool = False) -> ModelScorer:
     elif isinstance(model, str | Path):
         from semsoft_plugin.engines import models
 
-        checkpoint = str(models.resolve(str(model), allow_download=allow_download))
+        if str(model) in models.KNOWN_MODELS:  # the tokenizer and output embeddings only
+            checkpoint = str(models.resolve_reader(str(model), allow_download=allow_download))
+        else:
+            checkpoint = str(models.resolve(str(model), allow_download=allow_download))
     else:
         raise ValueError(
             f"model must be a vllm.LLM, a checkpoint directory or a model name, got "
