@@ -172,6 +172,14 @@ def test_cli_file_mode_resume_and_refusals(tmp_path, capsys):
     assert "file correction (--calibrate file): bias positive" in summary
     assert "from 40 distinct text(s), applied at strength 1" in summary
 
+    # Strength 0 is a strength, not "unset": the rows come out as scored, the bias is
+    # still recorded (once applied at full strength by `or 1.0`).
+    zero = tmp_path / "zero.csv"
+    assert classify(inp, zero, "--calibrate", "file", "--file-strength", "0") == 0
+    assert "applied at strength 0" in capsys.readouterr().out
+    np.testing.assert_allclose(p_columns(zero), raw, rtol=0, atol=1e-12)
+    assert json.loads(settings_path(zero).read_text())["file_calibration"]["strength"] == 0.0
+
     # Killed in the write pass: --resume reuses the recorded correction, byte for byte.
     full = out.read_text()
     lines = full.split("\n")

@@ -195,7 +195,10 @@ def _first_pass(
             now.texts, now.batches = now.texts + len(chunk), now.batches + 1
             bar.update(len(chunk))
     rows = [first[text] for text in distinct]
-    correction = file_mode.estimate_rows(plan.result, rows, plan.file_strength or 1.0)
+    # Only called in the file mode, where the plan holds the strength (0 is a strength:
+    # `or 1.0` once applied --file-strength 0 at full strength).
+    assert plan.file_strength is not None
+    correction = file_mode.estimate_rows(plan.result, rows, plan.file_strength)
     write_settings(plan.output, plan.settings, plan.made_with, correction)
     return correction
 

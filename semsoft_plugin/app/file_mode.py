@@ -20,13 +20,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from semsoft_plugin.app.columns import ResultColumns
-from semsoft_plugin.core.calibration import FileCalibration
+from semsoft_plugin.core.calibration import MIN_FILE_ROWS, FileCalibration
 
-__all__ = ["MIN_ROWS", "checked_fit", "corrected_rows", "describe", "estimate_rows"]
-
-# The fewest distinct texts the correction is estimated from (FileCalibration.estimate's
-# default): a mean over a handful of rows is mostly their own content.
-MIN_ROWS = 32
+__all__ = ["checked_fit", "corrected_rows", "describe", "estimate_rows"]
 
 
 def checked_fit(
@@ -42,7 +38,7 @@ def checked_fit(
     if fitted is None:
         raise not_fitted(
             "calibrate='file': the label bias is estimated from the texts to classify; call "
-            f"fit(texts) first (unlabelled, at least {MIN_ROWS} distinct), then predict"
+            f"fit(texts) first (unlabelled, at least {MIN_FILE_ROWS} distinct), then predict"
         )
     if fitted.strength != strength:
         raise ValueError(
@@ -71,7 +67,7 @@ def estimate_rows(
     import numpy as np
 
     p = _p_rows(columns, rows) if rows else np.zeros((0, len(columns.labels)))
-    return FileCalibration.estimate(p, strength=strength, min_rows=MIN_ROWS)
+    return FileCalibration.estimate(p, strength=strength)
 
 
 def corrected_rows(

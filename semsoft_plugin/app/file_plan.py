@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.app import file_mode
 from semsoft_plugin.app.columns import ResultColumns, text_of
 from semsoft_plugin.app.file_settings import (
     check_settings,
@@ -47,6 +46,7 @@ from semsoft_plugin.app.tables import (
     table_format,
     table_schema,
 )
+from semsoft_plugin.core.calibration import MIN_FILE_ROWS
 
 __all__ = ["FilePlan", "check_output", "make_plan"]
 
@@ -247,9 +247,9 @@ def _file_correction(
     """``--calibrate file``: the correction a ``--resume`` reuses (``None``: estimate it in
     a first pass), refused before the model loads when the file has too few texts."""
     distinct = len({texts[i] for i in todo})
-    if distinct < file_mode.MIN_ROWS:
+    if distinct < MIN_FILE_ROWS:
         raise ValueError(
-            f"--calibrate file needs at least {file_mode.MIN_ROWS} distinct texts to estimate "
+            f"--calibrate file needs at least {MIN_FILE_ROWS} distinct texts to estimate "
             f"the label bias, {source} has {distinct}"
         )
     correction = recorded_calibration(output) if resuming else None

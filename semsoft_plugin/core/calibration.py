@@ -44,13 +44,23 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["CONTENT_FREE", "FileCalibration", "RunningBias", "batch_calibrate", "debias"]
+__all__ = [
+    "CONTENT_FREE",
+    "MIN_FILE_ROWS",
+    "FileCalibration",
+    "RunningBias",
+    "batch_calibrate",
+    "debias",
+]
 
 # Inputs that carry no content, scored in the user's prompt to read its label bias
 # (Zhao et al., 2021).
 CONTENT_FREE = ("N/A", "", "[MASK]")
 
 _EPS = 1e-12
+# The fewest distinct rows the file mode estimates a label bias from: a mean over a
+# handful of rows is mostly their own content.
+MIN_FILE_ROWS = 32
 ArrayT = TypeVar("ArrayT")
 
 
@@ -187,7 +197,7 @@ class FileCalibration:
 
     @classmethod
     def estimate(
-        cls, probs: Any, *, strength: float = 1.0, min_rows: int = 32
+        cls, probs: Any, *, strength: float = 1.0, min_rows: int = MIN_FILE_ROWS
     ) -> FileCalibration:
         """The correction of the distinct rows ``probs`` ``[N, L]`` (the first pass).
 
