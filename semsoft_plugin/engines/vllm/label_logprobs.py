@@ -26,38 +26,16 @@ reached its decision step. The top-``k`` lists are left exactly as vLLM returned
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.request import RESPONSE_LABEL_LOGPROBS, SemsoftRequest
-from semsoft_plugin.engines.scoring import CACHE_SIZE, trigger_position
-from semsoft_plugin.engines.vllm.params import load_tokenizer
+from semsoft_plugin.engines.scoring import trigger_position
+from semsoft_plugin.engines.vllm.params import check_label_set, load_tokenizer
 
 __all__ = ["fill_label_logprobs"]
 
-# (tokenizer path, labels, leading space) -> answer token ids; LRU-bounded.
-_ANSWERS: OrderedDict[tuple[Any, ...], tuple[int, ...]] = OrderedDict()
-_ANSWERS_LOCK = threading.Lock()
 _TOKEN_ID = "token_id:"
-
-
-def _answer_ids(request: SemsoftRequest, tokenizer: Any) -> tuple[int, ...]:
-    key = (getattr(tokenizer, "name_or_path", id(tokenizer)), request.labels, request.leading_space)
-    with _ANSWERS_LOCK:
-        found = _ANSWERS.get(key)
-        if found is not None:
-            _ANSWERS.move_to_end(key)
-            return found
-    labels = LabelSet(list(request.labels), tokenizer, leading_space=request.leading_space)
-    found = tuple(int(t) for t in labels.answer_token_ids)
-    with _ANSWERS_LOCK:
-        _ANSWERS[key] = found
-        while len(_ANSWERS) > CACHE_SIZE:
-            _ANSWERS.popitem(last=False)
-    return found
 
 
 def _token(text: Any) -> int | None:
@@ -109,12 +87,12 @@ def _returned(choice: Mapping[str, Any], step: int, prompt_length: int) -> set[i
 
 
 def _plan(
-    reply: Mapping[str, Any], request: SemsoftRequest, tokenizer: Any
+    reply: Mapping[str, Any], request: SemsoftRequest, tokenizer: Any, answers: Sequence[int]
 ) -> list[tuple[dict[str, Any], tuple[int, ...], set[int], bool]]:
     """Per choice that needs it: the choice, its decision step's prefix (prompt ids
     plus the tokens generated before it), the token ids it returned there, and whether
-    its top-k may lack the k-th token (:func:`_chat_top_k_cut`)."""
-    answers = _answer_ids(request, tokenizer)
+    its top-k may lack the k-th token (:func:`_chat_top_k_cut`). ``answers``: the label
+    answer token ids."""
     plan = []
     for choice in reply.get("choices") or []:
         if not isinstance(choice, dict):
@@ -204,11 +182,12 @@ async def fill_label_logprobs(
         return answer(body)
     if not isinstance(reply, dict):
         return answer(body)
-    plan = _plan(reply, request, load_tokenizer(vllm_config.model_config))
+    # The label set was tokenised when the request was admitted: read from that cache.
+    answers = check_label_set(request, vllm_config.model_config).answer_ids
+    plan = _plan(reply, request, load_tokenizer(vllm_config.model_config), answers)
     if not plan:
         return answer(body)
     model = reply.get("model")
-    answers = _answer_ids(request, load_tokenizer(vllm_config.model_config))
     added: dict[int, dict[int, float]] = {id(choice): {} for choice, *_ in plan}
     cut = list(dict.fromkeys(prefix for _, prefix, _, is_cut in plan if is_cut))
     if cut:  # the true top-k of each step whose k-th token the chat list pushed out

@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vllm import SamplingParams
 from vllm.sampling_params import SamplingType
@@ -111,9 +111,9 @@ def validate_params(
     _check_stops(request, params)
     config = vllm_config if vllm_config is not None else _admission_config()
     if config is not None:
-        multi_token, label_ids = _check_label_set(request, config.model_config)
-        _check_servable(request, params, config, multi_token)
-        cut = sorted(set(params.stop_token_ids or ()) & label_ids)
+        admitted = check_label_set(request, config.model_config)
+        _check_servable(request, params, config, admitted.multi_token)
+        cut = sorted(set(params.stop_token_ids or ()) & admitted.label_ids)
         if cut and request.mode == "constrain":
             raise ValueError(
                 f"stop_token_ids {cut[:5]} are tokens of the labels: the engine would stop "
@@ -191,8 +191,19 @@ def _admission_config() -> Any | None:
 _ADMISSION_FRAMES = 8
 _TOKENIZERS: dict[tuple[Any, ...], Any] = {}
 _TOKENIZERS_LOCK = threading.Lock()
-# (tokenizer, labels, leading space) -> (refusal or None, any multi-token label); LRU-bounded.
-_ADMITTED: OrderedDict[tuple[Any, ...], tuple[str | None, bool, frozenset[int]]] = OrderedDict()
+
+
+class AdmittedLabels(NamedTuple):
+    """What the engine's tokenizer makes of an admitted label set."""
+
+    multi_token: bool  # some label takes several tokens
+    label_ids: frozenset[int]  # every token of every label
+    answer_ids: tuple[int, ...]  # each label's answer token, in label order
+
+
+# (tokenizer, labels, leading space) -> (refusal or None, the labels); LRU-bounded.
+_ADMITTED: OrderedDict[tuple[Any, ...], tuple[str | None, AdmittedLabels]] = OrderedDict()
+_REFUSED = AdmittedLabels(False, frozenset(), ())
 
 
 def _tokenizer_key(model_config: Any) -> tuple[Any, ...]:
@@ -218,11 +229,11 @@ def load_tokenizer(model_config: Any) -> Any:
     return found
 
 
-def _check_label_set(request: SemsoftRequest, model_config: Any) -> tuple[bool, frozenset[int]]:
+def check_label_set(request: SemsoftRequest, model_config: Any) -> AdmittedLabels:
     """Refuse labels the engine's tokenizer cannot tell apart or cannot emit as text
-    (``ValueError`` naming them); else whether some label takes several tokens, and
-    every label token id. Outcomes are cached per distinct label set, at most
-    ``CACHE_SIZE``."""
+    (``ValueError`` naming them); else what the tokenizer makes of them. Outcomes are
+    cached per distinct label set, at most ``CACHE_SIZE``: the admission check, and the
+    server middleware after it, tokenise a label set once."""
     key = (_tokenizer_key(model_config), request.labels, request.leading_space)
     with _TOKENIZERS_LOCK:
         outcome = _ADMITTED.get(key)
@@ -236,17 +247,18 @@ def _check_label_set(request: SemsoftRequest, model_config: Any) -> tuple[bool, 
                 leading_space=request.leading_space,
             )
             ids = frozenset(t for seq in labels.token_sequences for t in seq)
-            outcome = (None, bool(labels.multi_token_labels), ids)
+            answers = tuple(int(t) for t in labels.answer_token_ids)
+            outcome = (None, AdmittedLabels(bool(labels.multi_token_labels), ids, answers))
         except ValueError as error:
-            outcome = (str(error), False, frozenset())
+            outcome = (str(error), _REFUSED)
         with _TOKENIZERS_LOCK:
             _ADMITTED[key] = outcome
             while len(_ADMITTED) > CACHE_SIZE:
                 _ADMITTED.popitem(last=False)
-    refusal, multi_token, label_ids = outcome
+    refusal, admitted = outcome
     if refusal is not None:
         raise ValueError(f"{KEY_LABELS}: {refusal}")
-    return multi_token, label_ids
+    return admitted
 
 
 def sampling_params(
