@@ -40,6 +40,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,6 +189,22 @@ def resolve_reader(name: str, *, allow_download: bool) -> Path:
     return target
 
 
+@contextmanager
+def _staged_dir(target: Path) -> Iterator[Path]:
+    """A fresh directory beside ``target`` to write into, renamed to ``target`` when the
+    block ends and removed if it fails: a reader never sees a half-written checkpoint."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        yield partial
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if target.exists():
+        shutil.rmtree(target)
+    partial.replace(target)
+
+
 def _build_reader(gguf_path: Path, target: Path) -> None:
     """Save the GGUF's config, tokenizer and output-embedding tensor (only) at ``target``."""
     import numpy as np
@@ -217,18 +235,10 @@ def _build_reader(gguf_path: Path, target: Path) -> None:
         # each float32 value cast to bf16, as transformers' GGUF load for the full conversion
         weight[start : start + rows] = torch.from_numpy(np.array(values).reshape(-1, shape[1]))
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
+    with _staged_dir(target) as partial:
         save_file({hf_name: weight}, str(partial / "model.safetensors"), metadata={"format": "pt"})
         config.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    if target.exists():
-        shutil.rmtree(target)
-    partial.replace(target)
 
 
 def _from_hub(name: str, allow_download: bool) -> Path:
@@ -459,12 +469,8 @@ def _convert(gguf: Path, target: Path) -> None:
     if config.tie_word_embeddings:
         rebuilt.tie_weights()
     steps.update()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    rebuilt.save_pretrained(partial, safe_serialization=True)
-    tokenizer.save_pretrained(partial)
-    if target.exists():
-        shutil.rmtree(target)
-    partial.replace(target)
+    with _staged_dir(target) as partial:
+        rebuilt.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)
     steps.update()
     steps.close()
