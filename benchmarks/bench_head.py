@@ -66,7 +66,7 @@ def _rows(clf: Any, texts: list[str], one_at_a_time: bool) -> Predictions:
         parts[0].labels,
         [p.label[0] for p in parts],
         np.vstack([p.probs for p in parts]),
-        np.vstack([p.constrained for p in parts]),
+        np.vstack([p.constrained_probs for p in parts]),
         np.concatenate([p.coverage for p in parts]),
         np.concatenate([p.fallback for p in parts]),
         np.concatenate([p.truncated for p in parts]),
@@ -95,14 +95,14 @@ def main() -> int:
             batched = _rows(clf, texts, False)
             seconds.append((time.perf_counter() - start) / len(texts))
         single = _rows(clf, texts, True)
-        kept[way] = (batched.probs, batched.constrained)
-        distinct = len({round(float(p), 12) for p in batched.constrained[:, 0]})
+        kept[way] = (batched.probs, batched.constrained_probs)
+        distinct = len({round(float(p), 12) for p in batched.constrained_probs[:, 0]})
         rows[way] = {
             "seconds_per_row": statistics.median(seconds),
             "tied_texts": len(texts) - distinct,
             "one_vs_batched_semantic": float(np.abs(single.probs - batched.probs).max()),
             "one_vs_batched_constrained": float(
-                np.abs(single.constrained - batched.constrained).max()
+                np.abs(single.constrained_probs - batched.constrained_probs).max()
             ),
         }
         del clf

@@ -66,7 +66,7 @@ def _score(clf: Any, texts: list[str], gold: list[str]) -> dict[str, Any]:
     details = clf.predict_details(texts)
     seconds = time.perf_counter() - start
     columns = list(details.labels)
-    constrained = [columns[i] for i in np.argmax(details.constrained, axis=1)]
+    constrained = [columns[i] for i in np.argmax(details.constrained_probs, axis=1)]
     labels = list(details.label)
     first = list(clf.labels)[0]
     return {
@@ -120,7 +120,7 @@ def measure(name: str, limit: int, seed: int, dtype: str) -> dict[str, Any]:
                 "label": details.label[i],
                 "p": {c: round(float(details.probs[i, j]), 4) for j, c in enumerate(columns)},
                 "constrained": {
-                    c: round(float(details.constrained[i, j]), 4) for j, c in enumerate(columns)
+                    c: round(float(details.constrained_probs[i, j]), 4) for j, c in enumerate(columns)
                 },
             }
             for i in range(len(texts))

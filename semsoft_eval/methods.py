@@ -69,7 +69,7 @@ def semantic_probs(
     start = time.perf_counter()
     scorer = SemanticSoftmax(embeddings, labels, config)
     parts = [scorer(rows) for rows in forward.chunks(chunk)]
-    probs = torch.cat([p.semantic for p in parts]).double().numpy()
+    probs = torch.cat([p.probs for p in parts]).double().numpy()
     fallback = torch.cat([p.fallback for p in parts]).float()
     coverage = torch.cat([p.coverage for p in parts]).float()
     return MethodResult(

@@ -361,7 +361,7 @@ def test_classifier_outputs_go_into_sklearn_metrics_unchanged(model_and_tokenize
     assert loss == pytest.approx(-np.log(proba[rows, truth]).mean())
     assert list(predicted) == list(clf.classes_[proba.argmax(1)])
     details = clf.predict_details(TEXTS)
-    assert details.constrained.shape == proba.shape and details.fallback.dtype == bool
+    assert details.constrained_probs.shape == proba.shape and details.fallback.dtype == bool
     assert details.coverage.shape == (len(TEXTS),)
 
 
@@ -379,7 +379,7 @@ def test_predict_proba_equals_classify(model_and_tokenizer):
     expected = np.array([[r.probs[x] for x in classes] for r in results])
     np.testing.assert_allclose(details.probs, expected, atol=1e-6)
     constrained = np.array([[r.constrained_probs[x] for x in classes] for r in results])
-    np.testing.assert_allclose(details.constrained, constrained, atol=1e-6)
+    np.testing.assert_allclose(details.constrained_probs, constrained, atol=1e-6)
     np.testing.assert_allclose(details.coverage, [r.coverage for r in results], atol=1e-6)
     assert list(details.fallback) == [r.fallback for r in results]
     assert details.label == [r.label for r in results]

@@ -41,10 +41,10 @@ def test_classify_json_on_the_default_model(capsys):
     )
     report = json.loads(capsys.readouterr().out)
     assert report["labels"] == ["joy", "sadness", "anger"]
-    for key in ("semantic", "constrained"):
+    for key in ("probs", "constrained_probs"):
         assert set(report[key]) == {"joy", "sadness", "anger"}
         assert sum(report[key].values()) == pytest.approx(1.0, abs=1e-5)
-    assert report["label"] == max(report["semantic"], key=report["semantic"].get)
+    assert report["label"] == max(report["probs"], key=report["probs"].get)
     assert isinstance(report["fallback"], bool)
 
 
@@ -56,7 +56,7 @@ def test_a_label_with_a_comma_is_one_label_in_quotes(capsys):
     assert main([*argv, "--model", "smollm2-135m"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["labels"] == ["yes", "no, maybe"]
-    assert set(report["semantic"]) == {"yes", "no, maybe"}
+    assert set(report["probs"]) == {"yes", "no, maybe"}
     with pytest.raises(SystemExit):
         main(["classify", "--help"])
     assert """'yes,"no, maybe"'""" in " ".join(capsys.readouterr().out.split())
@@ -66,7 +66,7 @@ def test_a_label_with_a_comma_is_one_label_in_quotes(capsys):
 def test_classify_table(capsys):
     assert main(["classify", "I am furious.", "--labels", "joy,anger", "--model", "smollm2-135m"]) == 0
     out = capsys.readouterr().out
-    assert "semantic" in out and "constrained" in out and "anger" in out
+    assert "probs" in out and "constrained_probs" in out and "semantic" not in out and "anger" in out
 
 
 @pytest.mark.parametrize(
@@ -247,8 +247,8 @@ def test_default_is_the_constrained_softmax_and_the_pool_is_one_flag_away(capsys
         reports[bool(extra)] = json.loads(capsys.readouterr().out)
     plain, pooled = reports[False], reports[True]
     for label in ("joy", "sadness", "anger"):
-        assert plain["semantic"][label] == pytest.approx(plain["constrained"][label], abs=1e-6)
-    assert max(abs(pooled["semantic"][x] - pooled["constrained"][x]) for x in pooled["semantic"]) > 1e-3
+        assert plain["probs"][label] == pytest.approx(plain["constrained_probs"][label], abs=1e-6)
+    assert max(abs(pooled["probs"][x] - pooled["constrained_probs"][x]) for x in pooled["probs"]) > 1e-3
 
 
 # A fresh interpreter's peak resident set over loading SmolLM2's bf16 checkpoint in

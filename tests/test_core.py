@@ -62,10 +62,10 @@ def test_paper_formula_matches_reference(k, tau, seed):
     result = semantic_softmax_details(logits, emb, ids, k=k, tau=tau, **PAPER)
     if expected is None:
         assert bool(result.fallback)
-        torch.testing.assert_close(result.semantic, constrained_softmax(logits, ids))
+        torch.testing.assert_close(result.probs, constrained_softmax(logits, ids))
     else:
         assert not bool(result.fallback)
-        np.testing.assert_allclose(result.semantic.numpy(), expected, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(result.probs.numpy(), expected, rtol=1e-4, atol=1e-6)
 
 
 def test_paper_config_is_the_paper_formula():
@@ -91,8 +91,8 @@ def test_fallback_is_flagged_constrained_and_finite():
     result = semantic_softmax_details(logits, emb, ids, k=3, tau=0.999, **PAPER)
     assert bool(result.fallback)
     assert float(result.coverage) == 0.0
-    torch.testing.assert_close(result.semantic, result.constrained)
-    assert torch.isfinite(result.semantic).all()
+    torch.testing.assert_close(result.probs, result.constrained_probs)
+    assert torch.isfinite(result.probs).all()
 
 
 def test_own_vote_keeps_antonyms_apart():
@@ -139,12 +139,12 @@ def test_anchor_token_supplies_the_label_embedding(own_vote):
         semantic_weight=1.0,
     )
     if own_vote:  # the answer tokens' rows matter only through E_l then
-        torch.testing.assert_close(got.semantic, want.semantic)
-    torch.testing.assert_close(got.constrained, constrained_softmax(logits, ids))
+        torch.testing.assert_close(got.probs, want.probs)
+    torch.testing.assert_close(got.constrained_probs, constrained_softmax(logits, ids))
     plain = semantic_softmax(
         logits, emb, ids, k=20, center=False, own_vote=own_vote, semantic_weight=1.0
     )
-    assert not torch.allclose(got.semantic, plain)
+    assert not torch.allclose(got.probs, plain)
 
 
 @pytest.mark.parametrize(
@@ -324,13 +324,13 @@ def test_k_equal_v_is_the_full_sum(seed, tau):
     full = p @ w
     if full.sum() > 0:
         np.testing.assert_allclose(
-            result.semantic.numpy(), (full / full.sum()).numpy(), rtol=1e-4, atol=1e-6
+            result.probs.numpy(), (full / full.sum()).numpy(), rtol=1e-4, atol=1e-6
         )
     else:
         assert bool(result.fallback)
     # K larger than V is clamped to V
     torch.testing.assert_close(
-        semantic_softmax(logits, emb, ids, k=500, tau=tau, **PAPER), result.semantic
+        semantic_softmax(logits, emb, ids, k=500, tau=tau, **PAPER), result.probs
     )
 
 
@@ -403,7 +403,7 @@ def test_outputs_are_distributions_over_the_whole_option_range(case):
     logits = _as_logits(values, dtype_name)
     emb = torch.randn(logits.shape[-1], 6, generator=torch.Generator().manual_seed(seed))
     result = semantic_softmax_details(logits, emb.to(emb_dtype), label_ids, cfg)
-    for p in (result.semantic, result.constrained):
+    for p in (result.probs, result.constrained_probs):
         assert p.dtype == torch.float32
         assert torch.isfinite(p).all(), (p, cfg)
         assert bool(((p >= 0) & (p <= 1)).all()), p
@@ -455,7 +455,7 @@ def test_subnormal_vote_mass_still_sums_to_one(gap):
     logits = torch.tensor([0.0, -gap, -1e30, -1e30])
     result = semantic_softmax_details(logits, emb, [1, 2], k=2, tau=0.5, **PAPER)
     assert not bool(result.fallback)
-    torch.testing.assert_close(result.semantic, torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(result.probs, torch.tensor([1.0, 0.0]))
 
 
 @pytest.mark.parametrize("k", [1, MAX_K])
@@ -521,15 +521,15 @@ def test_sparse_top_k_equals_dense_on_real_logits(model_and_tokenizer, options):
         extra = answers[~torch.isin(answers, top_ids[row])]
         ids = torch.cat([top_ids[row], extra])
         sparse = scorer.score_top_k(ids, log_p[row, ids] + 3.0)
-        torch.testing.assert_close(sparse.semantic, dense.semantic[row], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(sparse.probs, dense.probs[row], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(sparse.coverage, dense.coverage[row], rtol=1e-5, atol=1e-6)
         assert bool(sparse.fallback) == bool(dense.fallback[row])
-        assert torch.isfinite(sparse.semantic).all()
+        assert torch.isfinite(sparse.probs).all()
     # A batch [B, K] gives what each row [K] gives.
     batch = scorer.score_top_k(top_ids, top_lp)
     for row in range(len(texts)):
         one = scorer.score_top_k(top_ids[row], top_lp[row])
-        torch.testing.assert_close(one.semantic, batch.semantic[row], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(one.probs, batch.probs[row], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -405,7 +405,7 @@ def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_token
     configs = [SemsoftConfig(k=20), SemsoftConfig(k=50, tau=0.1, normalize_votes=False)]
     got, _ = grid_probs(forward, embeddings, labels, configs)
     for c, config in enumerate(configs):
-        want = SemanticSoftmax(embeddings, labels, config)(forward.logits()).semantic.double()
+        want = SemanticSoftmax(embeddings, labels, config)(forward.logits()).probs.double()
         np.testing.assert_allclose(got[c], want.numpy(), atol=1e-5)
 
 

@@ -57,7 +57,7 @@ def test_the_correction_is_file_calibrations_on_the_distinct_texts(plain, texts)
     np.testing.assert_allclose(got, expected.apply(raw), rtol=0, atol=1e-12)
     assert list(clf.predict(texts)) == [clf.classes_[i] for i in got.argmax(1)]
     details = clf.predict_details(texts)
-    np.testing.assert_array_equal(details.constrained, plain.predict_details(texts).constrained)
+    np.testing.assert_array_equal(details.constrained_probs, plain.predict_details(texts).constrained_probs)
     # Strength 0 changes nothing; a part of the correction lies between none and all.
     none = filemode(file_strength=0.0).fit(texts).predict_proba(texts)
     np.testing.assert_allclose(none, raw, rtol=0, atol=1e-12)

@@ -91,13 +91,13 @@ def test_core_temperature_is_the_last_step_on_every_row() -> None:
     assert bool(plain.fallback[2])
     for t in (0.3, 2.0):
         hot = semantic_softmax_details(logits, emb, ids, cfg.replace(temperature=t))
-        want = apply_temperature(np.log(plain.semantic.double().numpy()), t)
-        np.testing.assert_allclose(hot.semantic.double().numpy(), want, atol=1e-5)
+        want = apply_temperature(np.log(plain.probs.double().numpy()), t)
+        np.testing.assert_allclose(hot.probs.double().numpy(), want, atol=1e-5)
     default = SemsoftConfig()
-    base = semantic_softmax_details(logits, emb, ids, default).semantic.double().numpy()
+    base = semantic_softmax_details(logits, emb, ids, default).probs.double().numpy()
     hot = semantic_softmax_details(logits, emb, ids, default.replace(temperature=0.5))
     np.testing.assert_allclose(
-        hot.semantic.double().numpy(), apply_temperature(np.log(base), 0.5), atol=1e-5
+        hot.probs.double().numpy(), apply_temperature(np.log(base), 0.5), atol=1e-5
     )
 
 

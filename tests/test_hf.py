@@ -57,8 +57,8 @@ def test_observe_mode_is_bit_identical_and_records_raw_step(setup):
     expected = SemanticSoftmax(from_model(model), labels)(raw_first_step)
     for row, result in enumerate(proc.results):
         assert result is not None
-        torch.testing.assert_close(result.semantic, expected.semantic[row])
-        torch.testing.assert_close(result.constrained, expected.constrained[row])
+        torch.testing.assert_close(result.probs, expected.probs[row])
+        torch.testing.assert_close(result.constrained_probs, expected.constrained_probs[row])
 
 
 def test_constrain_mode_emits_the_calibrated_argmax(setup):
@@ -220,7 +220,7 @@ def test_threads_keep_separate_results(setup):
     for index in range(3):
         assert len(seen[index]) == index + 1
         (alone,) = classify(model, tokenizer, [chat(TEXTS[index])], labels, mode="observe")
-        assert seen[index][0].semantic.tolist() == pytest.approx(
+        assert seen[index][0].probs.tolist() == pytest.approx(
             list(alone.probs.values()), abs=2e-2
         )
 

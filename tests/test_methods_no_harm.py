@@ -36,7 +36,7 @@ def test_residual_hand_computed():
     claimed = p[A] + p[B] + closeness_syn * p[SYN]
     constrained = np.array([p[A], p[B]]) / (p[A] + p[B])
     expected = np.array([p[A] + closeness_syn * p[SYN], p[B]]) + (1 - claimed) * constrained
-    np.testing.assert_allclose(result.semantic.numpy(), expected, atol=1e-6)
+    np.testing.assert_allclose(result.probs.numpy(), expected, atol=1e-6)
     assert not bool(result.fallback)
 
 
@@ -46,7 +46,7 @@ def test_residual_without_neighbours_is_exactly_constrained():
     for tau in (0.0, 0.3, 0.9):
         result = SemanticSoftmax(EMB, [A, B], k=4, tau=tau, center=False, residual=True)(logits)
         torch.testing.assert_close(
-            result.semantic, constrained_softmax(logits, [A, B]), atol=1e-6, rtol=0
+            result.probs, constrained_softmax(logits, [A, B]), atol=1e-6, rtol=0
         )
 
 
@@ -55,7 +55,7 @@ def test_residual_when_no_token_votes_falls_back_to_constrained():
     logits = _logits([0.05, 0.15, 0.0001, 0.7999])
     result = SemanticSoftmax(EMB, [A, B], k=1, tau=0.1, center=False, residual=True)(logits)
     assert bool(result.fallback)
-    torch.testing.assert_close(result.semantic, constrained_softmax(logits, [A, B]))
+    torch.testing.assert_close(result.probs, constrained_softmax(logits, [A, B]))
 
 
 def test_residual_always_shares_a_token_out():
@@ -64,7 +64,7 @@ def test_residual_always_shares_a_token_out():
     counted = SemanticSoftmax(
         EMB, [A, B], k=4, tau=0.2, center=False, residual=True, normalize_votes=False
     )
-    torch.testing.assert_close(shared(logits).semantic, counted(logits).semantic)
+    torch.testing.assert_close(shared(logits).probs, counted(logits).probs)
 
 
 @pytest.mark.parametrize("q", [0.5, 0.9, 0.99])
@@ -145,7 +145,7 @@ def test_semantic_weight_pools_with_the_constrained_hand_computed():
         SemanticSoftmax(
             EMB, [A, B], k=4, tau=tau, center=False, residual=True, semantic_weight=1.0
         )(_logits(p))
-        .semantic.double()
+        .probs.double()
         .numpy()
     )
     constrained = np.array([p[A], p[B]]) / (p[A] + p[B])
@@ -154,7 +154,7 @@ def test_semantic_weight_pools_with_the_constrained_hand_computed():
     got = SemanticSoftmax(
         EMB, [A, B], k=4, tau=tau, center=False, residual=True, semantic_weight=a
     )(_logits(p))
-    np.testing.assert_allclose(got.semantic.numpy(), pooled, atol=1e-6)
+    np.testing.assert_allclose(got.probs.numpy(), pooled, atol=1e-6)
     assert pooled[0] < semantic[0]  # halfway (in log space) back to the constrained 0.75
     assert pooled[0] > constrained[0]
 
@@ -168,15 +168,15 @@ def test_semantic_weight_limits(residual):
     alone = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=1.0)(logits)
     none = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.0)(logits)
     # Weight 0 is exactly the constrained softmax.
-    torch.testing.assert_close(none.semantic, constrained_softmax(logits, ids), atol=1e-6, rtol=0)
+    torch.testing.assert_close(none.probs, constrained_softmax(logits, ids), atol=1e-6, rtol=0)
     torch.testing.assert_close(
-        alone.semantic, alone.semantic / alone.semantic.sum(-1, keepdim=True)
+        alone.probs, alone.probs / alone.probs.sum(-1, keepdim=True)
     )
-    mid = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.5)(logits).semantic
+    mid = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.5)(logits).probs
     # Log-linear: the log-ratio of two labels moves by exactly half.
     ratio = lambda q: (q[:, 0] / q[:, 1]).double().log()  # noqa: E731
     torch.testing.assert_close(
-        ratio(mid), 0.5 * ratio(alone.semantic) + 0.5 * ratio(none.semantic), atol=1e-4, rtol=0
+        ratio(mid), 0.5 * ratio(alone.probs) + 0.5 * ratio(none.probs), atol=1e-4, rtol=0
     )
 
 
@@ -189,7 +189,7 @@ def test_pool_reads_answer_log_probs_and_bounds_the_missing_ones():
     scorer = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=0.5)
     alone = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=1.0)
     log_p = torch.log_softmax(logits.double(), -1)
-    sem = alone(logits).semantic.double().clamp_min(1e-30)
+    sem = alone(logits).probs.double().clamp_min(1e-30)
 
     def pool(con: torch.Tensor) -> torch.Tensor:
         want = con.sqrt() * sem.sqrt()
@@ -197,15 +197,15 @@ def test_pool_reads_answer_log_probs_and_bounds_the_missing_ones():
 
     # Full logits: the exact constrained softmax.
     exact = torch.softmax(log_p[labels], -1)
-    torch.testing.assert_close(scorer(logits).semantic.double(), pool(exact), atol=1e-6, rtol=0)
+    torch.testing.assert_close(scorer(logits).probs.double(), pool(exact), atol=1e-6, rtol=0)
     top = torch.topk(log_p.float(), 10)
     sparse = torch.full_like(logits, float("-inf")).scatter(0, top.indices, top.values)
     # Only the top-K: the missing answer token counts with the smallest kept probability.
     bounded = torch.softmax(torch.stack([log_p[labels[0]], log_p[order[-10]]]), -1)
-    torch.testing.assert_close(scorer(sparse).semantic.double(), pool(bounded), atol=1e-6, rtol=0)
+    torch.testing.assert_close(scorer(sparse).probs.double(), pool(bounded), atol=1e-6, rtol=0)
     # The top-K plus the answer tokens' log-probs (what classify_vllm fetches): exact again.
     sparse[labels[1]] = log_p[labels[1]].float()
-    torch.testing.assert_close(scorer(sparse).semantic, scorer(logits).semantic, atol=1e-6, rtol=0)
+    torch.testing.assert_close(scorer(sparse).probs, scorer(logits).probs, atol=1e-6, rtol=0)
 
 
 def test_pool_keeps_the_constrained_where_the_votes_say_nothing():
@@ -214,10 +214,10 @@ def test_pool_keeps_the_constrained_where_the_votes_say_nothing():
     emb = torch.eye(5)
     p = [0.5, 0.3, 0.15, 0.04, 0.01]  # a, b, two fillers, c
     scorer = SemanticSoftmax(emb, [0, 1, 4], k=4, tau=0.2, center=False, semantic_weight=1.0)
-    alone = scorer(_logits(p)).semantic.double()
+    alone = scorer(_logits(p)).probs.double()
     assert float(alone[2]) == 0.0
     pooled = SemanticSoftmax(emb, [0, 1, 4], k=4, tau=0.2, center=False, semantic_weight=0.5)
-    got = pooled(_logits(p)).semantic.double()
+    got = pooled(_logits(p)).probs.double()
     con = torch.tensor([p[0], p[1], p[4]], dtype=torch.float64)
     con /= con.sum()
     sem = torch.where(alone > 0, alone, con)
@@ -271,7 +271,7 @@ def test_contextual_classifier_divides_out_the_content_free_bias(model_and_token
     got = calibrated.predict_details(texts)
     np.testing.assert_allclose(got.probs, debias(base.probs, bias), atol=1e-6)
     np.testing.assert_allclose(got.probs.sum(1), 1.0, atol=1e-12)
-    np.testing.assert_allclose(got.constrained, base.constrained)  # the baseline is reported as is
+    np.testing.assert_allclose(got.constrained_probs, base.constrained_probs)  # the baseline is reported as is
     assert got.label == [calibrated.classes_[i] for i in got.probs.argmax(1)]
     with pytest.raises(ValueError, match="calibrate='mean'"):
         Classifier(model, tokenizer, ["positive", "negative"], calibrate="mean").predict(["x"])
@@ -291,7 +291,7 @@ def test_residual_needs_only_the_top_k():
     scorer = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=1.0)
     top = torch.topk(torch.log_softmax(logits, -1), 10)
     sparse = torch.full_like(logits, float("-inf")).scatter(0, top.indices, top.values)
-    torch.testing.assert_close(scorer(logits).semantic, scorer(sparse).semantic)
+    torch.testing.assert_close(scorer(logits).probs, scorer(sparse).probs)
 
 
 def test_vllm_request_carries_the_new_options():

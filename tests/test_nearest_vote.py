@@ -49,7 +49,7 @@ def test_nearest_vote_hand_computed():
     claimed = p[NO] + p[YES] + claim_cap + claim_both
     constrained = np.array([p[NO], p[YES]]) / (p[NO] + p[YES])
     expected = np.array([p[NO] + claim_cap, p[YES] + claim_both]) + (1 - claimed) * constrained
-    np.testing.assert_allclose(result.semantic.numpy(), expected, atol=1e-5)
+    np.testing.assert_allclose(result.probs.numpy(), expected, atol=1e-5)
     # Coverage counts every token that has any label neighbour (all but the filler).
     assert float(result.coverage) == pytest.approx(0.90, abs=1e-6)
 
@@ -57,8 +57,8 @@ def test_nearest_vote_hand_computed():
 def test_shared_claim_leaks_to_the_antonym_and_nearest_does_not():
     p = [0.14, 0.01, 0.73, 0.02, 0.10]
     constrained = constrained_softmax(_logits(p), [NO, YES])
-    shared = _scorer(nearest_vote=False)(_logits(p)).semantic
-    nearest = _scorer(nearest_vote=True)(_logits(p)).semantic
+    shared = _scorer(nearest_vote=False)(_logits(p)).probs
+    nearest = _scorer(nearest_vote=True)(_logits(p)).probs
     # The model's answer is " No"; sharing its claim by cosine hands " yes" a large part
     # of it, below even the constrained softmax; the nearest vote keeps it with " no".
     assert float(shared[0]) < float(constrained[0]) - 0.2
@@ -73,7 +73,7 @@ def test_a_token_equally_near_two_labels_claims_nothing():
         semantic_weight=1.0,
     )(logits)  # fmt: skip
     torch.testing.assert_close(
-        result.semantic, constrained_softmax(logits, [0, 1]), atol=1e-6, rtol=0
+        result.probs, constrained_softmax(logits, [0, 1]), atol=1e-6, rtol=0
     )
 
 
@@ -91,7 +91,7 @@ def test_case_variant_as_own_token_votes_fully():
     claimed = p[NO] + p[YES] + p[NO_CAP] + claim_both
     constrained = np.array([p[NO], p[YES]]) / (p[NO] + p[YES])
     expected = np.array([p[NO] + p[NO_CAP], p[YES] + claim_both]) + (1 - claimed) * constrained
-    np.testing.assert_allclose(result.semantic.numpy(), expected, atol=1e-5)
+    np.testing.assert_allclose(result.probs.numpy(), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -103,15 +103,15 @@ def test_nearest_vote_invariants_on_random_rows(seed):
         result = SemanticSoftmax(emb, [3, 7, 11], k=30, nearest_vote=True, semantic_weight=a)(
             logits
         )
-        assert torch.isfinite(result.semantic).all()
-        torch.testing.assert_close(result.semantic.sum(-1), torch.ones(4), atol=1e-5, rtol=0)
+        assert torch.isfinite(result.probs).all()
+        torch.testing.assert_close(result.probs.sum(-1), torch.ones(4), atol=1e-5, rtol=0)
         if a == 0.0:
-            torch.testing.assert_close(result.semantic, result.constrained, atol=1e-6, rtol=0)
+            torch.testing.assert_close(result.probs, result.constrained_probs, atol=1e-6, rtol=0)
 
 
 def test_single_label_set_is_one():
     result = SemanticSoftmax(EMB, [NO], k=5, nearest_vote=True)(_logits([0.2, 0.2, 0.2, 0.2, 0.2]))
-    torch.testing.assert_close(result.semantic, torch.ones(1))
+    torch.testing.assert_close(result.probs, torch.ones(1))
 
 
 # -- the float32 head -------------------------------------------------------------------

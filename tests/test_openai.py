@@ -100,7 +100,7 @@ def test_openai_reader_without_vllm_equals_dense(model_and_tokenizer, default_ch
     not_kept = [n for n, t in zip(LABELS, label_set.answer_token_ids, strict=True) if t not in kept]
     exact = not not_kept or config.semantic_weight == 1.0
     if exact:
-        torch.testing.assert_close(want.semantic, dense.semantic, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(want.probs, dense.probs, rtol=1e-5, atol=1e-6)
     payload = [LABELS, options, str(default_checkpoint), _chat_response(logits, config.k)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
@@ -122,9 +122,9 @@ def test_openai_reader_without_vllm_equals_dense(model_and_tokenizer, default_ch
     assert xargs["semsoft_labels"] == LABELS and xargs["semsoft_k"] == config.k
     assert report["kwargs"]["top_logprobs"] == config.k
     got = torch.tensor([report["probs"][label] for label in LABELS])
-    torch.testing.assert_close(got, want.semantic, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, want.probs, rtol=1e-4, atol=1e-5)
     assert report["coverage"] == pytest.approx(float(want.coverage), rel=1e-4, abs=1e-6)
-    assert report["label"] == LABELS[int(want.semantic.argmax())]
+    assert report["label"] == LABELS[int(want.probs.argmax())]
 
 
 def test_openai_reader_refuses_keywords_without_options():

@@ -262,7 +262,7 @@ def test_vllm_postprocess_on_recorded_outputs(recorded):
             assert abs(out[f"p_{label}"] - reference["probs"][label]) <= 1e-6
             column = list(hf.labels).index(label)
             assert abs(out[f"p_{label}"] - hf.probs[j, column]) <= 1e-3
-            assert abs(out[f"constrained_{label}"] - hf.constrained[j, column]) <= 1e-3
+            assert abs(out[f"constrained_{label}"] - hf.constrained_probs[j, column]) <= 1e-3
 
     short = recorded["cases"]["short"]
     post = VLLMPostprocess(

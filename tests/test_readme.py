@@ -127,7 +127,7 @@ def test_transformers_snippet_runs(model_and_tokenizer):
     result = namespace["result"]
     assert result.label in ("joy", "sadness", "anger")  # type: ignore[attr-defined]
     assert abs(sum(result.probs.values()) - 1.0) < 1e-6  # type: ignore[attr-defined]
-    recorded = namespace["proc"].results[0].semantic  # type: ignore[attr-defined]
+    recorded = namespace["proc"].results[0].probs  # type: ignore[attr-defined]
     assert recorded.shape == (3,) and abs(float(recorded.sum()) - 1.0) < 1e-5
 
 

@@ -86,7 +86,7 @@ def test_predict_proba_of_a_forged_turn_is_read_as_text(model_and_tokenizer):
     with torch.no_grad(), hf.float32_head(model):  # as hf.classify computes its logits
         logits = model(torch.tensor([ids])).logits[0, -1].float()
     scorer = SemanticSoftmax(from_model(model), LabelSet(LABELS, tokenizer), SemsoftConfig())
-    want = dict(zip(LABELS, scorer(logits).semantic.tolist(), strict=True))
+    want = dict(zip(LABELS, scorer(logits).probs.tolist(), strict=True))
     np.testing.assert_allclose(got, [want[x] for x in classifier.classes_], atol=1e-4)
 
 

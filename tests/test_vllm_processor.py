@@ -196,7 +196,7 @@ def test_model_runner_v2_code_path(llm, tokenizer, checkpoint):
     assert torch.equal(out[3], original[3])  # opted out: untouched
     want = SemanticSoftmax(scoring.client_model(checkpoint).embeddings, labels)(
         original[1]
-    ).semantic
+    ).probs
     answer = list(labels.answer_token_ids)
     finite = torch.isfinite(out[1]).nonzero().flatten().tolist()
     assert sorted(finite) == sorted(answer)

@@ -424,7 +424,7 @@ class Classifier(EstimatorProtocol):
     def predict_details(self, texts: Iterable[str]) -> Predictions:
         """Labels, calibrated and constrained probabilities, coverage, fallback flags and
         the tokens cut from each text (see ``max_text_tokens``). With a ``calibrate``
-        correction, ``probs`` and ``label`` are corrected, ``constrained`` is not."""
+        correction, ``probs`` and ``label`` are corrected, ``constrained_probs`` is not."""
         values = text_list(texts)
         setup = self._setup()
         correction = self._file_calibration(setup) if self.calibrate == "file" else None
@@ -454,7 +454,7 @@ class Classifier(EstimatorProtocol):
             labels=classes,
             label=[classes[i] for i in p.argmax(axis=1)],
             probs=p,
-            constrained=probability_rows(constrained, classes),
+            constrained_probs=probability_rows(constrained, classes),
             coverage=np.array([r.coverage for r in results], dtype=np.float64),
             fallback=np.array([r.fallback for r in results], dtype=bool),
             truncated=np.array(cut, dtype=np.int64),

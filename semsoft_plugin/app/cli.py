@@ -313,7 +313,7 @@ def _run_classify(args: argparse.Namespace) -> int:
         raise ValueError("--output and --resume go with --input FILE")
     details = classifier_from_args(args, labels, template, config).predict_details([args.text])
     probs = _by_label(details.labels, details.probs[0], labels)
-    constrained = _by_label(details.labels, details.constrained[0], labels)
+    constrained = _by_label(details.labels, details.constrained_probs[0], labels)
     fallback, coverage = bool(details.fallback[0]), float(details.coverage[0])
     if args.json:
         print(
@@ -321,8 +321,8 @@ def _run_classify(args: argparse.Namespace) -> int:
                 {
                     "labels": labels,
                     "label": details.label[0],
-                    "semantic": probs,
-                    "constrained": constrained,
+                    "probs": probs,
+                    "constrained_probs": constrained,
                     "fallback": fallback,
                     "coverage": coverage,
                     "model": args.model,
@@ -333,9 +333,9 @@ def _run_classify(args: argparse.Namespace) -> int:
         return 0
     width = max(len(label) for label in labels)
     print(f"label: {details.label[0]}" + ("   (fallback: constrained softmax)" if fallback else ""))
-    print(f"{'':{width}}  semantic  constrained")
+    print(f"{'':{width}}  {'probs':>8}  constrained_probs")
     for label in labels:
-        print(f"{label:{width}}  {probs[label]:8.3f}  {constrained[label]:11.3f}")
+        print(f"{label:{width}}  {probs[label]:8.3f}  {constrained[label]:17.3f}")
     print(f"coverage of the top-{config.k} mass by label neighbours: {coverage:.2f}")
     return 0
 

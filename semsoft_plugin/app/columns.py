@@ -112,7 +112,7 @@ class ResultColumns:
             self.row(
                 details.label[j],
                 [details.probs[j][i] for i in order],
-                [details.constrained[j][i] for i in order],
+                [details.constrained_probs[j][i] for i in order],
                 details.coverage[j],
                 details.fallback[j],
                 details.truncated[j],

@@ -29,7 +29,7 @@ class Predictions:
     labels : the label names in column order: the classifier's ``classes_`` (sorted)
     label : per text, the calibrated label (argmax of ``probs``)
     probs : ``[N, L]`` float64 Semantic Softmax probabilities, rows summing to 1
-    constrained : ``[N, L]`` float64 softmax over the label tokens only (the baseline)
+    constrained_probs : ``[N, L]`` float64 softmax over the label tokens only (the baseline)
     coverage : ``[N]`` share of the top-K mass that voted for some label
     fallback : ``[N]`` bool, True where no kept token voted for any label and
         ``probs`` is the constrained softmax
@@ -40,7 +40,7 @@ class Predictions:
     labels: tuple[str, ...]
     label: list[str]
     probs: np.ndarray
-    constrained: np.ndarray
+    constrained_probs: np.ndarray
     coverage: np.ndarray
     fallback: np.ndarray
     truncated: np.ndarray
@@ -50,7 +50,7 @@ class Predictions:
 
     def with_probs(self, probs: np.ndarray) -> Predictions:
         """The same predictions with ``probs`` replaced (a bias correction applied) and
-        ``label`` following them; ``constrained`` stays the raw baseline."""
+        ``label`` following them; ``constrained_probs`` stays the raw baseline."""
         return replace(self, probs=probs, label=[self.labels[i] for i in probs.argmax(axis=1)])
 
 

@@ -168,7 +168,7 @@ def grid_probs(
         scorer = SemanticSoftmax(subset, remapped, config)
         for start in range(0, n, chunk):
             result = scorer(logits[start : start + chunk])
-            out[c, start : start + chunk] = result.semantic.double().numpy()
+            out[c, start : start + chunk] = result.probs.double().numpy()
             fallback[c] += float(result.fallback.sum())
     out /= out.sum(-1, keepdims=True)
     return out, fallback / max(n, 1)

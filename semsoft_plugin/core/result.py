@@ -104,8 +104,8 @@ class ScoredLabel(str):
         """From an unbatched core result."""
         return cls(
             text,
-            dict(zip(names, result.semantic.tolist(), strict=True)),
-            dict(zip(names, result.constrained.tolist(), strict=True)),
+            dict(zip(names, result.probs.tolist(), strict=True)),
+            dict(zip(names, result.constrained_probs.tolist(), strict=True)),
             bool(result.fallback),
             float(result.coverage),
         )

@@ -140,13 +140,13 @@ class SemanticSoftmaxResult:
 
     Attributes
     ----------
-    semantic : Tensor (B, L)
+    probs : Tensor (B, L)
         Calibrated label probabilities (the constrained softmax where ``fallback``).
-    constrained : Tensor (B, L)
+    constrained_probs : Tensor (B, L)
         Softmax over the label answer tokens only, for comparison.
     fallback : Tensor (B,) bool
         True where no kept token cleared ``tau`` for any label (0/0) and
-        ``semantic`` is the constrained softmax.
+        ``probs`` is the constrained softmax.
     coverage : Tensor (B,)
         Share of the top-K probability mass whose tokens vote for at least one
         label. Low coverage means the model's answer lies outside the label set.
@@ -154,8 +154,8 @@ class SemanticSoftmaxResult:
         Total probability of the K kept tokens.
     """
 
-    semantic: Tensor
-    constrained: Tensor
+    probs: Tensor
+    constrained_probs: Tensor
     fallback: Tensor
     coverage: Tensor
     top_k_mass: Tensor
@@ -476,4 +476,4 @@ def semantic_softmax(
     """
     return semantic_softmax_details(
         logits, embeddings, label_token_ids, config, **overrides
-    ).semantic
+    ).probs

@@ -5,7 +5,7 @@ Use it inside an ordinary ``model.generate`` call::
     proc = SemanticSoftmaxLogitsProcessor(model, LabelSet(labels, tokenizer), mode="constrain",
                                           eos_token_id=tokenizer.eos_token_id)
     out = model.generate(**batch, logits_processor=LogitsProcessorList([proc]), max_new_tokens=5)
-    proc.results[0].semantic   # calibrated label probabilities of batch row 0
+    proc.results[0].probs      # calibrated label probabilities of batch row 0
 
 or, for the common case, :func:`classify`.
 
@@ -235,7 +235,7 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
             if b in deciding:
                 # Only the label answer tokens stay, at log P_sem: greedy picks the
                 # calibrated argmax, sampling draws from P_sem.
-                probs = run.results[b].semantic.to(scores.device, scores.dtype)  # type: ignore[union-attr]
+                probs = run.results[b].probs.to(scores.device, scores.dtype)  # type: ignore[union-attr]
                 scores[b] = float("-inf")
                 scores[b, answer_ids] = probs.clamp_min(1e-30).log()
                 run.chosen[b] = -1  # known after this step's sample
@@ -434,19 +434,19 @@ def classify(
                     f"input {index}: the decision step was never reached "
                     f"(trigger {trigger!r} not generated within {max_new_tokens} tokens)"
                 )
-            semantic = result.semantic.tolist()
+            semantic = result.probs.tolist()
             choice = chosen[row]
             if choice == -1 and trigger is None:  # generation stopped right after the decision
                 choice = processor._answer_to_label.get(int(generated[row, 0]), -1)
             if mode == "constrain" and choice is not None and choice >= 0:
                 label = label_set.names[choice]
             else:
-                label = label_set.names[int(result.semantic.argmax())]
+                label = label_set.names[int(result.probs.argmax())]
             results[index] = LabelResult(
                 label=label,
                 probs=dict(zip(label_set.names, semantic, strict=True)),
                 constrained_probs=dict(
-                    zip(label_set.names, result.constrained.tolist(), strict=True)
+                    zip(label_set.names, result.constrained_probs.tolist(), strict=True)
                 ),
                 fallback=bool(result.fallback),
                 coverage=float(result.coverage),

@@ -309,7 +309,7 @@ def scores_from_top_k(
     if all(t in known for t in answer_ids):
         label_logp = torch.tensor([known[t] for t in answer_ids], dtype=torch.float32)
         constrained = torch.softmax(label_logp, dim=-1)
-    semantic: Tensor | None = constrained if fallback else result.semantic
+    semantic: Tensor | None = constrained if fallback else result.probs
     probs = None if semantic is None else dict(zip(names, semantic.tolist(), strict=True))
     label = None
     if request.mode == "constrain" and len(emitted) > decision_step:

@@ -427,7 +427,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             for _, state in group:
                 self._leave_unscored(state, f"scoring failed: {error}")
             return
-        log_p = result.semantic.clamp_min(1e-30).log().to(logits.device, logits.dtype)
+        log_p = result.probs.clamp_min(1e-30).log().to(logits.device, logits.dtype)
         answer = scoring.answer_ids.to(logits.device)
         logits[rows] = float("-inf")
         logits[rows.unsqueeze(1), answer.unsqueeze(0)] = log_p
