@@ -81,7 +81,7 @@ class VLLMBackend:
 
         results = classify_vllm(
             self.model, list(inputs), labels.names, keep_logprobs=store_k,
-            token_ids=list(token_ids), max_tokens=1, use_tqdm=progress,
+            token_ids=list(token_ids), max_tokens=1, progress=progress,
         )  # fmt: skip
         kept = kept_from_top_logprobs(results, list(token_ids))
         # Never None here: classify_vllm fetches the label tokens the top-k lacks.

@@ -487,7 +487,7 @@ class Classifier(EstimatorProtocol):
         if setup.loaded.backend == "vllm":
             from semsoft_plugin.engines.vllm import classify_vllm
 
-            own = {"mode": "observe", "max_tokens": 1, "use_tqdm": bool(self.progress)}
+            own = {"mode": "observe", "max_tokens": 1, "progress": bool(self.progress)}
             return classify_vllm(model, inputs, names, config, **{**own, **options})
         from semsoft_plugin.engines.hf import classify
 

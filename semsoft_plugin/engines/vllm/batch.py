@@ -38,7 +38,7 @@ def classify_vllm(
     keep_logprobs: int = 0,
     token_ids: Sequence[int] = (),
     max_tokens: int | None = None,
-    use_tqdm: bool = False,
+    progress: bool = False,
     **overrides: Any,
 ) -> list[LabelResult]:
     """Classify prompts on a vLLM engine; one :class:`LabelResult` per prompt, in order.
@@ -70,6 +70,7 @@ def classify_vllm(
         from the same one-token follow-up request
     max_tokens : generation length (default: the longest label in characters + 2,
         256 with a trigger); 1 is enough when only the scores are wanted
+    progress : show vLLM's progress bar over the batch
 
     Returns
     -------
@@ -126,7 +127,7 @@ def classify_vllm(
             f"LabelSet {list(labels.names)!r} has verbalizers or variants the engine does "
             "not know (it binds label names itself): pass the label names"
         )
-    outputs = llm.generate(token_prompts, params, use_tqdm=use_tqdm)
+    outputs = llm.generate(token_prompts, params, use_tqdm=progress)
     answer_ids = list(scoring.labels.answer_token_ids)
     greedy = params.temperature == 0.0
     # A max_tokens the caller set may cut the text on purpose (1: scores only); the
@@ -186,7 +187,7 @@ def classify_vllm(
             )
             for i in missing
         ]
-        fetched = fetch_logprobs(llm, follow, probe_ids, use_tqdm=use_tqdm)
+        fetched = fetch_logprobs(llm, follow, probe_ids, progress=progress)
         for i, found in zip(missing, fetched, strict=True):
             steps[i].update(found)
             # Scored again with every answer token's log-prob known: exact, as

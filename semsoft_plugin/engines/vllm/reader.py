@@ -133,7 +133,7 @@ def _top_k_logprobs(entries: Mapping[int, Any], k: int) -> dict[int, float]:
 
 
 def fetch_logprobs(
-    llm: Any, prompts: Sequence[Any], token_ids: Sequence[int], *, use_tqdm: bool = False
+    llm: Any, prompts: Sequence[Any], token_ids: Sequence[int], *, progress: bool = False
 ) -> list[dict[int, float]]:
     """Each prompt's next-token raw log-probs of ``token_ids``: one-token follow-ups
     (greedy, ``max_tokens=1``, the prefix cache serves the prompt), at most vLLM's
@@ -145,7 +145,7 @@ def fetch_logprobs(
         chunk = list(token_ids[start : start + MAX_LOGPROB_TOKEN_IDS])
         probe = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=chunk)
         for row, out in zip(
-            found, llm.generate(list(prompts), probe, use_tqdm=use_tqdm), strict=True
+            found, llm.generate(list(prompts), probe, use_tqdm=progress), strict=True
         ):
             entries = out.outputs[0].logprobs[0]
             row.update({t: float(entries[t].logprob) for t in chunk})
