@@ -149,7 +149,7 @@ def label_scaling(model: Any, tokenizer: Any, counts: list[int], reps: int) -> d
             inputs,
             labels,
             mode="observe",
-            max_new_tokens=1,
+            max_tokens=1,
             batch_size=len(TEXTS),
             progress=False,
         )

@@ -50,7 +50,7 @@ def _by_length(encoded: Sequence[Sequence[int]], batch_size: int) -> list[list[i
 
 class _HiddenAtDecision:
     """Within the block, the output layer's input at the last position of each call
-    (with ``max_new_tokens=1``, one call per batch: the decision step)."""
+    (with ``max_tokens=1``, one call per batch: the decision step)."""
 
     def __init__(self, model: Any) -> None:
         self.head = (
@@ -135,7 +135,7 @@ class TransformersBackend:
         with _HiddenAtDecision(self.model) as hidden:
             results = classify(
                 self.model, self.tokenizer, list(inputs), labels, mode="observe",
-                keep_logits=True, batch_size=batch_size, max_new_tokens=1, progress=progress,
+                keep_logits=True, batch_size=batch_size, max_tokens=1, progress=progress,
             )  # fmt: skip
         kept = [r.logits for r in results]
         if any(row is None for row in kept):
@@ -238,7 +238,7 @@ class TransformersBackend:
         n: int,
         temperature: float,
         seed: int,
-        max_new_tokens: int,
+        max_tokens: int,
         stop: Sequence[str] = (),
         batch_size: int = 4,
         keep_entropy: bool = False,
@@ -256,7 +256,7 @@ class TransformersBackend:
         entropies: list[list[list[float]]] = [[] for _ in prompts]
         sample = temperature > 0
         kwargs: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens,
+            "max_new_tokens": max_tokens,
             "pad_token_id": pad_id,
             "do_sample": sample,
             "num_return_sequences": n,

@@ -172,7 +172,7 @@ class VLLMBackend:
         n: int,
         temperature: float,
         seed: int,
-        max_new_tokens: int,
+        max_tokens: int,
         stop: Sequence[str] = (),
         batch_size: int = 4,
         keep_entropy: bool = False,
@@ -196,7 +196,7 @@ class VLLMBackend:
             top_k=0 if temperature > 0 else -1,
             top_p=1.0,
             seed=None if current_platform.is_cpu() else seed,
-            max_tokens=max_new_tokens,
+            max_tokens=max_tokens,
             stop=list(stop) or None,
         )
         outputs = self.model.generate(

@@ -130,7 +130,7 @@ class Backend(Protocol):
         n: int,
         temperature: float,
         seed: int,
-        max_new_tokens: int,
+        max_tokens: int,
         stop: Sequence[str] = (),
         batch_size: int = 4,
         keep_entropy: bool = False,

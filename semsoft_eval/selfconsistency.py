@@ -87,7 +87,7 @@ def generate(
     n: int = 1,
     temperature: float = 0.0,
     seed: int = 0,
-    max_new_tokens: int = 16,
+    max_tokens: int = 16,
     batch_size: int = 4,
     stop: Sequence[str] = (),
     keep_entropy: bool = False,
@@ -108,7 +108,7 @@ def generate(
     n : samples per prompt (``num_return_sequences`` / ``SamplingParams(n=...)``)
     temperature : ``0`` is greedy and needs ``n == 1``
     seed : sampling seed (transformers: the global RNG is restored afterwards)
-    max_new_tokens : generation length limit
+    max_tokens : generation length limit
     batch_size : prompts per transformers ``generate`` call (each expands to ``n`` rows)
     stop : strings that end a generation early (the text keeps them on transformers)
     keep_entropy : transformers only: keep the entropy of the raw next-token distribution
@@ -117,7 +117,7 @@ def generate(
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise ValueError("prompts must be a list of strings or of chat message lists")
     _check_positive("n", n)
-    _check_positive("max_new_tokens", max_new_tokens)
+    _check_positive("max_tokens", max_tokens)
     _check_positive("batch_size", batch_size)
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature={temperature!r} must be >= 0")
@@ -128,7 +128,7 @@ def generate(
     if not formatted:
         return Generations([], [] if keep_entropy else None)
     return backend.generate(
-        formatted, n=n, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
+        formatted, n=n, temperature=temperature, seed=seed, max_tokens=max_tokens,
         stop=stop, batch_size=batch_size, keep_entropy=keep_entropy, progress=progress,
     )  # fmt: skip
 
@@ -252,18 +252,18 @@ def self_consistency(
     temperature: float = 0.7,
     seed: int = 0,
     batch_size: int = 4,
-    max_new_tokens: int | None = None,
+    max_tokens: int | None = None,
     progress: bool | None = None,
 ) -> SelfConsistencyResult:
     """Sample ``n`` answers per prompt and return each label's share of the readable votes."""
     labels = _check_labels(labels)
     backend = as_backend(model, tokenizer)
     model, tokenizer = backend, backend.tokenizer
-    if max_new_tokens is None:
-        max_new_tokens = _label_tokens(tokenizer, labels) + 4
+    if max_tokens is None:
+        max_tokens = _label_tokens(tokenizer, labels) + 4
     out = generate(
         model, tokenizer, prompts, n=n, temperature=temperature, seed=seed,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, stop=("\n",), progress=progress,
+        max_tokens=max_tokens, batch_size=batch_size, stop=("\n",), progress=progress,
     )  # fmt: skip
     probs = np.zeros((len(prompts), len(labels)))
     unparsed = uniform = 0
@@ -349,7 +349,7 @@ def verbal_readings(
     prompts: Sequence[Prompt],
     *,
     batch_size: int = 8,
-    max_new_tokens: int = 24,
+    max_tokens: int = 24,
     prefill: bool = True,
     keep_entropy: bool = False,
     progress: bool | None = None,
@@ -363,7 +363,7 @@ def verbal_readings(
     backend = as_backend(model, tokenizer)
     model, tokenizer = backend, backend.tokenizer
     first = generate(
-        model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+        model, tokenizer, prompts, max_tokens=max_tokens, batch_size=batch_size,
         keep_entropy=keep_entropy, progress=progress,
     )  # fmt: skip
     texts = [t[0] for t in first.texts]
@@ -406,7 +406,7 @@ def _continue(
 ) -> list[str]:
     """Greedy continuations of already formatted prompt texts (the pre-filled pass)."""
     out = backend.generate(
-        list(zip(texts, special, strict=True)), n=1, temperature=0.0, seed=0, max_new_tokens=6,
+        list(zip(texts, special, strict=True)), n=1, temperature=0.0, seed=0, max_tokens=6,
         stop=("\n",), batch_size=batch_size, progress=progress,
     )  # fmt: skip
     return [t[0] for t in out.texts]
@@ -432,7 +432,7 @@ def verbal_probs(
     model, tokenizer = backend, backend.tokenizer
     readings = verbal_readings(
         model, tokenizer, [verbal_prompt(p) for p in prompts], batch_size=batch_size,
-        max_new_tokens=_label_tokens(tokenizer, labels) + 12,
+        max_tokens=_label_tokens(tokenizer, labels) + 12,
     )  # fmt: skip
     size = len(labels)
     probs = np.full((len(prompts), size), 1.0 / size)

@@ -210,7 +210,7 @@ def test_sampling_one_trl_step_adapter_round_trip_and_evaluation(
     items = load_task("sst2")[:3]
     key = {"model": "smoke", "n": 3}
     sampled, seconds = sample_cached(
-        model, tokenizer, items, tmp_path / "s.json", key=key, n=3, max_new_tokens=3
+        model, tokenizer, items, tmp_path / "s.json", key=key, n=3, max_tokens=3
     )
     assert seconds is not None and [len(s.samples) for s in sampled] == [3, 3, 3]
     for s in sampled:
@@ -247,7 +247,7 @@ def test_sampling_one_trl_step_adapter_round_trip_and_evaluation(
     assert not torch.allclose(trained, untouched, atol=1e-4)  # the step changed the model
     torch.testing.assert_close(reloaded, trained, atol=1e-4, rtol=1e-4)  # and it reloads
 
-    verbal, entropy = verbal_signal(tuned, tokenizer, items[:2], batch_size=2, max_new_tokens=10)
+    verbal, entropy = verbal_signal(tuned, tokenizer, items[:2], batch_size=2, max_tokens=10)
     m = score(verbal)
     assert m["n"] == 2 and 0 <= m["accuracy"] <= 1 and 0 <= m["parse_rate"] <= 1
     assert all(c is None or 0 <= c <= 1 for c in verbal.confidence)
@@ -302,7 +302,7 @@ def test_run_distill_with_an_answer_warmup_end_to_end(tmp_path) -> None:
         model="smollm2-135m", out=str(tmp_path / "run"), train_items=4, eval_items=2,
         warmup_items=2, n=2,
         max_steps=1, batch_size=2, min_train_examples=1, min_entropy_bits=0.0,
-        max_top_share=1.0, control=False, modal_filter_run=False, eval_max_new_tokens=6,
+        max_top_share=1.0, control=False, modal_filter_run=False, eval_max_tokens=6,
         progress=False,
     )  # fmt: skip
     report = run_distill(config)

@@ -105,7 +105,7 @@ def test_verbal_probs_on_the_default_model(model_and_tokenizer) -> None:
     np.testing.assert_allclose(probs.sum(1), 1.0)
     assert 0 <= unparsed <= 2
     readings = verbal_readings(
-        model, tokenizer, [verbal_prompt(p) for p in prompts], max_new_tokens=16, keep_entropy=True
+        model, tokenizer, [verbal_prompt(p) for p in prompts], max_tokens=16, keep_entropy=True
     )
     for row, reading in zip(probs, readings, strict=True):
         assert reading.answer_entropy is not None and reading.answer_entropy >= 0
@@ -145,5 +145,5 @@ def test_self_consistency_through_vllm(default_checkpoint, model_and_tokenizer) 
     probs = self_consistency_probs(llm, None, prompts, ["negative", "positive"], n=5)
     assert probs.shape == (2, 2)
     np.testing.assert_allclose(probs.sum(1), 1.0)
-    out = generate(llm, None, prompts, n=5, temperature=0.7, max_new_tokens=4)
+    out = generate(llm, None, prompts, n=5, temperature=0.7, max_tokens=4)
     assert [len(t) for t in out.texts] == [5, 5]

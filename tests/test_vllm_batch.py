@@ -65,7 +65,7 @@ def test_classify_vllm_keeps_top_and_named_token_logprobs(llm, hf_model):
     prompt = [PROMPTS["dog"]]
     rare = [tok.encode(" zebra")[0], tok.encode(" quartz")[0]]
     got = sv.classify_vllm(llm, prompt, EMOTIONS, keep_logprobs=40, token_ids=rare, max_tokens=1)[0]
-    logits = hf.classify(model, tok, prompt, EMOTIONS, keep_logits=True, max_new_tokens=1)[0].logits
+    logits = hf.classify(model, tok, prompt, EMOTIONS, keep_logits=True, max_tokens=1)[0].logits
     want = torch.log_softmax(logits.float(), -1)
     top = torch.topk(want, 40)
     assert len(got.top_logprobs) == 40

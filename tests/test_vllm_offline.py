@@ -125,7 +125,7 @@ def test_trigger_decides_after_the_trigger(mixed_batch, llm, hf_model):
     assert generated.startswith(trigger)
     assert generated[len(trigger) :].strip() in EMOTIONS
     model, tok = hf_model
-    want = hf.classify(model, tok, [PROMPTS["dog"]], EMOTIONS, trigger=trigger, max_new_tokens=12)[
+    want = hf.classify(model, tok, [PROMPTS["dog"]], EMOTIONS, trigger=trigger, max_tokens=12)[
         0
     ]
     for label, p in want.probs.items():

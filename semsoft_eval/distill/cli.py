@@ -87,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="check the modal-filter set's guard but do not train it when it passes",
     )
-    parser.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
+    parser.add_argument("--eval-max-tokens", type=int, default=d.eval_max_tokens)
     parser.add_argument("--device", default=d.device, help="auto, cpu or cuda")
     parser.add_argument("--resample", action="store_true", help="ignore a matching samples.json")
 
@@ -106,7 +106,7 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
         min_entropy_bits=args.min_entropy, max_top_share=args.max_top_share,
         control=not args.no_control, modal_filter_run=not args.no_modal_filter,
         modal_filter_train=not args.modal_filter_guard_only,
-        eval_max_new_tokens=args.eval_max_new_tokens,
+        eval_max_tokens=args.eval_max_tokens,
         device=args.device, resample=args.resample,
     )  # fmt: skip
 

@@ -117,14 +117,14 @@ def verbal_signal(
     name: str = "verbal",
     batch_size: int = 8,
     match: str = "contains",
-    max_new_tokens: int = 16,
+    max_tokens: int = 16,
     progress: bool | None = None,
 ) -> tuple[Signal, Signal]:
     """The verbal confidence and the logit entropy of the same greedy answers."""
     prompts = [qa_prompt(tokenizer, item, verbal=True) for item in items]
     start = time.perf_counter()
     readings = verbal_readings(
-        model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        model, tokenizer, prompts, batch_size=batch_size, max_tokens=max_tokens,
         keep_entropy=True, progress=progress,
     )  # fmt: skip
     seconds = time.perf_counter() - start

@@ -82,8 +82,8 @@ class DistillConfig:
     match: str = "contains"
     sample_batch_size: int = 4
     eval_batch_size: int = 8
-    eval_max_new_tokens: int = 12  # the answer line and "Confidence: NN%"
-    max_new_tokens: int | None = None  # sampling; default: 4 (label task), 16 (open QA)
+    eval_max_tokens: int = 12  # the answer line and "Confidence: NN%"
+    max_tokens: int | None = None  # sampling; default: 4 (label task), 16 (open QA)
     rank: int = 16
     alpha: int = 32
     lr: float = 5e-4
@@ -180,7 +180,7 @@ def read_verbal(
     """The greedy verbal confidence and its logit entropy, read with the run's settings."""
     return verbal_signal(
         model, tokenizer, items, name=tag, batch_size=config.eval_batch_size, match=config.match,
-        max_new_tokens=config.eval_max_new_tokens, progress=config.progress,
+        max_tokens=config.eval_max_tokens, progress=config.progress,
     )  # fmt: skip
 
 
@@ -276,7 +276,7 @@ def run_distill(config: DistillConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     items = load_task(config.task, config.data)
     label_task = items[0].labels is not None
-    max_new = config.max_new_tokens or (4 if label_task else 16)
+    max_new = config.max_tokens or (4 if label_task else 16)
     train, held, warm_items = split_items_with_warmup(
         items, config.train_items, config.eval_items, config.warmup_items, config.seed
     )
@@ -285,7 +285,7 @@ def run_distill(config: DistillConfig) -> dict[str, Any]:
     model, tokenizer = load_student(config, warmup)
     settings = dict(
         n=config.n, temperature=config.temperature, seed=config.seed, match=config.match,
-        max_new_tokens=max_new,
+        max_tokens=max_new,
     )  # fmt: skip
     key = cache_key(models.resolve(config.model), **settings)
     if warmup_report:  # the teacher is the warmed-up model: its samples are its own

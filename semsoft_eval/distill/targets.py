@@ -120,7 +120,7 @@ def sample_items(
     temperature: float = 0.7,
     seed: int = 0,
     batch_size: int = 4,
-    max_new_tokens: int = 16,
+    max_tokens: int = 16,
     match: str = "contains",
     progress: bool | None = None,
 ) -> list[SampledItem]:
@@ -128,7 +128,7 @@ def sample_items(
     prompts = [qa_prompt(tokenizer, item) for item in items]
     out = generate(
         model, tokenizer, prompts, n=n, temperature=temperature, seed=seed,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, stop=("\n",), progress=progress,
+        max_tokens=max_tokens, batch_size=batch_size, stop=("\n",), progress=progress,
     )  # fmt: skip
     return [summarise(i, t, match=match) for i, t in zip(items, out.texts, strict=True)]
 

@@ -492,7 +492,7 @@ class Classifier(EstimatorProtocol):
         from semsoft_plugin.engines.hf import classify
 
         own = {
-            "config": config, "mode": "observe", "max_new_tokens": 1,
+            "config": config, "mode": "observe", "max_tokens": 1,
             "batch_size": self.batch_size, "progress": self.progress,
             "exact_head": self.exact_head,
         }  # fmt: skip

@@ -354,7 +354,12 @@ def build_request(
     return parsed
 
 
-def default_max_tokens(request: SemsoftRequest) -> int:
-    """Generation length that holds any label (characters + 2; EOS ends it earlier),
-    or 256 when a trigger must be written first."""
-    return 256 if request.trigger else max(len(s) for s in request.labels) + 2
+def default_max_tokens(answers: Sequence[str], trigger: str | None) -> int:
+    """The default generation length in tokens, the same on every engine: room for the
+    longest answer, or 256 when a trigger must be written first.
+
+    A token spells at least one byte, so the longest answer's UTF-8 bytes + 2 (a
+    leading space, EOS) hold it under any tokenizer; a client without the tokenizer
+    can compute that bound, so transformers uses it too and one prompt generates the
+    same text on every engine. EOS ends the generation earlier."""
+    return 256 if trigger else max(len(a.encode("utf-8")) for a in answers) + 2

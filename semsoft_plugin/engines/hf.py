@@ -41,7 +41,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.embeddings import from_model
 from semsoft_plugin.core.labels import LabelSet
-from semsoft_plugin.core.request import MODES, Mode
+from semsoft_plugin.core.request import MODES, Mode, default_max_tokens
 from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.core.softmax import SemanticSoftmax, SemanticSoftmaxResult
 from semsoft_plugin.core.tokens import OutputEmbeddings
@@ -348,7 +348,7 @@ def classify(
     batch_size: int = 8,
     progress: bool | None = None,
     keep_logits: bool = False,
-    max_new_tokens: int | None = None,
+    max_tokens: int | None = None,
     generate_kwargs: Mapping[str, Any] | None = None,
     exact_head: bool = True,
     **overrides: Any,
@@ -366,11 +366,12 @@ def classify(
     mode : ``"constrain"`` (default): the generated text is the label; ``"observe"``:
         generation is free and ``label`` is the calibrated argmax
     trigger : decide after this generated text (e.g. ``"</think>"``) instead of at the
-        first token; give ``max_new_tokens`` room to reach it
+        first token; give ``max_tokens`` room to reach it
     batch_size : inputs per generate call (left-padded)
     progress : show a progress bar; default when there is more than one batch
     keep_logits : keep each input's raw decision-step scores in ``.logits``
-    max_new_tokens : default: the longest label plus EOS (no trigger), 256 (trigger)
+    max_tokens : generation length in tokens (default: the longest answer's UTF-8 bytes
+        + 2, 256 with a trigger; :func:`~semsoft_plugin.core.request.default_max_tokens`)
     generate_kwargs : extra ``model.generate`` arguments (default greedy)
     exact_head : compute the logits with a float32 head when the model is bf16/fp16
         (:func:`float32_head`): no ties from bf16 rounding, and scores that do not move
@@ -395,12 +396,12 @@ def classify(
         keep_logits=keep_logits,
         **overrides,
     )
-    if max_new_tokens is None:
-        longest = max(len(s) for s in label_set.token_sequences)
-        max_new_tokens = 256 if trigger is not None else longest + 1
+    if max_tokens is None:
+        answers = [label.answer_text.strip() for label in label_set.labels]
+        max_tokens = default_max_tokens(answers, trigger)
     kwargs: dict[str, Any] = {
         "do_sample": False,
-        "max_new_tokens": max_new_tokens,
+        "max_new_tokens": max_tokens,
         "pad_token_id": pad_id,
     }
     kwargs.update(generate_kwargs or {})
@@ -432,7 +433,7 @@ def classify(
             if result is None:
                 raise ValueError(
                     f"input {index}: the decision step was never reached "
-                    f"(trigger {trigger!r} not generated within {max_new_tokens} tokens)"
+                    f"(trigger {trigger!r} not generated within {max_tokens} tokens)"
                 )
             semantic = result.probs.tolist()
             choice = chosen[row]

@@ -68,8 +68,10 @@ def classify_vllm(
     token_ids : also return these tokens' raw decision-step log-probabilities
         (``token_logprobs``), read from the top-k where they are in it and otherwise
         from the same one-token follow-up request
-    max_tokens : generation length (default: the longest label in characters + 2,
-        256 with a trigger); 1 is enough when only the scores are wanted
+    max_tokens : generation length in tokens (default: the longest label's UTF-8 bytes
+        + 2, 256 with a trigger, as on every engine:
+        :func:`~semsoft_plugin.core.request.default_max_tokens`); 1 is enough when only
+        the scores are wanted
     progress : show vLLM's progress bar over the batch
 
     Returns

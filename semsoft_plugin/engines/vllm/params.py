@@ -286,8 +286,9 @@ def sampling_params(
     trigger : decide after this generated text (e.g. ``"</think>"``)
     leading_space : score labels as whole words after a space
     **kwargs : any other ``SamplingParams`` argument. Defaults: greedy
-        (``temperature=0``), ``logprobs=k``, ``max_tokens`` = longest label in
-        characters + 2 without a trigger (EOS ends it earlier), 256 with one.
+        (``temperature=0``), ``logprobs=k``, ``max_tokens`` = the longest label's
+        UTF-8 bytes + 2 without a trigger (EOS ends it earlier), 256 with one, as on
+        every engine (:func:`~semsoft_plugin.core.request.default_max_tokens`).
     """
     method = {name: kwargs.pop(name) for name in _METHOD_KWARGS if name in kwargs}
     if "method_temperature" in kwargs:
@@ -299,7 +300,7 @@ def sampling_params(
     extra.update(request.to_extra_args())
     kwargs.setdefault("temperature", 0.0)
     kwargs.setdefault("logprobs", request.config.k)
-    kwargs.setdefault("max_tokens", default_max_tokens(request))
+    kwargs.setdefault("max_tokens", default_max_tokens(request.labels, request.trigger))
     params = SamplingParams(extra_args=extra, **kwargs)
     validate_params(params)
     return params
