@@ -182,7 +182,7 @@ def test_server_readers_take_every_response_shape(server, checkpoint):
     assert len(sampled.choices) == 2
     for i in range(2):
         scores = sopenai.openai_label_scores(
-            sampled, SENTIMENT, checkpoint, choice=i, greedy_pick=False
+            sampled, SENTIMENT, checkpoint, choice=i, greedy=False
         )
         assert close(scores.probs) and sampled.choices[i].message.content.strip() == scores.label
     with pytest.raises(ValueError, match="choice=2: the response holds 2"):
@@ -264,6 +264,6 @@ def test_readme_request_reads_exactly_in_one_request(server, checkpoint, hf_mode
     )
     for i in range(2):
         scores = sopenai.openai_label_scores(
-            sampled, request, checkpoint, choice=i, greedy_pick=False
+            sampled, request, checkpoint, choice=i, greedy=False
         )
         assert scores.label == sampled.choices[i].message.content.strip()

@@ -192,7 +192,7 @@ def openai_label_scores(
     choice: int = 0,
     allow_download: bool = False,
     client: Any = None,
-    greedy_pick: bool | None = None,
+    greedy: bool | None = None,
     **options: Any,
 ) -> LabelResult:
     """Semantic Softmax scores of an ``openai`` chat or completion response.
@@ -217,7 +217,7 @@ def openai_label_scores(
         exactly with one follow-up (:func:`openai_fetch`, vLLM servers); without it
         such a response is refused with
         :class:`~semsoft_plugin.engines.scoring.MissingLabelLogprobs`
-    greedy_pick : whether the server picked greedily (default: from the ``create``
+    greedy : whether the server picked greedily (default: from the ``create``
         keywords' ``temperature`` when given them, else greedy); only a greedy pick
         must be the argmax of the scores
 
@@ -230,10 +230,10 @@ def openai_label_scores(
     ``CutLabel`` (the text is only the start of a label), all ``ValueError``.
     """
     semsoft = _semsoft_of(request, options)
-    plugin, greedy = _sent_with(request, options)
+    plugin, sent_greedy = _sent_with(request, options)
     fetch_client = client
-    if greedy_pick is not None:
-        greedy = greedy_pick
+    if greedy is None:
+        greedy = sent_greedy
     reader = client_model(model, allow_download=allow_download)
     if _get(response, "choices") is None and isinstance(response, Iterable):
         response = _gather_chunks(response)
@@ -306,7 +306,7 @@ def openai_label_scores(
         emitted_ids=generated,
         fetch=fetch,
         greedy=greedy,
-        constrained=plugin,
+        plugin=plugin,
     )
 
 
@@ -323,7 +323,7 @@ def _chat_top_k_cut(top: Mapping[int, float], chosen: int, k: int) -> bool:
 def _sent_with(request: Any, options: Mapping[str, Any]) -> tuple[bool, bool]:
     """Whether the request ran with the plugin and greedily, as far as the reader can
     tell: from the ``create`` keywords when given them; for a bare label list, the
-    plugin (unless ``plugin=False``) and a greedy pick (``greedy_pick=`` says otherwise;
+    plugin (unless ``plugin=False``) and a greedy pick (``greedy=`` says otherwise;
     a ``temperature`` option there is the method's, not the sampler's)."""
     if isinstance(request, Mapping):
         plugin = "vllm_xargs" in (request.get("extra_body") or {})

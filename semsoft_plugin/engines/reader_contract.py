@@ -76,7 +76,7 @@ def read_scores(
     known: Logprobs | None = None,
     fetch: Fetch | None = None,
     greedy: bool = True,
-    constrained: bool = True,
+    plugin: bool = True,
     allow_download: bool = False,
 ) -> LabelResult:
     """Scores of one output from its returned log-probabilities: the reader contract.
@@ -92,7 +92,7 @@ def read_scores(
        :class:`MissingLabelLogprobs` naming the labels. No bound stands in for a
        missing log-probability.
     2. **The emitted label agrees.** In constrain mode, when the engine applied the
-       constraint (``constrained``) and picked greedily (``greedy``), the result's label
+       constraint (``plugin``) and picked greedily (``greedy``), the result's label
        is the emitted label and is the argmax of ``probs`` (ties within
        :data:`ARGMAX_TIE`); otherwise :class:`EmittedLabelMismatch` names both.
     3. **Cut text is said.** An emitted text that is only the start of a label raises
@@ -116,7 +116,7 @@ def read_scores(
     fetch : ``fetch(token_ids) -> {token id: raw log-prob}`` at the decision step, for
         needed answer tokens outside the top-k (e.g. :func:`semsoft_plugin.engines.openai.openai_fetch`)
     greedy : the engine picked the argmax (temperature 0); a sampled pick may be any label
-    constrained : the plugin constrained the generation (False: a server without it)
+    plugin : the plugin constrained the generation (False: a server without it)
     """
     client = client_model(model, allow_download=allow_download)
     if isinstance(labels, SemsoftRequest):
@@ -154,7 +154,7 @@ def read_scores(
     extra.update({_token_key(client, t): float(v) for t, v in (known or {}).items()})
     result = scores_from_top_k(client, request, top, extra, generated, step, fetch=fetch)
     return _check_emitted(
-        client, request, result, emitted, generated, step, greedy=greedy, constrained=constrained
+        client, request, result, emitted, generated, step, greedy=greedy, plugin=plugin
     )
 
 
@@ -184,11 +184,11 @@ def _check_emitted(
     step: int,
     *,
     greedy: bool,
-    constrained: bool,
+    plugin: bool,
 ) -> LabelResult:
     """Rules 2 and 3 of :func:`read_scores`: the constrained pick is the argmax, and a
     label the text only starts is refused as cut."""
-    if request.mode != "constrain" or not constrained:
+    if request.mode != "constrain" or not plugin:
         return result
     scoring = model.scoring(request)
     names = scoring.labels.names
