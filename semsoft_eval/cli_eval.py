@@ -34,10 +34,10 @@ __all__ = [
 def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data")
     group.add_argument(
-        "--dataset", help="built-in: goemotions, ekman, davidson, sst2; or a name for --data-file"
+        "--dataset", help="built-in: goemotions, ekman, davidson, sst2; or a name for --input"
     )
     group.add_argument(
-        "--data-file", help="GoEmotions TSV (with --labels-file) or a CSV/TSV/JSONL file"
+        "--input", help="GoEmotions TSV (with --labels-file) or a CSV/TSV/JSONL file"
     )
     group.add_argument("--labels-file", help="GoEmotions labels file (one label per line)")
     group.add_argument("--text-column", default="text", help="text column of a CSV/TSV/JSONL file")
@@ -127,7 +127,7 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.labels:
         labels = split_labels(args.labels, "--labels")
     return {
-        "data_file": args.data_file,
+        "data_file": args.input,
         "labels_file": args.labels_file,
         "text_column": args.text_column,
         "label_column": args.label_column,
@@ -187,10 +187,10 @@ def add_eval_parser(subparsers: Any) -> None:
     parser.add_argument("--paper-k", type=int, default=50, help="k of semantic-paper")
     parser.add_argument("--paper-tau", type=float, default=0.0, help="tau of semantic-paper")
     parser.add_argument(
-        "--folds", type=int, default=2, help="folds for the methods fitted on held data"
+        "--n-folds", type=int, default=5, help="folds for the methods fitted on held data"
     )
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (0: none)")
-    parser.add_argument("--out", help="write the JSON report here")
+    parser.add_argument("--output", help="write the JSON report here")
     parser.add_argument("--plot", help="write reliability diagrams (PNG) here")
     parser.add_argument("--markdown", help="also write the Markdown table here")
     parser.set_defaults(func=run_eval)
@@ -212,7 +212,7 @@ def run_eval(args: argparse.Namespace) -> int:
         seed=args.seed,
         template=_template(args),
         batch_size=args.batch_size,
-        n_folds=args.folds,
+        n_folds=args.n_folds,
         n_bootstrap=args.bootstrap,
         cache_dir=_cache_dir(args),
         backend=args.backend,
@@ -224,9 +224,9 @@ def run_eval(args: argparse.Namespace) -> int:
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
-    if args.out:
-        write_report(report, args.out)
-        print(f"report written to {args.out}", file=sys.stderr)
+    if args.output:
+        write_report(report, args.output)
+        print(f"report written to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -268,7 +268,7 @@ def add_tune_parser(subparsers: Any) -> None:
         "--config or the default: the pool weight over a grid, a final temperature, and the rule "
         "that keeps the start unless the fit beats it out of fold by --margin standard errors). "
         "The printed figures are out of fold (the fit nested in the folds); the config written "
-        "to --out is fitted on all items, and every adapter, 'eval --config' and the vLLM "
+        "to --output is fitted on all items, and every adapter, 'eval --config' and the vLLM "
         "per-request options accept it.",
     )
     _add_data_arguments(parser)
@@ -301,8 +301,10 @@ def add_tune_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--no-temperature", action="store_true", help="do not fit a final temperature"
     )
-    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds")
-    parser.add_argument("--out", default="semsoft-config.json", help="the config file to write")
+    parser.add_argument("--n-folds", type=int, default=5, help="cross-validation folds")
+    parser.add_argument(
+        "--output", default="semsoft-config.json", help="the config file to write"
+    )
     parser.add_argument("--report", help="also write the full tuning report (JSON)")
     parser.set_defaults(func=run_tune)
 
@@ -324,7 +326,7 @@ def run_tune(args: argparse.Namespace) -> int:
         grid=grid,
         temperature=not args.no_temperature,
         margin=args.margin,
-        n_folds=args.folds,
+        n_folds=args.n_folds,
         limit=args.limit,
         seed=args.seed,
         template=_template(args),
@@ -335,8 +337,8 @@ def run_tune(args: argparse.Namespace) -> int:
         **_data_options(args),
     )
     print(format_tune(result))
-    result.config.save(args.out)
-    print(f"config written to {args.out}", file=sys.stderr)
+    result.config.save(args.output)
+    print(f"config written to {args.output}", file=sys.stderr)
     if args.report:
         Path(args.report).write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
     return 0

@@ -188,7 +188,7 @@ def data_dir() -> Path:
     return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
-def builtin_root(name: str, *, own_file: str = "--data-file") -> Path:
+def builtin_root(name: str, *, own_file: str = "--input") -> Path:
     """The data folder holding every file of built-in data set ``name`` (see :data:`SOURCES`).
 
     A missing file is refused here, in one line naming the data set, its origin, its licence
@@ -436,7 +436,7 @@ def load_builtin(name: str, *, any_gold: bool = False) -> EvalData:
     """One of :data:`BUILTIN`, read from :func:`data_dir` (:func:`builtin_root` checks it)."""
     if name not in BUILTIN:
         raise ValueError(
-            f"unknown dataset {name!r}; built-in ones are {', '.join(BUILTIN)}, or give --data-file"
+            f"unknown dataset {name!r}; built-in ones are {', '.join(BUILTIN)}, or give --input"
         )
     root = builtin_root(name)
     if name == "goemotions":

@@ -58,7 +58,7 @@ def evaluate(
     seed: int = 0,
     template: PromptTemplate | None = None,
     batch_size: int = 8,
-    n_folds: int = 2,
+    n_folds: int = 5,
     n_bootstrap: int = 1000,
     cache_dir: str | Path | None = None,
     backend: str = "transformers",

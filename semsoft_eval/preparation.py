@@ -45,11 +45,11 @@ def resolve_data(
         return dataset
     if data_file is None:
         if dataset is None:
-            raise ValueError(f"give --dataset ({', '.join(BUILTIN)}) or --data-file")
+            raise ValueError(f"give --dataset ({', '.join(BUILTIN)}) or --input")
         return load_builtin(dataset, any_gold=any_gold)
     if dataset in ("goemotions", "ekman"):
         if labels_file is None:
-            raise ValueError(f"--dataset {dataset} with --data-file needs --labels-file")
+            raise ValueError(f"--dataset {dataset} with --input needs --labels-file")
         return load_goemotions(data_file, labels_file, any_gold=any_gold, name=dataset)
     return load_table(
         data_file,

@@ -10,7 +10,7 @@ by ``margin`` standard errors.
 Honest figures: the whole fit (the rule included) is *nested* in cross-validation. For
 each of ``n_folds`` stratified folds the setting is fitted on the other folds and applied
 to the held fold; the figures printed are those out-of-fold predictions. The
-configuration written to ``--out`` is then fitted on all items.
+configuration written to ``--output`` is then fitted on all items.
 """
 
 from __future__ import annotations

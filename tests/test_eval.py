@@ -155,7 +155,7 @@ def test_a_missing_builtin_data_set_says_where_it_comes_from(
     assert f"built-in data set {name!r} is not here ({nowhere / SOURCES[name].files[0]}" in message
     assert f"from github.com/{origin}" in message
     assert f"licence {licence};" in message
-    assert "set $SEMSOFT_DATA to that folder (or give your own file with --data-file)" in message
+    assert "set $SEMSOFT_DATA to that folder (or give your own file with --input)" in message
 
 
 def test_a_missing_data_set_is_one_line_from_the_cli_before_any_model(
@@ -233,7 +233,7 @@ def test_eval_end_to_end_report_schema_and_cache(tmp_path, capsys) -> None:
 
     out, plot = tmp_path / "r.json", tmp_path / "r.png"
     argv = ["eval", "--dataset", "ekman", "--limit", "16", "--seed", "1", "--cache-dir", str(tmp_path / "c"),
-            "--bootstrap", "100", "--out", str(out), "--plot", str(plot), "--model", "smollm2-135m"]  # fmt: skip
+            "--bootstrap", "100", "--output", str(out), "--plot", str(plot), "--model", "smollm2-135m"]  # fmt: skip
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "| semantic |" in table and "| constrained |" in table
@@ -324,8 +324,8 @@ def test_tune_on_a_tiny_set_writes_a_config_eval_accepts(tmp_path, capsys) -> No
     config = tmp_path / "cfg.json"
     cache = str(tmp_path / "c")
     argv = ["tune", "--dataset", "sst2", "--limit", "20", "--semantic-weight", "0.3,0.5,1",
-            "--tau", "0.0,0.2", "--folds", "2", "--cache-dir", cache, "--margin", "0",
-            "--out", str(config), "--report", str(tmp_path / "t.json"), "--model", "smollm2-135m"]  # fmt: skip
+            "--tau", "0.0,0.2", "--n-folds", "2", "--cache-dir", cache, "--margin", "0",
+            "--output", str(config), "--report", str(tmp_path / "t.json"), "--model", "smollm2-135m"]  # fmt: skip
     assert main(argv) == 0
     chosen = SemsoftConfig.load(config)
     tuned = json.loads((tmp_path / "t.json").read_text())
@@ -350,7 +350,7 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys) -> None:
 
     missing = tmp_path / "d.csv"
     missing.write_text("text,label\nhello,pos\nbye,neg\n")
-    assert main(["eval", "--data-file", str(missing), "--label-column", "gold", "--no-cache",
+    assert main(["eval", "--input", str(missing), "--label-column", "gold", "--no-cache",
                  "--model", "smollm2-135m"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no column 'gold'" in err
