@@ -12,13 +12,19 @@ level="${1:-core}"
 py="$(semsoft_python "$PWD")"
 
 # The package itself, editable from this checkout (a clone elsewhere re-points it).
-# Its entry points must name modules that exist: an install made before a module moved
-# keeps the old ones (vLLM would then fail to load the plugin).
+# Its installed entry points must be pyproject.toml's: an install made before one changed
+# keeps the old ones (vLLM would then fail to load a moved plugin, and `semsoft eval`
+# without its extra would not say which extra to install).
 here_ok() {
   "$py" - <<'PY' 2>/dev/null
-import importlib.util, os, semsoft_plugin
+import importlib.util, os, semsoft_plugin, tomllib
 from importlib.metadata import distribution
 assert os.path.samefile(os.path.dirname(semsoft_plugin.__file__), "semsoft_plugin")
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+want = {(g, n, " ".join(v.split())) for g, eps in groups.items() for n, v in eps.items()}
+have = {(e.group, e.name, " ".join(e.value.split())) for e in distribution("semsoft-plugin").entry_points}
+assert want == have, want ^ have
 for entry in distribution("semsoft-plugin").entry_points:
     assert importlib.util.find_spec(entry.module) is not None, entry
 PY
