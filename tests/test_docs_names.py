@@ -25,8 +25,9 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 KEY = re.compile(r"\bsemsoft_[a-z0-9_]+")
 PACKAGES = {"semsoft_plugin", "semsoft_eval"}  # the packages' names, not keys
 # Other programs' flags the docs name, which no parser here can check: vLLM's server
-# (`vllm serve --help`) and pytest's.
+# (`vllm serve --help`), pytest's and mkdocs'.
 ELSEWHERE = {
+    "--strict",
     "--logits-processors",
     "--max-logprobs",
     "--middleware",
@@ -137,3 +138,28 @@ def test_a_stale_flag_and_a_wrong_command_are_found(tmp_path: Path) -> None:
         ]
     finally:
         page.unlink()
+
+
+def test_the_cli_reference_names_every_option() -> None:
+    """The generated CLI page (the mkdocs hook) has a section per command and a row for
+    every option of it, so a new flag is documented by being added."""
+    pytest.importorskip("mkdocs")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "mkdocs_cli_reference", ROOT / "scripts" / "mkdocs_cli_reference.py"
+    )
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.cli_reference()
+    sections = page.split("\n## ")[1:]
+    by_command = {s.splitlines()[0].strip("`").removeprefix("semsoft").strip(): s for s in sections}
+    assert set(by_command) == set(OPTIONS)
+    missing = [
+        f"{name}: {option}"
+        for name, options in OPTIONS.items()
+        for option in options
+        if option not in ("-h", "--help") and f"`{option}`" not in by_command[name]
+    ]
+    assert missing == []
