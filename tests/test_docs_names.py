@@ -163,3 +163,16 @@ def test_the_cli_reference_names_every_option() -> None:
         if option not in ("-h", "--help") and f"`{option}`" not in by_command[name]
     ]
     assert missing == []
+
+
+def test_the_documented_eval_methods_exist() -> None:
+    """Every method name evaluation.md lists in backticks under **Methods.** is one of
+    the registry's (semsoft_eval.methods), and every default method is listed."""
+    methods = pytest.importorskip("semsoft_eval.methods")
+    text = (ROOT / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    paragraph = text[text.index("**Methods.**") :].split("\n\n")[0]
+    named = set(re.findall(r"`([a-z][a-z-]*)`", paragraph))
+    known = set(methods.METHODS)
+    defaults = set(PARSERS["eval"].get_default("methods").split(","))
+    assert named & known >= defaults
+    assert {n for n in named if "-" in n or n in known} <= known
