@@ -123,12 +123,8 @@ def constrained_softmax(logits: Tensor, label_token_ids: Sequence[int] | Tensor 
     Examples
     --------
     >>> import torch
-    >>> from semsoft_plugin.core.softmax import constrained_softmax
-    >>> logits = torch.tensor([2.0, 0.0, 5.0, 2.0])   # token 2 is not a label's
-    >>> constrained_softmax(logits, [0, 1, 3])
+    >>> constrained_softmax(torch.tensor([2.0, 0.0, 5.0, 2.0]), [0, 1, 3])  # 2: no label's
     tensor([0.4683, 0.0634, 0.4683])
-    >>> constrained_softmax(torch.tensor([[0.0, float("-inf"), float("-inf")]]), [1, 2])
-    tensor([[0.5000, 0.5000]])
     """
     logits = _check_logits(logits)
     tokens = as_label_tokens(label_token_ids)
@@ -486,18 +482,15 @@ def semantic_softmax(
 
     Examples
     --------
-    A vocabulary of four tokens in two dimensions: labels are tokens 0 ("yes") and 1
-    ("no"); token 2 is a synonym of "yes", token 3 of "no". The model puts most of its
-    mass on the synonym of "yes", which the constrained softmax ignores. The default
-    ``semantic_weight=0`` is the constrained softmax; ``1`` the semantic distribution alone:
+    Tokens 0 and 1 are the labels, 2 and 3 their synonyms; most mass is on 2. The default
+    ``semantic_weight=0`` is the constrained softmax, ``1`` the semantic distribution alone:
 
     >>> import torch
-    >>> from semsoft_plugin.core.softmax import semantic_softmax
-    >>> embeddings = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [0.1, 0.9]])
+    >>> emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [0.1, 0.9]])
     >>> logits = torch.tensor([0.0, 0.0, 3.0, -1.0])
-    >>> semantic_softmax(logits, embeddings, [0, 1], k=4, center=False)
+    >>> semantic_softmax(logits, emb, [0, 1], k=4, center=False)
     tensor([0.5000, 0.5000])
-    >>> semantic_softmax(logits, embeddings, [0, 1], k=4, center=False, semantic_weight=1.0)
+    >>> semantic_softmax(logits, emb, [0, 1], k=4, center=False, semantic_weight=1.0)
     tensor([0.8491, 0.1509])
     """
     return semantic_softmax_details(
