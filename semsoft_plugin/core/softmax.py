@@ -36,10 +36,10 @@ The paper leaves several things open; this module decides them and says so:
 * **Pooling with the constrained softmax** (``semantic_weight``). The semantic
   distribution is a noisy estimate (a few kept tokens, cosines as weights); the
   result is the log-linear pool ``P ∝ P_con^(1-a) P_sem^a``. ``a = 1`` is the
-  semantic distribution alone, ``a = 0`` the constrained softmax. A reader that sees
-  only the top-K log-probs (vLLM, an OpenAI server) lacks the log-prob of an answer
-  token outside it: that token counts with the smallest kept probability, the most
-  it can have, unless the reader supplies its log-prob (``classify_vllm`` does).
+  semantic distribution alone, ``a = 0`` the constrained softmax. A row without an
+  answer token's log-prob (an engine mask, sparse rows without it) counts it at the
+  smallest kept probability; the engines' readers never rely on that: they fetch the
+  exact log-prob or refuse (``engines.reader_contract``).
 * **Temperature.** An optional final temperature on ``log P_sem`` (fitted by
   ``semsoft tune``); 1 leaves the distribution as is. Any finite ``T > 0`` is
   allowed: it is applied in log space, so a tiny ``T`` is a hard argmax (ties split
@@ -261,8 +261,8 @@ class SemanticSoftmax:
         the row holds its ``k`` most likely tokens and every label's answer token. Extra
         ids beyond the top ``k`` are allowed (they rank below the kept ones): pass the
         answer tokens' log-probs where known. An answer token the row lacks enters the
-        pool with the constrained softmax at the smallest kept probability (an upper
-        bound) and the constrained softmax at 0.
+        pool at the smallest kept probability (an upper bound; the engines' readers
+        fetch it or refuse instead) and the constrained softmax at 0.
 
         Parameters
         ----------
