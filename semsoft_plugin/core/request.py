@@ -384,3 +384,7 @@ def default_max_tokens(request: SemsoftRequest) -> int:
     """Generation length that holds any label (characters + 2; EOS ends it earlier),
     or 256 when a trigger must be written first."""
     return 256 if request.trigger else max(len(s) for s in request.labels) + 2
+
+
+# Every key a request may carry (tests/test_docs_names.py checks each documented one).
+KNOWN_KEYS = frozenset(_KEYS)

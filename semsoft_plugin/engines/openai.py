@@ -227,13 +227,16 @@ def openai_label_scores(
         keywords' ``temperature`` when given them, else greedy); only a greedy pick
         must be the argmax of the scores
 
-    Follows the reader contract (:func:`semsoft_plugin.engines.reader_contract.read_scores`): exact
-    scores or a named refusal. Raises ``ValueError`` when the choice carries no
-    decision step (no generated token with log-probabilities, or a trigger never
-    written) or its decision-step log-probabilities are NaN/inf;
-    ``MissingLabelLogprobs`` (needed label log-probs not returned, no ``client``),
-    ``EmittedLabelMismatch`` (the greedy constrained pick is not the argmax) and
-    ``CutLabel`` (the text is only the start of a label), all ``ValueError``.
+    Raises
+    ------
+    ValueError
+        The reader contract (:func:`semsoft_plugin.engines.reader_contract.read_scores`):
+        exact scores or a named refusal. The choice carries no decision step (no
+        generated token with log-probabilities, or a trigger never written) or its
+        decision-step log-probabilities are NaN/inf; or one of its named subclasses:
+        ``MissingLabelLogprobs`` (needed label log-probs not returned, no ``client``),
+        ``EmittedLabelMismatch`` (the greedy constrained pick is not the argmax),
+        ``CutLabel`` (the text is only the start of a label).
     """
     semsoft = _semsoft_of(request, options)
     plugin, greedy = _sent_with(request, options)
