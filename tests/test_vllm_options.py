@@ -120,9 +120,14 @@ def test_options_roundtrip_and_flat_values():
     ],
 )
 def test_bad_options_are_refused_with_the_limit_named(extra, message):
+    """What the server's admission middleware refuses (``server=True``: an HTTP client's
+    request); in-process the method's ranges apply instead of the SERVER_* ones."""
     params = SamplingParams(max_tokens=3, logprobs=20, extra_args=extra)
     with pytest.raises(ValueError, match=message):
-        sv.SemanticSoftmaxLogitsProcessor.validate_params(params)
+        sv.validate_params(params, server=True)
+    if "SERVER_" not in message:  # the same refusal in-process (vLLM's admission hook)
+        with pytest.raises(ValueError, match=message):
+            sv.SemanticSoftmaxLogitsProcessor.validate_params(params)
 
 
 def test_a_number_beyond_float_range_is_refused_not_raised():

@@ -6,6 +6,21 @@ A config is a small JSON file (:meth:`SemsoftConfig.save` and ``semsoft tune`` w
     {"k": 50, "tau": 0.0, "center": true, "own_vote": true, "normalize_votes": true,
      "temperature": 1.0, "residual": true, "tau_quantile": null, "semantic_weight": 0.0,
      "nearest_vote": false}
+
+Examples
+--------
+>>> from semsoft_plugin.core.config import SemsoftConfig
+>>> config = SemsoftConfig(k=20)
+>>> config.k, config.semantic_weight
+(20, 0.0)
+>>> config.replace(semantic_weight=0.3).semantic_weight   # a new config; this one is frozen
+0.3
+>>> SemsoftConfig.pooled().semantic_weight
+0.3
+>>> SemsoftConfig(k=0)
+Traceback (most recent call last):
+    ...
+ValueError: k=0 must be an int in [1, 4096]
 """
 
 from __future__ import annotations

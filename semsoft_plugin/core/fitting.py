@@ -405,8 +405,8 @@ def fit_config(
 
     Parameters
     ----------
-    kept : the items' kept decision-step scores (:class:`KeptScores` or a
-        ``semsoft_eval`` ``Forward``)
+    kept : the items' kept decision-step scores (:class:`KeptScores` or the
+        evaluation package's ``Forward``)
     embeddings : the model's output embeddings (Tensor or OutputEmbeddings)
     labels : LabelSet or LabelTokens, in the column order of ``targets``
     targets : ``[N]`` label indices

@@ -36,10 +36,10 @@ The paper leaves several things open; this module decides them and says so:
 * **Pooling with the constrained softmax** (``semantic_weight``). The semantic
   distribution is a noisy estimate (a few kept tokens, cosines as weights); the
   result is the log-linear pool ``P ∝ P_con^(1-a) P_sem^a``. ``a = 1`` is the
-  semantic distribution alone, ``a = 0`` the constrained softmax. A reader that sees
-  only the top-K log-probs (vLLM, an OpenAI server) lacks the log-prob of an answer
-  token outside it: that token counts with the smallest kept probability, the most
-  it can have, unless the reader supplies its log-prob (``classify_vllm`` does).
+  semantic distribution alone, ``a = 0`` the constrained softmax. A row without an
+  answer token's log-prob (an engine mask, sparse rows without it) counts it at the
+  smallest kept probability; the engines' readers never rely on that: they fetch the
+  exact log-prob or refuse (``engines.reader_contract``).
 * **Temperature.** An optional final temperature on ``log P_sem`` (fitted by
   ``semsoft tune``); 1 leaves the distribution as is. Any finite ``T > 0`` is
   allowed: it is applied in log space, so a tiny ``T`` is a hard argmax (ties split
@@ -119,6 +119,12 @@ def constrained_softmax(logits: Tensor, label_token_ids: Sequence[int] | Tensor 
     -------
     Tensor of shape (L,) or (B, L), float32, rows summing to 1. If every label token
     is masked (-inf) in a row, that row is uniform.
+
+    Examples
+    --------
+    >>> import torch
+    >>> constrained_softmax(torch.tensor([2.0, 0.0, 5.0, 2.0]), [0, 1, 3])  # 2: no label's
+    tensor([0.4683, 0.0634, 0.4683])
     """
     logits = _check_logits(logits)
     tokens = as_label_tokens(label_token_ids)
@@ -255,8 +261,8 @@ class SemanticSoftmax:
         the row holds its ``k`` most likely tokens and every label's answer token. Extra
         ids beyond the top ``k`` are allowed (they rank below the kept ones): pass the
         answer tokens' log-probs where known. An answer token the row lacks enters the
-        pool with the constrained softmax at the smallest kept probability (an upper
-        bound) and the constrained softmax at 0.
+        pool at the smallest kept probability (an upper bound; the engines' readers
+        fetch it or refuse instead) and the constrained softmax at 0.
 
         Parameters
         ----------
@@ -473,6 +479,19 @@ def semantic_softmax(
     Tensor of shape (L,) or (B, L), float32, rows summing to 1, never NaN. Rows
     where the formula is 0/0 hold the constrained softmax (see
     :func:`semantic_softmax_details` for the flag).
+
+    Examples
+    --------
+    Tokens 0 and 1 are the labels, 2 and 3 their synonyms; most mass is on 2. The default
+    ``semantic_weight=0`` is the constrained softmax, ``1`` the semantic distribution alone:
+
+    >>> import torch
+    >>> emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [0.1, 0.9]])
+    >>> logits = torch.tensor([0.0, 0.0, 3.0, -1.0])
+    >>> semantic_softmax(logits, emb, [0, 1], k=4, center=False)
+    tensor([0.5000, 0.5000])
+    >>> semantic_softmax(logits, emb, [0, 1], k=4, center=False, semantic_weight=1.0)
+    tensor([0.8491, 0.1509])
     """
     return semantic_softmax_details(
         logits, embeddings, label_token_ids, config, **overrides
