@@ -38,6 +38,7 @@ __all__ = [
     "VOTES",
     "SemsoftConfig",
     "config_field_specs",
+    "grid_entry",
     "renamed_message",
 ]
 
@@ -55,6 +56,8 @@ DEFAULT_SEMANTIC_WEIGHT = 0.0
 POOLED_SEMANTIC_WEIGHT = 0.3
 
 MAX_K = 4096
+# The settings that only shape the semantic votes: no effect at semantic_weight = 0.
+VOTE_SETTINGS = ("vote", "tau", "tau_quantile", "center", "own_vote")
 
 # The vote rules. "residual" and "nearest" send the mass no label neighbour claims to
 # the constrained softmax; "shared" and "per_label" renormalise the votes (the paper).
@@ -235,7 +238,7 @@ class SemsoftConfig:
             )
         if self.semantic_weight == 0.0:
             defaults = SemsoftConfig.__dataclass_fields__
-            for name in ("vote", "tau", "tau_quantile", "center", "own_vote"):
+            for name in VOTE_SETTINGS:
                 value, default = getattr(self, name), defaults[name].default
                 if value != default:
                     raise ValueError(
@@ -300,6 +303,18 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
     "paper": {"center": False, "own_vote": False, "vote": "per_label", "semantic_weight": 1.0},
     "shared": {"vote": "shared", "semantic_weight": 1.0},
 }
+
+
+def grid_entry(start: SemsoftConfig, changes: Mapping[str, Any]) -> SemsoftConfig:
+    """``start.replace(**changes)`` for a searched grid: an entry at ``semantic_weight
+    = 0`` is the constrained softmax, where the vote settings have no effect and are
+    refused unless default, so there the start's vote settings go back to their defaults
+    (the scores are the same). A vote setting the grid itself gives is kept, and
+    refused at weight 0 as given."""
+    if changes.get("semantic_weight", start.semantic_weight) == 0:
+        defaults = SemsoftConfig()
+        changes = {**{name: getattr(defaults, name) for name in VOTE_SETTINGS}, **changes}
+    return start.replace(**changes)
 
 
 def config_field_specs() -> dict[str, Mapping[str, Any]]:
