@@ -136,3 +136,16 @@ def test_sampling_params_keywords_refuse_the_old_method_temperature():
     params = sampling_params(["yes", "no"], score_temperature=2.0, temperature=0.7)
     assert params.temperature == 0.7
     assert params.extra_args["semsoft_score_temperature"] == 2.0
+
+
+def test_a_settings_record_naming_an_old_option_is_refused(tmp_path):
+    from semsoft_plugin.app.file_settings import check_settings, settings_path
+
+    out = tmp_path / "out.csv"
+    now = {"model": "m", **{f"config.{k}": v for k, v in SemsoftConfig().to_dict().items()}}
+    then = {**now, "config.temperature": 1.0, "config.residual": True}
+    settings_path(out).write_text(json.dumps({"settings": then}))
+    with pytest.raises(ValueError, match="records config.residual: renamed: use vote"):
+        check_settings(out, now)
+    settings_path(out).write_text(json.dumps({"settings": now}))
+    check_settings(out, now)  # the same settings: resumed

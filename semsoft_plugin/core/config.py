@@ -308,12 +308,12 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
 def grid_entry(start: SemsoftConfig, changes: Mapping[str, Any]) -> SemsoftConfig:
     """``start.replace(**changes)`` for a searched grid: an entry at ``semantic_weight
     = 0`` is the constrained softmax, where the vote settings have no effect and are
-    refused unless default, so there the start's vote settings go back to their defaults
-    (the scores are the same). A vote setting the grid itself gives is kept, and
-    refused at weight 0 as given."""
+    refused unless default, so there they go back to their defaults, the start's and
+    the grid's alike (the scores are the same: the grid holds that entry more than
+    once)."""
     if changes.get("semantic_weight", start.semantic_weight) == 0:
         defaults = SemsoftConfig()
-        changes = {**{name: getattr(defaults, name) for name in VOTE_SETTINGS}, **changes}
+        changes = {**changes, **{name: getattr(defaults, name) for name in VOTE_SETTINGS}}
     return start.replace(**changes)
 
 
