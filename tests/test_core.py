@@ -306,9 +306,13 @@ def test_config_round_trip(tmp_path):
 
 # --- properties --------------------------------------------------------------
 
+ANY_K = st.integers(1, MAX_K)
+ANY_TAU = st.floats(-1.0, 1.0, exclude_max=True)
+SOME_TEMPERATURE = st.floats(0.05, 20.0)
+
+
 @st.composite
-def configs(draw, k=st.integers(1, MAX_K), tau=st.floats(-1.0, 1.0, exclude_max=True),
-            score_temperature=st.floats(0.05, 20.0)):  # fmt: skip
+def configs(draw, k=ANY_K, tau=ANY_TAU, score_temperature=SOME_TEMPERATURE):
     """Any valid SemsoftConfig, every field drawn (the refused combinations left out: at
     weight 0 the vote settings keep their defaults; tau_quantile with the default tau)."""
     weight = draw(st.one_of(st.just(0.0), st.floats(0.0, 1.0)))

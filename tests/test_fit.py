@@ -408,7 +408,7 @@ def test_fit_round_trip_through_a_config_file_into_a_vllm_request(fitted, tmp_pa
 
     clf, texts, _ = fitted
     config = clf.fit_result_.fitted  # the fitted one even where the rule kept the start
-    assert config.temperature != 1.0
+    assert config.score_temperature != 1.0
     path = tmp_path / "fitted.json"
     config.save(path)
     loaded = SemsoftConfig.load(path)
