@@ -149,3 +149,14 @@ def test_a_settings_record_naming_an_old_option_is_refused(tmp_path):
         check_settings(out, now)
     settings_path(out).write_text(json.dumps({"settings": now}))
     check_settings(out, now)  # the same settings: resumed
+
+
+def test_grids_build_valid_configs_and_refuse_a_search_of_nothing():
+    from semsoft_plugin.core.fitting import grid_configs
+
+    paper = SemsoftConfig.preset("paper")
+    configs = grid_configs({"semantic_weight": (0.0, 0.5)}, paper)
+    assert configs[0] == SemsoftConfig()  # weight 0: the vote settings at their defaults
+    assert configs[1] == paper.replace(semantic_weight=0.5)  # the start's otherwise
+    with pytest.raises(ValueError, match="tau=0.2 has no effect at semantic_weight=0"):
+        grid_configs({"tau": (0.0, 0.2)})  # the default weight 0, not searched

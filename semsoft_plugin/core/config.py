@@ -306,12 +306,13 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
 
 
 def grid_entry(start: SemsoftConfig, changes: Mapping[str, Any]) -> SemsoftConfig:
-    """``start.replace(**changes)`` for a searched grid: an entry at ``semantic_weight
-    = 0`` is the constrained softmax, where the vote settings have no effect and are
-    refused unless default, so there they go back to their defaults, the start's and
-    the grid's alike (the scores are the same: the grid holds that entry more than
-    once)."""
-    if changes.get("semantic_weight", start.semantic_weight) == 0:
+    """``start.replace(**changes)`` for a searched grid. An entry whose searched
+    ``semantic_weight`` is 0 is the constrained softmax, where the vote settings have no
+    effect and are refused unless default: there they go back to their defaults, the
+    start's and the grid's alike (the scores are the same; the grid then holds that entry
+    more than once). A grid that searches a vote setting at an unsearched weight 0 is
+    refused as given (it would search nothing)."""
+    if "semantic_weight" in changes and changes["semantic_weight"] == 0:
         defaults = SemsoftConfig()
         changes = {**changes, **{name: getattr(defaults, name) for name in VOTE_SETTINGS}}
     return start.replace(**changes)
