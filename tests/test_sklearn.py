@@ -122,7 +122,7 @@ def test_settings_are_checked_where_used_not_in_init():
         bad.predict(TEXTS[:1])
     with pytest.raises(ValueError, match="batch_size=0"):
         bad.set_params(calibrate=None).predict(TEXTS[:1])
-    with pytest.raises(ValueError, match=r"semantic_weight=2\.0 must be a float in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"semantic_weight=2\.0 must be a finite number in \[0, 1\]"):
         Classifier(MODEL, labels=LABELS, semantic_weight=2.0).predict(TEXTS[:1])
     with pytest.raises(ValueError, match="tokenizer=str is given with the model named"):
         Classifier(MODEL, "a tokenizer", LABELS).predict(TEXTS[:1])

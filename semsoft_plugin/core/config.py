@@ -97,7 +97,10 @@ def _number(value: Any) -> bool:
 
 
 def _finite(value: Any) -> bool:
-    return _number(value) and math.isfinite(value)
+    try:
+        return _number(value) and math.isfinite(value)
+    except OverflowError:  # an int beyond the float range (JSON allows any size)
+        return False
 
 
 def _spec(
