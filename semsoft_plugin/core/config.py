@@ -31,7 +31,7 @@ Examples
 >>> SemsoftConfig(k=0)
 Traceback (most recent call last):
     ...
-ValueError: k=0 must be an int in [1, 4096]
+ValueError: k=0 must be an integer in [1, 4096]
 """
 
 from __future__ import annotations

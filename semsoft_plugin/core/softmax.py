@@ -42,11 +42,9 @@ The paper leaves several things open; this module decides them and says so:
   answer token's log-prob (an engine mask, sparse rows without it) counts it at the
   smallest kept probability; the engines' readers never rely on that: they fetch the
   exact log-prob or refuse (``engines.reader_contract``).
-* **Score temperature** (``score_temperature``). An optional final temperature on
-  ``log P_sem`` (fitted by
-  ``semsoft tune``); 1 leaves the distribution as is. Any finite ``T > 0`` is
-  allowed: it is applied in log space, so a tiny ``T`` is a hard argmax (ties split
-  evenly) and a huge one the uniform distribution, never NaN.
+* **Score temperature** (``score_temperature``). A final temperature on ``log P_sem``
+  (fitted by ``semsoft tune``; 1 leaves it as is). Any finite ``T > 0``, in log space: a
+  tiny ``T`` is a hard argmax (ties split evenly), a huge one uniform, never NaN.
 * **Non-finite logits.** ``-inf`` is how every engine masks a token: it means
   probability 0 and is accepted. NaN and ``+inf`` raise ``ValueError``.
 
@@ -475,10 +473,8 @@ def semantic_softmax(
     config : SemsoftConfig, optional
         Method settings; defaults are :class:`SemsoftConfig`'s.
     **overrides
-        Any :class:`SemsoftConfig` field: ``k`` (kept tokens, default 50), ``tau``
-        (cosine threshold), ``center`` (centre the embeddings first), ``own_vote``,
-        ``vote``, ``score_temperature``, ``semantic_weight``, ``tau_quantile``.
-        ``SemsoftConfig.preset("paper")`` is the paper's formula.
+        Any :class:`SemsoftConfig` field (``k``, ``tau``, ``center``, ``own_vote``, ``vote``,
+        ``score_temperature``, ``semantic_weight``, ``tau_quantile``).
 
     Returns
     -------
@@ -494,7 +490,7 @@ def semantic_softmax(
     >>> import torch
     >>> emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [0.1, 0.9]])
     >>> logits = torch.tensor([0.0, 0.0, 3.0, -1.0])
-    >>> semantic_softmax(logits, emb, [0, 1], k=4, center=False)
+    >>> semantic_softmax(logits, emb, [0, 1], k=4)
     tensor([0.5000, 0.5000])
     >>> semantic_softmax(logits, emb, [0, 1], k=4, center=False, semantic_weight=1.0)
     tensor([0.8491, 0.1509])
