@@ -105,7 +105,7 @@ def tune(
     start = start or SemsoftConfig()
     grid = dict(DEFAULT_GRID if grid is None else grid)
     started = time.perf_counter()
-    configs = grid_configs(grid, start.replace(temperature=1.0))
+    configs = grid_configs(grid, start.replace(score_temperature=1.0))
     probs, _ = kept_scores.grid_probs(
         forward, embeddings, labels, [*configs, start], progress=progress
     )
@@ -146,7 +146,8 @@ def format_tune(result: TuneResult) -> str:
         else (f"adopted ({fit.procedure})")
     )
     lines = [
-        f"chosen: semantic_weight={cfg.semantic_weight:g} temperature={cfg.temperature:.3f} "
+        f"chosen: semantic_weight={cfg.semantic_weight:g} "
+        f"score_temperature={cfg.score_temperature:.3f} "
         f"({kept}; out-of-fold NLL gain {fit.gain:+.4f}, se {fit.gain_se:.4f}, margin "
         f"{fit.margin:g} se)",
         "",

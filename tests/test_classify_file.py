@@ -143,7 +143,7 @@ def test_cli_starts_and_classifies_with_the_eval_packages_hidden(tmp_path):
         assert not [m for m in report["asked"] if m.startswith("semsoft_eval")], report["asked"]
     assert all(name in help_["out"] for name in ("classify", "eval", "tune", "distill"))
     result = json.loads(one["out"])
-    assert sum(result["semantic"].values()) == pytest.approx(1.0, abs=1e-6)
+    assert sum(result["probs"].values()) == pytest.approx(1.0, abs=1e-6)
     assert [r["text"] for r in read_csv(out)] == [TEXTS[0]]
     # Without the extra: one line naming what to install, status 2, no traceback.
     for report in (evaluation, tune):

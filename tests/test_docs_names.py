@@ -8,6 +8,7 @@ failure naming the file, the line and the old name. No model loads."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -47,7 +48,14 @@ END = re.compile(r"\s(\||;|&&|#|>)\s")
 
 
 def _option_strings(parser) -> set[str]:
-    return {o for action in parser._actions for o in action.option_strings}
+    """The options a user may give; hidden ones (old names kept only to refuse them with
+    the new name) do not count, so a page that still documents one is stale."""
+    return {
+        o
+        for action in parser._actions
+        if action.help != argparse.SUPPRESS
+        for o in action.option_strings
+    }
 
 
 PARSERS = command_parsers()

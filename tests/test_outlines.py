@@ -218,7 +218,7 @@ def test_temperature_samples_and_score_temperature_scales_on_transformers(outlin
     assert all(d.probs == pytest.approx(greedy.probs, abs=1e-6) for d in drawn)
     assert Generator(outlines_model, Emotion, temperature=0)(PROMPTS[0]) == greedy
     scaled = Generator(outlines_model, Emotion, score_temperature=2.0)(PROMPTS[0])
-    same = Generator(outlines_model, Emotion, config=SemsoftConfig(temperature=2.0))(PROMPTS[0])
+    same = Generator(outlines_model, Emotion, config=SemsoftConfig(score_temperature=2.0))(PROMPTS[0])
     assert scaled.probs == pytest.approx(same.probs, abs=1e-6)
     assert scaled.probs != pytest.approx(greedy.probs, abs=1e-3)
     with pytest.raises(ValueError, match="score_temperature"):
@@ -325,7 +325,7 @@ def test_vllm_offline_model_goes_through_the_vllm_adapter(default_checkpoint, mo
     # logits, so sampling leaves them as they are).
     on_vllm = outlines.from_vllm_offline(llm)
     scaled = Generator(on_vllm, Emotion, score_temperature=2.0)(PROMPTS[0])
-    reference = classify(model, tokenizer, formatted[:1], labels, temperature=2.0)[0]
+    reference = classify(model, tokenizer, formatted[:1], labels, score_temperature=2.0)[0]
     assert scaled.probs == pytest.approx(reference.probs, abs=1e-4)
     assert scaled.probs != pytest.approx(got[0].probs, abs=1e-3)
     sampled = Generator(on_vllm, Emotion, temperature=1.5)(PROMPTS[0], seed=3)

@@ -33,10 +33,10 @@ def test_request_and_openai_modules_import_no_engine():
 
 
 def test_same_options_parse_to_the_one_object():
-    args = build_request(LABELS, k=7, tau=0.2).to_extra_args()
+    args = build_request(LABELS, k=7, tau=0.2, semantic_weight=0.5).to_extra_args()
     first = parse_request(args)
     assert parse_request(dict(args)) is first  # parsed once, reused
-    assert first == build_request(LABELS, k=7, tau=0.2)
+    assert first == build_request(LABELS, k=7, tau=0.2, semantic_weight=0.5)
 
 
 def test_cache_keeps_types_apart():

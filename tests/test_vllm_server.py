@@ -25,7 +25,10 @@ def test_request_round_trips_through_http(server, checkpoint):
     import openai
 
     client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
-    for options in ({"k": 30, "tau": 0.1, "own_vote": False}, {"residual": True, "k": 8}):
+    for options in (
+        {"k": 30, "tau": 0.1, "own_vote": False, "semantic_weight": 1.0},
+        {"vote": "nearest", "k": 8, "semantic_weight": 0.5},
+    ):
         request = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, **options)
         response = client.chat.completions.create(
             model="smollm2", messages=PROMPTS["review"], **request

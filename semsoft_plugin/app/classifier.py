@@ -91,7 +91,7 @@ class Classifier(EstimatorProtocol):
         ``"Answer:"``; default: the prompt of ``semsoft classify``
     config : Semantic Softmax settings (e.g. ``SemsoftConfig.load`` of a ``semsoft
         tune`` file); default ``SemsoftConfig()``
-    k, semantic_weight, temperature : override these fields of ``config`` (``None``: the
+    k, semantic_weight, score_temperature : override these fields of ``config`` (``None``: the
         config's): the settings a search varies (``GridSearchCV`` over
         ``semantic_weight``)
     batch_size : texts per forward pass (transformers; vLLM schedules its own)
@@ -130,7 +130,7 @@ class Classifier(EstimatorProtocol):
     fit_temperature : whether :meth:`fit` also fits a final temperature. With
         ``fit_grid={}`` and ``fit_temperature=False`` fit only reads the labels, as a
         search over this classifier's own settings wants (``GridSearchCV`` over
-        ``semantic_weight`` or ``temperature``)
+        ``semantic_weight`` or ``score_temperature``)
     n_folds, margin, random_state : :meth:`fit`'s rule: the start is kept unless the fit
         beats it by ``margin`` standard errors of out-of-fold NLL over ``n_folds``
         stratified folds (fold seed ``random_state``; :mod:`semsoft_plugin.core.fitting`)
@@ -159,7 +159,7 @@ class Classifier(EstimatorProtocol):
         config: SemsoftConfig | None = None,
         k: int | None = None,
         semantic_weight: float | None = None,
-        temperature: float | None = None,
+        score_temperature: float | None = None,
         batch_size: int = 8,
         progress: bool | None = False,
         calibrate: str | None = None,
@@ -183,7 +183,7 @@ class Classifier(EstimatorProtocol):
         self.config = config
         self.k = k
         self.semantic_weight = semantic_weight
-        self.temperature = temperature
+        self.score_temperature = score_temperature
         self.batch_size = batch_size
         self.progress = progress
         self.calibrate = calibrate
@@ -258,7 +258,7 @@ class Classifier(EstimatorProtocol):
 
         One forward pass per text; then :func:`semsoft_plugin.core.fitting.fit_config` on the
         kept decision-step scores: from the classifier's settings (``config`` with ``k``,
-        ``semantic_weight``, ``temperature``), the fields of ``fit_grid`` are searched and
+        ``semantic_weight``, ``score_temperature``), the fields of ``fit_grid`` are searched and
         a final temperature is fitted (``fit_temperature``), and the start is *kept*
         unless the fit beats it by ``margin`` standard errors of out-of-fold NLL
         (stratified ``n_folds`` folds), so a few uninformative labels leave the

@@ -28,6 +28,7 @@ from typing import Any
 from semsoft_plugin.app.classifier_settings import check_file_strength
 from semsoft_plugin.app.classify_args import classifier_from_args, parse_labels, prompt_template
 from semsoft_plugin.app.classify_file import run_classify_file
+from semsoft_plugin.app.config_args import add_config_arguments, config_from_args
 from semsoft_plugin.core.labels import LABELS_SYNTAX
 
 __all__ = [
@@ -149,15 +150,7 @@ def _add_classify_parser(subparsers: Any) -> None:
     prompt.add_argument(
         "--prompt-file", help="JSON prompt template (keys user, answer_prefix, system), as in eval"
     )
-    parser.add_argument("--config", help="a SemsoftConfig JSON file (e.g. from 'semsoft tune')")
-    parser.add_argument("--k", type=int, help="top-K tokens kept")
-    parser.add_argument("--tau", type=float, help="cosine threshold")
-    parser.add_argument(
-        "--semantic-weight",
-        type=float,
-        help="pool the semantic votes in: 0 (the default) is the constrained softmax, 0.3 "
-        "the semantic pool (SemsoftConfig.pooled(); docs/defaults.md: where it helps)",
-    )
+    add_config_arguments(parser)
     parser.add_argument(
         "--backend",
         choices=("hf", "vllm"),
@@ -255,8 +248,6 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_classify(args: argparse.Namespace) -> int:
-    from semsoft_plugin.core.config import SemsoftConfig
-
     if (args.text is None) == (args.input is None):
         raise ValueError("give one text to classify or --input FILE, not both or neither")
     if args.engine_args and args.backend != "vllm":
@@ -278,8 +269,7 @@ def _run_classify(args: argparse.Namespace) -> int:
             "--calibrate contextual"
         )
     labels = parse_labels(args.labels)
-    config = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
-    config = config.replace(k=args.k, tau=args.tau, semantic_weight=args.semantic_weight)
+    config = config_from_args(args)
     template = prompt_template(args)
     if args.input is not None and args.ray:
         from semsoft_plugin.app.ray import run_classify_cli

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.config import SemsoftConfig, grid_entry
 from semsoft_plugin.core.kept_scores import Kept, grid_probs
 from semsoft_plugin.core.label_offsets import (
     apply_offset,
@@ -79,14 +79,16 @@ _FLOOR = 1e-30
 def grid_configs(
     grid: Mapping[str, Sequence[Any]], start: SemsoftConfig | None = None
 ) -> list[SemsoftConfig]:
-    """Every combination of the grid's values over ``start`` (unknown keys raise)."""
+    """Every combination of the grid's values over ``start`` (unknown keys raise); an
+    entry at ``semantic_weight = 0`` keeps the vote settings' defaults
+    (:func:`~semsoft_plugin.core.config.grid_entry`)."""
     start = start or SemsoftConfig()
     names = list(grid)
     for name in names:
         if not grid[name]:
             raise ValueError(f"grid value list for {name!r} is empty")
     return [
-        start.replace(**dict(zip(names, values, strict=True)))
+        grid_entry(start, dict(zip(names, values, strict=True)))
         for values in itertools.product(*(grid[n] for n in names))
     ]
 
@@ -379,7 +381,7 @@ def single_entries(configs: Sequence[SemsoftConfig], start: SemsoftConfig) -> di
     scaling of the constrained softmax as a third procedure was measured and dropped:
     one more choice among noisy out-of-fold estimates did not lower the test NLL,
     ``docs/few-labels.md``.)"""
-    wanted = {"temperature": start.replace(temperature=1.0)}
+    wanted = {"temperature": start.replace(score_temperature=1.0)}
     out: dict[str, int] = {}
     for name, config in wanted.items():
         found = next((i for i, c in enumerate(configs) if c == config), None)
@@ -413,7 +415,7 @@ def fit_config(
     start : the setting to start from and keep unless beaten (default: the label-free
         default ``SemsoftConfig()``)
     grid : config field -> values searched over ``start`` (default: ``semantic_weight``
-        over :data:`DEFAULT_WEIGHTS`); ``temperature`` is fitted, not searched
+        over :data:`DEFAULT_WEIGHTS`); ``score_temperature`` is fitted, not searched
     temperature : fit a final temperature for every grid entry
     n_folds : stratified folds of the out-of-fold check
     margin : standard errors by which the procedure must beat ``start`` out of fold
@@ -421,9 +423,9 @@ def fit_config(
     """
     start = start or SemsoftConfig()
     grid = {"semantic_weight": DEFAULT_WEIGHTS} if grid is None else dict(grid)
-    if "temperature" in grid:
-        raise ValueError("temperature is fitted, not a grid axis (temperature=False: keep T=1)")
-    configs = grid_configs(grid, start.replace(temperature=1.0))
+    if "score_temperature" in grid:
+        raise ValueError("score_temperature is fitted, not a grid axis (temperature=False: T=1)")
+    configs = grid_configs(grid, start.replace(score_temperature=1.0))
     probs, _ = grid_probs(kept, embeddings, labels, [*configs, start])
     return fit_from_grid(
         probs, configs, start, targets, axes=list(grid), temperature=temperature,
@@ -472,7 +474,7 @@ def _result(
     def axes(config: SemsoftConfig) -> dict[str, Any]:
         return {k: getattr(config, k) for k in grid}
 
-    fitted = configs[best].replace(temperature=t)
+    fitted = configs[best].replace(score_temperature=t)
     return FitResult(
         config=start if kept_default else fitted,
         fitted=fitted,

@@ -27,7 +27,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from semsoft_plugin.core.config import MAX_K, SemsoftConfig
+from semsoft_plugin.core.config import (
+    MAX_K,
+    PRESETS,
+    SemsoftConfig,
+    config_field_specs,
+    renamed_message,
+)
 from semsoft_plugin.core.labels import MAX_LABELS, label_names
 from semsoft_plugin.core.text_rules import is_blank
 
@@ -54,11 +60,14 @@ KEY_LABELS = "semsoft_labels"
 KEY_MODE = "semsoft_mode"
 KEY_TRIGGER = "semsoft_trigger"
 KEY_LEADING_SPACE = "semsoft_leading_space"
+# A named SemsoftConfig.preset as the base; the other semsoft_<field> keys override it.
+KEY_PRESET = "semsoft_preset"
 # The response field in which the server's admission middleware returns the label
 # answer tokens' raw log-probs that the decision step's top-k lacks ({"token_id:N": lp}).
 RESPONSE_LABEL_LOGPROBS = "semsoft_label_logprobs"
+# One key per SemsoftConfig field, generated from its table (config.config_field_specs).
 _CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftConfig)}
-_KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, *_CONFIG_KEYS}
+_KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, KEY_PRESET, *_CONFIG_KEYS}
 
 # Server clients are untrusted: these bound the work and memory one request can ask
 # for. Named SERVER_* because they are tighter than the method's own ranges
@@ -120,18 +129,15 @@ _LABEL_LIMITS = {
     True: (SERVER_MAX_LABELS, f"SERVER_MAX_LABELS={SERVER_MAX_LABELS}"),
     False: (MAX_LABELS, f"MAX_LABELS={MAX_LABELS}"),
 }
-_RULES = {
-    "k": "an integer",
-    "tau": "a finite number in [-1, 1)",
-    "temperature": "a finite number > 0",
-    "center": _FLAG_RULE,
-    "own_vote": _FLAG_RULE,
-    "normalize_votes": _FLAG_RULE,
-    "residual": _FLAG_RULE,
-    "tau_quantile": "a finite number in (0, 1)",
-    "semantic_weight": "a finite number in [0, 1]",
-    "nearest_vote": _FLAG_RULE,
-}
+
+
+def config_rules() -> dict[str, str]:
+    """What each ``semsoft_<field>`` key must be: the field's rule from the config
+    table (``k``'s range depends on where the request came from: ``_K_RULES``)."""
+    return {name: str(spec["rule"]) for name, spec in config_field_specs().items()}
+
+
+_RULES = config_rules()
 
 
 def show_value(value: Any, limit: int = 40) -> str:
@@ -174,8 +180,13 @@ def _option(key: str, name: str, value: Any, server: bool) -> Any:
     except k's (``SERVER_MAX_K`` for a server request, ``MAX_K`` otherwise)."""
     max_k, k_rule = _K_RULES[server]
     rule = k_rule if name == "k" else _RULES[name]
-    if rule == _FLAG_RULE:
+    spec = config_field_specs()[name]
+    if spec["kind"] is bool:
         return _flag(key, value)
+    if spec["kind"] is str:
+        if not isinstance(value, str) or value not in spec.get("choices", ()):
+            raise _refuse(key, value, rule)
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _refuse(key, value, rule)
     if isinstance(value, float) and not math.isfinite(value):
@@ -294,6 +305,10 @@ def _parse(extra_args: Mapping[str, Any], present: set[str], server: bool) -> Se
             "(the label list)"
         )
     unknown = present - _KEYS
+    for key in sorted(unknown):
+        renamed = renamed_message(key[len("semsoft_") :], "semsoft_")
+        if renamed:
+            raise ValueError(renamed)
     if unknown:
         raise ValueError(
             f"unknown semsoft option(s) {show_value(sorted(unknown), 80)}; known: {sorted(_KEYS)}"
@@ -324,8 +339,11 @@ def _parse(extra_args: Mapping[str, Any], present: set[str], server: bool) -> Se
     for key, name in _CONFIG_KEYS.items():
         if key in extra_args:
             overrides[name] = _option(key, name, extra_args[key], server)
+    preset = extra_args.get(KEY_PRESET, "constrained")
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise _refuse(KEY_PRESET, preset, "one of " + ", ".join(repr(p) for p in PRESETS))
     try:
-        config = SemsoftConfig().replace(**overrides)
+        config = SemsoftConfig.preset(preset).replace(**overrides)
     except ValueError as error:  # SemsoftConfig names the field: "tau=1.5 must be ..."
         raise ValueError(f"semsoft_{error}") from None
 

@@ -185,8 +185,6 @@ def _semsoft_of(request: Any, options: Mapping[str, Any]) -> SemsoftRequest:
             )
         return parsed
     method = {k: v for k, v in options.items() if k not in ("plugin", "api", "extra_body")}
-    if "method_temperature" in method:  # sampling_params' name for the method's temperature
-        method["temperature"] = method.pop("method_temperature")
     return build_request(label_names(request), server=True, **method)
 
 
@@ -333,7 +331,7 @@ def _sent_with(request: Any, options: Mapping[str, Any]) -> tuple[bool, bool]:
     """Whether the request ran with the plugin and greedily, as far as the reader can
     tell: from the ``create`` keywords when given them; for a bare label list, the
     plugin (unless ``plugin=False``) and a greedy pick (``greedy=`` says otherwise;
-    a ``temperature`` option there is the method's, not the sampler's)."""
+    the method's temperature is ``score_temperature``, never ``temperature``)."""
     if isinstance(request, Mapping):
         plugin = "vllm_xargs" in (request.get("extra_body") or {})
         temperature = request.get("temperature", 1.0)  # the API's default

@@ -40,15 +40,8 @@ def method_config(config: SemsoftConfig | None, overrides: dict[str, Any]) -> Se
     """The Semantic Softmax settings of a generator: ``config`` with the keyword
     overrides, the same on every engine. The method's final temperature is
     ``score_temperature`` (``temperature`` is the sampling temperature on every
-    engine, GLOSSARY); anything that is not a setting is refused by name."""
-    overrides = dict(overrides)
-    if "method_temperature" in overrides:
-        raise ValueError(
-            "method_temperature= is not a keyword here: the method's final temperature "
-            "is score_temperature= (temperature= is the sampling temperature)"
-        )
-    if "score_temperature" in overrides:
-        overrides["temperature"] = overrides.pop("score_temperature")
+    engine); anything that is not a setting, or an old name (``method_temperature``), is
+    refused by name (:meth:`SemsoftConfig.replace`)."""
     return (config or SemsoftConfig()).replace(**overrides)
 
 

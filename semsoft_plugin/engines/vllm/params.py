@@ -9,6 +9,7 @@ reaching the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections import OrderedDict
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from vllm import SamplingParams
 from vllm.sampling_params import SamplingType
 
-from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.config import SemsoftConfig, renamed_message
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.request import (
     ENTRY_POINT,
@@ -37,18 +38,9 @@ from semsoft_plugin.engines.scoring import CACHE_SIZE
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-# sampling_params' keywords that set a method option rather than a sampling one.
-_METHOD_KWARGS = (
-    "k",
-    "tau",
-    "center",
-    "own_vote",
-    "normalize_votes",
-    "residual",
-    "tau_quantile",
-    "semantic_weight",
-    "nearest_vote",
-)
+# sampling_params' keywords that set a method option rather than a sampling one: every
+# SemsoftConfig field (``temperature`` stays the engine's sampling temperature).
+_METHOD_KWARGS = tuple(f.name for f in dataclasses.fields(SemsoftConfig))
 
 
 def validate_params(
@@ -303,11 +295,9 @@ def sampling_params(
     labels : label names (whole words after a space unless ``leading_space=False``): a
         list of at least two distinct strings (a ``str`` is refused, not split; a
         LabelSet gives its names, which the engine binds to its own tokenizer)
-    config : Semantic Softmax settings; ``k``, ``tau``, ``center``, ``own_vote``,
-        ``normalize_votes``, ``residual`` and ``tau_quantile`` given as keywords
-        override it, and so does
-        ``method_temperature`` (the method's final temperature: ``temperature`` is
-        the ordinary sampling temperature)
+    config : Semantic Softmax settings; any of its fields given as a keyword (``k``,
+        ``vote``, ``score_temperature``, ...) overrides it (``temperature`` is the
+        ordinary sampling temperature)
     mode : ``"constrain"`` (default) or ``"observe"``
     trigger : decide after this generated text (e.g. ``"</think>"``)
     leading_space : score labels as whole words after a space
@@ -316,9 +306,11 @@ def sampling_params(
         UTF-8 bytes + 2 without a trigger (EOS ends it earlier), 256 with one, as on
         every engine (:func:`~semsoft_plugin.core.request.default_max_tokens`).
     """
+    for name in kwargs:
+        renamed = renamed_message(name) if name != "temperature" else None
+        if renamed:
+            raise ValueError(renamed)
     method = {name: kwargs.pop(name) for name in _METHOD_KWARGS if name in kwargs}
-    if "method_temperature" in kwargs:
-        method["temperature"] = kwargs.pop("method_temperature")
     request = build_request(
         labels, config=config, mode=mode, trigger=trigger, leading_space=leading_space, **method
     )
