@@ -123,6 +123,7 @@ def add_eval_parser(subparsers: Any) -> None:
 
     parser = subparsers.add_parser(
         "eval",
+        allow_abbrev=False,  # one spelling per option: --out is not --output
         help="compare calibration methods on labelled data",
         description="Evaluate Semantic Softmax against the baselines on the same forward passes: "
         "accuracy, macro-F1, ECE (15 bins, top label), Brier (sum over classes), NLL, AUROC "
@@ -191,6 +192,7 @@ def add_tune_parser(subparsers: Any) -> None:
 
     parser = subparsers.add_parser(
         "tune",
+        allow_abbrev=False,
         help="fit the pool weight and a final temperature on a few labels (Classifier.fit)",
         description="Fit Semantic Softmax's settings on labelled items as Classifier.fit does (from "
         "--config or the default: the pool weight over a grid, a final temperature, and the rule "

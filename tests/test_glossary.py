@@ -148,6 +148,18 @@ def test_names_of_the_eval_and_tune_file_and_fold_flags(command: str) -> None:
     assert options["--n-folds"].default == 5
 
 
+@pytest.mark.parametrize("command", ["classify", "eval", "tune", "distill"])
+def test_names_have_one_spelling_no_abbreviation(command: str, capsys: Any) -> None:
+    """argparse would read ``--out`` as ``--output`` (a unique prefix): a second
+    spelling of one option. Every command refuses it."""
+    parser = _subcommand(command)
+    assert parser.allow_abbrev is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--labels", "a,b", "--out", "x.json"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments:" in err and "--out x.json" in err
+
+
 def test_names_of_the_classify_file_flags() -> None:
     options = _subcommand("classify")._option_string_actions
     assert {"--input", "--output"} <= set(options)

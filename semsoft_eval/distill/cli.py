@@ -23,6 +23,7 @@ def add_parser(subparsers: Any) -> None:
     """Register ``semsoft distill``."""
     parser = subparsers.add_parser(
         "distill",
+        allow_abbrev=False,
         help="distil self-consistency into a stated confidence (LoRA)",
         description="Sample answers, turn the share of correct samples into a confidence "
         "target, refuse a collapsed target set, LoRA-tune the model (TRL) to answer with "
@@ -42,9 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--task", choices=TASKS, default=d.task, help="question set")
     parser.add_argument(
-        "--data", default=d.data, help="nq only: JSONL {question, answer: [aliases]}"
+        "--input", dest="data", default=d.data,
+        help="nq only: JSONL {question, answer: [aliases]}",
     )
-    parser.add_argument("--out", default=d.out, help="output dir (adapters, samples, report)")
+    parser.add_argument(
+        "--output", dest="out", default=d.out, help="output dir (adapters, samples, report)"
+    )
     parser.add_argument("--train-items", type=int, default=d.train_items)
     parser.add_argument("--eval-items", type=int, default=d.eval_items)
     parser.add_argument("--n", type=int, default=d.n, help="samples per item")

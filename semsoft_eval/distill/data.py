@@ -73,7 +73,7 @@ def load_nq(path: str | Path | None = None) -> list[QAItem]:
     if path is None:
         from semsoft_eval.data import SOURCES, builtin_root
 
-        path = builtin_root("nq", own_file="--data") / SOURCES["nq"].files[0]
+        path = builtin_root("nq", own_file="--input") / SOURCES["nq"].files[0]
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"question file not found: {path}")

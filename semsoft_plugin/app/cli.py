@@ -120,6 +120,7 @@ def json_object(text: str) -> dict[str, Any]:
 def _add_classify_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "classify",
+        allow_abbrev=False,  # one spelling per option: --out is not --output
         help="calibrated label probabilities for one text or a whole file",
         description="Classify a text, or every row of a CSV, TSV, JSONL or Parquet file, with an LLM: the "
         "Semantic Softmax label distribution beside the constrained (label-tokens-only) softmax.",
@@ -333,6 +334,7 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     module or a module it needs is not installed)."""
     parser = argparse.ArgumentParser(
         prog="semsoft",
+        allow_abbrev=False,
         description="Calibrated label probabilities for LLM zero-shot classifiers.",
         epilog=f"Subcommands besides classify are those the installed packages register in the "
         f"entry-point group {COMMAND_GROUP!r} (this package's 'eval' extra brings eval, tune "
