@@ -157,7 +157,7 @@ def test_names_have_one_spelling_no_abbreviation(command: str, capsys: Any) -> N
     with pytest.raises(SystemExit):
         parser.parse_args(["--labels", "a,b", "--out", "x.json"])
     err = capsys.readouterr().err
-    assert "unrecognized arguments:" in err and "--out x.json" in err
+    assert "--out" in err.split("unrecognized arguments:")[1]
 
 
 def test_names_of_the_classify_file_flags() -> None:
