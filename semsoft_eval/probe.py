@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_plugin.app.probe import fit_probe
+from semsoft_plugin.app.probe import held_probs
 
 __all__ = ["cross_fit_probe"]
 
@@ -49,13 +49,7 @@ def cross_fit_probe(
     choices: list[dict[str, Any]] = []
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
-        train = y[~held]
-        if len(np.unique(train)) < 2:
-            counts = np.bincount(train, minlength=n_labels) + 1.0
-            out[held] = counts / counts.sum()
-            choices.append({"C": None})
-            continue
-        probe = fit_probe(x[~held], train, n_labels, seed=seed)
-        out[held] = probe.probs(x[held])
-        choices.append({"C": probe.strength})
+        train, rows = np.flatnonzero(~held), np.flatnonzero(held)
+        out[held], probe = held_probs(x, y, train, rows, n_labels, seed=seed)
+        choices.append({"C": None if probe is None else probe.strength})
     return out, choices

@@ -27,8 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from semsoft_plugin.app.classifier_settings import check_file_strength
-from semsoft_plugin.app.classify_args import classifier_from_args, parse_labels, prompt_template
+from semsoft_plugin.app.classify_args import (
+    check_fitted_args,
+    classifier_from_args,
+    parse_labels,
+    prompt_template,
+)
 from semsoft_plugin.app.classify_file import run_classify_file
+from semsoft_plugin.app.fitted import load_fitted
 from semsoft_plugin.core.labels import LABELS_SYNTAX
 
 __all__ = [
@@ -298,7 +304,9 @@ def _run_classify(args: argparse.Namespace) -> int:
             "--calibrate contextual"
         )
     labels = parse_labels(args.labels)
-    config = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
+    config, correction = load_fitted(args.config) if args.config else (SemsoftConfig(), None)
+    if correction is not None:
+        check_fitted_args(args, correction.procedure)
     config = config.replace(k=args.k, tau=args.tau, semantic_weight=args.semantic_weight)
     template = prompt_template(args)
     if args.input is not None and args.ray:

@@ -19,13 +19,21 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CS", "LinearProbe", "fit_probe"]
+__all__ = [
+    "CS",
+    "LinearProbe",
+    "fit_probe",
+    "held_probs",
+    "probe_member",
+    "probe_refused",
+]
 
 # Inverse L2 strengths searched by the inner folds (on standardised features).
 CS: tuple[float, ...] = tuple(float(c) for c in np.logspace(-4, 2, 7))
@@ -140,3 +148,37 @@ def fit_probe(
         seen=np.asarray(model.classes_, dtype=np.int64), n_labels=int(n_labels),
         n_train=len(y), strength=float(np.ravel(model.C_)[0]),
     )  # fmt: skip
+
+
+def held_probs(
+    hidden: np.ndarray, targets: np.ndarray, train: np.ndarray, held: np.ndarray, n_labels: int,
+    *, seed: int = 0,
+) -> tuple[np.ndarray, LinearProbe | None]:  # fmt: skip
+    """The ``held`` rows' probabilities from the probe fitted on the ``train`` rows, and
+    that probe. A training part with a single label gives its add-one label frequencies
+    and no probe (no regression can be fitted)."""
+    if len(np.unique(targets[train])) < 2:
+        counts = np.bincount(targets[train], minlength=n_labels) + 1.0
+        return np.tile(counts / counts.sum(), (len(held), 1)), None
+    probe = fit_probe(hidden[train], targets[train], n_labels, seed=seed)
+    return probe.probs(hidden[held]), probe
+
+
+def probe_member(
+    hidden: Any, targets: Any, n_labels: int, *, seed: int = 0
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The probe as a member of the few-label fit (``fit_probs(external=...)``):
+    ``(train, held)`` row indices -> the held rows' ``[len(held), n_labels]``
+    probabilities (:func:`held_probs`)."""
+    x = np.asarray(hidden, dtype=np.float64)
+    y = np.asarray(targets, dtype=np.int64)
+    return lambda train, held: held_probs(x, y, train, held, n_labels, seed=seed)[0]
+
+
+def probe_refused(advice: str) -> ValueError:
+    """The error for a probe asked for where the engine gives no hidden states (vLLM);
+    ``advice`` says what to do instead."""
+    return ValueError(
+        "fit family member 'probe' needs the decision step's hidden state, which vLLM's "
+        "generate runner does not return (semsoft_eval/probe.py says what vLLM can do): " + advice
+    )

@@ -247,7 +247,7 @@ def fit_probs(
     for name in names:
         if name in external:
             fitted_nll = np.empty(n)
-            choices = []
+            choices: list[dict[str, Any]] = []
             for fold in np.unique(fold_ids):
                 held = fold_ids == fold
                 fitted_nll[held] = nll(external[name](rows[~held], rows[held]), y[held])
