@@ -56,6 +56,7 @@ from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_tempe
 __all__ = [
     "DEFAULT_WEIGHTS",
     "FAMILY",
+    "SIMPLEST_FIRST",
     "External",
     "check_family",
     "cross_fit",
@@ -71,6 +72,10 @@ __all__ = [
 # (label_offsets.MEMBERS), and a probe on the decision step's hidden state (fitted by the
 # caller: scikit-learn, semsoft_plugin.app.probe).
 FAMILY: tuple[str, ...] = ("grid", "temperature", *MEMBERS, "probe")
+# The family by free parameters, fewest first: what the fit prefers among members that
+# tie within the rule's margin (a temperature; a label-free offset with a temperature;
+# the grid's weight with a temperature; an offset per label; a probe's weight matrix).
+SIMPLEST_FIRST: tuple[str, ...] = ("temperature", "contextual", "batch", "grid", "offset", "probe")
 # A procedure the caller fits: (train rows, held rows) -> [len(held), L] probabilities.
 External = Callable[[np.ndarray, np.ndarray], np.ndarray]
 # The pool weights searched by default: from the constrained softmax (0) to the
@@ -208,7 +213,10 @@ def fit_probs(
     temperature each, and each ``single`` entry (name -> grid entry, e.g. from
     :func:`single_entries`: ``start`` at ``T = 1``) with a temperature alone: one parameter, so less variance where only the temperature
     matters. Each is adopted only if its gain passes the rule (module docstring); of
-    those that pass, the larger gain wins.
+    those that pass, the simplest (:data:`SIMPLEST_FIRST`) whose out-of-fold NLL is
+    within ``margin`` standard errors of the largest gain's (paired over items: the
+    one-standard-error rule) wins, so a member with more free parameters is chosen only
+    where the labels show it fits better, not where it ties by chance.
     ``n_folds`` is lowered to half the number of items when there are fewer.
 
     ``bias``: the bias members also checked (``label_offsets.MEMBERS``), on the
@@ -269,10 +277,11 @@ def fit_probs(
             "passes": gain > 0 and gain > margin * se,
             "nll": float(fitted_nll.mean()),
             "fold_choices": choices,
+            "per_item": fitted_nll,
         }
     passing = [k for k, v in checked.items() if v["passes"]]
     fallback = next((k for k in names if k not in external), names[0])  # "grid" if checked
-    chosen = max(passing, key=lambda k: checked[k]["gain"]) if passing else fallback
+    chosen = _simplest(passing, checked, margin) if passing else fallback
     offset = None
     if chosen in subsets:
         best, t, scores_all, temps_all = _choose(log_grid[subsets[chosen]], y, temperature)
@@ -302,6 +311,18 @@ def fit_probs(
         "offset": offset,
     }
     return best, t, not passing, stats
+
+
+def _simplest(passing: list[str], checked: dict[str, dict[str, Any]], margin: float) -> str:
+    """The simplest passing member not worse than the best by ``margin`` paired
+    standard errors of out-of-fold NLL."""
+    best = max(passing, key=lambda k: checked[k]["gain"])
+    rank = {m: i for i, m in enumerate(SIMPLEST_FIRST)}
+    for name in sorted(passing, key=lambda k: rank.get(k, len(rank))):
+        diff = checked[name]["per_item"] - checked[best]["per_item"]
+        if name == best or diff.mean() <= margin * diff.std(ddof=1) / math.sqrt(len(diff)):
+            return name
+    return best
 
 
 def _procedures(
