@@ -202,6 +202,7 @@ def format_tune(result: TuneResult) -> str:
         f"chosen: semantic_weight={cfg.semantic_weight:g} temperature={cfg.temperature:.3f} "
         f"({kept}; out-of-fold NLL gain {fit.gain:+.4f}, se {fit.gain_se:.4f}, margin "
         f"{fit.margin:g} se)",
+        *_correction_lines(result.correction),
         "",
         "cross-validated (choice nested in the folds):",
         "",
@@ -215,6 +216,18 @@ def format_tune(result: TuneResult) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _correction_lines(correction: FittedCorrection | None) -> list[str]:
+    if correction is None:
+        return []
+    if correction.probe is not None:
+        return [f"then the probe on the hidden state (C={correction.probe.strength:g})"]
+    offsets = ", ".join(
+        f"{name} {value:+.3f}"
+        for name, value in zip(correction.labels, correction.offset or (), strict=True)
+    )
+    return [f"then a per-label log-offset ({correction.procedure}): {offsets}"]
 
 
 def tune_dataset(

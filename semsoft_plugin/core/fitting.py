@@ -48,6 +48,7 @@ from semsoft_plugin.core.label_offsets import (
     MEMBERS,
     apply_offset,
     check_members,
+    checked_names,
     fit_member,
     member_out_of_fold,
 )
@@ -356,13 +357,7 @@ def check_family(family: Sequence[str]) -> tuple[str, ...]:
     if isinstance(family, str):
         raise ValueError(f"fit family {family!r} must be a sequence of member names, e.g. "
                          f"({family!r},); members: {', '.join(FAMILY)}")  # fmt: skip
-    names = tuple(family)
-    unknown = [m for m in names if m not in FAMILY]
-    if unknown:
-        raise ValueError(f"unknown fit family member {unknown[0]!r}; members: {', '.join(FAMILY)}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"fit family members are listed twice: {list(names)}")
-    return names
+    return checked_names(family, FAMILY, "fit family member")
 
 
 def fitted_probs(
