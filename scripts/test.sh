@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the test dependencies (first run only), then runs CI's two lanes:
-#   fast: ruff on the whole repository, mypy on both packages, every test that starts no
-#         engine (pytest -m "not engine": the math, the adapters on the small model, the
-#         CLI, the readers, the eval); a failure here stops before the slow lane.
+#   fast: ruff on the whole repository, mypy on both packages, the documentation site
+#         (mkdocs build --strict into a temporary folder: warnings are errors), every test
+#         that starts no engine (pytest -m "not engine": the math, the adapters on the small
+#         model, the CLI, the readers, the eval, the docstring examples); a failure here
+#         stops before the slow lane.
 #   slow: the tests that start vLLM, Outlines or a vLLM server (pytest -m engine), with the
 #         15 slowest listed so that the lane's cost stays visible.
 # The `engine` marker is set by tests/conftest.py from what each test requests.
@@ -36,8 +38,11 @@ selected=$(( $# > 0 ? 1 : 0 ))
 start=$SECONDS
 "$py" -m ruff check .
 "$py" -m mypy semsoft_plugin semsoft_eval
+site="$(mktemp -d)"
+trap 'rm -rf "$site"' EXIT
+NO_MKDOCS_2_WARNING=1 "$py" -m mkdocs build --strict --quiet --site-dir "$site"
 lane -m "not engine" "$@"
-echo "CI fast lane (ruff, mypy, engine-free tests): passed in $((SECONDS - start)) s"
+echo "CI fast lane (ruff, mypy, docs, engine-free tests): passed in $((SECONDS - start)) s"
 
 start=$SECONDS
 lane -m engine --durations=15 "$@"

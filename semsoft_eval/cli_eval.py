@@ -1,34 +1,31 @@
 """``semsoft eval`` and ``semsoft tune`` subcommands (registered by ``semsoft_plugin.app.cli``).
 
 The Semantic Softmax flags are generated from :class:`~semsoft_plugin.core.config.SemsoftConfig`'s
-fields (``own_vote`` is ``--own-vote``, in ``eval`` an override of ``--config``, in ``tune``
-a grid axis over the start config; :data:`~semsoft_eval.tune.DEFAULT_GRID` by default), so a flag and the field it sets
-cannot drift apart. User errors raise ``ValueError``; the ``semsoft`` command prints them
+field table by :func:`semsoft_plugin.app.config_args.add_config_arguments` (``own_vote`` is
+``--own-vote``, in ``eval`` an override of ``--preset``/``--config``, in ``tune`` a grid axis
+over the start config; :data:`~semsoft_eval.tune.DEFAULT_GRID` by default), so a flag and the
+field it sets cannot drift apart. User errors raise ``ValueError``; the ``semsoft`` command prints them
 as one line.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from semsoft_plugin.app.cli import json_object as _json_object
+from semsoft_plugin.app.config_args import (
+    add_config_arguments,
+    config_from_args,
+    grid_from_args,
+    start_from_args,
+)
 from semsoft_plugin.core.labels import LABELS_SYNTAX, split_labels
 
-__all__ = [
-    "add_eval_parser",
-    "add_tune_parser",
-    "config_fields",
-    "flag",
-    "run_eval",
-    "run_tune",
-]
+__all__ = ["add_eval_parser", "add_tune_parser", "run_eval", "run_tune"]
 
 
 def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,33 +92,6 @@ def _engine(text: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def flag(field: str) -> str:
-    """The command-line spelling of a dataclass field: ``own_vote`` -> ``--own-vote``."""
-    return "--" + field.replace("_", "-")
-
-
-def config_fields() -> dict[str, type]:
-    """:class:`SemsoftConfig`'s fields and their value types (``float | None`` -> float)."""
-    from semsoft_plugin.core.config import SemsoftConfig
-
-    hints = typing.get_type_hints(SemsoftConfig)
-    out: dict[str, type] = {}
-    for field in dataclasses.fields(SemsoftConfig):
-        kinds = [t for t in typing.get_args(hints[field.name]) if t is not type(None)]
-        out[field.name] = kinds[0] if kinds else hints[field.name]
-    return out
-
-
-_BOOLS = {"true": True, "false": False, "1": True, "0": False}
-
-
-def _bool(text: str) -> bool:
-    try:
-        return _BOOLS[text.strip().lower()]
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not true or false") from None
-
-
 def _data_options(args: argparse.Namespace) -> dict[str, Any]:
     labels = None
     if args.labels:
@@ -141,14 +111,6 @@ def _template(args: argparse.Namespace) -> Any:
     from semsoft_plugin.engines.prompting import load_template
 
     return load_template(args.prompt_file) if args.prompt_file else None
-
-
-def _config(args: argparse.Namespace) -> Any:
-    """The ``--config`` file (or the default), with every field flag given applied."""
-    from semsoft_plugin.core.config import SemsoftConfig
-
-    config = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
-    return config.replace(**{name: getattr(args, name) for name in config_fields()})
 
 
 def _cache_dir(args: argparse.Namespace) -> str | None:
@@ -172,18 +134,7 @@ def add_eval_parser(subparsers: Any) -> None:
         default=",".join(DEFAULT_METHODS),
         help=f"comma separated, from: {', '.join(ALL_METHODS)}",
     )
-    parser.add_argument(
-        "--config", help="SemsoftConfig JSON for 'semantic' (e.g. from semsoft tune)"
-    )
-    overrides = parser.add_argument_group("Semantic Softmax settings (override --config)")
-    for name, kind in config_fields().items():
-        overrides.add_argument(
-            flag(name),
-            dest=name,
-            type=_bool if kind is bool else kind,
-            metavar="true|false" if kind is bool else kind.__name__.upper(),
-            help=f"the config's {name}",
-        )
+    add_config_arguments(parser)  # the settings of the method 'semantic'
     parser.add_argument("--paper-k", type=int, default=50, help="k of semantic-paper")
     parser.add_argument("--paper-tau", type=float, default=0.0, help="tau of semantic-paper")
     parser.add_argument(
@@ -205,7 +156,7 @@ def run_eval(args: argparse.Namespace) -> int:
         args.model,
         args.dataset,
         methods=methods,
-        config=_config(args),
+        config=config_from_args(args),
         paper_k=args.paper_k,
         paper_tau=args.paper_tau,
         limit=args.limit,
@@ -230,31 +181,8 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of numbers"
-        ) from None
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers"
-        ) from None
-
-
-def _bool_list(text: str) -> tuple[bool, ...]:
-    try:
-        return tuple(_BOOLS[x.strip().lower()] for x in text.split(","))
-    except KeyError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of true/false"
-        ) from None
+# tune fits the score temperature: it is no grid axis.
+_FITTED = ("score_temperature",)
 
 
 def _name_list(text: str) -> tuple[str, ...]:
@@ -283,26 +211,7 @@ def add_tune_parser(subparsers: Any) -> None:
         "'semsoft classify --config' applies it.",
     )
     _add_data_arguments(parser)
-    parser.add_argument("--config", help="the SemsoftConfig JSON to start from (default: defaults)")
-    grid = parser.add_argument_group(
-        "grid axes (comma-separated values; a field not given keeps the start's value)"
-    )
-    lists: dict[type, Callable[[str], tuple[Any, ...]]] = {
-        int: _int_list,
-        float: _float_list,
-        bool: _bool_list,
-    }
-    for name, kind in config_fields().items():
-        if name == "temperature":  # fitted, not searched
-            continue
-        values = DEFAULT_GRID.get(name)
-        grid.add_argument(
-            flag(name),
-            dest=name,
-            type=lists[kind],
-            default=None if values is None else tuple(values),
-            help="default " + ",".join(str(v).lower() for v in values) if values else None,
-        )
+    add_config_arguments(parser, grid=DEFAULT_GRID, skip=_FITTED)
     parser.add_argument(
         "--margin",
         type=float,
@@ -329,14 +238,9 @@ def add_tune_parser(subparsers: Any) -> None:
 def run_tune(args: argparse.Namespace) -> int:
     from semsoft_eval.tune import format_tune, tune_dataset
     from semsoft_plugin.app.fitted import save_fitted
-    from semsoft_plugin.core.config import SemsoftConfig
 
-    start = SemsoftConfig.load(args.config) if args.config else SemsoftConfig()
-    grid = {
-        name: getattr(args, name)
-        for name in config_fields()
-        if name != "temperature" and getattr(args, name) is not None
-    }
+    start = start_from_args(args)
+    grid = grid_from_args(args, skip=_FITTED)
     result = tune_dataset(
         args.model,
         args.dataset,

@@ -97,7 +97,7 @@ def evaluate(
     """
     methods = check_methods(methods)
     config = config or SemsoftConfig()
-    paper = SemsoftConfig.paper(k=paper_k, tau=paper_tau)
+    paper = SemsoftConfig.preset("paper").replace(k=paper_k, tau=paper_tau)
     prepared = prepare(
         model,
         dataset,

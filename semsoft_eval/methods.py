@@ -174,14 +174,14 @@ def _semantic(m: MethodInputs) -> MethodResult:
     return m.semantic()
 
 
-@method("semantic-paper", "the paper's exact formula, SemsoftConfig.paper(k, tau)")
+@method("semantic-paper", "the paper's exact formula, SemsoftConfig.preset('paper') at k, tau")
 def _semantic_paper(m: MethodInputs) -> MethodResult:
     return m.score(m.paper)
 
 
 @method("semantic-shared", "the previous default: every kept token's whole mass shared out")
 def _semantic_shared(m: MethodInputs) -> MethodResult:
-    return m.score(SemsoftConfig.shared_votes(k=m.config.k))
+    return m.score(SemsoftConfig.preset("shared").replace(k=m.config.k))
 
 
 @method("semantic-temperature", "semantic, then a temperature fitted on held folds")
@@ -204,13 +204,13 @@ def _semantic_fit(m: MethodInputs) -> MethodResult:
     from semsoft_plugin.core.label_offsets import MEMBERS
 
     start = time.perf_counter()
-    configs = grid_configs(None, m.config.replace(temperature=1.0))
+    configs = grid_configs(None, m.config.replace(score_temperature=1.0))
     grid, _ = grid_probs(m.forward, m.embeddings, m.labels, configs)
     single = fitting.single_entries(configs, m.config)
     probs, choices = fitting.cross_fit(
         grid, m.semantic().probs, m.targets, m.fold_ids, single=single, seed=m.seed,
         bias=MEMBERS if "temperature" in single else (),
-        content_free=m.score(m.config.replace(temperature=1.0), content_free=True).probs,
+        content_free=m.score(m.config.replace(score_temperature=1.0), content_free=True).probs,
     )  # fmt: skip
     for choice in choices:
         entry = choice.pop("entry")
@@ -220,9 +220,9 @@ def _semantic_fit(m: MethodInputs) -> MethodResult:
     return m.derived(m.semantic(), probs, start, fold_choices=choices)
 
 
-@method("pooled", "the semantic pool, label-free: SemsoftConfig.pooled() (a = 0.3)")
+@method("pooled", "the semantic pool, label-free: SemsoftConfig.preset('pooled') (a = 0.3)")
 def _pooled(m: MethodInputs) -> MethodResult:
-    return m.score(SemsoftConfig.pooled(k=m.config.k))
+    return m.score(SemsoftConfig.preset("pooled").replace(k=m.config.k))
 
 
 def _file_mode(m: MethodInputs, base: MethodResult) -> MethodResult:
@@ -239,7 +239,7 @@ def _constrained_file(m: MethodInputs) -> MethodResult:
     return _file_mode(m, m.constrained())
 
 
-@method("pooled-file", "the file mode on the semantic pool (SemsoftConfig.pooled())")
+@method("pooled-file", "the file mode on the semantic pool (SemsoftConfig.preset('pooled'))")
 def _pooled_file(m: MethodInputs) -> MethodResult:
     return _file_mode(m, _pooled(m))
 

@@ -193,7 +193,19 @@ def auroc2(is_correct: np.ndarray, confidence: np.ndarray) -> float | None:
 def classification_metrics(
     probs: np.ndarray, targets: np.ndarray, gold_sets: Sequence[Sequence[int]] | None = None
 ) -> dict[str, float | None]:
-    """accuracy, macro_f1, ece, brier, nll, auroc, auroc2 (see the module docstring)."""
+    """accuracy, macro_f1, ece, brier, nll, auroc, auroc2 (see the module docstring).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from semsoft_eval.metrics import classification_metrics
+    >>> probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
+    >>> scores = classification_metrics(probs, np.array([0, 1, 1, 1]))
+    >>> scores["accuracy"], round(scores["brier"], 3), round(scores["nll"], 3)
+    (0.75, 0.25, 0.4)
+    >>> scores["auroc"]
+    1.0
+    """
     probs, targets = _check(probs, targets)
     hits = correct(probs, targets, gold_sets)
     return {

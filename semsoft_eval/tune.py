@@ -125,7 +125,7 @@ def tune(
         forward, embeddings, labels, [*configs, start], progress=progress
     )
     content_free = kept_scores.grid_probs(
-        forward.content_free(), embeddings, labels, [start.replace(temperature=1.0)]
+        forward.content_free(), embeddings, labels, [start.replace(score_temperature=1.0)]
     )[0][0]
     external = _probe_member(forward, targets, len(labels), seed, family)
     if family is None:
@@ -199,7 +199,8 @@ def format_tune(result: TuneResult) -> str:
         else (f"adopted ({fit.procedure})")
     )
     lines = [
-        f"chosen: semantic_weight={cfg.semantic_weight:g} temperature={cfg.temperature:.3f} "
+        f"chosen: semantic_weight={cfg.semantic_weight:g} "
+        f"score_temperature={cfg.score_temperature:.3f} "
         f"({kept}; out-of-fold NLL gain {fit.gain:+.4f}, se {fit.gain_se:.4f}, margin "
         f"{fit.margin:g} se)",
         *_correction_lines(result.correction),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -20,10 +21,10 @@ from semsoft_plugin import (
     semantic_softmax,
     semantic_softmax_details,
 )
-from semsoft_plugin.core.config import MAX_K
+from semsoft_plugin.core.config import MAX_K, VOTES
 
 PAPER = dict(
-    center=False, own_vote=False, normalize_votes=False, residual=False, semantic_weight=1.0
+    center=False, own_vote=False, vote="per_label", semantic_weight=1.0
 )
 
 
@@ -70,7 +71,7 @@ def test_paper_formula_matches_reference(k, tau, seed):
 
 def test_paper_config_is_the_paper_formula():
     logits, emb, ids = random_case(7)
-    cfg = SemsoftConfig.paper(k=10, tau=0.05)
+    cfg = SemsoftConfig.preset("paper").replace(k=10, tau=0.05)
     expected = reference_paper(logits.double().numpy(), emb.double().numpy(), ids, 10, 0.05)
     np.testing.assert_allclose(semantic_softmax(logits, emb, ids, cfg).numpy(), expected, rtol=1e-4)
 
@@ -102,7 +103,9 @@ def test_own_vote_keeps_antonyms_apart():
     logits = torch.full((10,), -10.0)
     logits[0] = 5.0  # the model is confident in label 0
     paper = semantic_softmax(logits, emb, [0, 1], k=10, tau=0.0, **PAPER)
-    own = semantic_softmax(logits, emb, [0, 1], k=10, tau=0.0, center=False, own_vote=True)
+    own = semantic_softmax(
+        logits, emb, [0, 1], k=10, tau=0.0, center=False, own_vote=True, semantic_weight=1.0
+    )
     assert paper[0] < 0.6  # the paper's formula splits the vote between antonyms
     assert own[0] > 0.99  # a label's own token votes for it alone
 
@@ -161,20 +164,40 @@ def test_bad_anchor_ids_raise(anchors, match):
         semantic_softmax(logits, emb, LabelTokens((2, 3), ((2,), (3,)), anchors))
 
 
-def test_normalize_votes_shares_each_token():
-    emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-    logits = torch.tensor([-20.0, -20.0, 5.0])
-    p = semantic_softmax(
-        logits, emb, [0, 1], k=3, tau=0.0, center=False, own_vote=False, normalize_votes=True
-    )
-    torch.testing.assert_close(p, torch.tensor([0.5, 0.5]), atol=1e-4, rtol=0)
+# Labels A = e1, B = e2; two kept tokens of probability 1/2 each: t2 = (1, 1), as near A
+# as B (cos 1/sqrt 2), and t3 = (1, 0), on A (cos 1) and orthogonal to B. The label tokens
+# fall outside the top k = 2. By hand, P(A):
+#   per_label: (.5 c + .5) / (.5 c + .5 + .5 c) with c = 1/sqrt 2     = 1/sqrt 2
+#   shared:    t2 splits 1/2 : 1/2, t3 all to A: .5 * .5 + .5       = 3/4
+#   residual:  claimed t2 .5 c (split), t3 .5 (to A); the unclaimed 1 - .5 c - .5 follows
+#              the claimed votes (no answer token kept): A = (.5 c / 2 + .5) / (.5 c + .5)
+#   nearest:   t2 claims its margin 0, t3 all of .5 for A, the rest follows: A = 1
+_C = 1 / math.sqrt(2)
+VOTE_CASE = {
+    "per_label": _C,
+    "shared": 0.75,
+    "residual": (0.5 * _C / 2 + 0.5) / (0.5 * _C + 0.5),
+    "nearest": 1.0,
+}
+
+
+@pytest.mark.parametrize("vote", sorted(VOTE_CASE))
+def test_each_vote_rule_gives_its_hand_computed_value(vote):
+    emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    logits = torch.tensor([-20.0, -20.0, 5.0, 5.0])
+    cfg = SemsoftConfig(k=2, center=False, own_vote=False, vote=vote, semantic_weight=1.0)
+    p = semantic_softmax(logits, emb, [0, 1], cfg)
+    want = VOTE_CASE[vote]
+    torch.testing.assert_close(p, torch.tensor([want, 1 - want]), atol=1e-5, rtol=0)
+    # The four rules differ here, so a vote value that had no effect would fail above.
+    assert len({round(v, 4) for v in VOTE_CASE.values()}) == 4
 
 
 def test_temperature_sharpens_and_flattens():
     logits, emb, ids = random_case(3)
     base = semantic_softmax(logits, emb, ids, tau=0.0)
-    hot = semantic_softmax(logits, emb, ids, tau=0.0, temperature=4.0)
-    cold = semantic_softmax(logits, emb, ids, tau=0.0, temperature=0.25)
+    hot = semantic_softmax(logits, emb, ids, tau=0.0, score_temperature=4.0)
+    cold = semantic_softmax(logits, emb, ids, tau=0.0, score_temperature=0.25)
     assert hot.max() < base.max() < cold.max()
 
 
@@ -271,7 +294,9 @@ def test_logits_wider_than_embeddings_raise():
 
 
 def test_config_round_trip(tmp_path):
-    cfg = SemsoftConfig(k=17, tau=0.12, center=False, temperature=1.5)
+    cfg = SemsoftConfig(
+        k=17, tau=0.12, center=False, vote="shared", score_temperature=1.5, semantic_weight=0.4
+    )
     cfg.save(tmp_path / "c.json")
     assert SemsoftConfig.load(tmp_path / "c.json") == cfg
     (tmp_path / "bad.json").write_text("{nope")
@@ -281,22 +306,34 @@ def test_config_round_trip(tmp_path):
 
 # --- properties --------------------------------------------------------------
 
-case = st.tuples(
-    st.integers(0, 10_000),  # seed
-    st.integers(1, 40),  # k
-    st.floats(-0.5, 0.9),  # tau
-    st.booleans(),  # center
-    st.booleans(),  # own_vote
-    st.booleans(),  # normalize_votes
-)
+ANY_K = st.integers(1, MAX_K)
+ANY_TAU = st.floats(-1.0, 1.0, exclude_max=True)
+SOME_TEMPERATURE = st.floats(0.05, 20.0)
+
+
+@st.composite
+def configs(draw, k=ANY_K, tau=ANY_TAU, score_temperature=SOME_TEMPERATURE):
+    """Any valid SemsoftConfig, every field drawn (the refused combinations left out: at
+    weight 0 the vote settings keep their defaults; tau_quantile with the default tau)."""
+    weight = draw(st.one_of(st.just(0.0), st.floats(0.0, 1.0)))
+    fields = {"k": draw(k), "score_temperature": draw(score_temperature), "semantic_weight": weight}
+    if weight > 0:
+        fields.update(
+            vote=draw(st.sampled_from(VOTES)), center=draw(st.booleans()),
+            own_vote=draw(st.booleans()),
+        )  # fmt: skip
+        if draw(st.booleans()):
+            fields["tau_quantile"] = draw(st.floats(0.01, 0.99))
+        else:
+            fields["tau"] = draw(tau)
+    return SemsoftConfig(**fields)
 
 
 @settings(max_examples=60, deadline=None)
-@given(case)
-def test_properties(params):
-    seed, k, tau, center, own_vote, normalize = params
+@given(st.integers(0, 10_000), configs(k=st.integers(1, 40), tau=st.floats(-0.5, 0.9)))
+def test_properties(seed, cfg):
     logits, emb, ids = random_case(seed, vocab=40, labels=5)
-    opts = dict(k=k, tau=tau, center=center, own_vote=own_vote, normalize_votes=normalize)
+    opts = cfg.to_dict()
     p = semantic_softmax(logits, emb, ids, **opts)
     # sums to 1, no NaN
     assert torch.isfinite(p).all()
@@ -374,14 +411,7 @@ def full_range_case(draw):
     dtype_name = draw(st.sampled_from(sorted(DTYPES)))
     n_labels = draw(st.integers(2, min(5, vocab)))
     label_ids = draw(st.permutations(range(vocab)))[:n_labels]
-    cfg = SemsoftConfig(
-        k=draw(st.integers(1, MAX_K)),
-        tau=draw(st.floats(-1.0, 1.0, exclude_max=True)),
-        center=draw(st.booleans()),
-        own_vote=draw(st.booleans()),
-        normalize_votes=draw(st.booleans()),
-        temperature=draw(temperature),
-    )
+    cfg = draw(configs(score_temperature=temperature))
     emb_dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
     return values, dtype_name, label_ids, cfg, draw(st.integers(0, 2**16)), emb_dtype
 
@@ -423,26 +453,24 @@ def _tied_case() -> tuple[Tensor, Tensor, list[int]]:
 @pytest.mark.parametrize("t", [5e-324, 1e-45, 1e-30, 1e-8])
 def test_tiny_temperature_is_a_hard_argmax_with_ties_split(t):
     logits, emb, ids = _tied_case()
-    p = semantic_softmax(logits, emb, ids, temperature=t, center=False)
+    p = semantic_softmax(logits, emb, ids, score_temperature=t)
     torch.testing.assert_close(p, torch.tensor([0.5, 0.5, 0.0]))
-    one = semantic_softmax(
-        torch.tensor([3.0, 1.0, 0.5, 0.0]), emb, ids, temperature=t, center=False
-    )
+    one = semantic_softmax(torch.tensor([3.0, 1.0, 0.5, 0.0]), emb, ids, score_temperature=t)
     torch.testing.assert_close(one, torch.tensor([1.0, 0.0, 0.0]))
 
 
 @pytest.mark.parametrize("t", [1e30, 1e300, 1.7976931348623157e308])
 def test_huge_temperature_is_uniform(t):
     logits, emb, ids = _tied_case()
-    p = semantic_softmax(logits, emb, ids, temperature=t, center=False)
+    p = semantic_softmax(logits, emb, ids, score_temperature=t)
     torch.testing.assert_close(p, torch.full((3,), 1 / 3))
 
 
 def test_temperature_one_is_untouched_and_others_keep_the_order():
     logits, emb, ids = _tied_case()
-    base = semantic_softmax(logits, emb, ids, center=False)
+    base = semantic_softmax(logits, emb, ids)
     for t in (0.5, 2.0):
-        p = semantic_softmax(logits, emb, ids, temperature=t, center=False)
+        p = semantic_softmax(logits, emb, ids, score_temperature=t)
         want = torch.softmax(base.double().log() / t, -1).float()
         torch.testing.assert_close(p, want)
 
@@ -467,8 +495,10 @@ def test_every_option_at_its_bounds(k, tau, t, dtype_name):
     values = [[1e30, -1e30, MASK, 3.0, 0.0, -2.0, MASK, 1.0]] * 2
     logits = _as_logits(values, dtype_name)
     emb = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
-    for own_vote in (False, True):
-        cfg = SemsoftConfig(k=k, tau=tau, temperature=t, own_vote=own_vote)
+    for own_vote, vote in itertools.product((False, True), VOTES):
+        cfg = SemsoftConfig(
+            k=k, tau=tau, score_temperature=t, own_vote=own_vote, vote=vote, semantic_weight=1.0
+        )
         p = semantic_softmax(logits, emb, [3, 5, 7], cfg)
         assert torch.isfinite(p).all() and bool(((p >= 0) & (p <= 1)).all())
         torch.testing.assert_close(p.sum(-1), torch.ones(2), atol=1e-5, rtol=0)
@@ -494,8 +524,15 @@ def _real_logits(model_and_tokenizer, texts):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
-    [{}, PAPER, {"residual": True}, {"tau_quantile": 0.9}, {"k": 5, "temperature": 0.5}],
-    ids=["default", "paper", "residual", "tau_quantile", "small_k"],
+    [
+        {},
+        PAPER,
+        {"semantic_weight": 1.0},
+        {"vote": "nearest", "semantic_weight": 0.5},
+        {"vote": "shared", "tau_quantile": 0.9, "semantic_weight": 1.0},
+        {"k": 5, "score_temperature": 0.5},
+    ],
+    ids=["default", "paper", "residual", "nearest", "tau_quantile", "small_k"],
 )
 def test_sparse_top_k_equals_dense_on_real_logits(model_and_tokenizer, options):
     from semsoft_plugin import LabelSet

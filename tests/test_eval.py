@@ -403,7 +403,10 @@ def test_tune_grid_equals_the_core_on_full_logits(leading_space, model_and_token
     forward = assemble(
         kept, kept, label_ids, torch.zeros(5, 3), vocab_size=logits.shape[1], seconds=0.0
     )
-    configs = [SemsoftConfig(k=20), SemsoftConfig(k=50, tau=0.1, normalize_votes=False)]
+    configs = [
+        SemsoftConfig(k=20),
+        SemsoftConfig(k=50, tau=0.1, vote="per_label", semantic_weight=1.0),
+    ]
     got, _ = grid_probs(forward, embeddings, labels, configs)
     for c, config in enumerate(configs):
         want = SemanticSoftmax(embeddings, labels, config)(forward.logits()).semantic.double()
@@ -470,7 +473,7 @@ def _synthetic_inputs(n: int = 12):  # type: ignore[no-untyped-def]
         labels,
         targets,
         config=SemsoftConfig(),
-        paper=SemsoftConfig.paper(),
+        paper=SemsoftConfig.preset("paper"),
         fold_ids=calibrate.folds(n, 2, 0),
     )
 
@@ -514,30 +517,31 @@ def test_cli_flags_are_the_config_fields_and_hf_is_an_alias() -> None:
     import dataclasses
 
     from semsoft_eval import cli_eval
-    from semsoft_eval.tune import DEFAULT_GRID
+    from semsoft_eval.tune import DEFAULT_GRID, grid_configs
     from semsoft_plugin import SemsoftConfig
+    from semsoft_plugin.app.config_args import config_from_args, grid_from_args
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
     cli_eval.add_eval_parser(sub)
     cli_eval.add_tune_parser(sub)
     fields = [f.name for f in dataclasses.fields(SemsoftConfig)]
-    argv = ["eval", "--backend", "hf", "--own-vote", "false", "--k", "30", "--tau-quantile", "0.9"]
+    argv = ["eval", "--backend", "hf", "--preset", "pooled", "--own-vote", "false", "--k", "30",
+            "--tau-quantile", "0.9"]  # fmt: skip
     args = parser.parse_args(argv)
     assert args.backend == "transformers"
-    config = cli_eval._config(args)
+    config = config_from_args(args)
     assert (config.own_vote, config.k, config.tau_quantile) == (False, 30, 0.9)
-    assert config.center == SemsoftConfig().center  # not given: the config's own
-    for name in fields:  # every field has its flag, spelled from its name
-        assert hasattr(parser.parse_args(["eval", cli_eval.flag(name), "1"]), name)
-    tune = parser.parse_args(["tune", "--normalize-votes", "true,false", "--k", "20,50"])
-    axes = {name: getattr(tune, name, None) for name in fields}
-    assert {name: v for name, v in axes.items() if v is not None} == {
-        **DEFAULT_GRID,
-        "normalize_votes": (True, False),
-        "k": (20, 50),
-    }
-    assert not hasattr(tune, "temperature")  # fitted, never a grid axis
+    assert config.semantic_weight == 0.3  # the preset's
+    assert config.center == SemsoftConfig().center  # not given: the preset's own
+    tune = parser.parse_args(["tune", "--vote", "shared,per_label", "--k", "20,50"])
+    axes = grid_from_args(tune, skip=("score_temperature",))
+    assert axes == {**DEFAULT_GRID, "vote": ("shared", "per_label"), "k": (20, 50)}
+    assert not hasattr(tune, "score_temperature")  # fitted, never a grid axis
     assert set(DEFAULT_GRID) <= set(fields)
+    # At weight 0 the votes have no effect: those entries keep the vote defaults.
+    configs = grid_configs(axes)
+    assert {c.vote for c in configs if c.semantic_weight == 0} == {"residual"}
+    assert {c.vote for c in configs if c.semantic_weight > 0} == {"shared", "per_label"}
     with pytest.raises(SystemExit):
         parser.parse_args(["eval", "--backend", "tpu"])

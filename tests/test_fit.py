@@ -86,16 +86,16 @@ def test_core_temperature_is_the_last_step_on_every_row() -> None:
     # A row whose kept tokens vote for no label (k=1 on a token far from both): fallback.
     logits[2, 7] = 50.0
     ids = [3, 5]
-    cfg = SemsoftConfig(k=1, tau=0.99, residual=False, center=False, semantic_weight=1.0)
+    cfg = SemsoftConfig(k=1, tau=0.99, vote="shared", center=False, semantic_weight=1.0)
     plain = semantic_softmax_details(logits, emb, ids, cfg)
     assert bool(plain.fallback[2])
     for t in (0.3, 2.0):
-        hot = semantic_softmax_details(logits, emb, ids, cfg.replace(temperature=t))
+        hot = semantic_softmax_details(logits, emb, ids, cfg.replace(score_temperature=t))
         want = apply_temperature(np.log(plain.semantic.double().numpy()), t)
         np.testing.assert_allclose(hot.semantic.double().numpy(), want, atol=1e-5)
     default = SemsoftConfig()
     base = semantic_softmax_details(logits, emb, ids, default).semantic.double().numpy()
-    hot = semantic_softmax_details(logits, emb, ids, default.replace(temperature=0.5))
+    hot = semantic_softmax_details(logits, emb, ids, default.replace(score_temperature=0.5))
     np.testing.assert_allclose(
         hot.semantic.double().numpy(), apply_temperature(np.log(base), 0.5), atol=1e-5
     )
@@ -370,10 +370,11 @@ def test_fit_on_a_small_real_set_picks_a_valid_config(fitted) -> None:
     result = clf.fit_result_
     assert result.n == 40 and result.n_folds == 5
     assert result.fitted.semantic_weight in fitting.DEFAULT_WEIGHTS
-    assert 0.05 <= result.fitted.temperature <= 20
+    assert 0.05 <= result.fitted.score_temperature <= 20
     start = SemsoftConfig()
     # Only the fitted fields move; the rest is the start's.
-    assert result.fitted.replace(semantic_weight=start.semantic_weight, temperature=1.0) == start
+    only = result.fitted.replace(semantic_weight=start.semantic_weight, score_temperature=1.0)
+    assert only == start
     assert cfg == (start if result.kept_default else result.fitted)
     # The fit's own scores (compact grid over the kept pass) are what predict_proba gives.
     probs = clf.predict_proba(texts[:8])
@@ -413,7 +414,7 @@ def test_fit_round_trip_through_a_config_file_into_a_vllm_request(fitted, tmp_pa
 
     clf, texts, _ = fitted
     config = clf.fit_result_.fitted  # the fitted one even where the rule kept the start
-    assert config.temperature != 1.0
+    assert config.score_temperature != 1.0
     path = tmp_path / "fitted.json"
     config.save(path)
     loaded = SemsoftConfig.load(path)

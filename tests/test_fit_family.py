@@ -186,7 +186,7 @@ def test_the_default_family_is_what_the_inputs_allow() -> None:
 def test_a_correction_round_trips_through_the_config_file(tmp_path) -> None:
     from semsoft_plugin.app.fitted import FittedCorrection, load_fitted, save_fitted
 
-    config = SemsoftConfig().replace(temperature=0.8)
+    config = SemsoftConfig().replace(score_temperature=0.8)
     offset = FittedCorrection("offset", ("neg", "pos"), offset=(0.5, -0.5))
     save_fitted(tmp_path / "a.json", config, offset)
     assert load_fitted(tmp_path / "a.json") == (config, offset)

@@ -83,7 +83,7 @@ def test_multi_token_label_is_forced_through(setup):
         },
         {"role": "assistant", "content": "Emotion:"},
     ]
-    for cfg in ({"tau": 0.2}, {"tau": 0.99}):
+    for cfg in ({"tau": 0.2, "semantic_weight": 1.0}, {"tau": 0.99, "semantic_weight": 1.0}):
         (result,) = classify(model, tokenizer, [prompt], label_set, **cfg)
         assert result.text.strip() == result.label
         assert result.label == max(result.probs, key=result.probs.get)
@@ -304,7 +304,7 @@ def test_label_set_of_another_tokenizer_is_refused(setup, foreign_tokenizer):
 
 def test_tiny_temperature_in_classify_is_a_hard_argmax(setup):
     model, tokenizer, _ = setup
-    (result,) = classify(model, tokenizer, [chat(TEXTS[1])], LABELS, temperature=1e-45)
+    (result,) = classify(model, tokenizer, [chat(TEXTS[1])], LABELS, score_temperature=1e-45)
     probs = torch.tensor(list(result.probs.values()))
     assert torch.isfinite(probs).all() and float(probs.sum()) == pytest.approx(1.0)
     assert float(probs.max()) == pytest.approx(1.0) and result.probs[result.label] == 1.0

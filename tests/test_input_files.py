@@ -260,7 +260,7 @@ def test_resume_refuses_other_settings_by_name(tmp_path, capsys):
         (["--model", "qwen2.5-coder-0.5b"], 'model: "smollm2-135m" then'),
         (["--batch-size", "2"], "batch_size: 1 then, 2 now"),
         (["--dtype", "float32" if recorded["dtype"] != "float32" else "bfloat16"], "dtype"),
-        (["--config", str(_config(tmp_path, tau=0.3))], "config.tau"),
+        (["--config", str(_config(tmp_path, tau=0.3, semantic_weight=0.5))], "config.tau"),
     ):
         assert classify_file(inp, out, "--batch-size", "1", "--resume", *extra) == 2, extra
         err = one_line_error(capsys)

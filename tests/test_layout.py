@@ -172,3 +172,13 @@ def test_a_cycle_is_found() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycle(graph) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_plugin_names_no_other_package() -> None:
+    """``semsoft eval``/``tune``/``distill`` come from the entry-point group
+    ``semsoft.commands``: no plugin module names the evaluation package, not even in a
+    string or a docstring (a string is how the CLI once loaded it sideways)."""
+    naming = [
+        str(p.relative_to(ROOT)) for p in _modules(PLUGIN) if "semsoft_eval" in p.read_text("utf-8")
+    ]
+    assert naming == []

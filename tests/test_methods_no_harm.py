@@ -1,4 +1,4 @@
-"""The do-no-harm options of the core (residual, tau_quantile) and batch calibration,
+"""The do-no-harm options of the core (vote="residual", tau_quantile) and batch calibration,
 each pinned by a small hand-computed case and its invariants."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_residual_hand_computed():
     p = [0.30, 0.10, 0.20, 0.40]  # a, b, synonym, filler
     tau = 0.2
     result = SemanticSoftmax(
-        EMB, [A, B], k=4, tau=tau, center=False, residual=True, semantic_weight=1.0
+        EMB, [A, B], k=4, tau=tau, center=False, semantic_weight=1.0
     )(_logits(p))
     closeness_syn = (0.8 - tau) / (1 - tau)  # 0.75: the synonym votes with 3/4 of its mass
     claimed = p[A] + p[B] + closeness_syn * p[SYN]
@@ -44,7 +44,9 @@ def test_residual_without_neighbours_is_exactly_constrained():
     # Only the label tokens and the filler hold mass: nothing for the silent vote to add.
     logits = _logits([0.05, 0.15, 1e-9, 0.80])
     for tau in (0.0, 0.3, 0.9):
-        result = SemanticSoftmax(EMB, [A, B], k=4, tau=tau, center=False, residual=True)(logits)
+        result = SemanticSoftmax(
+            EMB, [A, B], k=4, tau=tau, center=False, semantic_weight=1.0
+        )(logits)
         torch.testing.assert_close(
             result.semantic, constrained_softmax(logits, [A, B]), atol=1e-6, rtol=0
         )
@@ -53,25 +55,16 @@ def test_residual_without_neighbours_is_exactly_constrained():
 def test_residual_when_no_token_votes_falls_back_to_constrained():
     # k=1 keeps only the filler: no vote at all, flagged, the constrained softmax returned.
     logits = _logits([0.05, 0.15, 0.0001, 0.7999])
-    result = SemanticSoftmax(EMB, [A, B], k=1, tau=0.1, center=False, residual=True)(logits)
+    result = SemanticSoftmax(EMB, [A, B], k=1, tau=0.1, center=False, semantic_weight=1.0)(logits)
     assert bool(result.fallback)
     torch.testing.assert_close(result.semantic, constrained_softmax(logits, [A, B]))
-
-
-def test_residual_always_shares_a_token_out():
-    logits = _logits([0.30, 0.10, 0.20, 0.40])
-    shared = SemanticSoftmax(EMB, [A, B], k=4, tau=0.2, center=False, residual=True)
-    counted = SemanticSoftmax(
-        EMB, [A, B], k=4, tau=0.2, center=False, residual=True, normalize_votes=False
-    )
-    torch.testing.assert_close(shared(logits).semantic, counted(logits).semantic)
 
 
 @pytest.mark.parametrize("q", [0.5, 0.9, 0.99])
 def test_tau_quantile_is_the_quantile_of_vocabulary_cosines(q):
     g = torch.Generator().manual_seed(0)
     emb = torch.randn(300, 16, generator=g)
-    scorer = SemanticSoftmax(emb, [3, 7, 11], tau_quantile=q, center=True)
+    scorer = SemanticSoftmax(emb, [3, 7, 11], tau_quantile=q, center=True, semantic_weight=1.0)
     # Fewer rows than the sample size: the sample is the whole vocabulary.
     rows = emb - emb.double().mean(0).float()
     rows = torch.nn.functional.normalize(rows, dim=-1)
@@ -81,8 +74,8 @@ def test_tau_quantile_is_the_quantile_of_vocabulary_cosines(q):
 
 def test_tau_quantile_is_the_same_on_every_construction():
     emb = torch.randn(20000, 8, generator=torch.Generator().manual_seed(1))
-    first = SemanticSoftmax(emb, [1, 2], tau_quantile=0.99).thresholds
-    second = SemanticSoftmax(emb.clone(), [1, 2], tau_quantile=0.99).thresholds
+    first = SemanticSoftmax(emb, [1, 2], tau_quantile=0.99, semantic_weight=1.0).thresholds
+    second = SemanticSoftmax(emb.clone(), [1, 2], tau_quantile=0.99, semantic_weight=1).thresholds
     torch.testing.assert_close(first, second, rtol=0, atol=0)
 
 
@@ -93,8 +86,8 @@ def test_bad_tau_quantile_raises_naming_the_value(q):
 
 
 def test_paper_config_turns_the_new_options_off():
-    paper = SemsoftConfig.paper()
-    assert paper.residual is False and paper.tau_quantile is None
+    paper = SemsoftConfig.preset("paper")
+    assert paper.vote == "per_label" and paper.tau_quantile is None
 
 
 # --- batch calibration (Zhou et al., 2024) ---------------------------------------
@@ -143,7 +136,7 @@ def test_semantic_weight_pools_with_the_constrained_hand_computed():
     tau, a = 0.2, 0.5
     semantic = (
         SemanticSoftmax(
-            EMB, [A, B], k=4, tau=tau, center=False, residual=True, semantic_weight=1.0
+            EMB, [A, B], k=4, tau=tau, center=False, semantic_weight=1.0
         )(_logits(p))
         .semantic.double()
         .numpy()
@@ -152,27 +145,27 @@ def test_semantic_weight_pools_with_the_constrained_hand_computed():
     pooled = constrained ** (1 - a) * semantic**a
     pooled /= pooled.sum()
     got = SemanticSoftmax(
-        EMB, [A, B], k=4, tau=tau, center=False, residual=True, semantic_weight=a
+        EMB, [A, B], k=4, tau=tau, center=False, semantic_weight=a
     )(_logits(p))
     np.testing.assert_allclose(got.semantic.numpy(), pooled, atol=1e-6)
     assert pooled[0] < semantic[0]  # halfway (in log space) back to the constrained 0.75
     assert pooled[0] > constrained[0]
 
 
-@pytest.mark.parametrize("residual", [True, False])
-def test_semantic_weight_limits(residual):
+@pytest.mark.parametrize("vote", ["residual", "shared"])
+def test_semantic_weight_limits(vote):
     g = torch.Generator().manual_seed(5)
     emb = torch.randn(30, 6, generator=g)
     logits = torch.randn(4, 30, generator=g) * 2
     ids = [int(i) for i in logits[0].argsort()[-3:]]  # kept in row 0 at least
-    alone = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=1.0)(logits)
-    none = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.0)(logits)
+    alone = SemanticSoftmax(emb, ids, k=30, vote=vote, semantic_weight=1.0)(logits)
+    none = SemanticSoftmax(emb, ids, k=30, semantic_weight=0.0)(logits)  # votes: no effect
     # Weight 0 is exactly the constrained softmax.
     torch.testing.assert_close(none.semantic, constrained_softmax(logits, ids), atol=1e-6, rtol=0)
     torch.testing.assert_close(
         alone.semantic, alone.semantic / alone.semantic.sum(-1, keepdim=True)
     )
-    mid = SemanticSoftmax(emb, ids, k=30, residual=residual, semantic_weight=0.5)(logits).semantic
+    mid = SemanticSoftmax(emb, ids, k=30, vote=vote, semantic_weight=0.5)(logits).semantic
     # Log-linear: the log-ratio of two labels moves by exactly half.
     ratio = lambda q: (q[:, 0] / q[:, 1]).double().log()  # noqa: E731
     torch.testing.assert_close(
@@ -186,8 +179,8 @@ def test_pool_reads_answer_log_probs_and_bounds_the_missing_ones():
     logits = torch.randn(40, generator=g) * 2
     order = logits.argsort()
     labels = [int(order[-1]), int(order[5])]  # one kept, one far outside the top 10
-    scorer = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=0.5)
-    alone = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=1.0)
+    scorer = SemanticSoftmax(emb, labels, k=10, semantic_weight=0.5)
+    alone = SemanticSoftmax(emb, labels, k=10, semantic_weight=1.0)
     log_p = torch.log_softmax(logits.double(), -1)
     sem = alone(logits).semantic.double().clamp_min(1e-30)
 
@@ -230,8 +223,8 @@ def test_semantic_weight_is_checked():
     for bad in (-0.1, 1.5, float("nan"), True, "0.5"):
         with pytest.raises(ValueError, match="semantic_weight"):
             SemsoftConfig(semantic_weight=bad)
-    assert SemsoftConfig.paper().semantic_weight == 1.0
-    assert SemsoftConfig.shared_votes().semantic_weight == 1.0
+    assert SemsoftConfig.preset("paper").semantic_weight == 1.0
+    assert SemsoftConfig.preset("shared").semantic_weight == 1.0
 
 
 @pytest.mark.slow
@@ -288,7 +281,7 @@ def test_residual_needs_only_the_top_k():
     emb = torch.randn(40, 8, generator=g)
     logits = torch.randn(40, generator=g) * 2
     labels = [int(logits.argsort()[-1]), int(logits.argsort()[5])]  # one kept, one far out
-    scorer = SemanticSoftmax(emb, labels, k=10, residual=True, semantic_weight=1.0)
+    scorer = SemanticSoftmax(emb, labels, k=10, semantic_weight=1.0)
     top = torch.topk(torch.log_softmax(logits, -1), 10)
     sparse = torch.full_like(logits, float("-inf")).scatter(0, top.indices, top.values)
     torch.testing.assert_close(scorer(logits).semantic, scorer(sparse).semantic)
@@ -299,11 +292,11 @@ def test_vllm_request_carries_the_new_options():
     from semsoft_plugin.core import request as sreq
     from semsoft_plugin.engines import vllm as sv
 
-    params = sv.sampling_params(["a", "b"], residual=False, tau_quantile=0.9, semantic_weight=0.3)
+    params = sv.sampling_params(["a", "b"], vote="shared", tau_quantile=0.9, semantic_weight=0.3)
     assert params.extra_args["semsoft_semantic_weight"] == 0.3
-    assert params.extra_args["semsoft_residual"] == 0
+    assert params.extra_args["semsoft_vote"] == "shared"
     assert params.extra_args["semsoft_tau_quantile"] == 0.9
     request = sreq.parse_request(params.extra_args)
-    assert request.config.residual is False and request.config.tau_quantile == 0.9
+    assert request.config.vote == "shared" and request.config.tau_quantile == 0.9
     default = sreq.parse_request(sv.sampling_params(["a", "b"]).extra_args)
     assert default.config == SemsoftConfig()

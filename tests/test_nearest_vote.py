@@ -1,4 +1,4 @@
-"""The nearest-label vote (``nearest_vote``) by hand on a small embedding matrix, and the
+"""The nearest-label vote (``vote="nearest"``) by hand on a small embedding matrix, and the
 float32 head of the transformers adapter against a float32 model."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _logits(p: list[float]) -> torch.Tensor:
 
 
 def _scorer(**options: object) -> SemanticSoftmax:
-    settings = {"k": 5, "tau": 0.0, "center": False, "residual": True, "semantic_weight": 1.0}
+    settings = {"k": 5, "tau": 0.0, "center": False, "semantic_weight": 1.0}
     return SemanticSoftmax(EMB, [NO, YES], **{**settings, **options})  # type: ignore[arg-type]
 
 
@@ -41,7 +41,7 @@ def _cos(a: int, b: int) -> float:
 def test_nearest_vote_hand_computed():
     # The abuse-data mechanism: " No" .73, " no" .14, " yes" .01 (+ the rest).
     p = [0.14, 0.01, 0.73, 0.02, 0.10]
-    result = _scorer(nearest_vote=True)(_logits(p))
+    result = _scorer(vote="nearest")(_logits(p))
     # " No" votes for " no" alone, claiming its margin over " yes".
     claim_cap = p[NO_CAP] * (_cos(NO_CAP, NO) - _cos(NO_CAP, YES))
     # The token equally near both labels has margin 0.2 (cos .8 vs .96): it goes to " yes".
@@ -57,8 +57,8 @@ def test_nearest_vote_hand_computed():
 def test_shared_claim_leaks_to_the_antonym_and_nearest_does_not():
     p = [0.14, 0.01, 0.73, 0.02, 0.10]
     constrained = constrained_softmax(_logits(p), [NO, YES])
-    shared = _scorer(nearest_vote=False)(_logits(p)).semantic
-    nearest = _scorer(nearest_vote=True)(_logits(p)).semantic
+    shared = _scorer(vote="residual")(_logits(p)).semantic
+    nearest = _scorer(vote="nearest")(_logits(p)).semantic
     # The model's answer is " No"; sharing its claim by cosine hands " yes" a large part
     # of it, below even the constrained softmax; the nearest vote keeps it with " no".
     assert float(shared[0]) < float(constrained[0]) - 0.2
@@ -69,7 +69,7 @@ def test_a_token_equally_near_two_labels_claims_nothing():
     emb = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.7071, 0.7071, 0.0]])
     logits = _logits([0.2, 0.1, 0.7])
     result = SemanticSoftmax(
-        emb, [0, 1], k=3, tau=0.0, center=False, residual=True, nearest_vote=True,
+        emb, [0, 1], k=3, tau=0.0, center=False, vote="nearest",
         semantic_weight=1.0,
     )(logits)  # fmt: skip
     torch.testing.assert_close(
@@ -84,7 +84,7 @@ def test_case_variant_as_own_token_votes_fully():
     tokens = LabelTokens(answer_token_ids=(NO, YES), own_token_ids=((NO, NO_CAP), (YES,)))
     p = [0.14, 0.01, 0.73, 0.02, 0.10]
     result = SemanticSoftmax(
-        EMB, tokens, k=5, tau=0.0, center=False, residual=True, nearest_vote=True,
+        EMB, tokens, k=5, tau=0.0, center=False, vote="nearest",
         semantic_weight=1.0,
     )(_logits(p))  # fmt: skip
     claim_both = p[BOTH] * (_cos(BOTH, YES) - _cos(BOTH, NO))
@@ -100,9 +100,8 @@ def test_nearest_vote_invariants_on_random_rows(seed):
     emb = torch.randn(200, 16, generator=generator)
     logits = torch.randn(4, 200, generator=generator) * 3
     for a in (0.0, 0.5, 1.0):
-        result = SemanticSoftmax(emb, [3, 7, 11], k=30, nearest_vote=True, semantic_weight=a)(
-            logits
-        )
+        vote = "nearest" if a > 0 else "residual"  # at weight 0 the vote has no effect
+        result = SemanticSoftmax(emb, [3, 7, 11], k=30, vote=vote, semantic_weight=a)(logits)
         assert torch.isfinite(result.semantic).all()
         torch.testing.assert_close(result.semantic.sum(-1), torch.ones(4), atol=1e-5, rtol=0)
         if a == 0.0:
@@ -110,7 +109,9 @@ def test_nearest_vote_invariants_on_random_rows(seed):
 
 
 def test_single_label_set_is_one():
-    result = SemanticSoftmax(EMB, [NO], k=5, nearest_vote=True)(_logits([0.2, 0.2, 0.2, 0.2, 0.2]))
+    result = SemanticSoftmax(EMB, [NO], k=5, vote="nearest", semantic_weight=1.0)(
+        _logits([0.2, 0.2, 0.2, 0.2, 0.2])
+    )
     torch.testing.assert_close(result.semantic, torch.ones(1))
 
 

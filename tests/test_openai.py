@@ -80,7 +80,7 @@ def _chat_response(logits: torch.Tensor, k: int) -> dict:
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"k": 20, "tau": 0.1, "residual": True}, {"k": 20, "semantic_weight": 1.0}],
+    [{}, {"k": 20, "tau": 0.1, "vote": "nearest", "semantic_weight": 0.5}, {"k": 20, "semantic_weight": 1.0}],
 )
 def test_openai_reader_without_vllm_equals_dense(model_and_tokenizer, default_checkpoint, options):
     model, tokenizer = model_and_tokenizer

@@ -11,7 +11,7 @@ outlines = pytest.importorskip("outlines")
 
 from outlines.types import Choice, cfg, either, json_schema, regex  # noqa: E402
 
-from semsoft_plugin import LabelSet  # noqa: E402
+from semsoft_plugin import LabelSet, SemsoftConfig  # noqa: E402
 from semsoft_plugin.core.result import ScoredLabel  # noqa: E402
 from semsoft_plugin.engines.hf import classify  # noqa: E402
 from semsoft_plugin.engines.outlines import Generator, wrap  # noqa: E402
@@ -205,6 +205,65 @@ def test_inference_kwargs_pass_through(generator):
 
 
 @pytest.mark.slow
+def test_temperature_samples_and_score_temperature_scales_on_transformers(outlines_model):
+    """Issue 35: ``temperature`` is the sampling temperature on every engine (here it
+    used to be the method's); the method's final temperature is ``score_temperature``."""
+    import torch
+
+    greedy = Generator(outlines_model, Emotion)(PROMPTS[0])
+    hot = Generator(outlines_model, Emotion, temperature=50.0)
+    torch.manual_seed(0)
+    drawn = hot(PROMPTS[0], num_return_sequences=12)
+    assert len(set(drawn)) > 1  # near-uniform draws over the four labels
+    assert all(d.probs == pytest.approx(greedy.probs, abs=1e-6) for d in drawn)
+    assert Generator(outlines_model, Emotion, temperature=0)(PROMPTS[0]) == greedy
+    scaled = Generator(outlines_model, Emotion, score_temperature=2.0)(PROMPTS[0])
+    same = Generator(outlines_model, Emotion, config=SemsoftConfig(score_temperature=2.0))(PROMPTS[0])
+    assert scaled.probs == pytest.approx(same.probs, abs=1e-6)
+    assert scaled.probs != pytest.approx(greedy.probs, abs=1e-3)
+    with pytest.raises(ValueError, match="score_temperature"):
+        Generator(outlines_model, Emotion, method_temperature=2.0)
+    with pytest.raises(ValueError, match="temperature=-1 must be a number >= 0"):
+        Generator(outlines_model, Emotion, temperature=-1)
+
+
+@pytest.fixture(scope="module")
+def bf16_model(default_checkpoint):
+    from semsoft_plugin.engines import models
+
+    model, tokenizer = models.load(str(default_checkpoint), dtype="bfloat16")
+    return outlines.from_transformers(model, tokenizer)
+
+
+@pytest.mark.slow
+def test_bf16_model_scores_with_the_float32_head_like_classify(bf16_model):
+    """Issue 35: the Outlines generator used the model's bf16 head (logits on a 1/8 grid
+    near 20), while hf.classify and Classifier take the head's product in float32; the
+    generator's bf16 scores were 0.009 off classify's on the same prompt. Now single and
+    batch calls equal hf.classify run the same way (one prompt a pass; one padded batch).
+
+    A padded bf16 batch still differs from single calls (0.017 here, hf.classify alike):
+    that is the bf16 hidden states under padding, not the head, so it is not compared."""
+    import torch
+
+    assert bf16_model.model.dtype == torch.bfloat16
+    generator = Generator(bf16_model, Emotion)
+    formatted = [bf16_model.type_adapter.format_input(p) for p in PROMPTS]
+    labels = LabelSet(LABELS, bf16_model.hf_tokenizer, leading_space=False)
+    model, tokenizer = bf16_model.model, bf16_model.hf_tokenizer
+    alone = classify(model, tokenizer, formatted, labels, batch_size=1, progress=False)
+    padded = classify(model, tokenizer, formatted, labels, batch_size=len(PROMPTS))
+    for prompt, reference in zip(PROMPTS, alone, strict=True):
+        single = generator(prompt)
+        assert str(single) == reference.label
+        assert single.probs == pytest.approx(reference.probs, abs=1e-5)
+    for batched, reference in zip(generator.batch(PROMPTS), padded, strict=True):
+        assert str(batched) == reference.label
+        assert batched.probs == pytest.approx(reference.probs, abs=1e-5)
+        assert batched.constrained_probs == pytest.approx(reference.constrained_probs, abs=1e-5)
+
+
+@pytest.mark.slow
 def test_unsupported_types_and_ambiguous_choices_raise(outlines_model):
     with pytest.raises(ValueError, match=r"not a finite choice.*supported: Literal"):
         Generator(outlines_model, int)
@@ -261,6 +320,27 @@ def test_vllm_offline_model_goes_through_the_vllm_adapter(default_checkpoint, mo
         assert scored.probs == pytest.approx(reference.probs, abs=1e-4)
     with pytest.raises(ValueError, match="transformers models only"):
         Generator(outlines.from_vllm_offline(llm), Emotion, "xgrammar")
+    # Issue 35: the same settings on both engines. score_temperature is the method's (as
+    # on transformers), temperature the sampling one (the scores come from the raw
+    # logits, so sampling leaves them as they are).
+    on_vllm = outlines.from_vllm_offline(llm)
+    scaled = Generator(on_vllm, Emotion, score_temperature=2.0)(PROMPTS[0])
+    reference = classify(model, tokenizer, formatted[:1], labels, score_temperature=2.0)[0]
+    assert scaled.probs == pytest.approx(reference.probs, abs=1e-4)
+    assert scaled.probs != pytest.approx(got[0].probs, abs=1e-3)
+    sampled = Generator(on_vllm, Emotion, temperature=1.5)(PROMPTS[0], seed=3)
+    assert sampled in LABELS and sampled.probs == pytest.approx(got[0].probs, abs=1e-6)
+    with pytest.raises(ValueError, match="score_temperature"):
+        Generator(on_vllm, Emotion, method_temperature=2.0)
+    # variants= cannot travel to the engine: refused by name, never dropped
+    variants = {"joy": ["happiness"]}
+    with pytest.raises(ValueError, match="variants= is not supported on vLLM"):
+        Generator(on_vllm, Emotion, variants=variants)
+    with pytest.raises(ValueError, match="variants= is not supported on vLLM"):
+        wrap(outlines.Generator(on_vllm, Emotion), LABELS, variants=variants)
+    # a k the engine cannot return names its max_logprobs, before any request
+    with pytest.raises(ValueError, match="k=300 exceeds this engine's max_logprobs=50"):
+        Generator(on_vllm, Emotion, k=300)
 
 
 @pytest.mark.slow

@@ -108,7 +108,7 @@ def test_probe_on_kept_passes_and_an_old_cache_without_hidden_states(
     assert loaded.hidden is None
     inputs = MethodInputs(
         loaded, prepared.embeddings, prepared.labels, prepared.data.targets, SemsoftConfig(),
-        SemsoftConfig.paper(), np.arange(40) % 5,
+        SemsoftConfig.preset("paper"), np.arange(40) % 5,
     )  # fmt: skip
     with pytest.raises(ValueError, match="method 'probe' needs the decision step's hidden"):
         score_methods(["probe"], inputs)

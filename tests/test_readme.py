@@ -91,6 +91,10 @@ def test_quickstart_commands_are_what_ci_extracts():
     assert not any("--model" in c for c in commands)
 
 
+# Pages the docs build generates (mkdocs hooks), which links may name.
+GENERATED = {ROOT / "docs" / "reference" / "cli.md"}
+
+
 def markdown_files() -> list[Path]:
     return [README, *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -103,7 +107,7 @@ def test_relative_links_point_to_files(path):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             continue  # a URL or an anchor in the same file
         file = target.split("#", 1)[0]
-        if not (path.parent / file).exists():
+        if not (path.parent / file).exists() and (path.parent / file).resolve() not in GENERATED:
             missing.append(target)
     assert not missing, f"{path.relative_to(ROOT)} links to missing files: {missing}"
 

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from semsoft_plugin.core.request import SERVER_MAX_K, build_request, parse_request
+from semsoft_plugin.core.config import MAX_K
+from semsoft_plugin.core.labels import MAX_LABELS
+from semsoft_plugin.core.request import (
+    SERVER_MAX_K,
+    SERVER_MAX_LABELS,
+    build_request,
+    parse_request,
+)
 
 LABELS = ["positive", "negative"]
 
@@ -26,18 +33,18 @@ def test_request_and_openai_modules_import_no_engine():
 
 
 def test_same_options_parse_to_the_one_object():
-    args = build_request(LABELS, k=7, tau=0.2).to_extra_args()
+    args = build_request(LABELS, k=7, tau=0.2, semantic_weight=0.5).to_extra_args()
     first = parse_request(args)
     assert parse_request(dict(args)) is first  # parsed once, reused
-    assert first == build_request(LABELS, k=7, tau=0.2)
+    assert first == build_request(LABELS, k=7, tau=0.2, semantic_weight=0.5)
 
 
 def test_cache_keeps_types_apart():
     assert parse_request({"semsoft_labels": LABELS, "semsoft_k": 1}).config.k == 1
     with pytest.raises(ValueError, match=r"semsoft_k=True .*SERVER_MAX_K"):
-        parse_request({"semsoft_labels": LABELS, "semsoft_k": True})
+        parse_request({"semsoft_labels": LABELS, "semsoft_k": True}, server=True)
     with pytest.raises(ValueError, match="semsoft_k"):
-        parse_request({"semsoft_labels": LABELS, "semsoft_k": SERVER_MAX_K + 1})
+        parse_request({"semsoft_labels": LABELS, "semsoft_k": SERVER_MAX_K + 1}, server=True)
     # unhashable values are still checked (not cached)
     with pytest.raises(ValueError, match="semsoft_labels"):
         parse_request({"semsoft_labels": [{"a": 1}, "b"]})
@@ -45,9 +52,41 @@ def test_cache_keeps_types_apart():
 
 def test_build_request_refuses_what_the_server_refuses():
     with pytest.raises(ValueError, match="SERVER_MAX_LABELS"):
-        build_request([f"l{i}" for i in range(65)])
+        build_request([f"l{i}" for i in range(65)], server=True)
     with pytest.raises(ValueError, match="twice"):
         build_request(["a", "a"])
+
+
+def test_server_limits_apply_to_server_requests_only():
+    """In-process use gets the method's ranges, as transformers does; the SERVER_* limits
+    bound what an untrusted HTTP client may ask for, and the cache keeps the two apart."""
+    args = {
+        "semsoft_labels": [f"label{i}" for i in range(SERVER_MAX_LABELS + 1)] + ["é" * 40],
+        "semsoft_k": SERVER_MAX_K + 44,
+        "semsoft_trigger": "é" * 40,
+    }
+    local = parse_request(args)
+    assert (len(local.labels), local.config.k) == (SERVER_MAX_LABELS + 2, 300)
+    with pytest.raises(ValueError, match=f"allowed: 2 to SERVER_MAX_LABELS={SERVER_MAX_LABELS}"):
+        parse_request(args, server=True)
+    assert parse_request(args) is local
+    for key, value, rule in (
+        ("semsoft_k", SERVER_MAX_K + 1, "SERVER_MAX_K=256"),
+        ("semsoft_trigger", "é" * 40, "SERVER_MAX_TRIGGER_BYTES=64"),
+        ("semsoft_labels", ["é" * 40, "b"], "SERVER_MAX_LABEL_BYTES=64"),
+    ):
+        request = {"semsoft_labels": LABELS, key: value}
+        assert parse_request(request) is not None
+        with pytest.raises(ValueError, match=rule):
+            parse_request(request, server=True)
+    # the method's own ranges, named
+    with pytest.raises(ValueError, match=rf"semsoft_k={MAX_K + 1} .*\[1, MAX_K={MAX_K}\]"):
+        parse_request({"semsoft_labels": LABELS, "semsoft_k": MAX_K + 1})
+    too_many = [f"l{i}" for i in range(MAX_LABELS + 1)]
+    with pytest.raises(ValueError, match=f"allowed: 2 to MAX_LABELS={MAX_LABELS}"):
+        parse_request({"semsoft_labels": too_many})
+    with pytest.raises(ValueError, match=f"exceed the limit of {MAX_LABELS}"):
+        build_request(too_many)
 
 
 @pytest.mark.parametrize(

@@ -90,13 +90,13 @@ def test_clone_shares_a_loaded_model_by_reference(clf):
 def test_get_params_set_params_round_trip(clf):
     params = clf.get_params()
     assert set(params) == set(Classifier._get_param_names())
-    assert {"model", "labels", "semantic_weight", "temperature", "k", "config"} <= set(params)
+    assert {"model", "labels", "semantic_weight", "score_temperature", "k", "config"} <= set(params)
     assert Classifier(**params).get_params() == params  # stored unchanged
     other = clone(clf)
-    assert other.set_params(semantic_weight=1.0, temperature=0.5) is other
+    assert other.set_params(semantic_weight=1.0, score_temperature=0.5) is other
     assert other.get_params()["semantic_weight"] == 1.0
     assert other._setup().config.semantic_weight == 1.0
-    assert other._setup().config.temperature == 0.5
+    assert other._setup().config.score_temperature == 0.5
     with pytest.raises(ValueError, match="'semantic_wieght' is not a parameter of Classifier"):
         other.set_params(semantic_wieght=0.5)
     # A parameter set after use takes effect: what was derived from the old one is dropped.
@@ -108,7 +108,9 @@ def test_get_params_set_params_round_trip(clf):
 def test_the_pool_weight_and_temperature_change_the_probabilities(clf):
     low = clone(clf).set_params(semantic_weight=0.0).predict_proba(TEXTS[:4])
     high = clone(clf).set_params(semantic_weight=1.0).predict_proba(TEXTS[:4])
-    hot = clone(clf).set_params(semantic_weight=0.0, temperature=4.0).predict_proba(TEXTS[:4])
+    hot = clone(clf).set_params(semantic_weight=0.0, score_temperature=4.0).predict_proba(
+        TEXTS[:4]
+    )
     assert np.abs(low - high).max() > 1e-3
     assert (np.abs(hot - 0.5) < np.abs(low - 0.5)).all()  # a higher temperature flattens
 
@@ -120,7 +122,7 @@ def test_settings_are_checked_where_used_not_in_init():
         bad.predict(TEXTS[:1])
     with pytest.raises(ValueError, match="batch_size=0"):
         bad.set_params(calibrate=None).predict(TEXTS[:1])
-    with pytest.raises(ValueError, match=r"semantic_weight=2\.0 must be a float in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"semantic_weight=2\.0 must be a finite number in \[0, 1\]"):
         Classifier(MODEL, labels=LABELS, semantic_weight=2.0).predict(TEXTS[:1])
     with pytest.raises(ValueError, match="tokenizer=str is given with the model named"):
         Classifier(MODEL, "a tokenizer", LABELS).predict(TEXTS[:1])

@@ -100,7 +100,7 @@ def test_eval_backend_vllm_equals_the_transformers_backend(llm, tokenizer, hf_mo
     hf_run = prepare("smollm2-135m", data, loaded=hf_model, cache_dir="", **common)
     assert vllm_run.labels.multi_token_labels
     assert vllm_run.forward.store_k == 50  # the engine's max_logprobs
-    for config in (SemsoftConfig(), SemsoftConfig.paper(k=20, tau=0.1)):
+    for config in (SemsoftConfig(), SemsoftConfig.preset("paper").replace(k=20, tau=0.1)):
         got = semantic_probs(vllm_run.forward, vllm_run.embeddings, vllm_run.labels, config)
         want = semantic_probs(hf_run.forward, hf_run.embeddings, hf_run.labels, config)
         np.testing.assert_allclose(got.probs, want.probs, atol=ATOL)

@@ -206,3 +206,55 @@ def test_admission_label_check_is_bounded(llm):
     guided.structured_outputs = StructuredOutputsParams(choice=SENTIMENT)
     with pytest.raises(ValueError, match="structured outputs"):
         sv.validate_params(guided)
+
+
+# 65 labels (one more than SERVER_MAX_LABELS), each one token after a space on SmolLM2's
+# tokenizer, with distinct first tokens.
+WORDS = (
+    "apple banana cherry grape lemon mango orange peach pear plum red blue green yellow "
+    "purple black white brown pink gray dog cat horse cow sheep goat pig duck chicken fish "
+    "car bus train plane boat bike truck ship rocket taxi happy sad angry afraid calm proud "
+    "bored tired hungry lonely music sport science history art politics weather money "
+    "health travel food water fire earth wind"
+).split()
+
+
+def test_in_process_vllm_has_the_methods_ranges_as_transformers():
+    """Issue 35: offline vLLM had the HTTP server's limits (64 labels, k <= 256) where
+    transformers has the method's. 65 labels and k=300 now score on both, alike; a k
+    above the engine's max_logprobs is refused naming that setting (the SERVER_* limits
+    are the server middleware's: test_vllm_server.py)."""
+    import numpy as np
+    from _vllm import ENGINE_ARGS
+
+    from semsoft_plugin.app import handles
+    from semsoft_plugin.app.classifier import Classifier
+
+    assert len(WORDS) == sreq.SERVER_MAX_LABELS + 1
+    k = sreq.SERVER_MAX_K + 44
+    texts = ["A loyal animal that barks and fetches sticks.", "The colour of the sky at noon."]
+    engine = {key: v for key, v in ENGINE_ARGS.items() if key != "max_logprobs"}
+    on_vllm = Classifier.from_pretrained(
+        "smollm2-135m", WORDS, backend="vllm", k=k, engine_args=engine
+    )
+    on_hf = Classifier.from_pretrained("smollm2-135m", WORDS, k=k, dtype="float32")
+    got = on_vllm.predict_proba(texts)
+    assert got.shape == (2, len(WORDS))
+    np.testing.assert_allclose(got, on_hf.predict_proba(texts), atol=ATOL)
+
+    llm = handles.loaded(
+        "smollm2-135m", None, backend="vllm", dtype="auto", engine_args=engine, k=k
+    ).model
+    assert llm.llm_engine.model_config.max_logprobs == k
+    prompt = token_prompt(llm.get_tokenizer(), PROMPTS["short"])
+    # k above the engine's max_logprobs: named, with the setting to change
+    from vllm.exceptions import VLLMValidationError  # what vLLM turns a ValueError into
+
+    refused = rf"semsoft_k={k + 1} exceeds this engine's max_logprobs={k}"
+    with pytest.raises(VLLMValidationError, match=refused):
+        params = sv.sampling_params(WORDS, k=k + 1, max_tokens=2)
+        params.logprobs = k  # within vLLM's own check, so semsoft's admission answers
+        llm.generate([prompt], params, use_tqdm=False)
+    refused = rf"k={k + 1} exceeds this engine's max_logprobs={k}.*max_logprobs={k + 1}"
+    with pytest.raises(ValueError, match=refused):
+        sv.classify_vllm(llm, [PROMPTS["short"]], WORDS, k=k + 1)

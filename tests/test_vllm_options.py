@@ -33,7 +33,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_options_roundtrip_and_flat_values():
-    params = sv.sampling_params(EMOTIONS, k=40, tau=0.1, center=False, trigger="Answer:")
+    params = sv.sampling_params(
+        EMOTIONS, k=40, tau=0.1, center=False, semantic_weight=1.0, trigger="Answer:"
+    )
     request = sreq.parse_request(params.extra_args)
     assert request.labels == tuple(EMOTIONS)
     assert (request.config.k, request.config.tau, request.config.center) == (40, 0.1, False)
@@ -43,9 +45,9 @@ def test_options_roundtrip_and_flat_values():
         assert isinstance(value, str | int | float) or all(isinstance(v, str) for v in value)
     assert sreq.parse_request({"other": 1}) is None
     assert sv.validate_params(SamplingParams(max_tokens=3)) is None
-    # the core's residual and tau_quantile options travel too (an unset quantile is omitted)
+    # the vote rule and tau_quantile travel too (an unset quantile is omitted)
     assert "semsoft_tau_quantile" not in params.extra_args
-    config = SemsoftConfig(residual=True, tau_quantile=0.9)
+    config = SemsoftConfig(vote="nearest", tau_quantile=0.9, semantic_weight=0.5)
     extra = sreq.SemsoftRequest(tuple(EMOTIONS), config, "constrain", None, True).to_extra_args()
     assert sreq.parse_request(extra).config == config
 
@@ -99,7 +101,14 @@ def test_options_roundtrip_and_flat_values():
             r"semsoft_tau=nan .*\[-1, 1\)",
         ),
         ({"semsoft_labels": ["a", "b"], "semsoft_tau": 1.5}, r"semsoft_tau=1.5 .*\[-1, 1\)"),
-        ({"semsoft_labels": ["a", "b"], "semsoft_temperature": 0}, "semsoft_temperature=0.0 .*> 0"),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_score_temperature": 0},
+            "semsoft_score_temperature=0.0 .*> 0",
+        ),
+        (
+            {"semsoft_labels": ["a", "b"], "semsoft_temperature": 2},
+            "semsoft_temperature: renamed: use semsoft_score_temperature",
+        ),
         (
             {"semsoft_labels": ["a", "b"], "semsoft_tau_quantile": 1.5},
             r"semsoft_tau_quantile=1.5 .*\(0, 1\)",
@@ -108,7 +117,8 @@ def test_options_roundtrip_and_flat_values():
             {"semsoft_labels": ["a", "b"], "semsoft_tau_quantile": float("nan")},
             r"semsoft_tau_quantile=nan .*\(0, 1\)",
         ),
-        ({"semsoft_labels": ["a", "b"], "semsoft_residual": "yes"}, "semsoft_residual='yes'"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_center": "yes"}, "semsoft_center='yes'"),
+        ({"semsoft_labels": ["a", "b"], "semsoft_vote": 1}, "semsoft_vote=1 must be one of"),
         ({"semsoft_labels": ["a", "b"], "semsoft_mode": ["x"]}, r"semsoft_mode=\['x'\]"),
         (
             {"semsoft_labels": ["a", "b"], "semsoft_trigger": "é" * 40},
@@ -120,9 +130,14 @@ def test_options_roundtrip_and_flat_values():
     ],
 )
 def test_bad_options_are_refused_with_the_limit_named(extra, message):
+    """What the server's admission middleware refuses (``server=True``: an HTTP client's
+    request); in-process the method's ranges apply instead of the SERVER_* ones."""
     params = SamplingParams(max_tokens=3, logprobs=20, extra_args=extra)
     with pytest.raises(ValueError, match=message):
-        sv.SemanticSoftmaxLogitsProcessor.validate_params(params)
+        sv.validate_params(params, server=True)
+    if "SERVER_" not in message:  # the same refusal in-process (vLLM's admission hook)
+        with pytest.raises(ValueError, match=message):
+            sv.SemanticSoftmaxLogitsProcessor.validate_params(params)
 
 
 def test_a_number_beyond_float_range_is_refused_not_raised():
@@ -183,9 +198,11 @@ def test_entry_point_declared_in_pyproject_loads_the_class():
 
 ROUND_TRIP = [
     {},
-    {"k": 30, "tau": 0.1, "center": False, "own_vote": False},
-    {"residual": True, "tau_quantile": 0.9, "mode": "observe", "leading_space": False},
-    {"normalize_votes": True, "trigger": "Answer:", "config": SemsoftConfig(k=12)},
+    {"k": 30, "tau": 0.1, "center": False, "own_vote": False, "semantic_weight": 1.0},
+    {"vote": "nearest", "tau_quantile": 0.9, "semantic_weight": 0.5, "mode": "observe",
+     "leading_space": False},  # fmt: skip
+    {"score_temperature": 2.0, "trigger": "Answer:", "config": SemsoftConfig(k=12)},
+    {"vote": "per_label", "config": SemsoftConfig.preset("shared")},
 ]
 
 

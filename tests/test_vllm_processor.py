@@ -143,8 +143,9 @@ def test_model_runner_v2_code_path(llm, tokenizer, checkpoint):
         == [sv.SemanticSoftmaxLogitsProcessor] * 2
     )
     validate = build_custom_logits_processors_params_validator([sreq.ENTRY_POINT])
-    with pytest.raises(VLLMValidationError, match="SERVER_MAX_LABELS"):
-        validate(SamplingParams(logprobs=50, extra_args={"semsoft_labels": ["a"] * 100}))
+    # In-process: the method's ranges (the SERVER_* limits are the HTTP middleware's).
+    with pytest.raises(VLLMValidationError, match="MAX_LABELS=1000"):
+        validate(SamplingParams(logprobs=50, extra_args={"semsoft_labels": ["a"] * 1001}))
 
     config = llm.llm_engine.vllm_config
     vocab = config.model_config.get_vocab_size()

@@ -25,7 +25,10 @@ def test_request_round_trips_through_http(server, checkpoint):
     import openai
 
     client = openai.OpenAI(base_url=server, api_key="none", max_retries=0)
-    for options in ({"k": 30, "tau": 0.1, "own_vote": False}, {"residual": True, "k": 8}):
+    for options in (
+        {"k": 30, "tau": 0.1, "own_vote": False, "semantic_weight": 1.0},
+        {"vote": "nearest", "k": 8, "semantic_weight": 0.5},
+    ):
         request = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, **options)
         response = client.chat.completions.create(
             model="smollm2", messages=PROMPTS["review"], **request
@@ -60,13 +63,13 @@ def test_server_scores_bad_request_400_and_keeps_serving(server, checkpoint, hf_
     oversized["extra_body"]["vllm_xargs"]["semsoft_labels"] = too_many
     with pytest.raises(openai.BadRequestError, match="SERVER_MAX_LABELS"):
         client.chat.completions.create(model="smollm2", messages=PROMPTS["review"], **oversized)
-    with pytest.raises(openai.BadRequestError, match="SERVER_MAX_K"):
+    with pytest.raises(openai.BadRequestError, match=r"semsoft_k=300 .*SERVER_MAX_K=256"):
         client.chat.completions.create(
             model="smollm2",
             messages=PROMPTS["review"],
             logprobs=True,
             top_logprobs=50,
-            extra_body={"vllm_xargs": {"semsoft_labels": SENTIMENT, "semsoft_k": 100000}},
+            extra_body={"vllm_xargs": {"semsoft_labels": SENTIMENT, "semsoft_k": 300}},
         )
     with pytest.raises(openai.BadRequestError):  # a nested object is not a flat value
         client.chat.completions.create(

@@ -272,9 +272,9 @@ def test_server_fuzz_bad_xargs_interleaved_with_good(server, checkpoint, tokeniz
     )
 
     def refused_here(xargs: dict) -> bool:
-        """The in-process verdict: parse_request or the label check refuses it."""
+        """The verdict here (parse_request with the server's limits, or the label check)."""
         try:
-            request = sreq.parse_request(xargs)
+            request = sreq.parse_request(xargs, server=True)
             LabelSet(list(request.labels), tokenizer, leading_space=request.leading_space)
         except (ValueError, TypeError):
             return True

@@ -92,7 +92,7 @@ class Classifier(EstimatorProtocol):
         ``"Answer:"``; default: the prompt of ``semsoft classify``
     config : Semantic Softmax settings (e.g. ``SemsoftConfig.load`` of a ``semsoft
         tune`` file); default ``SemsoftConfig()``
-    k, semantic_weight, temperature : override these fields of ``config`` (``None``: the
+    k, semantic_weight, score_temperature : override these fields of ``config`` (``None``: the
         config's): the settings a search varies (``GridSearchCV`` over
         ``semantic_weight``)
     batch_size : texts per forward pass (transformers; vLLM schedules its own)
@@ -131,7 +131,7 @@ class Classifier(EstimatorProtocol):
     fit_temperature : whether :meth:`fit` also fits a final temperature. With
         ``fit_grid={}`` and ``fit_temperature=False`` (or ``fit_family=()``) fit only
         reads the labels, as a search over this classifier's own settings wants
-        (``GridSearchCV`` over ``semantic_weight`` or ``temperature``)
+        (``GridSearchCV`` over ``semantic_weight`` or ``score_temperature``)
     fit_family : the members :meth:`fit` may choose (:data:`~semsoft_plugin.core.fitting.FAMILY`:
         ``"grid"``, ``"temperature"``, ``"offset"``, ``"batch"``, ``"contextual"``,
         ``"probe"``, the last refused on vLLM); ``None``: all the engine supports
@@ -166,7 +166,7 @@ class Classifier(EstimatorProtocol):
         config: SemsoftConfig | None = None,
         k: int | None = None,
         semantic_weight: float | None = None,
-        temperature: float | None = None,
+        score_temperature: float | None = None,
         batch_size: int = 8,
         progress: bool | None = False,
         calibrate: str | None = None,
@@ -191,7 +191,7 @@ class Classifier(EstimatorProtocol):
         self.config = config
         self.k = k
         self.semantic_weight = semantic_weight
-        self.temperature = temperature
+        self.score_temperature = score_temperature
         self.batch_size = batch_size
         self.progress = progress
         self.calibrate = calibrate
@@ -268,7 +268,7 @@ class Classifier(EstimatorProtocol):
         One forward pass per text; then :func:`semsoft_plugin.core.fit_family.fit_config` on
         the kept decision-step scores (the fit ``semsoft tune`` runs): from the
         classifier's settings (``config`` with ``k``, ``semantic_weight``,
-        ``temperature``), each member of ``fit_family`` is checked out of fold (the
+        ``score_temperature``), each member of ``fit_family`` is checked out of fold (the
         fields of ``fit_grid`` with a final temperature if ``fit_temperature``, a
         temperature alone, the bias corrections, the probe), and the start is *kept*
         unless one beats it by ``margin`` standard errors of out-of-fold NLL (stratified

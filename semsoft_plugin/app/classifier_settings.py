@@ -64,5 +64,10 @@ def checked_settings(clf: Classifier) -> tuple[PromptTemplate, SemsoftConfig]:
         raise ValueError(f"prompt must be a PromptTemplate or a str, got {type(prompt).__name__}")
     if clf.config is not None and not isinstance(clf.config, SemsoftConfig):
         raise ValueError(f"config must be a SemsoftConfig or None, got {clf.config!r}")
-    own = {"k": clf.k, "semantic_weight": clf.semantic_weight, "temperature": clf.temperature}
-    return prompt or DEFAULT_TEMPLATE, (clf.config or SemsoftConfig()).replace(**own)
+    own = {
+        "k": clf.k,
+        "semantic_weight": clf.semantic_weight,
+        "score_temperature": clf.score_temperature,
+    }
+    given = {name: value for name, value in own.items() if value is not None}  # None: config's
+    return prompt or DEFAULT_TEMPLATE, (clf.config or SemsoftConfig()).replace(**given)

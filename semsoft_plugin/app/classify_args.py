@@ -91,8 +91,12 @@ def check_fitted_args(args: argparse.Namespace, procedure: str) -> None:
     """A ``--config`` file with a fitted correction (``procedure``) goes with no option
     that would change what it was fitted on, nor with ``--ray`` (whose workers build
     their own classifiers): each refused by name rather than ignored."""
-    given = [flag for flag, value in (("--k", args.k), ("--tau", args.tau),
-             ("--semantic-weight", args.semantic_weight)) if value is not None]  # fmt: skip
+    from semsoft_plugin.app.config_args import flag
+    from semsoft_plugin.core.config import config_field_specs
+
+    given = [flag(name) for name in config_field_specs() if getattr(args, name, None) is not None]
+    if getattr(args, "preset", None) is not None:
+        given.append("--preset")
     if getattr(args, "calibrate", None) is not None:
         given.append("--calibrate")
     if getattr(args, "ray", False):

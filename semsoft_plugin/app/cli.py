@@ -8,8 +8,7 @@ built from the arguments by :mod:`semsoft_plugin.app.classify_args`.
 Further subcommands (``eval``, ``tune``, ``distill`` from the evaluation package beside
 the plugin) are registered in the entry-point group ``semsoft.commands`` as
 ``"module:add_parser_function"``. At start-up only their names are read from the
-installed metadata (with a fallback list for an install whose metadata predates the
-group): the plugin imports a subcommand's module only when that subcommand is
+installed metadata: the plugin imports a subcommand's module only when that subcommand is
 invoked, so ``semsoft classify`` starts with the core install alone, and ``semsoft
 eval`` without its extra says in one line what to install.
 
@@ -34,19 +33,21 @@ from semsoft_plugin.app.classify_args import (
     prompt_template,
 )
 from semsoft_plugin.app.classify_file import run_classify_file
+from semsoft_plugin.app.config_args import add_config_arguments, config_from_args
 from semsoft_plugin.app.fitted import load_fitted
 from semsoft_plugin.core.labels import LABELS_SYNTAX
 
 __all__ = [
     "COMMAND_GROUP",
+    "Command",
     "build_parser",
+    "command_parsers",
     "discover_commands",
     "json_object",
     "main",
 ]
 
 COMMAND_GROUP = "semsoft.commands"
-EVAL_EXTRA = "pip install 'semsoft-plugin[eval]'"
 
 
 @dataclass(frozen=True)
@@ -60,48 +61,28 @@ class Command:
     install: str
 
 
-# Used when the installed metadata has no `semsoft.commands` group (an install made
-# before it existed) and for the help text shown before a module is loaded.
-_FALLBACK_COMMANDS = (
-    Command(
-        "eval",
-        "semsoft_eval.cli_eval:add_eval_parser",
-        "compare calibration methods on labelled data",
-        EVAL_EXTRA,
-    ),
-    Command(
-        "tune",
-        "semsoft_eval.cli_eval:add_tune_parser",
-        "fit k, tau, centring and a temperature on labelled dev data",
-        EVAL_EXTRA,
-    ),
-    Command(
-        "distill",
-        "semsoft_eval.distill:add_parser",
-        "distil self-consistency into a stated confidence (LoRA)",
-        EVAL_EXTRA,
-    ),
-)
-
-
 def discover_commands() -> dict[str, Command]:
-    """Subcommands registered in ``semsoft.commands``, without importing any of them."""
+    """Subcommands registered in the entry-point group ``semsoft.commands``, without
+    importing any of them.
+
+    The install line comes from the entry point's distribution and extras (``eval =
+    "pkg.mod:add_parser [eval]"`` reads ``pip install 'dist[eval]'``), so the plugin names
+    no other package: a command is whatever the installed metadata says."""
     from importlib.metadata import entry_points
 
-    commands = {c.name: c for c in _FALLBACK_COMMANDS}
     try:
         found = list(entry_points(group=COMMAND_GROUP))
     except Exception:  # unreadable metadata must not stop `semsoft classify`
         found = []
-    for ep in found:
-        if ep.name == "classify":
+    commands = {}
+    for ep in sorted(found, key=lambda e: e.name):
+        if ep.name == "classify" or ep.name in commands:
             continue
-        known = commands.get(ep.name)
-        if known is not None and known.target == ep.value:
-            continue
-        dist = getattr(getattr(ep, "dist", None), "name", None) or ep.value.split(":")[0]
+        dist = getattr(getattr(ep, "dist", None), "name", None) or ep.module.split(".")[0]
+        extras = f"[{','.join(ep.extras)}]" if ep.extras else ""
+        install = f"pip install '{dist}{extras}'" if extras else f"pip install --upgrade '{dist}'"
         commands[ep.name] = Command(
-            ep.name, ep.value, f"(from {dist})", f"pip install --upgrade '{dist}'"
+            ep.name, f"{ep.module}:{ep.attr}", f"from {dist}{extras}: semsoft {ep.name} --help", install
         )
     return commands
 
@@ -146,7 +127,7 @@ def _add_classify_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "classify",
         help="calibrated label probabilities for one text or a whole file",
-        description="Classify a text, or every row of a CSV/TSV/JSONL file, with an LLM: the "
+        description="Classify a text, or every row of a CSV, TSV, JSONL or Parquet file, with an LLM: the "
         "Semantic Softmax label distribution beside the constrained (label-tokens-only) softmax.",
     )
     parser.add_argument("text", nargs="?", help="the text to classify (or give --input)")
@@ -175,15 +156,7 @@ def _add_classify_parser(subparsers: Any) -> None:
     prompt.add_argument(
         "--prompt-file", help="JSON prompt template (keys user, answer_prefix, system), as in eval"
     )
-    parser.add_argument("--config", help="a SemsoftConfig JSON file (e.g. from 'semsoft tune')")
-    parser.add_argument("--k", type=int, help="top-K tokens kept")
-    parser.add_argument("--tau", type=float, help="cosine threshold")
-    parser.add_argument(
-        "--semantic-weight",
-        type=float,
-        help="pool the semantic votes in: 0 (the default) is the constrained softmax, 0.3 "
-        "the semantic pool (SemsoftConfig.pooled(); docs/defaults.md: where it helps)",
-    )
+    add_config_arguments(parser)
     parser.add_argument(
         "--backend",
         choices=("hf", "vllm"),
@@ -281,8 +254,6 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_classify(args: argparse.Namespace) -> int:
-    from semsoft_plugin.core.config import SemsoftConfig
-
     if (args.text is None) == (args.input is None):
         raise ValueError("give one text to classify or --input FILE, not both or neither")
     if args.engine_args and args.backend != "vllm":
@@ -304,10 +275,10 @@ def _run_classify(args: argparse.Namespace) -> int:
             "--calibrate contextual"
         )
     labels = parse_labels(args.labels)
-    config, correction = load_fitted(args.config) if args.config else (SemsoftConfig(), None)
-    if correction is not None:
+    correction = load_fitted(args.config)[1] if args.config else None
+    if correction is not None:  # applied by the classifier (classify_args), row by row
         check_fitted_args(args, correction.procedure)
-    config = config.replace(k=args.k, tau=args.tau, semantic_weight=args.semantic_weight)
+    config = config_from_args(args, fitted=True)
     template = prompt_template(args)
     if args.input is not None and args.ray:
         from semsoft_plugin.app.ray import run_classify_cli
@@ -370,7 +341,11 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     one named ``load`` is imported and gets its real parser (``MissingExtra`` when its
     module or a module it needs is not installed)."""
     parser = argparse.ArgumentParser(
-        prog="semsoft", description="Calibrated label probabilities for LLM zero-shot classifiers."
+        prog="semsoft",
+        description="Calibrated label probabilities for LLM zero-shot classifiers.",
+        epilog=f"Subcommands besides classify are those the installed packages register in the "
+        f"entry-point group {COMMAND_GROUP!r} (this package's 'eval' extra brings eval, tune "
+        "and distill).",
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_classify_parser(subparsers)
@@ -380,6 +355,24 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
         else:
             subparsers.add_parser(name, help=command.help, add_help=False)
     return parser
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand's real parser by name (``""`` for ``semsoft`` itself), each other
+    package's module imported; no model loads. For the generated CLI reference
+    (``scripts/mkdocs_cli_reference.py``) and the test that every documented flag exists.
+    A subcommand whose module cannot be imported is left out."""
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    for name in ("classify", *discover_commands()):
+        try:
+            root = build_parser(load=name)
+        except MissingExtra:
+            continue
+        parsers.setdefault("", root)
+        for action in root._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers[name] = action.choices[name]
+    return parsers
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 from semsoft_plugin.app.classify_args import file_strength
 from semsoft_plugin.core.calibration import FileCalibration
+from semsoft_plugin.core.config import renamed_message
 
 __all__ = [
     "check_settings",
@@ -78,6 +79,14 @@ def check_settings(output: Path, settings: dict[str, Any]) -> None:
     recorded = recorded.get("settings") if isinstance(recorded, dict) else None
     if not isinstance(recorded, dict):
         raise ValueError(f"--resume: {sidecar} holds no 'settings' object")
+    for key in sorted(recorded):
+        renamed = renamed_message(key.removeprefix("config.")) if key.startswith("config.") else None
+        if renamed:
+            raise ValueError(
+                f"--resume: {sidecar} records config.{renamed} (an older version's "
+                "option): the rows cannot be checked against this run's settings; pass "
+                "--overwrite to score them again"
+            )
     differ = [
         k for k in sorted(set(recorded) | set(settings)) if recorded.get(k) != settings.get(k)
     ]

@@ -17,7 +17,7 @@ rows, not of the rows being predicted).
 The file is the config JSON ``semsoft tune`` always wrote, with one more key when a
 correction was adopted::
 
-    {"k": 50, ..., "temperature": 0.8,
+    {"k": 50, ..., "score_temperature": 0.8,
      "fitted": {"procedure": "offset", "labels": ["negative", "positive"],
                 "offset": [0.31, -0.31]}}
 

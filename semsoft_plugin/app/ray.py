@@ -160,7 +160,7 @@ def classify_dataset(
     review_below : flag ``review`` when the top probability is below this
     column_prefix : prefix of the added columns (``--column-prefix``)
     **classifier_kwargs : the ``Classifier``'s other options (``prompt``, ``config``,
-        ``calibrate``, ``file_strength``, ``k``, ``semantic_weight``, ``temperature``,
+        ``calibrate``, ``file_strength``, ``k``, ``semantic_weight``, ``score_temperature``,
         ...). With ``calibrate="file"`` the scoring pass runs when this is called (it is
         materialised: the correction needs every row), the correction is estimated from
         one row per distinct text (at least 32; their texts and ``p_<label>`` are

@@ -179,6 +179,22 @@ class FileCalibration:
     The math: :math:`p_{file}(l \\mid x) \\propto p(l \\mid x) / \\hat b(l)^s` with
     :math:`\\hat b = \\frac{1}{N} \\sum_i p(\\cdot \\mid x_i)` over the N distinct rows.
     Duplicated texts count once, so a file of repeated rows does not outvote the rest.
+
+    Examples
+    --------
+    A prompt that leans toward the first label on every row (the mean of the distinct
+    rows is ``[0.75, 0.25]``); the correction divides that lean out of each row alone:
+
+    >>> import numpy as np
+    >>> from semsoft_plugin.core.calibration import FileCalibration
+    >>> rows = np.array([[0.9, 0.1], [0.6, 0.4]] * 16)   # 32 distinct rows in a real file
+    >>> calibration = FileCalibration.estimate(rows)
+    >>> [round(b, 3) for b in calibration.bias], calibration.rows
+    ([0.75, 0.25], 32)
+    >>> calibration.apply(np.array([[0.75, 0.25]])).round(3)
+    array([[0.5, 0.5]])
+    >>> FileCalibration.estimate(rows, strength=0).apply(np.array([[0.75, 0.25]])).round(3)
+    array([[0.75, 0.25]])
     """
 
     bias: tuple[float, ...]

@@ -1,11 +1,37 @@
 """Method settings, shared by the core, every adapter, ``semsoft eval`` and ``semsoft tune``.
 
+One table: each field's ``dataclasses.field(metadata=...)`` carries its help text, its
+rule and its value type, and the CLI flags (``--score-temperature``), the HTTP keys
+(``semsoft_score_temperature``, :mod:`semsoft_plugin.core.request`) and the config
+file's fields are generated from it, so no path can spell a setting its own way.
+
 A config is a small JSON file (:meth:`SemsoftConfig.save` and ``semsoft tune`` write one;
 ``--config`` reads it; fields left out keep their defaults). The defaults::
 
-    {"k": 50, "tau": 0.0, "center": true, "own_vote": true, "normalize_votes": true,
-     "temperature": 1.0, "residual": true, "tau_quantile": null, "semantic_weight": 0.0,
-     "nearest_vote": false}
+    {"k": 50, "tau": 0.0, "center": true, "own_vote": true, "vote": "residual",
+     "score_temperature": 1.0, "tau_quantile": null, "semantic_weight": 0.0}
+
+Settings that would be ignored are refused, not dropped: ``tau`` beside
+``tau_quantile``, and at ``semantic_weight = 0`` (the default: the scores are the
+constrained softmax) any vote setting other than its default (``vote``, ``tau``,
+``tau_quantile``, ``center``, ``own_vote``). What no measurement chose (``tau_quantile``,
+``vote="nearest"``/``"per_label"``) are research options, reached through
+:meth:`SemsoftConfig.preset` or explicit settings.
+
+Examples
+--------
+>>> from semsoft_plugin.core.config import SemsoftConfig
+>>> config = SemsoftConfig(k=20)
+>>> config.k, config.semantic_weight
+(20, 0.0)
+>>> config.replace(semantic_weight=0.3).semantic_weight   # a new config; this one is frozen
+0.3
+>>> SemsoftConfig.preset("pooled").semantic_weight
+0.3
+>>> SemsoftConfig(k=0)
+Traceback (most recent call last):
+    ...
+ValueError: k=0 must be an integer in [1, 4096]
 """
 
 from __future__ import annotations
@@ -13,28 +39,93 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SemsoftConfig", "DEFAULT_K", "DEFAULT_TAU", "DEFAULT_CENTER"]
+__all__ = [
+    "DEFAULT_CENTER",
+    "DEFAULT_K",
+    "DEFAULT_TAU",
+    "PRESETS",
+    "RENAMED",
+    "VOTES",
+    "SemsoftConfig",
+    "config_field_specs",
+    "grid_entry",
+    "renamed_message",
+]
 
 # Defaults chosen by measurement on the dev sets (docs/defaults.md).
 DEFAULT_K = 50
 DEFAULT_TAU = 0.0
 DEFAULT_CENTER = True
 DEFAULT_OWN_VOTE = True
-DEFAULT_NORMALIZE_VOTES = True
-DEFAULT_RESIDUAL = True
+DEFAULT_VOTE = "residual"
 DEFAULT_TAU_QUANTILE: float | None = None
 # 0: the default is the constrained softmax. No label-free setting, the semantic pool
 # or the file mode, did no harm on every kind of data left out of its choice
-# (docs/defaults.md); the pool is SemsoftConfig.pooled(), one name away.
+# (docs/defaults.md); the pool is SemsoftConfig.preset("pooled"), one name away.
 DEFAULT_SEMANTIC_WEIGHT = 0.0
 POOLED_SEMANTIC_WEIGHT = 0.3
-DEFAULT_NEAREST_VOTE = False
 
 MAX_K = 4096
+# The settings that only shape the semantic votes: no effect at semantic_weight = 0.
+VOTE_SETTINGS = ("vote", "tau", "tau_quantile", "center", "own_vote")
+
+# The vote rules. "residual" and "nearest" send the mass no label neighbour claims to
+# the constrained softmax; "shared" and "per_label" renormalise the votes (the paper).
+VOTES = ("residual", "nearest", "shared", "per_label")
+
+# Old option names (never released) -> the field that replaced them: refused with the
+# new name wherever a user can still send them (Python keywords, a config file, a
+# settings record, an HTTP key, a CLI flag).
+RENAMED = {
+    "temperature": "score_temperature",
+    "method_temperature": "score_temperature",
+    "residual": "vote",
+    "normalize_votes": "vote",
+    "nearest_vote": "vote",
+}
+_VOTE_VALUES = (
+    "'residual' (was residual=True), 'nearest' (residual=True, nearest_vote=True), "
+    "'shared' (residual=False, normalize_votes=True) or 'per_label' (residual=False, "
+    "normalize_votes=False)"
+)
+
+
+def renamed_message(name: str, prefix: str = "") -> str | None:
+    """``"temperature: renamed: use score_temperature"`` for an old option name (with
+    ``prefix`` on both names, e.g. ``semsoft_`` or ``--``), ``None`` for any other."""
+    new = RENAMED.get(name)
+    if new is None:
+        return None
+    if prefix == "--":
+        name, new = name.replace("_", "-"), new.replace("_", "-")
+    values = f" with one of {_VOTE_VALUES}" if new == "vote" else ""
+    return f"{prefix}{name}: renamed: use {prefix}{new}{values}"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return _number(value) and math.isfinite(value)
+    except OverflowError:  # an int beyond the float range (JSON allows any size)
+        return False
+
+
+def _spec(
+    default: Any, kind: type, rule: str, ok: Callable[[Any], bool], help: str, **extra: Any
+) -> Any:
+    """One row of the table: the field's default and its metadata (``kind``: the value
+    type a flag or a key is read as; ``rule``: what a value must be, in words; ``ok``:
+    the check; ``help``: one line for ``--help`` and the docs)."""
+    meta = {"kind": kind, "rule": rule, "ok": ok, "help": help, **extra}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -43,33 +134,44 @@ class SemsoftConfig:
 
     Parameters
     ----------
-    k : int
-        Number of top tokens kept from the unconstrained distribution (paper: 50).
+    k : int in [1, 4096]
+        Number of top tokens kept from the unconstrained distribution (paper: 50). At
+        ``semantic_weight = 0`` it still sets the reported coverage and the kept top-k.
     tau : float in [-1, 1)
         Cosine threshold: a token votes for a label with weight ``max(0, cos - tau)``.
     center : bool
         Subtract the mean output embedding before the cosine (corrects anisotropy).
     own_vote : bool
         A label's own tokens vote for that label only (keeps antonym labels apart).
-    normalize_votes : bool
-        Share each token's vote out among the labels instead of counting it per label.
-    temperature : float > 0, finite
-        Final temperature on ``log P_sem``; 1 leaves it unchanged. The whole range is
-        valid: toward 0 it becomes a hard argmax (ties split evenly), toward the
-        largest float the uniform distribution.
-    residual : bool
-        Graded votes with a residual: a kept token votes in proportion to how close it
-        is to its nearest label (``max_l w(v, l) / (1 - tau_l)``, 1 for a label's own
-        token), and the share of the top-K mass no label neighbour claims goes to the
-        constrained softmax instead of being renormalised away. With no neighbours the
-        result is exactly the constrained softmax. A token's claimed mass is always
-        shared out among the labels by its weights, so ``normalize_votes`` only acts
-        without the residual.
-    tau_quantile : float in (0, 1), optional
+    vote : {"residual", "nearest", "shared", "per_label"}
+        How the kept tokens' votes become a distribution.
+
+        * ``"residual"`` (default): graded votes with a residual. A kept token votes in
+          proportion to how close it is to its nearest label
+          (``max_l w(v, l) / (1 - tau_l)``, 1 for a label's own token), its claim shared
+          among the labels by its weights, and the share of the top-K mass no label
+          neighbour claims goes to the constrained softmax instead of being renormalised
+          away. With no neighbours the result is exactly the constrained softmax.
+        * ``"nearest"`` (research option): as ``"residual"``, but a kept token votes for
+          its *nearest* label only and claims the share of its mass given by its margin
+          over the second nearest, ``(w_1 - w_2) / (1 - tau)``. Antonym labels
+          (" yes"/" no") are near each other and each other's spellings; a token equally
+          near two labels claims nothing and its mass follows the constrained softmax.
+        * ``"shared"``: no residual; each kept token's vote is shared out among the
+          labels (weights normalised per token), then the votes are renormalised.
+        * ``"per_label"`` (research option; the paper's counting): no residual; each
+          token counts once per label it is near, then the votes are renormalised.
+    score_temperature : float > 0, finite
+        Final temperature on the scores (``log P``); 1 leaves them unchanged. The whole
+        range is valid: toward 0 it becomes a hard argmax (ties split evenly), toward
+        the largest float the uniform distribution. Not the engine's sampling
+        ``temperature``.
+    tau_quantile : float in (0, 1), optional (research option)
         Derive each label's threshold from the model instead of using ``tau``:
         ``tau_l`` is this quantile of the cosines between a fixed sample of vocabulary
         rows and label ``l``'s embedding, so only tokens closer to the label than
-        almost all unrelated tokens vote. No labelled data is needed.
+        almost all unrelated tokens vote. No labelled data is needed. ``tau`` must then
+        stay at its default.
     semantic_weight : float in [0, 1]
         How far to move from the constrained softmax toward the semantic distribution,
         as a log-linear pool: ``P ∝ P_con^(1 - a) · P_sem^a``. ``1`` is the semantic
@@ -78,98 +180,115 @@ class SemsoftConfig:
         cosine as weight), so a weight below 1 is a shrinkage. The default ``0`` is
         the constrained softmax: no label-free weight did no harm on every kind of data
         left out of its choice (``benchmarks/choose_defaults.py``, docs/defaults.md).
-        :meth:`pooled` (``a = 0.3``) helps the over-confident kinds (emotions, question
-        types) and costs a little on accurate ones (news topics, abuse).
-    nearest_vote : bool
-        With ``residual``: a kept token votes for its *nearest* label only, and claims
-        the share of its mass given by its margin over the second nearest label,
-        ``(w_1 - w_2) / (1 - tau)``, instead of sharing its claim among the labels in
-        proportion to the cosines. Antonym labels (" yes"/" no") are close to each
-        other and to each other's spellings, so a shared claim hands part of the
-        strongest vote for one label (" No" for "no") to its antonym; a token equally
-        near two labels claims nothing and its mass follows the constrained softmax.
+        ``preset("pooled")`` (``a = 0.3``) helps the over-confident kinds (emotions,
+        question types) and costs a little on accurate ones (news topics, abuse). At
+        ``0`` the vote settings have no effect and must keep their defaults.
+
+    Notes
+    -----
+    Build one by its fields, by :meth:`preset` (``"constrained"``, ``"pooled"``,
+    ``"paper"``, ``"shared"``), or by :meth:`replace` on another. A combination that
+    would be ignored raises ``ValueError`` naming the value and what to do.
     """
 
-    k: int = DEFAULT_K
-    tau: float = DEFAULT_TAU
-    center: bool = DEFAULT_CENTER
-    own_vote: bool = DEFAULT_OWN_VOTE
-    normalize_votes: bool = DEFAULT_NORMALIZE_VOTES
-    temperature: float = 1.0
-    residual: bool = DEFAULT_RESIDUAL
-    tau_quantile: float | None = DEFAULT_TAU_QUANTILE
-    semantic_weight: float = DEFAULT_SEMANTIC_WEIGHT
-    nearest_vote: bool = DEFAULT_NEAREST_VOTE
+    k: int = _spec(
+        DEFAULT_K, int, f"an integer in [1, {MAX_K}]",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_K,
+        "top-K tokens kept from the unconstrained distribution (also the reported coverage)",
+    )  # fmt: skip
+    tau: float = _spec(
+        DEFAULT_TAU, float, "a finite number in [-1, 1)",
+        lambda v: _finite(v) and -1.0 <= v < 1.0,
+        "cosine threshold: a kept token votes for a label with weight max(0, cos - tau)",
+    )  # fmt: skip
+    center: bool = _spec(
+        DEFAULT_CENTER, bool, "a boolean (true/false or 0/1)",
+        lambda v: isinstance(v, bool),
+        "subtract the mean output embedding before the cosine",
+    )  # fmt: skip
+    own_vote: bool = _spec(
+        DEFAULT_OWN_VOTE, bool, "a boolean (true/false or 0/1)",
+        lambda v: isinstance(v, bool),
+        "a label's own tokens vote for that label only",
+    )  # fmt: skip
+    vote: str = _spec(
+        DEFAULT_VOTE, str, "one of " + ", ".join(repr(v) for v in VOTES),
+        lambda v: isinstance(v, str) and v in VOTES,
+        "the vote rule: residual (default), nearest (research), shared, per_label (the "
+        "paper's counting; research)",
+        choices=VOTES,
+    )  # fmt: skip
+    score_temperature: float = _spec(
+        1.0, float, "a finite number > 0",
+        lambda v: _finite(v) and v > 0,
+        "final temperature on the scores (not the engine's sampling temperature); 1: none",
+    )  # fmt: skip
+    tau_quantile: float | None = _spec(
+        DEFAULT_TAU_QUANTILE, float, "None or a finite number in (0, 1)",
+        lambda v: v is None or (_finite(v) and 0.0 < v < 1.0),
+        "research option: each label's threshold is this quantile of unrelated tokens' "
+        "cosines (instead of tau)",
+        nullable=True,
+    )  # fmt: skip
+    semantic_weight: float = _spec(
+        DEFAULT_SEMANTIC_WEIGHT, float, "a finite number in [0, 1]",
+        lambda v: _finite(v) and 0.0 <= v <= 1.0,
+        "pool weight toward the semantic distribution: 0 (default) is the constrained "
+        "softmax, 0.3 the semantic pool (preset pooled), 1 the semantic votes alone",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
-            raise ValueError(f"k={self.k!r} must be an int in [1, {MAX_K}]")
-        if not isinstance(self.tau, int | float) or not -1.0 <= float(self.tau) < 1.0:
-            raise ValueError(f"tau={self.tau!r} must be a float in [-1, 1)")
-        for name in ("center", "own_vote", "normalize_votes", "residual", "nearest_vote"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
-        t = self.temperature
-        if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
-            raise ValueError(f"temperature={t!r} must be a finite float > 0")
-        q = self.tau_quantile
-        if q is not None and (
-            isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 < float(q) < 1.0
-        ):
-            raise ValueError(f"tau_quantile={q!r} must be None or a float in (0, 1)")
-        if q is not None:
-            object.__setattr__(self, "tau_quantile", float(q))
-        a = self.semantic_weight
-        if isinstance(a, bool) or not isinstance(a, int | float) or not 0.0 <= float(a) <= 1.0:
-            raise ValueError(f"semantic_weight={a!r} must be a float in [0, 1]")
-        object.__setattr__(self, "semantic_weight", float(a))
-        object.__setattr__(self, "tau", float(self.tau))
-        object.__setattr__(self, "temperature", float(self.temperature))
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if not spec.metadata["ok"](value):
+                raise ValueError(f"{spec.name}={value!r} must be {spec.metadata['rule']}")
+            if spec.metadata["kind"] is float and value is not None:
+                object.__setattr__(self, spec.name, float(value))
+        self._refuse_ignored()
+
+    def _refuse_ignored(self) -> None:
+        """Combinations where a setting would have no effect raise, naming it."""
+        if self.tau_quantile is not None and self.tau != DEFAULT_TAU:
+            raise ValueError(
+                f"tau={self.tau!r} has no effect with tau_quantile={self.tau_quantile!r}, "
+                "which sets each label's threshold: give one of them (tau_quantile=None "
+                "to use tau)"
+            )
+        if self.semantic_weight == 0.0:
+            defaults = SemsoftConfig.__dataclass_fields__
+            for name in VOTE_SETTINGS:
+                value, default = getattr(self, name), defaults[name].default
+                if value != default:
+                    raise ValueError(
+                        f"{name}={value!r} has no effect at semantic_weight=0 (the scores "
+                        f"are then the constrained softmax): leave {name} at its default "
+                        f"{default!r}, or set semantic_weight > 0 (e.g. preset 'pooled')"
+                    )
 
     @classmethod
-    def paper(cls, *, k: int = 50, tau: float = 0.0) -> SemsoftConfig:
-        """The paper's exact formula: raw cosines, no own-vote rule, no temperature."""
-        return cls(
-            k=k,
-            tau=tau,
-            center=False,
-            own_vote=False,
-            normalize_votes=False,
-            residual=False,
-            tau_quantile=None,
-            semantic_weight=1.0,
-            nearest_vote=False,
-        )
+    def preset(cls, name: str) -> SemsoftConfig:
+        """A named set of settings (:data:`PRESETS`); change fields with :meth:`replace`.
 
-    @classmethod
-    def pooled(cls, *, k: int = 50) -> SemsoftConfig:
-        """The semantic pool, label-free: the residual votes pooled with the constrained
-        softmax at ``semantic_weight = 0.3`` (the default until the constrained softmax
-        replaced it; docs/defaults.md says on which kinds of data it helps)."""
-        return cls(k=k, semantic_weight=POOLED_SEMANTIC_WEIGHT)
-
-    @classmethod
-    def shared_votes(cls, *, k: int = 50) -> SemsoftConfig:
-        """The project's first default (until 0.2): centred cosines at ``tau = 0``, own
-        votes, and every kept token's whole mass shared out among the labels."""
-        return cls(
-            k=k,
-            tau=0.0,
-            center=True,
-            own_vote=True,
-            normalize_votes=True,
-            residual=False,
-            tau_quantile=None,
-            semantic_weight=1.0,
-            nearest_vote=False,
-        )
+        ``"constrained"`` is the default (the constrained softmax); ``"pooled"`` the
+        semantic pool, label-free (``semantic_weight = 0.3``; docs/defaults.md says on
+        which kinds of data it helps); ``"paper"`` the paper's exact formula (raw
+        cosines, no own-vote rule, per-label votes, the semantic distribution alone);
+        ``"shared"`` the project's first default (until 0.2: centred cosines at
+        ``tau = 0``, own votes, every kept token's whole mass shared out).
+        """
+        if not isinstance(name, str) or name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        return cls(**PRESETS[name])
 
     def replace(self, **changes: Any) -> SemsoftConfig:
-        """A copy with some fields changed (``None`` values are ignored)."""
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
-        if unknown:
-            raise ValueError(f"unknown Semantic Softmax option(s): {', '.join(sorted(unknown))}")
-        changes = {k: v for k, v in changes.items() if v is not None}
+        """A copy with some fields changed. ``None`` is a value: ``tau_quantile=None``
+        resets it, and ``None`` for a field that cannot be ``None`` is refused."""
+        names = {f.name for f in dataclasses.fields(self)}
+        for name in sorted(set(changes) - names):
+            raise ValueError(
+                renamed_message(name)
+                or f"unknown Semantic Softmax option {name!r}; known: {', '.join(sorted(names))}"
+            )
         return dataclasses.replace(self, **changes) if changes else self
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,4 +309,34 @@ class SemsoftConfig:
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a JSON object")
         data.pop("comment", None)
-        return cls().replace(**data)
+        try:
+            return cls().replace(**data)
+        except ValueError as error:
+            raise ValueError(f"config file {path}: {error}") from None
+
+
+PRESETS: Mapping[str, Mapping[str, Any]] = {
+    "constrained": {},
+    "pooled": {"semantic_weight": POOLED_SEMANTIC_WEIGHT},
+    "paper": {"center": False, "own_vote": False, "vote": "per_label", "semantic_weight": 1.0},
+    "shared": {"vote": "shared", "semantic_weight": 1.0},
+}
+
+
+def grid_entry(start: SemsoftConfig, changes: Mapping[str, Any]) -> SemsoftConfig:
+    """``start.replace(**changes)`` for a searched grid. An entry whose searched
+    ``semantic_weight`` is 0 is the constrained softmax, where the vote settings have no
+    effect and are refused unless default: there they go back to their defaults, the
+    start's and the grid's alike (the scores are the same; the grid then holds that entry
+    more than once). A grid that searches a vote setting at an unsearched weight 0 is
+    refused as given (it would search nothing)."""
+    if "semantic_weight" in changes and changes["semantic_weight"] == 0:
+        defaults = SemsoftConfig()
+        changes = {**changes, **{name: getattr(defaults, name) for name in VOTE_SETTINGS}}
+    return start.replace(**changes)
+
+
+def config_field_specs() -> dict[str, Mapping[str, Any]]:
+    """The table: field name -> its metadata (``kind``, ``rule``, ``ok``, ``help``, and
+    ``choices`` / ``nullable`` where they apply), in field order."""
+    return {f.name: f.metadata for f in dataclasses.fields(SemsoftConfig)}

@@ -10,7 +10,7 @@ hidden states). Each member is scored out of fold and the start is kept unless o
 it by ``margin`` standard errors (:func:`semsoft_plugin.core.fitting.fit_probs`).
 
 What the fit gives is applied to each row alone, so a row's score never depends on
-its batch: a :class:`SemsoftConfig` (whose ``temperature`` is the last step), and for a
+its batch: a :class:`SemsoftConfig` (whose ``score_temperature`` is the last step), and for a
 bias member a per-label log-offset added after it (``FitResult.offset``,
 ``softmax(log p_config + offset)``). The offset of ``"batch"`` is the mean of the
 *fitted* rows, estimated once, not of the rows being predicted.
@@ -117,9 +117,9 @@ def configs_with_start(
 ) -> list[SemsoftConfig]:
     """The grid's configs over ``start`` at ``T = 1``, with that start itself appended
     where the grid lacks it: the temperature alone and the bias members fit on it."""
-    if "temperature" in grid:
-        raise ValueError("temperature is fitted, not a grid axis (temperature=False: keep T=1)")
-    base = start.replace(temperature=1.0)
+    if "score_temperature" in grid:
+        raise ValueError("score_temperature is fitted, not a grid axis (temperature=False: T=1)")
+    base = start.replace(score_temperature=1.0)
     configs = grid_configs(grid, base)
     return configs if base in configs else [*configs, base]
 
@@ -144,15 +144,15 @@ def fit_config(
 
     Parameters
     ----------
-    kept : the items' kept decision-step scores (:class:`KeptScores` or a
-        ``semsoft_eval`` ``Forward``)
+    kept : the items' kept decision-step scores (:class:`KeptScores` or the
+        evaluation package's ``Forward``)
     embeddings : the model's output embeddings (Tensor or OutputEmbeddings)
     labels : LabelSet or LabelTokens, in the column order of ``targets``
     targets : ``[N]`` label indices
     start : the setting to start from and keep unless beaten (default: the label-free
         default ``SemsoftConfig()``)
     grid : config field -> values searched over ``start`` (default: ``semantic_weight``
-        over :data:`DEFAULT_WEIGHTS`); ``temperature`` is fitted, not searched
+        over :data:`DEFAULT_WEIGHTS`); ``score_temperature`` is fitted, not searched
     temperature : fit a final temperature for every member
     n_folds : stratified folds of the out-of-fold check
     margin : standard errors by which the procedure must beat ``start`` out of fold
@@ -168,7 +168,8 @@ def fit_config(
     probs, _ = grid_probs(kept, embeddings, labels, [*configs, start])
     cf = None
     if content_free is not None:
-        cf = grid_probs(content_free, embeddings, labels, [start.replace(temperature=1.0)])[0][0]
+        base = [start.replace(score_temperature=1.0)]
+        cf = grid_probs(content_free, embeddings, labels, base)[0][0]
     return fit_from_grid(
         probs, configs, start, targets, axes=list(grid), temperature=temperature,
         n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=cf,
@@ -226,7 +227,7 @@ def _result(
         return {k: getattr(config, k) for k in grid}
 
     # The probe replaces the probabilities, not the settings: its config is the start's.
-    fitted = start if stats["procedure"] == "probe" else configs[best].replace(temperature=t)
+    fitted = start if stats["procedure"] == "probe" else configs[best].replace(score_temperature=t)
     return FitResult(
         config=start if kept_default else fitted,
         fitted=fitted,

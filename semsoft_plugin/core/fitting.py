@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.config import SemsoftConfig, grid_entry
 from semsoft_plugin.core.label_offsets import (
     MEMBERS,
     apply_offset,
@@ -92,14 +92,16 @@ _FLOOR = 1e-30
 def grid_configs(
     grid: Mapping[str, Sequence[Any]], start: SemsoftConfig | None = None
 ) -> list[SemsoftConfig]:
-    """Every combination of the grid's values over ``start`` (unknown keys raise)."""
+    """Every combination of the grid's values over ``start`` (unknown keys raise); an
+    entry at ``semantic_weight = 0`` keeps the vote settings' defaults
+    (:func:`~semsoft_plugin.core.config.grid_entry`)."""
     start = start or SemsoftConfig()
     names = list(grid)
     for name in names:
         if not grid[name]:
             raise ValueError(f"grid value list for {name!r} is empty")
     return [
-        start.replace(**dict(zip(names, values, strict=True)))
+        grid_entry(start, dict(zip(names, values, strict=True)))
         for values in itertools.product(*(grid[n] for n in names))
     ]
 
@@ -417,7 +419,7 @@ def single_entries(configs: Sequence[SemsoftConfig], start: SemsoftConfig) -> di
     scaling of the constrained softmax as a third procedure was measured and dropped:
     one more choice among noisy out-of-fold estimates did not lower the test NLL,
     ``docs/few-labels.md``.)"""
-    wanted = {"temperature": start.replace(temperature=1.0)}
+    wanted = {"temperature": start.replace(score_temperature=1.0)}
     out: dict[str, int] = {}
     for name, config in wanted.items():
         found = next((i for i, c in enumerate(configs) if c == config), None)

@@ -7,7 +7,7 @@ every label token (:class:`KeptScores`). That is lossless for Semantic Softmax w
 any ``k <= S``, so :func:`grid_probs` scores every setting of a grid from the kept
 values alone, on a compact vocabulary instead of the model's whole one.
 ``Classifier.fit`` keeps them from its engine; ``semsoft eval`` / ``semsoft tune``
-keep them on disk (``semsoft_eval.forward.Forward``, which has the same fields).
+keep them on disk (the evaluation package's ``Forward``, which has the same fields).
 The fit itself is :mod:`semsoft_plugin.core.fitting`.
 """
 
@@ -37,8 +37,8 @@ __all__ = [
 
 
 class Kept(Protocol):
-    """What grid scoring reads from kept forward passes (``KeptScores`` or
-    ``semsoft_eval.forward.Forward``)."""
+    """What grid scoring reads from kept forward passes (``KeptScores`` or the
+    evaluation package's ``Forward``)."""
 
     top_ids: Tensor
     top_logits: Tensor

@@ -411,7 +411,16 @@ def split_labels(text: str, option: str = "--labels") -> list[str]:
     """The labels of a command-line label list: one CSV row (the ``csv`` module's
     quoting), so a label holding a comma is written in double quotes
     (``yes,"no, maybe"``) and a double quote inside one is doubled; spaces around each
-    label are dropped. The one parser of ``semsoft classify`` and ``semsoft-eval``.
+    label are dropped. The one parser of ``semsoft classify`` and ``semsoft eval``.
+
+    Examples
+    --------
+    >>> split_labels('joy, sadness,"no, maybe"')
+    ['joy', 'sadness', 'no, maybe']
+    >>> split_labels("yes,,no")
+    Traceback (most recent call last):
+        ...
+    ValueError: --labels 'yes,,no' has an empty label
 
     Raises
     ------

@@ -10,7 +10,11 @@ cross the process boundary, the keys do.)
 
 No engine import here, so the OpenAI client helpers work without vLLM installed.
 The limits (``SERVER_MAX_K``, ``SERVER_MAX_LABELS``, ...) are defined here only: server clients
-are untrusted and these bound the work one request can ask for.
+are untrusted and these bound the work one request can ask for. They apply to requests that
+arrive over HTTP only (``parse_request(..., server=True)``: the server's admission middleware,
+the OpenAI client helpers that build such requests); in-process use (offline ``vllm.LLM``,
+``classify_vllm``, ``Classifier(backend="vllm")``, the engine processor) gets the method's own
+ranges, as transformers does (``labels.MAX_LABELS``, ``config.MAX_K``).
 """
 
 from __future__ import annotations
@@ -23,8 +27,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.labels import label_names
+from semsoft_plugin.core.config import (
+    MAX_K,
+    PRESETS,
+    SemsoftConfig,
+    config_field_specs,
+    renamed_message,
+)
+from semsoft_plugin.core.labels import MAX_LABELS, label_names
 from semsoft_plugin.core.text_rules import is_blank
 
 __all__ = [
@@ -50,11 +60,14 @@ KEY_LABELS = "semsoft_labels"
 KEY_MODE = "semsoft_mode"
 KEY_TRIGGER = "semsoft_trigger"
 KEY_LEADING_SPACE = "semsoft_leading_space"
+# A named SemsoftConfig.preset as the base; the other semsoft_<field> keys override it.
+KEY_PRESET = "semsoft_preset"
 # The response field in which the server's admission middleware returns the label
 # answer tokens' raw log-probs that the decision step's top-k lacks ({"token_id:N": lp}).
 RESPONSE_LABEL_LOGPROBS = "semsoft_label_logprobs"
+# One key per SemsoftConfig field, generated from its table (config.config_field_specs).
 _CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftConfig)}
-_KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, *_CONFIG_KEYS}
+_KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, KEY_PRESET, *_CONFIG_KEYS}
 
 # Server clients are untrusted: these bound the work and memory one request can ask
 # for. Named SERVER_* because they are tighter than the method's own ranges
@@ -107,18 +120,24 @@ class SemsoftRequest:
 
 
 _FLAG_RULE = "a boolean (true/false or 0/1)"
-_RULES = {
-    "k": f"an integer in [1, SERVER_MAX_K={SERVER_MAX_K}]",
-    "tau": "a finite number in [-1, 1)",
-    "temperature": "a finite number > 0",
-    "center": _FLAG_RULE,
-    "own_vote": _FLAG_RULE,
-    "normalize_votes": _FLAG_RULE,
-    "residual": _FLAG_RULE,
-    "tau_quantile": "a finite number in (0, 1)",
-    "semantic_weight": "a finite number in [0, 1]",
-    "nearest_vote": _FLAG_RULE,
+# k's range: the server's for HTTP requests, the method's (SemsoftConfig's) in-process.
+_K_RULES = {
+    True: (SERVER_MAX_K, f"an integer in [1, SERVER_MAX_K={SERVER_MAX_K}]"),
+    False: (MAX_K, f"an integer in [1, MAX_K={MAX_K}]"),
 }
+_LABEL_LIMITS = {
+    True: (SERVER_MAX_LABELS, f"SERVER_MAX_LABELS={SERVER_MAX_LABELS}"),
+    False: (MAX_LABELS, f"MAX_LABELS={MAX_LABELS}"),
+}
+
+
+def config_rules() -> dict[str, str]:
+    """What each ``semsoft_<field>`` key must be: the field's rule from the config
+    table (``k``'s range depends on where the request came from: ``_K_RULES``)."""
+    return {name: str(spec["rule"]) for name, spec in config_field_specs().items()}
+
+
+_RULES = config_rules()
 
 
 def show_value(value: Any, limit: int = 40) -> str:
@@ -155,13 +174,19 @@ def _utf8_bytes(text: str) -> int | None:
         return None
 
 
-def _option(key: str, name: str, value: Any) -> Any:
+def _option(key: str, name: str, value: Any, server: bool) -> Any:
     """One method option, type-checked (a bool is not a number, NaN and inf are not
     finite, a fraction is not an integer); ranges are left to :class:`SemsoftConfig`,
-    except the server's ``SERVER_MAX_K``."""
-    rule = _RULES[name]
-    if rule == _FLAG_RULE:
+    except k's (``SERVER_MAX_K`` for a server request, ``MAX_K`` otherwise)."""
+    max_k, k_rule = _K_RULES[server]
+    rule = k_rule if name == "k" else _RULES[name]
+    spec = config_field_specs()[name]
+    if spec["kind"] is bool:
         return _flag(key, value)
+    if spec["kind"] is str:
+        if not isinstance(value, str) or value not in spec.get("choices", ()):
+            raise _refuse(key, value, rule)
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _refuse(key, value, rule)
     if isinstance(value, float) and not math.isfinite(value):
@@ -173,7 +198,7 @@ def _option(key: str, name: str, value: Any) -> Any:
             raise _refuse(key, value, rule) from None
     if isinstance(value, float) and not value.is_integer():
         raise _refuse(key, value, rule)
-    if not 1 <= value <= SERVER_MAX_K:
+    if not 1 <= value <= max_k:
         raise _refuse(key, value, rule)
     return int(value)
 
@@ -195,18 +220,25 @@ def _frozen(extra_args: Mapping[str, Any]) -> tuple[Any, ...] | None:
         return None
 
 
-_PARSED: OrderedDict[tuple[Any, ...], SemsoftRequest] = OrderedDict()
+_PARSED: OrderedDict[tuple[bool, tuple[Any, ...]], SemsoftRequest] = OrderedDict()
 _PARSED_LOCK = threading.Lock()
 _PARSED_SIZE = 128
 
 
-def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None:
+def parse_request(
+    extra_args: Mapping[str, Any] | None, *, server: bool = False
+) -> SemsoftRequest | None:
     """The semsoft options in ``extra_args``, or None when the request did not opt in.
 
     A request opts in by carrying ``semsoft_labels``. Every option is checked here, once,
-    with the same rules as :class:`~semsoft_plugin.core.config.SemsoftConfig` (plus the
-    server's size limits). Raises ``ValueError`` naming the option, its value (cut to
-    a few characters) and what is allowed; the server answers it with HTTP 400.
+    with the same rules as :class:`~semsoft_plugin.core.config.SemsoftConfig`. Raises
+    ``ValueError`` naming the option, its value (cut to a few characters) and what is
+    allowed; the server answers it with HTTP 400.
+
+    ``server=True`` for a request that arrived over HTTP (an untrusted client): the
+    ``SERVER_*`` size limits apply (labels, label and trigger bytes, k). Otherwise the
+    method's own ranges apply, the same on every engine used in-process
+    (``MAX_LABELS`` labels, ``k <= MAX_K``, any label or trigger length).
 
     Parsed once per distinct options in a process: admission, the engine processor
     (in the same process offline) and the reader all call this on the same
@@ -218,14 +250,15 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SemsoftRequest | None
     present = {k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")}
     if not present:
         return None
-    key = _frozen(extra_args)
+    frozen = _frozen(extra_args)
+    key = None if frozen is None else (server, frozen)
     if key is not None:
         with _PARSED_LOCK:
             found = _PARSED.get(key)
             if found is not None:
                 _PARSED.move_to_end(key)
                 return found
-    request = _parse(extra_args, present)
+    request = _parse(extra_args, present, server)
     if key is not None:
         with _PARSED_LOCK:
             _PARSED[key] = request
@@ -265,13 +298,17 @@ def check_near_misses(mapping: Mapping[Any, Any], where: str = "") -> None:
         )
 
 
-def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:
+def _parse(extra_args: Mapping[str, Any], present: set[str], server: bool) -> SemsoftRequest:
     if KEY_LABELS not in extra_args:
         raise ValueError(
             f"semsoft options {show_value(sorted(present))} given without {KEY_LABELS!r} "
             "(the label list)"
         )
     unknown = present - _KEYS
+    for key in sorted(unknown):
+        renamed = renamed_message(key[len("semsoft_") :], "semsoft_")
+        if renamed:
+            raise ValueError(renamed)
     if unknown:
         raise ValueError(
             f"unknown semsoft option(s) {show_value(sorted(unknown), 80)}; known: {sorted(_KEYS)}"
@@ -279,17 +316,16 @@ def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:
     labels = extra_args[KEY_LABELS]
     if isinstance(labels, str) or not isinstance(labels, Sequence):
         raise ValueError(f"{KEY_LABELS} must be a list of strings, got {show_value(labels)}")
-    if not 2 <= len(labels) <= SERVER_MAX_LABELS:
-        raise ValueError(
-            f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to SERVER_MAX_LABELS={SERVER_MAX_LABELS}"
-        )
+    max_labels, labels_rule = _LABEL_LIMITS[server]
+    if not 2 <= len(labels) <= max_labels:
+        raise ValueError(f"{KEY_LABELS} has {len(labels)} labels; allowed: 2 to {labels_rule}")
     for label in labels:
         if not isinstance(label, str) or is_blank(label):
             raise ValueError(f"{KEY_LABELS}: label {show_value(label)} is not a non-empty string")
         size = _utf8_bytes(label)
         if size is None:
             raise ValueError(f"{KEY_LABELS}: label {show_value(label)} is not valid Unicode")
-        if size > SERVER_MAX_LABEL_BYTES:
+        if server and size > SERVER_MAX_LABEL_BYTES:
             raise ValueError(
                 f"{KEY_LABELS}: label {show_value(label, 24)} is longer than "
                 f"SERVER_MAX_LABEL_BYTES={SERVER_MAX_LABEL_BYTES} UTF-8 bytes"
@@ -302,9 +338,12 @@ def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:
     overrides: dict[str, Any] = {}
     for key, name in _CONFIG_KEYS.items():
         if key in extra_args:
-            overrides[name] = _option(key, name, extra_args[key])
+            overrides[name] = _option(key, name, extra_args[key], server)
+    preset = extra_args.get(KEY_PRESET, "constrained")
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise _refuse(KEY_PRESET, preset, "one of " + ", ".join(repr(p) for p in PRESETS))
     try:
-        config = SemsoftConfig().replace(**overrides)
+        config = SemsoftConfig.preset(preset).replace(**overrides)
     except ValueError as error:  # SemsoftConfig names the field: "tau=1.5 must be ..."
         raise ValueError(f"semsoft_{error}") from None
 
@@ -313,11 +352,13 @@ def _parse(extra_args: Mapping[str, Any], present: set[str]) -> SemsoftRequest:
         raise _refuse(KEY_MODE, mode, f"one of {MODES}")
     trigger = extra_args.get(KEY_TRIGGER)
     if trigger is not None:
-        rule = f"a non-empty string of at most SERVER_MAX_TRIGGER_BYTES={SERVER_MAX_TRIGGER_BYTES} UTF-8 bytes"
+        rule = "a non-empty string"
+        if server:
+            rule += f" of at most SERVER_MAX_TRIGGER_BYTES={SERVER_MAX_TRIGGER_BYTES} UTF-8 bytes"
         if not isinstance(trigger, str) or not trigger:
             raise _refuse(KEY_TRIGGER, trigger, rule)
         size = _utf8_bytes(trigger)
-        if size is None or size > SERVER_MAX_TRIGGER_BYTES:
+        if size is None or (server and size > SERVER_MAX_TRIGGER_BYTES):
             raise _refuse(KEY_TRIGGER, trigger, rule)
     leading_space = _flag(KEY_LEADING_SPACE, extra_args.get(KEY_LEADING_SPACE, True))
     return SemsoftRequest(tuple(labels), config, cast(Mode, mode), trigger, leading_space)
@@ -330,6 +371,7 @@ def build_request(
     mode: Mode = "constrain",
     trigger: str | None = None,
     leading_space: bool = True,
+    server: bool = False,
     **method: Any,
 ) -> SemsoftRequest:
     """A checked :class:`SemsoftRequest` from Python arguments (not from a request body).
@@ -341,15 +383,17 @@ def build_request(
     config : Semantic Softmax settings; ``method`` keywords (``k``, ``tau``, ...)
         override it
     mode, trigger, leading_space : see :class:`SemsoftRequest`
+    server : the request is for a server (the ``SERVER_*`` limits apply, see
+        :func:`parse_request`); False for an in-process engine
 
-    The options take the same round trip a server request takes
-    (:meth:`SemsoftRequest.to_extra_args` then :func:`parse_request`), so a request a
-    client builds is refused here exactly when the server would refuse it, and what
-    comes back is what the server parses.
+    The options take the same round trip a request takes
+    (:meth:`SemsoftRequest.to_extra_args` then :func:`parse_request`), so a request
+    built here is refused exactly when the engine (or the server) would refuse it, and
+    what comes back is what it parses.
     """
     cfg = (config or SemsoftConfig()).replace(**method)
     request = SemsoftRequest(tuple(label_names(labels)), cfg, mode, trigger, leading_space)
-    parsed = parse_request(request.to_extra_args())
+    parsed = parse_request(request.to_extra_args(), server=server)
     assert parsed is not None  # it carries semsoft_labels
     return parsed
 
@@ -358,3 +402,7 @@ def default_max_tokens(request: SemsoftRequest) -> int:
     """Generation length that holds any label (characters + 2; EOS ends it earlier),
     or 256 when a trigger must be written first."""
     return 256 if request.trigger else max(len(s) for s in request.labels) + 2
+
+
+# Every key a request may carry (tests/test_docs_names.py checks each documented one).
+KNOWN_KEYS = frozenset(_KEYS)

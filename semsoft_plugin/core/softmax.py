@@ -30,25 +30,27 @@ The paper leaves several things open; this module decides them and says so:
   under-confident. With ``own_vote=True`` a token that *is* a label's answer token
   (or one of its declared spelling variants) votes for that label alone, with the
   weight ``1 - tau`` it would give itself. Semantic neighbours still vote by cosine.
-* **Per-token shares** (``normalize_votes``). Optionally each kept token's vote is
-  shared out among the labels (weights normalised per token), so a token close to
-  every label is not counted once per label.
+* **The vote rule** (``vote``). ``"residual"`` (the default) and ``"nearest"`` give the
+  top-K mass no label neighbour claims to the constrained softmax; ``"shared"`` shares
+  each kept token's vote out among the labels (weights normalised per token), so a
+  token close to every label is not counted once per label; ``"per_label"`` is the
+  paper's counting, once per label a token is near (see :class:`SemsoftConfig`).
 * **Pooling with the constrained softmax** (``semantic_weight``). The semantic
   distribution is a noisy estimate (a few kept tokens, cosines as weights); the
   result is the log-linear pool ``P ∝ P_con^(1-a) P_sem^a``. ``a = 1`` is the
-  semantic distribution alone, ``a = 0`` the constrained softmax. A reader that sees
-  only the top-K log-probs (vLLM, an OpenAI server) lacks the log-prob of an answer
-  token outside it: that token counts with the smallest kept probability, the most
-  it can have, unless the reader supplies its log-prob (``classify_vllm`` does).
-* **Temperature.** An optional final temperature on ``log P_sem`` (fitted by
-  ``semsoft tune``); 1 leaves the distribution as is. Any finite ``T > 0`` is
-  allowed: it is applied in log space, so a tiny ``T`` is a hard argmax (ties split
-  evenly) and a huge one the uniform distribution, never NaN.
+  semantic distribution alone, ``a = 0`` the constrained softmax. A row without an
+  answer token's log-prob (an engine mask, sparse rows without it) counts it at the
+  smallest kept probability; the engines' readers never rely on that: they fetch the
+  exact log-prob or refuse (``engines.reader_contract``).
+* **Score temperature** (``score_temperature``). A final temperature on ``log P_sem``
+  (fitted by ``semsoft tune``; 1 leaves it as is). Any finite ``T > 0``, in log space: a
+  tiny ``T`` is a hard argmax (ties split evenly), a huge one uniform, never NaN.
 * **Non-finite logits.** ``-inf`` is how every engine masks a token: it means
   probability 0 and is accepted. NaN and ``+inf`` raise ``ValueError``.
 
-With ``center=False, own_vote=False, normalize_votes=False, residual=False,
-semantic_weight=1, temperature=1`` the result is exactly the paper's formula (see :meth:`SemsoftConfig.paper`).
+With ``center=False, own_vote=False, vote="per_label", semantic_weight=1,
+score_temperature=1`` the result is exactly the paper's formula
+(``SemsoftConfig.preset("paper")``).
 """
 
 from __future__ import annotations
@@ -119,6 +121,12 @@ def constrained_softmax(logits: Tensor, label_token_ids: Sequence[int] | Tensor 
     -------
     Tensor of shape (L,) or (B, L), float32, rows summing to 1. If every label token
     is masked (-inf) in a row, that row is uniform.
+
+    Examples
+    --------
+    >>> import torch
+    >>> constrained_softmax(torch.tensor([2.0, 0.0, 5.0, 2.0]), [0, 1, 3])  # 2: no label's
+    tensor([0.4683, 0.0634, 0.4683])
     """
     logits = _check_logits(logits)
     tokens = as_label_tokens(label_token_ids)
@@ -180,7 +188,7 @@ class SemanticSoftmax:
     config : SemsoftConfig, optional
         Method settings; keyword arguments override its fields.
     **overrides
-        ``k``, ``tau``, ``center``, ``own_vote``, ``normalize_votes``, ``temperature``.
+        Any :class:`SemsoftConfig` field (``k``, ``vote``, ``score_temperature``, ...).
     """
 
     def __init__(
@@ -255,8 +263,8 @@ class SemanticSoftmax:
         the row holds its ``k`` most likely tokens and every label's answer token. Extra
         ids beyond the top ``k`` are allowed (they rank below the kept ones): pass the
         answer tokens' log-probs where known. An answer token the row lacks enters the
-        pool with the constrained softmax at the smallest kept probability (an upper
-        bound) and the constrained softmax at 0.
+        pool at the smallest kept probability (an upper bound; the engines' readers
+        fetch it or refuse instead) and the constrained softmax at 0.
 
         Parameters
         ----------
@@ -316,7 +324,8 @@ class SemanticSoftmax:
             weights = torch.where(is_own.unsqueeze(-1), own_weight, weights)
 
         votes = weights.sum(-1)  # [B, K]
-        nearest_only = cfg.residual and cfg.nearest_vote and self.num_labels > 1
+        residual = cfg.vote in ("residual", "nearest")
+        nearest_only = cfg.vote == "nearest" and self.num_labels > 1
         if nearest_only:
             # All of a token's claim goes to its nearest label, by its margin over the
             # second nearest: a token as near an antonym as its own label claims nothing.
@@ -326,15 +335,15 @@ class SemanticSoftmax:
             margin = best.values[..., 0] - best.values[..., 1]
             closeness = (margin / scale).clamp(0.0, 1.0)
             weights = torch.nn.functional.one_hot(nearest, self.num_labels).to(weights.dtype)
-        elif cfg.residual:
+        elif residual:
             # How close each token is to its nearest label: 1 for a label's own token.
             closeness = (weights / (1.0 - tau).clamp_min(1e-6)).amax(-1).clamp(0.0, 1.0)
-        if not nearest_only and (cfg.normalize_votes or cfg.residual):
+        if not nearest_only and (cfg.vote == "shared" or residual):
             weights = weights / votes.clamp_min(1e-30).unsqueeze(-1)
 
         top_p_dev = top_p.to(device)
         constrained = _constrained(logits, self.labels).to(device)
-        if cfg.residual:
+        if residual:
             # Shares of the top-K mass (as the vLLM reader, which sees only the top-K, has it).
             kept_p = top_p_dev.double() / top_p_dev.double().sum(-1, keepdim=True).clamp_min(1e-300)
             claimed = kept_p * closeness.double()  # [B, K]
@@ -367,9 +376,9 @@ class SemanticSoftmax:
             pool_with = _pool_constrained(log_p, top_log_p, self._answer_ids.to(log_p.device))
             semantic = _pooled(pool_with.to(device), semantic, cfg.semantic_weight)
         semantic = torch.where(fallback.unsqueeze(-1), constrained, semantic)
-        if cfg.temperature != 1.0:
+        if cfg.score_temperature != 1.0:
             # The last step, on every row (a fallback row too): what Classifier.fit fits.
-            semantic = _tempered(semantic, cfg.temperature)
+            semantic = _tempered(semantic, cfg.score_temperature)
 
         mass = top_p_dev.sum(-1)
         covered = (top_p_dev * (votes > 0)).sum(-1)
@@ -464,15 +473,27 @@ def semantic_softmax(
     config : SemsoftConfig, optional
         Method settings; defaults are :class:`SemsoftConfig`'s.
     **overrides
-        ``k`` (kept tokens, default 50), ``tau`` (cosine threshold), ``center``
-        (centre the embeddings first), ``own_vote``, ``normalize_votes``,
-        ``temperature``. ``center=False, own_vote=False`` is the paper's formula.
+        Any :class:`SemsoftConfig` field (``k``, ``tau``, ``center``, ``own_vote``, ``vote``,
+        ``score_temperature``, ``semantic_weight``, ``tau_quantile``).
 
     Returns
     -------
     Tensor of shape (L,) or (B, L), float32, rows summing to 1, never NaN. Rows
     where the formula is 0/0 hold the constrained softmax (see
     :func:`semantic_softmax_details` for the flag).
+
+    Examples
+    --------
+    Tokens 0 and 1 are the labels, 2 and 3 their synonyms; most mass is on 2. The default
+    ``semantic_weight=0`` is the constrained softmax, ``1`` the semantic distribution alone:
+
+    >>> import torch
+    >>> emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [0.1, 0.9]])
+    >>> logits = torch.tensor([0.0, 0.0, 3.0, -1.0])
+    >>> semantic_softmax(logits, emb, [0, 1], k=4)
+    tensor([0.5000, 0.5000])
+    >>> semantic_softmax(logits, emb, [0, 1], k=4, center=False, semantic_weight=1.0)
+    tensor([0.8491, 0.1509])
     """
     return semantic_softmax_details(
         logits, embeddings, label_token_ids, config, **overrides

@@ -4,7 +4,7 @@ that minimises it.
 The last step of :meth:`SemanticSoftmax._score` is a temperature, and the post-hoc
 baseline of the evaluation is temperature scaling of the constrained softmax: both are
 fitted by :func:`fit_temperature`, with numpy only, so the fit (:mod:`semsoft_plugin.core.fitting`) and
-``semsoft_eval`` share one NLL and one search.
+the evaluation package share one NLL and one search.
 """
 
 from __future__ import annotations

@@ -79,7 +79,13 @@ def openai_request(
     (``"Sentiment:"``) the way :func:`semsoft_plugin.engines.hf.classify` does.
     """
     request = build_request(  # the same checks as the server's
-        labels, config=config, mode=mode, trigger=trigger, leading_space=leading_space, **method
+        labels,
+        config=config,
+        mode=mode,
+        trigger=trigger,
+        leading_space=leading_space,
+        server=True,
+        **method,
     )
     cfg = request.config
     kwargs: dict[str, Any] = {"max_tokens": default_max_tokens(request), "temperature": 0.0}
@@ -171,7 +177,7 @@ def _semsoft_of(request: Any, options: Mapping[str, Any]) -> SemsoftRequest:
         return request
     if isinstance(request, Mapping):
         xargs = (request.get("extra_body") or {}).get("vllm_xargs")
-        parsed = parse_request(xargs)
+        parsed = parse_request(xargs, server=True)
         if parsed is None:
             raise ValueError(
                 "these create() keywords carry no semsoft options (plugin=False drops "
@@ -179,9 +185,7 @@ def _semsoft_of(request: Any, options: Mapping[str, Any]) -> SemsoftRequest:
             )
         return parsed
     method = {k: v for k, v in options.items() if k not in ("plugin", "api", "extra_body")}
-    if "method_temperature" in method:  # sampling_params' name for the method's temperature
-        method["temperature"] = method.pop("method_temperature")
-    return build_request(label_names(request), **method)
+    return build_request(label_names(request), server=True, **method)
 
 
 def openai_label_scores(
@@ -221,13 +225,16 @@ def openai_label_scores(
         keywords' ``temperature`` when given them, else greedy); only a greedy pick
         must be the argmax of the scores
 
-    Follows the reader contract (:func:`semsoft_plugin.engines.reader_contract.read_scores`): exact
-    scores or a named refusal. Raises ``ValueError`` when the choice carries no
-    decision step (no generated token with log-probabilities, or a trigger never
-    written) or its decision-step log-probabilities are NaN/inf;
-    ``MissingLabelLogprobs`` (needed label log-probs not returned, no ``client``),
-    ``EmittedLabelMismatch`` (the greedy constrained pick is not the argmax) and
-    ``CutLabel`` (the text is only the start of a label), all ``ValueError``.
+    Raises
+    ------
+    ValueError
+        The reader contract (:func:`semsoft_plugin.engines.reader_contract.read_scores`):
+        exact scores or a named refusal. The choice carries no decision step (no
+        generated token with log-probabilities, or a trigger never written) or its
+        decision-step log-probabilities are NaN/inf; or one of its named subclasses:
+        ``MissingLabelLogprobs`` (needed label log-probs not returned, no ``client``),
+        ``EmittedLabelMismatch`` (the greedy constrained pick is not the argmax),
+        ``CutLabel`` (the text is only the start of a label).
     """
     semsoft = _semsoft_of(request, options)
     plugin, greedy = _sent_with(request, options)
@@ -324,7 +331,7 @@ def _sent_with(request: Any, options: Mapping[str, Any]) -> tuple[bool, bool]:
     """Whether the request ran with the plugin and greedily, as far as the reader can
     tell: from the ``create`` keywords when given them; for a bare label list, the
     plugin (unless ``plugin=False``) and a greedy pick (``greedy_pick=`` says otherwise;
-    a ``temperature`` option there is the method's, not the sampler's)."""
+    the method's temperature is ``score_temperature``, never ``temperature``)."""
     if isinstance(request, Mapping):
         plugin = "vllm_xargs" in (request.get("extra_body") or {})
         temperature = request.get("temperature", 1.0)  # the API's default

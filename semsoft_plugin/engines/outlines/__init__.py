@@ -68,9 +68,15 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
     backend : {"outlines_core", "xgrammar", "llguidance"}, optional
         Outlines' structured-generation backend for the regex mask (default
         outlines_core); transformers models only.
-    config, **overrides : Semantic Softmax settings
+    config, **overrides : Semantic Softmax settings (``k``, ``tau``, ...), the same on
+        every engine; the method's final temperature is ``score_temperature``
+    temperature : the sampling temperature, on every engine (the calls' default;
+        ``> 0`` samples from the calibrated distribution, ``0`` is greedy; default:
+        greedy)
     variants : mapping label -> spellings that count as the label (see
-        :class:`~semsoft_plugin.core.labels.LabelSet`)
+        :class:`~semsoft_plugin.core.labels.LabelSet`); transformers models only
+        (``ValueError`` naming it on a vLLM model, whose request options carry label
+        names only)
 
     Returns
     -------
@@ -94,7 +100,7 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
             raise ValueError(f"backend={backend!r} applies to transformers models only")
         # Outlines would send the regex to vLLM's structured outputs, which mask the
         # logits before any logits processor: the silent vote would be gone.
-        return VLLMChoiceGenerator(model, choices, config=config, **overrides)
+        return VLLMChoiceGenerator(model, choices, config=config, variants=variants, **overrides)
     # Built exactly as outlines.Generator builds it: the mask is Outlines' own.
     mask = outlines_mask(model, output_type, backend)
     return TransformersChoiceGenerator(
@@ -123,7 +129,7 @@ def wrap(
         its names, and must have been built with the generator's model's tokenizer
         (``ValueError`` naming both otherwise). A ``str`` is refused, as everywhere
         (:func:`~semsoft_plugin.core.labels.label_names`).
-    config, variants, **overrides : as in :func:`Generator`
+    config, variants, temperature, **overrides : as in :func:`Generator`
     """
     from outlines.generator import BlackBoxGenerator, SteerableGenerator
 
@@ -163,7 +169,9 @@ def wrap(
         own = choice_labels(generator.output_type)
         if set(own) != set(choices):
             raise ValueError(f"labels {choices!r} differ from the generator's choices {own!r}")
-        return VLLMChoiceGenerator(generator.model, choices, config=config, **overrides)
+        return VLLMChoiceGenerator(
+            generator.model, choices, config=config, variants=variants, **overrides
+        )
     raise ValueError(
         f"cannot wrap {type(generator).__name__}: give an outlines.Generator built on a "
         "transformers or vLLM-offline model"

@@ -12,10 +12,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.result import ScoredLabel
 
-__all__ = ["ChoiceGenerator", "Engine", "model_engine"]
+__all__ = ["ChoiceGenerator", "Engine", "method_config", "model_engine"]
 
 Engine = Literal["transformers", "vllm"]
 
@@ -33,6 +34,15 @@ def model_engine(model: Any) -> Engine:
         f"model of type {type(model).__name__} is not supported: give an Outlines model "
         "from outlines.from_transformers or outlines.from_vllm_offline"
     )
+
+
+def method_config(config: SemsoftConfig | None, overrides: dict[str, Any]) -> SemsoftConfig:
+    """The Semantic Softmax settings of a generator: ``config`` with the keyword
+    overrides, the same on every engine. The method's final temperature is
+    ``score_temperature`` (``temperature`` is the sampling temperature on every
+    engine); anything that is not a setting, or an old name (``method_temperature``), is
+    refused by name (:meth:`SemsoftConfig.replace`)."""
+    return (config or SemsoftConfig()).replace(**overrides)
 
 
 class ChoiceGenerator(ABC):

@@ -35,6 +35,13 @@ How it plugs in (checked against Outlines 1.3.3):
   Choices that all start with one space (``Literal[" joy", " sad"]``) are scored as
   leading-space words. Verbalizers cannot be used: Outlines' regex only allows the
   choice text itself.
+* The output head runs in float32 during the generator's calls
+  (:func:`~semsoft_plugin.engines.hf.float32_head`, what ``hf.classify`` and
+  ``Classifier`` use): a bf16 model's scores then equal theirs, and a row's scores do
+  not move with the batch it is in (bf16 logits fall on a coarse grid).
+* Temperatures: ``temperature`` is the sampling temperature, as on every engine (given
+  to the generator, it is the calls' default; ``temperature > 0`` samples, ``0`` is
+  greedy); the method's final temperature is ``score_temperature``.
 """
 
 from __future__ import annotations
@@ -48,11 +55,16 @@ from torch import Tensor
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.result import ScoredLabel
 from semsoft_plugin.core.softmax import SemanticSoftmaxResult
-from semsoft_plugin.engines.hf import SemanticSoftmaxLogitsProcessor
-from semsoft_plugin.engines.outlines.base import ChoiceGenerator, Engine
+from semsoft_plugin.engines.hf import SemanticSoftmaxLogitsProcessor, float32_head
+from semsoft_plugin.engines.outlines.base import ChoiceGenerator, Engine, method_config
 from semsoft_plugin.engines.outlines.choices import choice_label_set
 
-__all__ = ["ChoiceLogitsProcessor", "TransformersChoiceGenerator", "outlines_mask"]
+__all__ = [
+    "ChoiceLogitsProcessor",
+    "TransformersChoiceGenerator",
+    "outlines_mask",
+    "sampling_kwargs",
+]
 
 
 class ChoiceLogitsProcessor:
@@ -107,6 +119,19 @@ def outlines_mask(model: Any, output_type: Any, backend: str | None) -> Any:
     return get_regex_logits_processor(backend, model, regex)
 
 
+def sampling_kwargs(temperature: Any) -> dict[str, Any]:
+    """``generate`` keywords that make ``temperature`` the sampling temperature, as on
+    vLLM: ``> 0`` samples at that temperature, ``0`` is greedy (transformers would
+    otherwise ignore a temperature without ``do_sample=True``)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+        raise ValueError(f"temperature={temperature!r} must be a number >= 0 (sampling)")
+    if not temperature >= 0:  # NaN too
+        raise ValueError(f"temperature={temperature!r} must be a number >= 0 (sampling)")
+    if temperature == 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": float(temperature)}
+
+
 def _result_rows(proc: SemanticSoftmaxLogitsProcessor) -> list[SemanticSoftmaxResult]:
     rows = proc.results
     if any(r is None for r in rows):
@@ -123,7 +148,8 @@ class TransformersChoiceGenerator(ChoiceGenerator):
     choices : the label strings, as Outlines writes them
     outlines_processor : the Outlines mask for the choices (:func:`outlines_mask`, or
         a wrapped generator's own); it runs after the label constraint
-    config, variants, **overrides : as in :func:`semsoft_plugin.engines.outlines.Generator`
+    config, variants, score_temperature, temperature, **overrides : as in
+        :func:`semsoft_plugin.engines.outlines.Generator`
 
     Attributes
     ----------
@@ -143,10 +169,14 @@ class TransformersChoiceGenerator(ChoiceGenerator):
         *,
         config: SemsoftConfig | None = None,
         variants: Mapping[str, Iterable[str]] | None = None,
+        temperature: float | None = None,
         **overrides: Any,
     ) -> None:
         super().__init__(model)
         from outlines.generator import SteerableGenerator
+
+        config = method_config(config, overrides)
+        self._sampling = {} if temperature is None else sampling_kwargs(temperature)
 
         tokenizer = model.hf_tokenizer
         self.labels = choice_label_set(choices, tokenizer, variants)
@@ -157,7 +187,6 @@ class TransformersChoiceGenerator(ChoiceGenerator):
             mode="constrain",
             tokenizer=tokenizer,  # the label set is checked against the model's tokenizer
             eos_token_id=tokenizer.eos_token_id,
-            **overrides,
         )
         self.processor = ChoiceLogitsProcessor(self.semsoft, outlines_processor)
         self._generator = SteerableGenerator.from_processor(model, self.processor)
@@ -166,6 +195,12 @@ class TransformersChoiceGenerator(ChoiceGenerator):
 
     def _kwargs(self, inference_kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs = dict(inference_kwargs)
+        if "do_sample" in kwargs:  # transformers' own terms, taken as given
+            pass
+        elif "temperature" in kwargs:  # the sampling temperature, as on vLLM
+            kwargs.update(sampling_kwargs(kwargs.pop("temperature")))
+        else:
+            kwargs.update(self._sampling)
         if "logits_processor" in kwargs:
             raise ValueError(
                 "logits_processor= is not supported: the choice constraint is already "
@@ -197,7 +232,9 @@ class TransformersChoiceGenerator(ChoiceGenerator):
     def __call__(self, prompt: Any, **inference_kwargs: Any) -> ScoredLabel | list[ScoredLabel]:
         """Generate the label for one prompt (a list of labels when
         ``num_return_sequences`` > 1), as Outlines does."""
-        text = self._generator(prompt, **self._kwargs(inference_kwargs))
+        kwargs = self._kwargs(inference_kwargs)
+        with float32_head(self.model.model):
+            text = self._generator(prompt, **kwargs)
         texts = [text] if isinstance(text, str) else list(text)
         scored = self._scored(texts, _result_rows(self.semsoft))
         return scored[0] if isinstance(text, str) else scored
@@ -205,7 +242,9 @@ class TransformersChoiceGenerator(ChoiceGenerator):
     def _batch(
         self, prompts: list[Any], inference_kwargs: dict[str, Any]
     ) -> list[ScoredLabel] | list[list[ScoredLabel]]:
-        texts = self._generator.batch(prompts, **self._kwargs(inference_kwargs))
+        kwargs = self._kwargs(inference_kwargs)
+        with float32_head(self.model.model):
+            texts = self._generator.batch(prompts, **kwargs)
         flat = [t for item in texts for t in ([item] if isinstance(item, str) else item)]
         scored = self._scored(flat, _result_rows(self.semsoft))
         if all(isinstance(item, str) for item in texts):

@@ -10,6 +10,12 @@ with the prompt formatted as Outlines formats it. The engine needs the processor
 or the installed entry point) and ``max_logprobs >= k`` (50 by default).
 ``constrained_probs`` is None there when a label's first token is outside the
 returned top-k.
+
+``temperature`` is vLLM's sampling temperature here as on transformers models (given to
+the generator it is the calls' default; 0, the default, is greedy); the method's final
+temperature is ``score_temperature``. ``variants=`` is refused: the engine's processor
+binds the label names it is sent (``semsoft_labels``), and no request option carries
+other spellings, so the scores could not count them.
 """
 
 from __future__ import annotations
@@ -19,9 +25,9 @@ from typing import Any
 
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.result import ScoredLabel
-from semsoft_plugin.engines.outlines.base import ChoiceGenerator, Engine
+from semsoft_plugin.engines.outlines.base import ChoiceGenerator, Engine, method_config
 from semsoft_plugin.engines.outlines.choices import choice_label_set
-from semsoft_plugin.engines.vllm.params import sampling_params
+from semsoft_plugin.engines.vllm.params import check_engine_logprobs, sampling_params
 from semsoft_plugin.engines.vllm.reader import label_scores
 
 __all__ = ["VLLMChoiceGenerator"]
@@ -34,8 +40,10 @@ class VLLMChoiceGenerator(ChoiceGenerator):
     ----------
     model : an Outlines vLLM offline model
     choices : the label strings, as Outlines writes them
-    config, **overrides : as in :func:`semsoft_plugin.engines.outlines.Generator`
-    variants : not supported (``ValueError``): vLLM's request options carry label names
+    config, score_temperature, temperature, **overrides : as in
+        :func:`semsoft_plugin.engines.outlines.Generator`
+    variants : not supported (``ValueError`` naming it): vLLM's request options carry
+        label names only
 
     Attributes
     ----------
@@ -53,19 +61,24 @@ class VLLMChoiceGenerator(ChoiceGenerator):
         *,
         config: SemsoftConfig | None = None,
         variants: Mapping[str, Iterable[str]] | None = None,
+        temperature: float | None = None,
         **overrides: Any,
     ) -> None:
         super().__init__(model)
-        if variants:
-            raise ValueError("variants are not supported for vLLM models")
+        if variants:  # an empty mapping has nothing to drop
+            raise ValueError(
+                "variants= is not supported on vLLM models: the engine's processor scores "
+                "the label names it is sent, and no vLLM request option carries other "
+                "spellings; use a transformers model (outlines.from_transformers) for variants"
+            )
         # Checks the choices on the engine's tokenizer exactly as for transformers.
         self.labels = choice_label_set(choices, model.model.get_tokenizer(), None)
         self.processor = None
-        self._options: dict[str, Any] = {
-            "config": config,
-            "leading_space": self.labels.leading_space,
-        }
-        self._options.update(overrides)
+        cfg = method_config(config, overrides)
+        check_engine_logprobs(model.model.llm_engine.model_config, cfg.k, "k")
+        self._options: dict[str, Any] = {"config": cfg, "leading_space": self.labels.leading_space}
+        if temperature is not None:
+            self._options["temperature"] = temperature
 
     def __call__(self, prompt: Any, **inference_kwargs: Any) -> ScoredLabel | list[ScoredLabel]:
         """Generate the label for one prompt, as Outlines does."""
@@ -84,7 +97,7 @@ class VLLMChoiceGenerator(ChoiceGenerator):
                 "semsoft request options; pass the SamplingParams fields as keywords"
             )
         sampling = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("use_tqdm", "lora_request")}
-        params = sampling_params(list(self.labels.names), **self._options, **sampling)
+        params = sampling_params(list(self.labels.names), **{**self._options, **sampling})
         # Formatted as Outlines formats it: a str becomes a user turn when there is a
         # chat template, and goes through LLM.chat (generation prompt added).
         formatted = [self.model.type_adapter.format_input(p) for p in prompts]

@@ -32,10 +32,11 @@ scores through the ordinary output: an opted-in request asks for the top-``k``
 *raw* log-probabilities (``logprobs=k``; ``top_logprobs=k`` over HTTP), which vLLM
 takes before any processor, penalty or temperature, and
 :func:`label_scores` / :func:`openai_label_scores` compute Semantic Softmax from them
-with the same core code and the model's output embeddings. Semantic Softmax only
-ever reads the top-``k`` probabilities and the embeddings, and it is a ratio, so the
-top-``k`` raw log-probabilities determine it exactly. Chosen over the alternatives
-because
+with the same core code and the model's output embeddings. The semantic
+distribution reads only the top-``k`` probabilities and the embeddings (a ratio, so the
+top-``k`` raw log-probabilities determine it exactly); the constrained softmax (the
+default, and part of every pool) also reads each label's answer token. Chosen over the
+alternatives because
 
 * it needs no engine-wide setting: ``logprobs_mode="processed_logprobs"`` (the
   other working route) would change the log-probabilities of *every* request on the
@@ -52,11 +53,11 @@ because
 Its price: the engine needs ``max_logprobs >= k`` (vLLM's default is 20, the
 method's ``k`` is 50: ``LLM(..., max_logprobs=50)`` / ``--max-logprobs 50``), and
 the reader needs the output embeddings (read once per model from the checkpoint).
-The constrained softmax (the baseline) needs every label's log-probability; when a
-label's answer token is outside the returned top-``k`` it is ``None`` (and so are
-the scores in the rare 0/0 case, whose defined result *is* the constrained
-softmax); :func:`classify_vllm` fetches those with one extra one-token request per
-affected prompt (``logprob_token_ids``), so it is always complete.
+A label answer token outside the returned top-``k`` is fetched exactly (one
+``max_tokens=1`` request with ``logprob_token_ids``: :func:`classify_vllm` per affected
+prompt, :func:`label_scores` given the ``LLM``, the server's middleware) or the reader
+refuses with ``MissingLabelLogprobs``; no bound stands in for it (the reader contract,
+``docs/reader-contract.md``).
 
 The processor's own job is the label constraint (vLLM's guided choice masks the
 logits before any processor and before the raw log-probabilities, erasing the silent

@@ -16,7 +16,7 @@ from semsoft_plugin.core.request import Mode
 from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.engines.reader_contract import read_scores
 from semsoft_plugin.engines.scoring import MissingLabelLogprobs, client_model, decision_step
-from semsoft_plugin.engines.vllm.params import sampling_params
+from semsoft_plugin.engines.vllm.params import check_engine_logprobs, sampling_params
 from semsoft_plugin.engines.vllm.reader import (
     fetch_logprobs,
     label_scores,
@@ -84,13 +84,8 @@ def classify_vllm(
 
     cfg = (config or SemsoftConfig()).replace(**overrides)
     wanted = max(cfg.k, keep_logprobs)
-    max_logprobs = llm.llm_engine.model_config.max_logprobs
-    if max_logprobs != -1 and max_logprobs < wanted:
-        name = "k" if wanted == cfg.k else "keep_logprobs"
-        raise ValueError(
-            f"this engine has max_logprobs={max_logprobs} < {name}={wanted}: create it with "
-            f"LLM(..., max_logprobs={wanted}) (server: --max-logprobs {wanted})"
-        )
+    name = "k" if wanted == cfg.k else "keep_logprobs"
+    check_engine_logprobs(llm.llm_engine.model_config, wanted, name)
     if keep_logprobs < 0:
         raise ValueError(f"keep_logprobs={keep_logprobs} must be >= 0")
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):

@@ -43,6 +43,11 @@ async def admission(request: Any, call_next: Any) -> Any:
     route other than :data:`SUPPORTED_ROUTES`, or outside ``vllm_xargs``, are refused
     with HTTP 400 naming the key. Requests that do not opt in pass untouched.
 
+    The ``SERVER_*`` limits of :mod:`semsoft_plugin.core.request` (64 labels, k <= 256,
+    ...) are applied here and only here: vLLM's admission call and the engine's
+    processor cannot tell an HTTP request from an in-process one, and apply the method's
+    own ranges, as every in-process engine does.
+
     An admitted, opted-in, non-streaming chat or completions request that asked for
     its token ids (``return_token_ids``, as ``openai_request`` does) gets its answer
     completed: the label answer tokens' raw log-probs its decision step's top-k lacks,
@@ -76,7 +81,7 @@ def _fillable(body: bytes, path: str) -> SemsoftRequest | None:
         data = json.loads(body)
         if not isinstance(data, dict) or data.get("stream") or not data.get("return_token_ids"):
             return None
-        return parse_request(data.get("vllm_xargs"))
+        return parse_request(data.get("vllm_xargs"), server=True)
     except (ValueError, RecursionError, TypeError):
         return None
 
@@ -145,7 +150,10 @@ def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
                 f"semsoft requests do their own label constraint: drop {show_value(legacy, 80)} "
                 "(guided decoding erases the silent vote; vLLM no longer applies these fields)"
             )
-        parse_request(xargs)  # the raw JSON values: a true is still a bool here
+        # The raw JSON values (a true is still a bool here), with the SERVER_* limits:
+        # the engine's processor and vLLM's admission call cannot tell an HTTP request
+        # from an in-process one and apply the method's ranges, so they are enforced here.
+        parse_request(xargs, server=True)
         if data.get("use_beam_search"):
             raise ValueError(
                 f"use_beam_search={show_value(data['use_beam_search'])}: semsoft requests "
@@ -155,7 +163,7 @@ def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
             )
         params = _body_sampling_params(data, path)
         if params is not None:
-            validate_params(params, vllm_config=vllm_config)
+            validate_params(params, vllm_config=vllm_config, server=True)
     except (ValueError, VLLMClientError) as error:
         # VLLMValidationError (n=2 when greedy, top_p=0, max_tokens=-1, ...) is not a
         # ValueError: let through, it was "Exception in ASGI application" and a dropped

@@ -9,6 +9,7 @@ reaching the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections import OrderedDict
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from vllm import SamplingParams
 from vllm.sampling_params import SamplingType
 
-from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.config import SemsoftConfig, renamed_message
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.request import (
     ENTRY_POINT,
@@ -37,24 +38,22 @@ from semsoft_plugin.engines.scoring import CACHE_SIZE
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-# sampling_params' keywords that set a method option rather than a sampling one.
-_METHOD_KWARGS = (
-    "k",
-    "tau",
-    "center",
-    "own_vote",
-    "normalize_votes",
-    "residual",
-    "tau_quantile",
-    "semantic_weight",
-    "nearest_vote",
-)
+# sampling_params' keywords that set a method option rather than a sampling one: every
+# SemsoftConfig field (``temperature`` stays the engine's sampling temperature).
+_METHOD_KWARGS = tuple(f.name for f in dataclasses.fields(SemsoftConfig))
 
 
 def validate_params(
-    params: SamplingParams, *, vllm_config: VllmConfig | None = None
+    params: SamplingParams, *, vllm_config: VllmConfig | None = None, server: bool = False
 ) -> SemsoftRequest | None:
     """Check an opted-in request's options and its compatibility with the method.
+
+    ``server=True`` for a request that arrived over HTTP: the ``SERVER_*`` limits of
+    :mod:`semsoft_plugin.core.request` apply (the server's admission middleware passes
+    it, before the engine sees the request). vLLM's own admission call cannot tell an
+    HTTP request from an in-process one (it hands over the ``SamplingParams`` only, in
+    the frontend process of either), so there the method's own ranges apply, as on
+    every in-process engine; the engine's ``max_logprobs`` bounds ``k`` on both.
 
     Returns the parsed options (None when the request did not opt in). Raises
     ``ValueError`` with the reason; the server turns it into HTTP 400 and the other
@@ -73,10 +72,13 @@ def validate_params(
     edits that act before or after the processor at the decision step (logit bias,
     allowed tokens, bad words, min_tokens, repetition/presence/frequency penalties).
     """
-    request = parse_request(params.extra_args)
+    request = parse_request(params.extra_args, server=server)
     if request is None:
         return None
     k = request.config.k
+    config = vllm_config if vllm_config is not None else _admission_config()
+    if config is not None:
+        check_engine_logprobs(config.model_config, k)
     if params.logprobs is None or (params.logprobs != -1 and params.logprobs < k):
         raise ValueError(
             f"semsoft reads its scores from the top-k raw log-probabilities: set "
@@ -109,7 +111,6 @@ def validate_params(
                 f"(use {KEY_MODE}='observe' to keep them)"
             )
     _check_stops(request, params)
-    config = vllm_config if vllm_config is not None else _admission_config()
     if config is not None:
         admitted = check_label_set(request, config.model_config)
         _check_servable(request, params, config, admitted.multi_token)
@@ -120,6 +121,23 @@ def validate_params(
                 "inside a label and the text would be cut; drop them"
             )
     return request
+
+
+def check_engine_logprobs(model_config: Any, wanted: int, name: str = "semsoft_k") -> None:
+    """Refuse a top-``wanted`` the engine cannot return, naming the engine setting: its
+    ``max_logprobs`` (vLLM would refuse ``logprobs`` above it with its own message,
+    which does not say what to change) or its vocabulary. ``name`` is what the caller
+    calls the number (``semsoft_k``, ``k``, ``keep_logprobs``)."""
+    vocab = model_config.get_vocab_size()
+    if wanted > vocab:
+        raise ValueError(f"{name}={wanted} exceeds this model's vocabulary size ({vocab})")
+    limit = model_config.max_logprobs
+    if limit != -1 and limit < wanted:
+        raise ValueError(
+            f"{name}={wanted} exceeds this engine's max_logprobs={limit} (the scores are "
+            f"read from the top-k raw log-probabilities): create the engine with "
+            f"LLM(..., max_logprobs={wanted}) (server: --max-logprobs {wanted})"
+        )
 
 
 def _check_stops(request: SemsoftRequest, params: SamplingParams) -> None:
@@ -277,11 +295,9 @@ def sampling_params(
     labels : label names (whole words after a space unless ``leading_space=False``): a
         list of at least two distinct strings (a ``str`` is refused, not split; a
         LabelSet gives its names, which the engine binds to its own tokenizer)
-    config : Semantic Softmax settings; ``k``, ``tau``, ``center``, ``own_vote``,
-        ``normalize_votes``, ``residual`` and ``tau_quantile`` given as keywords
-        override it, and so does
-        ``method_temperature`` (the method's final temperature: ``temperature`` is
-        the ordinary sampling temperature)
+    config : Semantic Softmax settings; any of its fields given as a keyword (``k``,
+        ``vote``, ``score_temperature``, ...) overrides it (``temperature`` is the
+        ordinary sampling temperature)
     mode : ``"constrain"`` (default) or ``"observe"``
     trigger : decide after this generated text (e.g. ``"</think>"``)
     leading_space : score labels as whole words after a space
@@ -289,9 +305,11 @@ def sampling_params(
         (``temperature=0``), ``logprobs=k``, ``max_tokens`` = longest label in
         characters + 2 without a trigger (EOS ends it earlier), 256 with one.
     """
+    for name in kwargs:
+        renamed = renamed_message(name) if name != "temperature" else None
+        if renamed:
+            raise ValueError(renamed)
     method = {name: kwargs.pop(name) for name in _METHOD_KWARGS if name in kwargs}
-    if "method_temperature" in kwargs:
-        method["temperature"] = kwargs.pop("method_temperature")
     request = build_request(
         labels, config=config, mode=mode, trigger=trigger, leading_space=leading_space, **method
     )

@@ -72,11 +72,14 @@ def label_scores(
         hub ``owner/name`` not in the hub cache) is refused unless True: reading scores
         never starts a download by itself
 
-    Raises ``ValueError`` for this request only when it cannot be scored: it carries
-    no decision step, its decision-step log-probabilities are NaN/inf, or the engine's
-    processor could not score its row and left it unconstrained (the reason is named);
-    and, by the reader contract (:func:`~semsoft_plugin.engines.reader_contract.read_scores`),
-    ``MissingLabelLogprobs``, ``EmittedLabelMismatch`` or ``CutLabel``.
+    Raises
+    ------
+    ValueError
+        For this request only, when it cannot be scored: it carries no decision step,
+        its decision-step log-probabilities are NaN/inf, or the engine's processor could
+        not score its row and left it unconstrained (the reason is named); and, by the
+        reader contract (:func:`~semsoft_plugin.engines.reader_contract.read_scores`),
+        its subclasses ``MissingLabelLogprobs``, ``EmittedLabelMismatch`` or ``CutLabel``.
     """
     request = request_of(params, options)
     client = client_model(model, allow_download=allow_download)
