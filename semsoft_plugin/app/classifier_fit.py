@@ -6,7 +6,9 @@ Which members an engine supports: transformers gives the decision step's hidden 
 (:class:`~semsoft_plugin.engines.hf_hidden.HiddenAtDecision`, read during the same pass),
 so every member; vLLM's generate runner returns token log-probabilities only, so every
 member but the probe, and a probe asked for on vLLM is refused by name, never dropped
-(what vLLM could do instead: ``semsoft_eval/probe.py``).
+(what vLLM could do: a second engine of the same checkpoint with ``runner="pooling"`` and
+last-token pooling returns the final hidden state from ``llm.embed``, one more model load
+and prompt pass per item; not built).
 """
 
 from __future__ import annotations

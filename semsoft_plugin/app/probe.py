@@ -180,5 +180,6 @@ def probe_refused(advice: str) -> ValueError:
     ``advice`` says what to do instead."""
     return ValueError(
         "fit family member 'probe' needs the decision step's hidden state, which vLLM's "
-        "generate runner does not return (semsoft_eval/probe.py says what vLLM can do): " + advice
+        "generate runner does not return (a second, pooling vLLM engine could; not built): "
+        + advice
     )
