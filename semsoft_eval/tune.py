@@ -120,7 +120,7 @@ def tune(
     start = start or SemsoftConfig()
     grid = dict(DEFAULT_GRID if grid is None else grid)
     started = time.perf_counter()
-    configs = fit_family.configs_with_start(grid, start)
+    configs, grid_size = fit_family.configs_with_start(grid, start)
     probs, _ = kept_scores.grid_probs(
         forward, embeddings, labels, [*configs, start], progress=progress
     )
@@ -139,13 +139,14 @@ def tune(
         "family": fitting.check_family(family),
         "content_free": content_free,
         "external": external,
+        "grid_size": grid_size,
     }
     fold_ids = calibrate.stratified_folds(targets, n_folds, seed)
     tuned, fold_choices = fitting.cross_fit(probs[:-1], probs[-1], targets, fold_ids, **options)
     fit = fit_family.fit_from_grid(
         probs, configs, start, targets, axes=list(grid), temperature=temperature,
         n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=content_free,
-        external=external,
+        external=external, grid_size=grid_size,
     )  # fmt: skip
     correction = _correction(fit, forward, targets, labels, seed)
     constrained = torch.softmax(forward.label_logits[:, : len(labels)].double(), -1).numpy()

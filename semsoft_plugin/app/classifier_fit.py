@@ -124,7 +124,7 @@ def fit_labelled(
 
     family = checked_family(clf.fit_family, setup.loaded.backend)
     start = setup.config
-    store_k = max(c.k for c in fit_family.configs_with_start(axes, start))
+    store_k = max(c.k for c in fit_family.configs_with_start(axes, start)[0])
     inputs = setup.fitter.prompts(values)[0]
     names = list(setup.labels.names)
     if "contextual" in family:  # the content-free inputs ride in the same pass

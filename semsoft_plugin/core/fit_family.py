@@ -114,14 +114,15 @@ class FitResult:
 
 def configs_with_start(
     grid: Mapping[str, Sequence[Any]], start: SemsoftConfig
-) -> list[SemsoftConfig]:
+) -> tuple[list[SemsoftConfig], int]:
     """The grid's configs over ``start`` at ``T = 1``, with that start itself appended
-    where the grid lacks it: the temperature alone and the bias members fit on it."""
+    where the grid lacks it (the temperature alone and the bias members fit on it, the
+    ``"grid"`` member does not), and how many are the grid's."""
     if "score_temperature" in grid:
         raise ValueError("score_temperature is fitted, not a grid axis (temperature=False: T=1)")
     base = start.replace(score_temperature=1.0)
     configs = grid_configs(grid, base)
-    return configs if base in configs else [*configs, base]
+    return (configs, len(configs)) if base in configs else ([*configs, base], len(configs))
 
 
 def fit_config(
@@ -164,7 +165,7 @@ def fit_config(
     """
     start = start or SemsoftConfig()
     grid = {"semantic_weight": DEFAULT_WEIGHTS} if grid is None else dict(grid)
-    configs = configs_with_start(grid, start)
+    configs, grid_size = configs_with_start(grid, start)
     probs, _ = grid_probs(kept, embeddings, labels, [*configs, start])
     cf = None
     if content_free is not None:
@@ -173,7 +174,7 @@ def fit_config(
     return fit_from_grid(
         probs, configs, start, targets, axes=list(grid), temperature=temperature,
         n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=cf,
-        external=external,
+        external=external, grid_size=grid_size,
     )  # fmt: skip
 
 
@@ -199,16 +200,17 @@ def fit_from_grid(
     family: Sequence[str] | None = None,
     content_free: np.ndarray | None = None,
     external: Mapping[str, External] | None = None,
+    grid_size: int | None = None,
 ) -> FitResult:
     """:func:`fit_config` on probabilities already scored: ``probs`` ``[C + 1, N, L]``,
-    one per config of ``configs`` (:func:`configs_with_start`) and last ``start``'s
-    (``axes``: the fields the grid varies, for the report; ``content_free``: ``[C, L]``
-    the start at ``T = 1`` on the content-free inputs)."""
+    one per config of ``configs`` (:func:`configs_with_start`, ``grid_size`` of them the
+    grid's) and last ``start``'s (``axes``: the fields the grid varies, for the report;
+    ``content_free``: ``[C, L]`` the start at ``T = 1`` on the content-free inputs)."""
     family = default_family(content_free, external) if family is None else check_family(family)
     best, t, kept_default, stats = fit_probs(
         probs[:-1], probs[-1], targets, single=single_entries(configs, start),
         temperature=temperature, n_folds=n_folds, margin=margin, seed=seed, family=family,
-        content_free=content_free, external=external,
+        content_free=content_free, external=external, grid_size=grid_size,
     )  # fmt: skip
     return _result(configs, axes, best, t, kept_default, stats, start, margin)
 

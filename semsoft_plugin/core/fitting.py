@@ -207,6 +207,7 @@ def fit_probs(
     family: Sequence[str] | None = None,
     external: Mapping[str, External] | None = None,
     rows: np.ndarray | None = None,
+    grid_size: int | None = None,
 ) -> tuple[int, float, bool, dict[str, Any]]:
     """The fit on precomputed probabilities: ``grid`` ``[C, N, L]`` per grid entry,
     ``start`` ``[N, L]`` of the starting setting (scored as is). Returns ``(entry,
@@ -234,6 +235,8 @@ def fit_probs(
     ``fit(train, held)`` gets row indices (into the caller's rows; ``rows`` says which
     of them these are, default all) and returns ``[len(held), L]`` probabilities of the
     held rows fitted on the train rows, so the same rule judges it out of fold.
+    ``grid_size``: the ``"grid"`` member searches the first entries only (the rest are
+    there for the other members: the start at ``T = 1``); default all.
     """
     y = _check_targets(targets, grid.shape[1], grid.shape[2])
     n = len(y)
@@ -245,7 +248,7 @@ def fit_probs(
     log_grid = _log(grid)
     start_nll = nll(start, y)
     fold_ids = stratified_folds(y, folds, seed)
-    subsets = {"grid": np.arange(len(grid))}
+    subsets = {"grid": np.arange(len(grid) if grid_size is None else grid_size)}
     if temperature and len(grid) > 1:
         subsets.update({name: np.array([entry]) for name, entry in (single or {}).items()})
     external = dict(external or {})
