@@ -298,7 +298,7 @@ def fit_probs(
         t, b = fit_member(chosen, base, y, content_free=content_free, temperature=temperature,
                           seed=seed)  # fmt: skip
         best, offset = base_entry, b.tolist()
-    if chosen != "grid":  # the report lists every grid entry
+    if chosen != "grid" or len(subsets["grid"]) != len(grid):  # the report lists every entry
         _, _, scores_all, temps_all = _choose(log_grid, y, temperature)
     stats = {
         "n": n,
