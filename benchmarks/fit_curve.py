@@ -98,7 +98,7 @@ def pair_curve(
     hidden: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Per size: each method's test scores averaged over the draws, and fit - temperature."""
-    from semsoft_eval.probe import fit_probe, probe_probs
+    from semsoft_plugin.app.probe import fit_probe
 
     log_con = np.log(np.clip(constrained, 1e-30, 1.0))
     family = {"bias": MEMBERS if content_free is not None else MEMBERS[:2],
@@ -130,8 +130,9 @@ def pair_curve(
             rows["default"].append(_scores(start[test], y[test]))
             rows["constrained"].append(_scores(constrained[test], y[test]))
             if hidden is not None:
-                model = fit_probe(hidden[train], y[train], seed=seed)
-                probs = probe_probs(model, hidden[test], grid.shape[2], size)
+                probs = fit_probe(hidden[train], y[train], grid.shape[2], seed=seed).probs(
+                    hidden[test]
+                )
                 rows["probe"].append(_scores(probs, y[test]))
             # Uninformative labels: drawn from the default's own distribution, so the
             # default is right and any move away from it is overfitting.

@@ -8,8 +8,9 @@ so every pass here sees the tokens the adapter sees.
 
 The decision step also keeps the last layer's hidden state at the decision position
 (``DecisionStep.hidden``, the ``probe`` method's features): the input of the output
-layer, read by a forward pre-hook on it during the same ``generate`` call, so it costs
-no extra pass. (It is ``output_hidden_states=True``'s last entry at the last position:
+layer, read by a forward pre-hook on it during the same ``generate`` call
+(:class:`~semsoft_plugin.engines.hf_hidden.HiddenAtDecision`, which ``Classifier`` uses
+too), so it costs no extra pass. (It is ``output_hidden_states=True``'s last entry at the last position:
 transformers applies the final norm before storing it.)
 """
 
@@ -27,6 +28,7 @@ from semsoft_eval.backends import DecisionStep, Generations, Prompt
 from semsoft_plugin.core.kept_scores import compress
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.tokens import OutputEmbeddings
+from semsoft_plugin.engines.hf_hidden import HiddenAtDecision
 
 __all__ = ["STORE_K", "TransformersBackend"]
 
@@ -46,54 +48,6 @@ def _by_length(encoded: Sequence[Sequence[int]], batch_size: int) -> list[list[i
     """Prompt indices in batches of similar length (less padding)."""
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-class _HiddenAtDecision:
-    """Within the block, the output layer's input at the last position of each call
-    (with ``max_tokens=1``, one call per batch: the decision step)."""
-
-    def __init__(self, model: Any) -> None:
-        self.head = (
-            model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        )
-        self.calls: list[Tensor] = []
-        self._handle: Any = None
-
-    def __enter__(self) -> _HiddenAtDecision:
-        if self.head is not None:
-
-            def keep(module: Any, args: tuple[Any, ...]) -> None:
-                self.calls.append(args[0][:, -1].detach().to(torch.float32).cpu())
-
-            self._handle = self.head.register_forward_pre_hook(keep)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-
-    def rows(self, tokenizer: Any, inputs: list[Any], batch_size: int) -> Tensor | None:
-        """``[N, H]`` in input order: ``classify`` batches by
-        :func:`~semsoft_plugin.engines.hf.padding_batches` of the formatted prompts, so the
-        same call says which input each captured row is; a mismatch is refused."""
-        from semsoft_plugin.engines.hf import padding_batches
-        from semsoft_plugin.engines.prompting import format_prompt
-
-        if self.head is None:
-            return None
-        texts = [format_prompt(tokenizer, item)[0] for item in inputs]
-        batches = padding_batches([len(text) for text in texts], batch_size)
-        sizes = [len(c) for c in self.calls]
-        if sizes != [len(b) for b in batches]:
-            raise ValueError(
-                f"the output layer ran on batches of {sizes[:8]}, not classify's "
-                f"{[len(b) for b in batches][:8]}: the decision step's hidden states cannot be "
-                "matched to the inputs"
-            )
-        out = torch.empty((len(inputs), self.calls[0].shape[-1]) if self.calls else (0, 0))
-        for batch, rows in zip(batches, self.calls, strict=True):
-            out[batch] = rows
-        return out
 
 
 class TransformersBackend:
@@ -132,7 +86,7 @@ class TransformersBackend:
     ) -> DecisionStep:
         from semsoft_plugin.engines.hf import classify
 
-        with _HiddenAtDecision(self.model) as hidden:
+        with HiddenAtDecision(self.model) as hidden:
             results = classify(
                 self.model, self.tokenizer, list(inputs), labels, mode="observe",
                 keep_logits=True, batch_size=batch_size, max_tokens=1, progress=progress,

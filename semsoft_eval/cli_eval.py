@@ -186,20 +186,31 @@ def run_eval(args: argparse.Namespace) -> int:
 _FITTED = ("score_temperature",)
 
 
+def _name_list(text: str) -> tuple[str, ...]:
+    """``a,b`` -> ``("a", "b")`` (checked where used, each bad name refused by name)."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def add_tune_parser(subparsers: Any) -> None:
     """Register ``semsoft tune``."""
     from semsoft_eval.tune import DEFAULT_GRID
+    from semsoft_plugin.core.fitting import FAMILY
 
     parser = subparsers.add_parser(
         "tune",
         allow_abbrev=False,
-        help="fit the pool weight and a final temperature on a few labels (Classifier.fit)",
+        help="fit the pool weight, a temperature, the bias corrections and a probe on a few "
+        "labels (Classifier.fit)",
         description="Fit Semantic Softmax's settings on labelled items as Classifier.fit does (from "
-        "--config or the default: the pool weight over a grid, a final temperature, and the rule "
-        "that keeps the start unless the fit beats it out of fold by --margin standard errors). "
-        "The printed figures are out of fold (the fit nested in the folds); the config written "
-        "to --output is fitted on all items, and every adapter, 'eval --config' and the vLLM "
-        "per-request options accept it.",
+        "--config or the default: the family of --fit-family, i.e. the pool weight over a grid "
+        "with a final temperature, a temperature alone, a per-label offset, batch and "
+        "contextual calibration, a probe on the hidden state; and the rule that keeps the "
+        "start unless one beats it out of fold by --margin standard errors). The printed "
+        "figures are out of fold (the fit nested in the folds); the config written to --output "
+        "is fitted on all items. Without a bias member or probe it is a plain config every "
+        "adapter, 'eval --config' and the vLLM per-request options accept; with one, it "
+        "carries the correction (a probe's weights beside it, safetensors) and "
+        "'semsoft classify --config' applies it.",
     )
     _add_data_arguments(parser)
     add_config_arguments(parser, grid=DEFAULT_GRID, skip=_FITTED)
@@ -212,6 +223,14 @@ def add_tune_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--no-temperature", action="store_true", help="do not fit a final temperature"
     )
+    parser.add_argument(
+        "--fit-family",
+        type=_name_list,
+        default=None,
+        help="the members the fit may choose, comma-separated, from "
+        + ",".join(FAMILY)
+        + " (default: all the engine supports; the probe needs --backend transformers)",
+    )
     parser.add_argument("--n-folds", type=int, default=5, help="cross-validation folds")
     parser.add_argument(
         "--output", default="semsoft-config.json", help="the config file to write"
@@ -222,6 +241,8 @@ def add_tune_parser(subparsers: Any) -> None:
 
 def run_tune(args: argparse.Namespace) -> int:
     from semsoft_eval.tune import format_tune, tune_dataset
+    from semsoft_plugin.app.fitted import save_fitted
+
     start = start_from_args(args)
     grid = grid_from_args(args, skip=_FITTED)
     result = tune_dataset(
@@ -239,10 +260,11 @@ def run_tune(args: argparse.Namespace) -> int:
         cache_dir=_cache_dir(args),
         backend=args.backend,
         engine_args=args.engine_args,
+        family=args.fit_family,
         **_data_options(args),
     )
     print(format_tune(result))
-    result.config.save(args.output)
+    save_fitted(args.output, result.config, result.correction)
     print(f"config written to {args.output}", file=sys.stderr)
     if args.report:
         Path(args.report).write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")

@@ -5,9 +5,8 @@ hold one number per label. The last layer's hidden state at the decision step ho
 what the model knows about the input before its output layer throws most of it away;
 with a few labels, a regularised multinomial logistic regression on it can separate
 labels the label logits confuse. The ``probe`` method of ``semsoft eval`` fits one
-(scikit-learn: standardised features, L2, its ``C`` chosen by the *inner* stratified
-folds on log-loss, ``LogisticRegressionCV``) on each run's training folds and scores
-the held fold, like ``temperature``.
+(:func:`semsoft_plugin.app.probe.fit_probe`, the one ``Classifier.fit`` uses) on each
+run's training folds and scores the held fold, like ``temperature``.
 
 Where the hidden state comes from: :class:`~semsoft_eval.forward.Forward` ``.hidden``,
 kept by the transformers backend during the decision step itself (no extra pass). A
@@ -27,58 +26,13 @@ item beside the scoring engine.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CS", "cross_fit_probe", "fit_probe", "probe_probs"]
+from semsoft_plugin.app.probe import held_probs
 
-# Inverse L2 strengths searched by the inner folds (on standardised features).
-CS: tuple[float, ...] = tuple(float(c) for c in np.logspace(-4, 2, 7))
-
-
-def fit_probe(hidden: Any, targets: Any, *, inner_folds: int = 5, seed: int = 0) -> Any:
-    """A fitted ``StandardScaler`` + ``LogisticRegressionCV`` pipeline (L2, ``C`` over
-    :data:`CS` chosen by inner stratified folds on log-loss)."""
-    from sklearn.linear_model import LogisticRegressionCV
-    from sklearn.model_selection import StratifiedKFold
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    x = np.asarray(hidden, dtype=np.float64)
-    y = np.asarray(targets, dtype=np.int64)
-    folds = max(2, min(inner_folds, int(np.bincount(y).max()), len(y) // 2))
-    model = make_pipeline(
-        StandardScaler(),
-        LogisticRegressionCV(
-            Cs=list(CS),
-            l1_ratios=(0.0,),
-            cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
-            scoring="neg_log_loss",
-            max_iter=1000,
-            use_legacy_attributes=False,
-        ),
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # a rare label: fewer members than folds
-        model.fit(x, y)
-    return model
-
-
-def probe_probs(model: Any, hidden: Any, n_labels: int, n_train: int) -> np.ndarray:
-    """``[N, L]`` probabilities of a fitted probe, with every label a column.
-
-    A label absent from the training rows gets ``1 / (n_train + L)`` (the add-one
-    estimate of a label never seen), the seen labels share the rest as the probe says:
-    no label is impossible, so no NLL is infinite."""
-    x = np.asarray(hidden, dtype=np.float64)
-    seen = np.asarray(model.classes_, dtype=np.int64)
-    unseen = n_labels - len(seen)
-    floor = 1.0 / (n_train + n_labels)
-    out = np.full((len(x), n_labels), floor)
-    out[:, seen] = model.predict_proba(x) * (1.0 - unseen * floor)
-    return out
+__all__ = ["cross_fit_probe"]
 
 
 def cross_fit_probe(
@@ -95,13 +49,7 @@ def cross_fit_probe(
     choices: list[dict[str, Any]] = []
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
-        train = y[~held]
-        if len(np.unique(train)) < 2:
-            counts = np.bincount(train, minlength=n_labels) + 1.0
-            out[held] = counts / counts.sum()
-            choices.append({"C": None})
-            continue
-        model = fit_probe(x[~held], train, seed=seed)
-        out[held] = probe_probs(model, x[held], n_labels, len(train))
-        choices.append({"C": float(np.ravel(model[-1].C_)[0])})
+        train, rows = np.flatnonzero(~held), np.flatnonzero(held)
+        out[held], probe = held_probs(x, y, train, rows, n_labels, seed=seed)
+        choices.append({"C": None if probe is None else probe.strength})
     return out, choices

@@ -1,16 +1,22 @@
 """``semsoft tune``: fit Semantic Softmax's settings on labelled data, honestly.
 
-The fit is :mod:`semsoft_plugin.core.fitting`, the one ``Classifier.fit`` runs: from the
-starting setting (``--config`` or the label-free default), the grid (default: the pool
-weight ``semantic_weight``; any config field can be an axis) is scored on the kept
-logits of one forward pass per item (:mod:`semsoft_eval.forward`), each entry gets a
-fitted final temperature, and the default is kept unless the fit beats it out of fold
-by ``margin`` standard errors.
+The fit is :func:`semsoft_plugin.core.fit_family.fit_from_grid`, the one
+``Classifier.fit`` runs: from the starting setting (``--config`` or the label-free
+default), every member of the family (``--fit-family``: the grid, default the pool weight
+``semantic_weight`` with a fitted final temperature, any config field an axis; a
+temperature alone; the bias corrections offset, batch and contextual; the probe on the
+decision step's hidden state where the engine keeps it) is scored on the kept values of
+one forward pass per item (:mod:`semsoft_eval.forward`), and the default is kept unless
+one beats it out of fold by ``margin`` standard errors. The probe is
+:func:`semsoft_plugin.app.probe.fit_probe`, the Classifier's; vLLM keeps no hidden
+states, so there a probe asked for is refused by name.
 
 Honest figures: the whole fit (the rule included) is *nested* in cross-validation. For
 each of ``n_folds`` stratified folds the setting is fitted on the other folds and applied
 to the held fold; the figures printed are those out-of-fold predictions. The
-configuration written to ``--output`` is then fitted on all items.
+configuration written to ``--output`` is then fitted on all items, with the correction a
+bias member or the probe adds (:func:`semsoft_plugin.app.fitted.save_fitted`), which
+``semsoft classify --config`` applies row by row.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import torch
 from semsoft_eval import calibrate, metrics
 from semsoft_eval.forward import Forward
 from semsoft_eval.preparation import prepare
-from semsoft_plugin.core import fitting, kept_scores
+from semsoft_plugin.app.fitted import FittedCorrection
+from semsoft_plugin.app.probe import fit_probe, probe_member, probe_refused
+from semsoft_plugin.core import fit_family, fitting, kept_scores
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.tokens import as_output_embeddings
@@ -34,6 +42,7 @@ from semsoft_plugin.core.tokens import as_output_embeddings
 __all__ = ["DEFAULT_GRID", "TuneResult", "grid_configs", "tune", "label_cosines"]
 
 DEFAULT_GRID: dict[str, tuple[Any, ...]] = {"semantic_weight": fitting.DEFAULT_WEIGHTS}
+_ADVICE = "use --backend transformers, or leave 'probe' out of --fit-family"
 
 
 def grid_configs(
@@ -64,17 +73,21 @@ class TuneResult:
     cross_validated : out-of-fold metrics of the whole fit, of ``constrained``, of
         ``constrained`` + temperature and of the starting config
     fold_choices : what the fit chose on each fold's training part
+    correction : what a bias member or the probe adds after ``config`` (fitted on all
+        items), or None
     """
 
     config: SemsoftConfig
-    fit: fitting.FitResult
+    fit: fit_family.FitResult
     cross_validated: dict[str, dict[str, float | None]]
     fold_choices: list[dict[str, Any]]
     seconds: float
+    correction: FittedCorrection | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": self.config.to_dict(),
+            "correction": None if self.correction is None else self.correction.to_dict(),
             "fit": self.fit.to_dict(),
             "cross_validated": self.cross_validated,
             "fold_choices": self.fold_choices,
@@ -96,32 +109,46 @@ def tune(
     seed: int = 0,
     progress: bool = False,
     gold_sets: Sequence[Sequence[int]] | None = None,
+    family: Sequence[str] | None = None,
 ) -> TuneResult:
-    """Fit the settings with :mod:`semsoft_plugin.core.fitting`, nested in cross-validation
-    for the figures (module docstring)."""
+    """Fit the settings with :func:`semsoft_plugin.core.fit_family.fit_from_grid`, nested
+    in cross-validation for the figures (module docstring). ``family``: the members
+    checked (``None``: all these passes allow; the probe needs ``forward.hidden``)."""
     targets = np.asarray(targets, dtype=np.int64)
     if len(targets) != forward.n:
         raise ValueError(f"{len(targets)} targets for {forward.n} items")
     start = start or SemsoftConfig()
     grid = dict(DEFAULT_GRID if grid is None else grid)
     started = time.perf_counter()
-    configs = grid_configs(grid, start.replace(score_temperature=1.0))
+    configs, grid_size = fit_family.configs_with_start(grid, start)
     probs, _ = kept_scores.grid_probs(
         forward, embeddings, labels, [*configs, start], progress=progress
     )
+    content_free = kept_scores.grid_probs(
+        forward.content_free(), embeddings, labels, [start.replace(score_temperature=1.0)]
+    )[0][0]
+    external = _probe_member(forward, targets, len(labels), seed, family)
+    if family is None:
+        family = fit_family.default_family(content_free, external)
     options = {
         "single": fitting.single_entries(configs, start),
         "temperature": temperature,
         "n_folds": n_folds,
         "margin": margin,
         "seed": seed,
+        "family": fitting.check_family(family),
+        "content_free": content_free,
+        "external": external,
+        "grid_size": grid_size,
     }
     fold_ids = calibrate.stratified_folds(targets, n_folds, seed)
     tuned, fold_choices = fitting.cross_fit(probs[:-1], probs[-1], targets, fold_ids, **options)
-    fit = fitting.fit_from_grid(
+    fit = fit_family.fit_from_grid(
         probs, configs, start, targets, axes=list(grid), temperature=temperature,
-        n_folds=n_folds, margin=margin, seed=seed,
+        n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=content_free,
+        external=external, grid_size=grid_size,
     )  # fmt: skip
+    correction = _correction(fit, forward, targets, labels, seed)
     constrained = torch.softmax(forward.label_logits[:, : len(labels)].double(), -1).numpy()
     scaled, _ = calibrate.cross_fit_temperature(constrained, targets, fold_ids)
     cross_validated = {
@@ -131,9 +158,36 @@ def tune(
         "semantic-default": metrics.classification_metrics(probs[-1], targets, gold_sets),
     }
     for choice in fold_choices:
-        entry = configs[choice.pop("entry")]
-        choice["config"] = {k: getattr(entry, k) for k in grid}
-    return TuneResult(fit.config, fit, cross_validated, fold_choices, time.perf_counter() - started)
+        entry = choice.pop("entry")
+        choice["config"] = None if entry is None else {k: getattr(configs[entry], k) for k in grid}
+    seconds = time.perf_counter() - started
+    return TuneResult(fit.config, fit, cross_validated, fold_choices, seconds, correction)
+
+
+def _probe_member(
+    forward: Forward, targets: np.ndarray, n_labels: int, seed: int, family: Any
+) -> dict[str, fitting.External]:
+    """The probe as the fit's external member, where the passes kept hidden states; asked
+    for without them, refused by name."""
+    if forward.hidden is None:
+        if family is not None and "probe" in family:
+            raise probe_refused(_ADVICE)
+        return {}
+    return {"probe": probe_member(forward.hidden.double().numpy(), targets, n_labels, seed=seed)}
+
+
+def _correction(
+    fit: fit_family.FitResult, forward: Forward, targets: np.ndarray, labels: LabelSet, seed: int
+) -> FittedCorrection | None:
+    """What the adopted member adds after the config, fitted on all items."""
+    names = tuple(labels.names)
+    if fit.kept_default or fit.procedure in ("grid", "temperature"):
+        return None
+    if fit.procedure == "probe":
+        assert forward.hidden is not None  # the member was only checked with them
+        probe = fit_probe(forward.hidden.double().numpy(), targets, len(names), seed=seed)
+        return FittedCorrection("probe", names, probe=probe)
+    return FittedCorrection(fit.procedure, names, offset=tuple(fit.offset or ()))
 
 
 def format_tune(result: TuneResult) -> str:
@@ -150,6 +204,7 @@ def format_tune(result: TuneResult) -> str:
         f"score_temperature={cfg.score_temperature:.3f} "
         f"({kept}; out-of-fold NLL gain {fit.gain:+.4f}, se {fit.gain_se:.4f}, margin "
         f"{fit.margin:g} se)",
+        *_correction_lines(result.correction),
         "",
         "cross-validated (choice nested in the folds):",
         "",
@@ -163,6 +218,18 @@ def format_tune(result: TuneResult) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _correction_lines(correction: FittedCorrection | None) -> list[str]:
+    if correction is None:
+        return []
+    if correction.probe is not None:
+        return [f"then the probe on the hidden state (C={correction.probe.strength:g})"]
+    offsets = ", ".join(
+        f"{name} {value:+.3f}"
+        for name, value in zip(correction.labels, correction.offset or (), strict=True)
+    )
+    return [f"then a per-label log-offset ({correction.procedure}): {offsets}"]
 
 
 def tune_dataset(
@@ -183,12 +250,17 @@ def tune_dataset(
     loaded: tuple[Any, Any] | None = None,
     backend: str = "hf",
     engine_args: dict[str, Any] | None = None,
+    family: Sequence[str] | None = None,
     **data_options: Any,
 ) -> TuneResult:
     """Load data and model, run the forward passes (or read them back), then :func:`tune`.
 
     ``backend``, ``engine_args`` and ``loaded`` as in :func:`semsoft_eval.preparation.prepare`.
     """
+    if family is not None:
+        fitting.check_family(family)
+        if "probe" in family and backend == "vllm":
+            raise probe_refused(_ADVICE)
     prepared = prepare(
         model,
         dataset,
@@ -202,6 +274,7 @@ def tune_dataset(
         backend=backend,
         engine_args=engine_args,
         min_items=2 * n_folds,
+        hidden=family is None or "probe" in family,
         **data_options,
     )
     return tune(
@@ -217,4 +290,5 @@ def tune_dataset(
         seed=seed,
         progress=progress,
         gold_sets=prepared.data.gold_sets,
+        family=family,
     )

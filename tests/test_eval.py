@@ -325,6 +325,7 @@ def test_tune_on_a_tiny_set_writes_a_config_eval_accepts(tmp_path, capsys) -> No
     cache = str(tmp_path / "c")
     argv = ["tune", "--dataset", "sst2", "--limit", "20", "--semantic-weight", "0.3,0.5,1",
             "--tau", "0.0,0.2", "--n-folds", "2", "--cache-dir", cache, "--margin", "0",
+            "--fit-family", "grid,temperature",  # settings only: a plain config (test_fit_family)
             "--output", str(config), "--report", str(tmp_path / "t.json"), "--model", "smollm2-135m"]  # fmt: skip
     assert main(argv) == 0
     chosen = SemsoftConfig.load(config)

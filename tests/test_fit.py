@@ -354,13 +354,16 @@ def fitted(default_checkpoint):
 
     model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
     texts, y = _sst2(40)
-    clf = Classifier(model, tokenizer, sorted(set(y)), batch_size=8, margin=0.0)
+    family = ("grid", "temperature", "offset", "batch", "contextual")  # the probe: test_fit_family
+    clf = Classifier(model, tokenizer, sorted(set(y)), batch_size=8, margin=0.0, fit_family=family)
     assert clf.fit(texts, y) is clf
     return clf, texts, y
 
 
 @pytest.mark.slow
 def test_fit_on_a_small_real_set_picks_a_valid_config(fitted) -> None:
+    from semsoft_plugin.app.classifier_fit import kept_passes
+
     clf, texts, _ = fitted
     cfg = clf.fitted_config_
     assert isinstance(cfg, SemsoftConfig) and clf.config is None  # the parameter is kept
@@ -377,9 +380,12 @@ def test_fit_on_a_small_real_set_picks_a_valid_config(fitted) -> None:
     probs = clf.predict_proba(texts[:8])
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-9)
     setup = clf._setup()
-    kept = clf._kept(setup, clf.inputs(texts[:8]), cfg.k)
+    kept, _ = kept_passes(clf, setup, clf.inputs(texts[:8]), cfg.k)
     mine, _ = grid_probs(kept, setup.loaded.embeddings(), setup.labels, [cfg])
     order = [list(clf.labels).index(c) for c in clf.classes_]
+    if clf.fitted_correction_ is not None:  # a bias member's offset after the config
+        assert clf.fitted_correction_.offset == tuple(result.offset)
+        mine[0] = label_offsets.apply_offset(np.log(mine[0]), 1.0, result.offset)
     np.testing.assert_allclose(probs, mine[0][:, order], atol=2e-5)
 
 

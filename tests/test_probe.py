@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from semsoft_eval import probe
+from semsoft_plugin.app.probe import CS, fit_probe
 from semsoft_plugin.core.temperature_scaling import nll
 
 
@@ -26,7 +27,7 @@ def test_the_probe_learns_a_signal_and_stays_near_the_prior_without_one() -> Non
     probs, choices = probe.cross_fit_probe(x, y, fold_ids, 3)
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-9)
     assert (probs.argmax(1) == y).mean() > 0.8 and nll(probs, y).mean() < 0.5
-    assert all(c["C"] in probe.CS for c in choices)
+    assert all(c["C"] in CS for c in choices)
     x, y = _features(90, 0.0, 1)
     probs, choices = probe.cross_fit_probe(x, y, fold_ids, 3)
     assert nll(probs, y).mean() < np.log(3) + 0.1  # no signal: about the uniform prior
@@ -40,8 +41,7 @@ def test_the_probe_is_out_of_fold_and_gives_unseen_labels_a_floor() -> None:
     probs, _ = probe.cross_fit_probe(x, y, fold_ids, 5)
     for fold in range(3):
         held = fold_ids == fold
-        model = probe.fit_probe(x[~held], y[~held])
-        want = probe.probe_probs(model, x[held], 5, int((~held).sum()))
+        want = fit_probe(x[~held], y[~held], 5).probs(x[held])
         np.testing.assert_allclose(probs[held], want)
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-9)
     # label 4 is never seen, label 3 only in fold 0: the add-one floor where unseen

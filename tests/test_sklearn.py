@@ -140,7 +140,7 @@ def test_fit_keeps_the_parameters_and_sets_trailing_underscore_attributes(clf):
     assert est.fit(TEXTS, Y) is est
     assert {name: joblib.hash(value) for name, value in est.get_params().items()} == before
     added = set(vars(est)) - public - {"_runtime"}
-    assert added == {"labels_", "fitted_config_", "fit_result_"}
+    assert added == {"labels_", "fitted_config_", "fit_result_", "fitted_correction_"}
     assert est.fitted_config_ == est.fit_result_.config
     assert est.fit_result_.fitted.semantic_weight in (0.0, 1.0)
     first = est.predict_proba(TEXTS)

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from semsoft_plugin.app import file_mode, handles
+from semsoft_plugin.app.classifier_fit import corrected_rows
 from semsoft_plugin.app.classifier_settings import checked_settings
 from semsoft_plugin.app.estimator import EstimatorProtocol
 from semsoft_plugin.app.predictions import Predictions, probability_rows
-from semsoft_plugin.app.texts import TextFitter, target_list, text_list
+from semsoft_plugin.app.texts import TextFitter, text_list
 from semsoft_plugin.core.calibration import CONTENT_FREE, FileCalibration, debias
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet, label_names
@@ -128,9 +129,12 @@ class Classifier(EstimatorProtocol):
     fit_grid : what :meth:`fit` searches: config field -> values (default:
         ``semantic_weight`` over 0, 0.1, ..., 1; ``{}``: nothing)
     fit_temperature : whether :meth:`fit` also fits a final temperature. With
-        ``fit_grid={}`` and ``fit_temperature=False`` fit only reads the labels, as a
-        search over this classifier's own settings wants (``GridSearchCV`` over
-        ``semantic_weight`` or ``score_temperature``)
+        ``fit_grid={}`` and ``fit_temperature=False`` (or ``fit_family=()``) fit only
+        reads the labels, as a search over this classifier's own settings wants
+        (``GridSearchCV`` over ``semantic_weight`` or ``score_temperature``)
+    fit_family : the members :meth:`fit` may choose (:data:`~semsoft_plugin.core.fitting.FAMILY`:
+        ``"grid"``, ``"temperature"``, ``"offset"``, ``"batch"``, ``"contextual"``,
+        ``"probe"``, the last refused on vLLM); ``None``: all the engine supports
     n_folds, margin, random_state : :meth:`fit`'s rule: the start is kept unless the fit
         beats it by ``margin`` standard errors of out-of-fold NLL over ``n_folds``
         stratified folds (fold seed ``random_state``; :mod:`semsoft_plugin.core.fitting`)
@@ -141,7 +145,10 @@ class Classifier(EstimatorProtocol):
     labels_ : after ``fit``: the label names, in prompt order
     fitted_config_ : after ``fit``: the :class:`SemsoftConfig` every prediction uses
     fit_result_ : after ``fit``: what the fit chose and why (``None`` if it searched
-        nothing)
+        nothing or the fit was loaded by :meth:`load_fit`)
+    fitted_correction_ : after ``fit``: what a bias member or the probe adds after
+        ``fitted_config_``, row by row (:class:`~semsoft_plugin.app.fitted.FittedCorrection`),
+        or ``None``; :meth:`save_fit` writes both to one config file
     file_calibration_ : after ``fit`` with ``calibrate="file"``: the
         :class:`~semsoft_plugin.core.calibration.FileCalibration` every prediction applies
         (its bias in ``classes_`` order)
@@ -172,6 +179,7 @@ class Classifier(EstimatorProtocol):
         engine_args: Mapping[str, Any] | None = None,
         fit_grid: Mapping[str, Sequence[Any]] | None = None,
         fit_temperature: bool = True,
+        fit_family: Sequence[str] | None = None,
         n_folds: int = 5,
         margin: float = 1.0,
         random_state: int = 0,
@@ -196,6 +204,7 @@ class Classifier(EstimatorProtocol):
         self.engine_args = engine_args
         self.fit_grid = fit_grid
         self.fit_temperature = fit_temperature
+        self.fit_family = fit_family
         self.n_folds = n_folds
         self.margin = margin
         self.random_state = random_state
@@ -256,18 +265,21 @@ class Classifier(EstimatorProtocol):
         ``calibrate="file"`` and no ``y``, estimate the file correction from the texts to
         classify; returns ``self``.
 
-        One forward pass per text; then :func:`semsoft_plugin.core.fitting.fit_config` on the
-        kept decision-step scores: from the classifier's settings (``config`` with ``k``,
-        ``semantic_weight``, ``score_temperature``), the fields of ``fit_grid`` are searched and
-        a final temperature is fitted (``fit_temperature``), and the start is *kept*
-        unless the fit beats it by ``margin`` standard errors of out-of-fold NLL
-        (stratified ``n_folds`` folds), so a few uninformative labels leave the
-        classifier as it was. With nothing to search, no text is scored.
+        One forward pass per text; then :func:`semsoft_plugin.core.fit_family.fit_config` on
+        the kept decision-step scores (the fit ``semsoft tune`` runs): from the
+        classifier's settings (``config`` with ``k``, ``semantic_weight``,
+        ``score_temperature``), each member of ``fit_family`` is checked out of fold (the
+        fields of ``fit_grid`` with a final temperature if ``fit_temperature``, a
+        temperature alone, the bias corrections, the probe), and the start is *kept*
+        unless one beats it by ``margin`` standard errors of out-of-fold NLL (stratified
+        ``n_folds`` folds), so a few uninformative labels leave the classifier as it
+        was. With nothing to search, no text is scored.
 
-        Afterwards the predictions use ``fitted_config_``, a plain
-        :class:`SemsoftConfig`: ``fitted_config_.save(path)`` writes the file that
-        ``--config``, ``SemsoftConfig.load`` and the vLLM per-request options take
-        (``sampling_params(labels, config=...)`` / ``semsoft_*`` ``vllm_xargs``).
+        Afterwards the predictions use ``fitted_config_`` and, where a bias member or the
+        probe won, ``fitted_correction_`` after it, each row alone (its score never
+        depends on its batch). ``save_fit(path)`` writes both to the file ``semsoft
+        classify --config`` and :meth:`load_fit` read; without a correction it is a plain
+        :class:`SemsoftConfig` file, which the vLLM per-request options also take.
         ``fit_result_`` says what was chosen and why. The parameters are not changed.
 
         With ``calibrate="file"``, ``fit(texts)`` scores each distinct text once (at
@@ -283,28 +295,19 @@ class Classifier(EstimatorProtocol):
         y : their labels, elements of ``classes_`` (with ``labels=None``: any strings,
             which become the labels); ``None`` only with ``calibrate="file"``
         """
+        from semsoft_plugin.app.classifier_fit import checked_family, fit_labelled, fit_targets
         from semsoft_plugin.core import fitting
 
         values = text_list(texts)
-        unlabelled = y is None and self.calibrate == "file"
-        if unlabelled and self.labels is None:
-            raise ValueError("fit(texts) without y needs labels=[...]: texts do not name them")
-        if y is None and not unlabelled:  # scikit-learn's words (check_requires_y_none)
-            raise ValueError(
-                "Classifier requires y to be passed, but the target y is None (only "
-                "calibrate='file' fits on texts alone)"
-            )
-        given = [] if y is None else target_list(y, len(values))
-        names = self._names() if self.labels is not None else label_names(sorted(set(given)))
-        index = {name: i for i, name in enumerate(names)}
-        unknown = [label for label in given if label not in index]
-        if unknown:
-            raise ValueError(f"y holds {unknown[0]!r}, which is not a label; labels: {names}")
+        names, targets = fit_targets(self, values, y)
+        unlabelled = targets is None
+        searched = bool(checked_family(self.fit_family, handles.engine_of(self)))
         setup = self._setup(names)
         self._forget_fit()
         default = {"semantic_weight": fitting.DEFAULT_WEIGHTS}
         axes = default if self.fit_grid is None else dict(self.fit_grid)
-        if self.calibrate == "file" and (unlabelled or not (axes or self.fit_temperature)):
+        searched = searched and bool(axes or self.fit_temperature)
+        if self.calibrate == "file" and (unlabelled or not searched):
             self._fit_file(setup, names, values)
             return self
         if self.calibrate is not None:
@@ -314,23 +317,39 @@ class Classifier(EstimatorProtocol):
                 "calibrate=None (calibrate='file': fit(texts) without y, or fit_grid={} and "
                 "fit_temperature=False to only read the labels)"
             )
-        result = None
-        if axes or self.fit_temperature:
-            start = setup.config
-            store_k = max(c.k for c in fitting.grid_configs(axes, start))
-            kept = self._kept(setup, setup.fitter.prompts(values)[0], store_k)
-            result = fitting.fit_config(
-                kept, setup.loaded.embeddings(), setup.labels, [index[label] for label in given],
-                start=start, grid=axes, temperature=bool(self.fit_temperature),
-                n_folds=self.n_folds, margin=self.margin, seed=self.random_state,
-            )  # fmt: skip
+        result, correction = None, None
+        if searched and targets is not None:
+            result, correction = fit_labelled(self, setup, values, targets, axes)
         self.labels_ = tuple(names)
         self.fit_result_ = result
         self.fitted_config_ = setup.config if result is None else result.config
+        self.fitted_correction_ = correction
+        return self
+
+    def save_fit(self, path: Any) -> None:
+        """Write ``fitted_config_`` and ``fitted_correction_`` to a config file (JSON; a
+        probe's weights beside it with safetensors: :mod:`semsoft_plugin.app.fitted`)."""
+        from semsoft_plugin.app.fitted import save_fitted
+
+        if "fitted_config_" not in self.__dict__:
+            raise NotFittedError("save_fit needs a fitted classifier: call fit first")
+        save_fitted(path, self.fitted_config_, self.__dict__.get("fitted_correction_"))
+
+    def load_fit(self, path: Any) -> Classifier:
+        """Take the fit a config file holds (``semsoft tune``'s or :meth:`save_fit`'s) as
+        this classifier's ``fitted_config_`` and ``fitted_correction_`` (its labels must
+        be this classifier's); returns ``self``."""
+        from semsoft_plugin.app.classifier_fit import loaded_fit
+
+        config, correction = loaded_fit(self, path)
+        self._forget_fit()
+        self.labels_, self.fit_result_ = tuple(self._names()), None
+        self.fitted_config_, self.fitted_correction_ = config, correction
         return self
 
     def _forget_fit(self) -> None:
-        for name in ("labels_", "fit_result_", "fitted_config_", "file_calibration_"):
+        fitted = ("labels_", "fit_result_", "fitted_config_", "fitted_correction_")
+        for name in (*fitted, "file_calibration_"):
             self.__dict__.pop(name, None)  # a refit starts afresh
 
     def _fit_file(self, setup: _Setup, names: list[str], values: list[str]) -> None:
@@ -392,25 +411,6 @@ class Classifier(EstimatorProtocol):
         return setup.config if fitted is None else fitted
 
     # -- scoring ----------------------------------------------------------------
-    def _kept(self, setup: _Setup, inputs: list[Any], store_k: int) -> Any:
-        """The decision step's top ``store_k`` raw scores and every label token's
-        (:class:`~semsoft_plugin.core.kept_scores.KeptScores`), from this classifier's engine."""
-        import torch
-
-        from semsoft_plugin.core.kept_scores import KeptScores, compress, kept_from_top_logprobs
-        from semsoft_plugin.core.kept_scores import label_token_ids as token_ids_of
-
-        token_ids = token_ids_of(setup.labels)
-        if setup.loaded.backend == "vllm":
-            results = self._classify(setup, inputs, keep_logprobs=store_k, token_ids=token_ids)
-            return kept_from_top_logprobs(results, token_ids)
-        # The fit keeps logits from hf.classify's default float32 head, as it always has.
-        classified = self._classify(setup, inputs, keep_logits=True, exact_head=True)
-        rows = torch.stack([c.logits for c in classified if c.logits is not None])
-        ids = torch.tensor(token_ids)
-        top_ids, top_logits, label_logits = compress(rows, store_k, ids)
-        return KeptScores(top_ids, top_logits, ids, label_logits)
-
     def inputs(self, texts: Iterable[str]) -> list[Any]:
         """The prompts (chat message lists, or strings without a chat template), each
         text cut to the length bound (see ``max_text_tokens``)."""
@@ -446,10 +446,8 @@ class Classifier(EstimatorProtocol):
             return Predictions(
                 classes, [], empty, empty.copy(), np.zeros(0), np.zeros(0, bool), np.zeros(0, int)
             )
-        results = self._classify(setup, inputs)
-        probs: list[Any] = [r.probs for r in results]
+        results, p = corrected_rows(self, setup, inputs, classes)  # with the fit's correction
         constrained: list[Any] = [r.constrained_probs for r in results]
-        p = probability_rows(probs, classes)
         return Predictions(
             labels=classes,
             label=[classes[i] for i in p.argmax(axis=1)],

@@ -14,7 +14,13 @@ from typing import Any
 from semsoft_plugin.core.labels import split_labels
 from semsoft_plugin.engines.prompting import DEFAULT_PROMPT
 
-__all__ = ["classifier_from_args", "file_strength", "parse_labels", "prompt_template"]
+__all__ = [
+    "check_fitted_args",
+    "classifier_from_args",
+    "file_strength",
+    "parse_labels",
+    "prompt_template",
+]
 
 
 def file_strength(args: argparse.Namespace) -> float | None:
@@ -59,8 +65,9 @@ def classifier_from_args(
     """The :class:`~semsoft_plugin.app.classifier.Classifier` the model, backend and batch
     options name (imported when called, so that the command starts without it)."""
     from semsoft_plugin.app.classifier import Classifier
+    from semsoft_plugin.app.fitted import load_fitted
 
-    return Classifier.from_pretrained(
+    classifier = Classifier.from_pretrained(
         args.model,
         labels,
         backend=args.backend,
@@ -74,3 +81,29 @@ def classifier_from_args(
         # classifier gives the raw scores of the first pass.
         calibrate="contextual" if getattr(args, "calibrate", None) == "contextual" else None,
     )
+    path = getattr(args, "config", None)
+    if path and load_fitted(path)[1] is not None:  # a fitted correction: applied row by row
+        classifier.load_fit(path)
+    return classifier
+
+
+def check_fitted_args(args: argparse.Namespace, procedure: str) -> None:
+    """A ``--config`` file with a fitted correction (``procedure``) goes with no option
+    that would change what it was fitted on, nor with ``--ray`` (whose workers build
+    their own classifiers): each refused by name rather than ignored."""
+    from semsoft_plugin.app.config_args import flag
+    from semsoft_plugin.core.config import config_field_specs
+
+    given = [flag(name) for name in config_field_specs() if getattr(args, name, None) is not None]
+    if getattr(args, "preset", None) is not None:
+        given.append("--preset")
+    if getattr(args, "calibrate", None) is not None:
+        given.append("--calibrate")
+    if getattr(args, "ray", False):
+        given.append("--ray")
+    if given:
+        raise ValueError(
+            f"--config {args.config} holds a fitted correction ({procedure}), fitted with the "
+            f"file's settings on uncorrected scores: {given[0]} cannot go with it (fit again "
+            "with semsoft tune for other settings)"
+        )

@@ -26,9 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from semsoft_plugin.app.classifier_settings import check_file_strength
-from semsoft_plugin.app.classify_args import classifier_from_args, parse_labels, prompt_template
+from semsoft_plugin.app.classify_args import (
+    check_fitted_args,
+    classifier_from_args,
+    parse_labels,
+    prompt_template,
+)
 from semsoft_plugin.app.classify_file import run_classify_file
 from semsoft_plugin.app.config_args import add_config_arguments, config_from_args
+from semsoft_plugin.app.fitted import load_fitted
 from semsoft_plugin.core.labels import LABELS_SYNTAX
 
 __all__ = [
@@ -270,7 +276,10 @@ def _run_classify(args: argparse.Namespace) -> int:
             "--calibrate contextual"
         )
     labels = parse_labels(args.labels)
-    config = config_from_args(args)
+    correction = load_fitted(args.config)[1] if args.config else None
+    if correction is not None:  # applied by the classifier (classify_args), row by row
+        check_fitted_args(args, correction.procedure)
+    config = config_from_args(args, fitted=True)
     template = prompt_template(args)
     if args.input is not None and args.ray:
         from semsoft_plugin.app.ray import run_classify_cli

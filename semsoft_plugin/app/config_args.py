@@ -14,6 +14,7 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from semsoft_plugin.app.fitted import load_fitted
 from semsoft_plugin.core.config import (
     PRESETS,
     RENAMED,
@@ -143,9 +144,11 @@ def add_config_arguments(
         group.add_argument(flag(old), dest=old, nargs="?", action=_Renamed, help=argparse.SUPPRESS)
 
 
-def start_from_args(args: argparse.Namespace) -> SemsoftConfig:
+def start_from_args(args: argparse.Namespace, *, fitted: bool = False) -> SemsoftConfig:
     """The ``--preset`` or ``--config`` base (default: the constrained preset), no
-    field flag applied (``tune``'s start)."""
+    field flag applied (``tune``'s start). ``fitted``: the file may also hold a fitted
+    correction (``classify``, which applies it: :mod:`semsoft_plugin.app.fitted`); else
+    such a file is refused by name."""
     preset, path = getattr(args, "preset", None), getattr(args, "config", None)
     if preset is not None and path is not None:
         raise ValueError(
@@ -153,16 +156,17 @@ def start_from_args(args: argparse.Namespace) -> SemsoftConfig:
             "(and override its fields with their flags)"
         )
     if path is not None:
-        return SemsoftConfig.load(path)
+        return load_fitted(path)[0] if fitted else SemsoftConfig.load(path)
     return SemsoftConfig.preset(preset or "constrained")
 
 
-def config_from_args(args: argparse.Namespace) -> SemsoftConfig:
+def config_from_args(args: argparse.Namespace, *, fitted: bool = False) -> SemsoftConfig:
     """The ``--preset`` or ``--config`` base (default: the constrained preset) with
-    every field flag given applied; ``ValueError`` naming a refused combination."""
+    every field flag given applied; ``ValueError`` naming a refused combination
+    (``fitted`` as :func:`start_from_args`'s)."""
     try:
         given = {name: getattr(args, name) for name in config_field_specs() if hasattr(args, name)}
-        return start_from_args(args).replace(**given)
+        return start_from_args(args, fitted=fitted).replace(**given)
     except ValueError as error:
         raise ValueError(f"Semantic Softmax settings: {error}") from None
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BACKENDS", "Loaded", "forget", "is_vllm", "loaded"]
+__all__ = ["BACKENDS", "Loaded", "engine_of", "forget", "is_vllm", "loaded"]
 
 BACKENDS = ("hf", "vllm")
 
@@ -64,6 +64,12 @@ class Loaded:
 def is_vllm(model: Any) -> bool:
     """Whether ``model`` is a ``vllm.LLM`` (told by its module, without importing vLLM)."""
     return type(model).__module__.split(".")[0] == "vllm" and hasattr(model, "llm_engine")
+
+
+def engine_of(clf: Any) -> str:
+    """``"vllm"`` or ``"hf"``: the engine a classifier's ``model`` and ``backend`` name,
+    told without loading anything (so a setting the engine cannot honour fails first)."""
+    return "vllm" if clf.backend == "vllm" or is_vllm(clf.model) else "hf"
 
 
 def loaded(

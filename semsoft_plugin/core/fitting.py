@@ -22,8 +22,9 @@ default (too few, or drawn from the default's own distribution) leave it unchang
 
 **Bias corrections** (``fit_probs(bias=...)``, :mod:`~semsoft_plugin.core.label_offsets`):
 a per-label offset, batch and contextual calibration, each one more procedure under the
-same rule. An offset per label is no :class:`SemsoftConfig`, so :func:`fit_config`
-(``Classifier.fit``, ``semsoft tune``) leaves them out; ``semantic-fit`` searches them.
+same rule; so is a probe on the decision step's hidden state, which the caller fits
+(``external``). The whole family by name is :data:`FAMILY`; :mod:`semsoft_plugin.core.fit_family`
+runs it on kept forward passes for ``Classifier.fit`` and ``semsoft tune``.
 
 Everything is computed from *kept forward passes*: per item the top ``S`` decision-step
 logits (or log-probabilities) and those of every label token, one forward pass per item
@@ -37,17 +38,17 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from semsoft_plugin.core.config import SemsoftConfig, grid_entry
-from semsoft_plugin.core.kept_scores import Kept, grid_probs
 from semsoft_plugin.core.label_offsets import (
+    MEMBERS,
     apply_offset,
     check_members,
+    checked_names,
     fit_member,
     member_out_of_fold,
 )
@@ -55,10 +56,11 @@ from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_tempe
 
 __all__ = [
     "DEFAULT_WEIGHTS",
-    "FitResult",
+    "FAMILY",
+    "SIMPLEST_FIRST",
+    "External",
+    "check_family",
     "cross_fit",
-    "fit_config",
-    "fit_from_grid",
     "fit_probs",
     "fitted_probs",
     "grid_configs",
@@ -66,6 +68,17 @@ __all__ = [
     "stratified_folds",
 ]
 
+# The fit's family, in the order it reports them: the grid (pool weight, each entry with
+# its temperature), a temperature on the start alone, the bias corrections
+# (label_offsets.MEMBERS), and a probe on the decision step's hidden state (fitted by the
+# caller: scikit-learn, semsoft_plugin.app.probe).
+FAMILY: tuple[str, ...] = ("grid", "temperature", *MEMBERS, "probe")
+# The family by free parameters, fewest first: what the fit prefers among members that
+# tie within the rule's margin (a temperature; a label-free offset with a temperature;
+# the grid's weight with a temperature; an offset per label; a probe's weight matrix).
+SIMPLEST_FIRST: tuple[str, ...] = ("temperature", "contextual", "batch", "grid", "offset", "probe")
+# A procedure the caller fits: (train rows, held rows) -> [len(held), L] probabilities.
+External = Callable[[np.ndarray, np.ndarray], np.ndarray]
 # The pool weights searched by default: from the constrained softmax (0) to the
 # semantic distribution alone (1).
 DEFAULT_WEIGHTS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
@@ -142,63 +155,6 @@ def _log(probs: np.ndarray) -> np.ndarray:
 # -- the fit -------------------------------------------------------------------------
 
 
-@dataclass
-class FitResult:
-    """What :func:`fit_config` chose and why.
-
-    Attributes
-    ----------
-    config : the setting to use: the fitted one, or ``start`` when the rule kept it
-    fitted : the best setting on all labels (whether or not it was adopted)
-    kept_default : True when the rule kept ``start``
-    n : labelled items
-    n_folds : folds of the out-of-fold check
-    gain : mean out-of-fold NLL gain of the fitting procedure over ``start`` (> 0: better)
-    gain_se : its standard error (paired over items)
-    margin : the rule: adopt when ``gain > margin * gain_se`` and ``gain > 0``
-    nll_start, nll_fitted : out-of-fold mean NLL of ``start`` and of the procedure
-    procedure : the procedure adopted (``"grid"`` when none passed): ``"grid"``
-        (every grid entry with its temperature) or ``"temperature"`` (a temperature on
-        ``start`` alone)
-    procedures : each checked procedure's gain, standard error, pass and NLL
-    in_sample : per grid entry, the training NLL with its own fitted temperature
-    fold_choices : the setting chosen on each fold's training part
-    """
-
-    config: SemsoftConfig
-    fitted: SemsoftConfig
-    kept_default: bool
-    n: int
-    n_folds: int
-    gain: float
-    gain_se: float
-    margin: float
-    nll_start: float
-    nll_fitted: float
-    procedure: str = "grid"
-    procedures: dict[str, Any] = field(default_factory=dict)
-    in_sample: list[dict[str, Any]] = field(default_factory=list)
-    fold_choices: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "config": self.config.to_dict(),
-            "fitted": self.fitted.to_dict(),
-            "kept_default": self.kept_default,
-            "n": self.n,
-            "n_folds": self.n_folds,
-            "gain": self.gain,
-            "gain_se": self.gain_se,
-            "margin": self.margin,
-            "nll_start": self.nll_start,
-            "nll_fitted": self.nll_fitted,
-            "procedure": self.procedure,
-            "procedures": self.procedures,
-            "in_sample": self.in_sample,
-            "fold_choices": self.fold_choices,
-        }
-
-
 def _choose(
     log_grid: np.ndarray, targets: np.ndarray, temperature: bool
 ) -> tuple[int, float, np.ndarray, np.ndarray]:
@@ -248,6 +204,10 @@ def fit_probs(
     seed: int = 0,
     bias: Sequence[str] = (),
     content_free: np.ndarray | None = None,
+    family: Sequence[str] | None = None,
+    external: Mapping[str, External] | None = None,
+    rows: np.ndarray | None = None,
+    grid_size: int | None = None,
 ) -> tuple[int, float, bool, dict[str, Any]]:
     """The fit on precomputed probabilities: ``grid`` ``[C, N, L]`` per grid entry,
     ``start`` ``[N, L]`` of the starting setting (scored as is). Returns ``(entry,
@@ -257,13 +217,26 @@ def fit_probs(
     temperature each, and each ``single`` entry (name -> grid entry, e.g. from
     :func:`single_entries`: ``start`` at ``T = 1``) with a temperature alone: one parameter, so less variance where only the temperature
     matters. Each is adopted only if its gain passes the rule (module docstring); of
-    those that pass, the larger gain wins.
+    those that pass, the simplest (:data:`SIMPLEST_FIRST`) whose out-of-fold NLL is
+    within ``margin`` standard errors of the largest gain's (paired over items: the
+    one-standard-error rule) wins, so a member with more free parameters is chosen only
+    where the labels show it fits better, not where it ties by chance.
     ``n_folds`` is lowered to half the number of items when there are fewer.
 
     ``bias``: the bias members also checked (``label_offsets.MEMBERS``), on the
     ``single["temperature"]`` entry; ``content_free`` ``[C, L]``: that entry on the
     content-free inputs (``"contextual"``). ``stats["offset"]``: the adopted member's
     per-label log-offset (else None), which :func:`fitted_probs` applies.
+
+    ``family``: the procedures checked, by name (:data:`FAMILY`; ``None``: the grid, the
+    ``single`` ones and ``bias``). A bias member is named here instead of in ``bias``; a
+    ``"temperature"`` the grid has no entry for is the grid's own (one entry) and not
+    checked twice. ``external``: name -> a procedure the caller fits (``"probe"``):
+    ``fit(train, held)`` gets row indices (into the caller's rows; ``rows`` says which
+    of them these are, default all) and returns ``[len(held), L]`` probabilities of the
+    held rows fitted on the train rows, so the same rule judges it out of fold.
+    ``grid_size``: the ``"grid"`` member searches the first entries only (the rest are
+    there for the other members: the start at ``T = 1``); default all.
     """
     y = _check_targets(targets, grid.shape[1], grid.shape[2])
     n = len(y)
@@ -275,14 +248,25 @@ def fit_probs(
     log_grid = _log(grid)
     start_nll = nll(start, y)
     fold_ids = stratified_folds(y, folds, seed)
-    subsets = {"grid": np.arange(len(grid))}
+    subsets = {"grid": np.arange(len(grid) if grid_size is None else grid_size)}
     if temperature and len(grid) > 1:
         subsets.update({name: np.array([entry]) for name, entry in (single or {}).items()})
+    external = dict(external or {})
+    names, bias = _procedures(family, bias, subsets, external)
+    subsets = {k: v for k, v in subsets.items() if k in names}
     base_entry = check_members(bias, single, content_free)
     base = log_grid[base_entry]
+    rows = np.arange(n) if rows is None else np.asarray(rows)
     checked: dict[str, dict[str, Any]] = {}
-    for name in [*subsets, *bias]:
-        if name in subsets:
+    for name in names:
+        if name in external:
+            fitted_nll = np.empty(n)
+            choices: list[dict[str, Any]] = []
+            for fold in np.unique(fold_ids):
+                held = fold_ids == fold
+                fitted_nll[held] = nll(external[name](rows[~held], rows[held]), y[held])
+                choices.append({"entry": base_entry, "temperature": 1.0})
+        elif name in subsets:
             fitted_nll, choices = _out_of_fold(log_grid[subsets[name]], y, fold_ids, temperature)
             for choice in choices:
                 choice["entry"] = int(subsets[name][choice["entry"]])
@@ -299,18 +283,22 @@ def fit_probs(
             "passes": gain > 0 and gain > margin * se,
             "nll": float(fitted_nll.mean()),
             "fold_choices": choices,
+            "per_item": fitted_nll,
         }
     passing = [k for k, v in checked.items() if v["passes"]]
-    chosen = max(passing, key=lambda k: checked[k]["gain"]) if passing else "grid"
+    fallback = next((k for k in names if k not in external), names[0])  # "grid" if checked
+    chosen = _simplest(passing, checked, margin) if passing else fallback
     offset = None
     if chosen in subsets:
         best, t, scores_all, temps_all = _choose(log_grid[subsets[chosen]], y, temperature)
         best = int(subsets[chosen][best])
+    elif chosen in external:  # the caller fits it on all rows
+        best, t = base_entry, 1.0
     else:
         t, b = fit_member(chosen, base, y, content_free=content_free, temperature=temperature,
                           seed=seed)  # fmt: skip
         best, offset = base_entry, b.tolist()
-    if chosen != "grid":  # the report lists every grid entry
+    if chosen != "grid" or len(subsets["grid"]) != len(grid):  # the report lists every entry
         _, _, scores_all, temps_all = _choose(log_grid, y, temperature)
     stats = {
         "n": n,
@@ -329,6 +317,52 @@ def fit_probs(
         "offset": offset,
     }
     return best, t, not passing, stats
+
+
+def _simplest(passing: list[str], checked: dict[str, dict[str, Any]], margin: float) -> str:
+    """The simplest passing member not worse than the best by ``margin`` paired
+    standard errors of out-of-fold NLL."""
+    best = max(passing, key=lambda k: checked[k]["gain"])
+    rank = {m: i for i, m in enumerate(SIMPLEST_FIRST)}
+    for name in sorted(passing, key=lambda k: rank.get(k, len(rank))):
+        diff = checked[name]["per_item"] - checked[best]["per_item"]
+        if name == best or diff.mean() <= margin * diff.std(ddof=1) / math.sqrt(len(diff)):
+            return name
+    return best
+
+
+def _procedures(
+    family: Sequence[str] | None,
+    bias: Sequence[str],
+    subsets: Mapping[str, np.ndarray],
+    external: Mapping[str, External],
+) -> tuple[list[str], list[str]]:
+    """The procedures :func:`fit_probs` checks, in order, and the bias members among
+    them; an unknown name, or a member no one can fit here, is refused by name."""
+    if family is None:
+        return [*subsets, *bias, *external], list(bias)
+    if bias:
+        raise ValueError(f"name the bias members {list(bias)} in family, not in bias=")
+    names = list(check_family(family))
+    if not names:
+        raise ValueError("family=() checks nothing: name at least one member of " + str(FAMILY))
+    missing = [m for m in names if m not in (*subsets, *MEMBERS, *external, "temperature")]
+    if missing:
+        raise ValueError(
+            f"fit family member {missing[0]!r} needs what the caller did not give (the probe: "
+            "the decision step's hidden states, which this engine does not expose)"
+        )
+    names = [m for m in names if m != "temperature" or "temperature" in subsets]
+    return names, [m for m in names if m in MEMBERS]
+
+
+def check_family(family: Sequence[str]) -> tuple[str, ...]:
+    """``family`` as a tuple of member names of :data:`FAMILY`, each once; an unknown
+    name (or a string where a sequence of names is wanted) refused by name."""
+    if isinstance(family, str):
+        raise ValueError(f"fit family {family!r} must be a sequence of member names, e.g. "
+                         f"({family!r},); members: {', '.join(FAMILY)}")  # fmt: skip
+    return checked_names(family, FAMILY, "fit family member")
 
 
 def fitted_probs(
@@ -368,8 +402,15 @@ def cross_fit(
             out[held] = start[held]
             choices.append({"entry": None, "temperature": 1.0, "kept_default": True})
             continue
-        entry, t, keep, stats = fit_probs(grid[:, ~held], start[~held], y[~held], **options)
-        out[held] = fitted_probs(grid[:, held], start[held], entry, t, keep, stats["offset"])
+        train = np.flatnonzero(~held)
+        entry, t, keep, stats = fit_probs(
+            grid[:, ~held], start[~held], y[~held], rows=train, **options
+        )
+        external = (options.get("external") or {}).get(stats["procedure"])
+        if external is not None and not keep:
+            out[held] = external(train, np.flatnonzero(held))
+        else:
+            out[held] = fitted_probs(grid[:, held], start[held], entry, t, keep, stats["offset"])
         choices.append({"entry": entry, "temperature": t, "kept_default": keep,
                         "procedure": stats["procedure"], "offset": stats["offset"]})  # fmt: skip
     return out, choices
@@ -388,112 +429,3 @@ def single_entries(configs: Sequence[SemsoftConfig], start: SemsoftConfig) -> di
         if found is not None and found not in out.values():
             out[name] = found
     return out
-
-
-def fit_config(
-    kept: Kept,
-    embeddings: Any,
-    labels: Any,
-    targets: Any,
-    *,
-    start: SemsoftConfig | None = None,
-    grid: Mapping[str, Sequence[Any]] | None = None,
-    temperature: bool = True,
-    n_folds: int = 5,
-    margin: float = 1.0,
-    seed: int = 0,
-) -> FitResult:
-    """Fit Semantic Softmax's settings on labelled kept forward passes.
-
-    Parameters
-    ----------
-    kept : the items' kept decision-step scores (:class:`KeptScores` or the
-        evaluation package's ``Forward``)
-    embeddings : the model's output embeddings (Tensor or OutputEmbeddings)
-    labels : LabelSet or LabelTokens, in the column order of ``targets``
-    targets : ``[N]`` label indices
-    start : the setting to start from and keep unless beaten (default: the label-free
-        default ``SemsoftConfig()``)
-    grid : config field -> values searched over ``start`` (default: ``semantic_weight``
-        over :data:`DEFAULT_WEIGHTS`); ``score_temperature`` is fitted, not searched
-    temperature : fit a final temperature for every grid entry
-    n_folds : stratified folds of the out-of-fold check
-    margin : standard errors by which the procedure must beat ``start`` out of fold
-    seed : fold seed
-    """
-    start = start or SemsoftConfig()
-    grid = {"semantic_weight": DEFAULT_WEIGHTS} if grid is None else dict(grid)
-    if "score_temperature" in grid:
-        raise ValueError("score_temperature is fitted, not a grid axis (temperature=False: T=1)")
-    configs = grid_configs(grid, start.replace(score_temperature=1.0))
-    probs, _ = grid_probs(kept, embeddings, labels, [*configs, start])
-    return fit_from_grid(
-        probs, configs, start, targets, axes=list(grid), temperature=temperature,
-        n_folds=n_folds, margin=margin, seed=seed,
-    )  # fmt: skip
-
-
-def fit_from_grid(
-    probs: np.ndarray,
-    configs: Sequence[SemsoftConfig],
-    start: SemsoftConfig,
-    targets: Any,
-    *,
-    axes: Sequence[str] = ("semantic_weight",),
-    temperature: bool = True,
-    n_folds: int = 5,
-    margin: float = 1.0,
-    seed: int = 0,
-) -> FitResult:
-    """:func:`fit_config` on probabilities already scored: ``probs`` ``[C + 1, N, L]``,
-    one per config of ``configs`` and last ``start``'s (``axes``: the fields the grid
-    varies, for the report)."""
-    best, t, kept_default, stats = fit_probs(
-        probs[:-1],
-        probs[-1],
-        targets,
-        single=single_entries(configs, start),
-        temperature=temperature,
-        n_folds=n_folds,
-        margin=margin,
-        seed=seed,
-    )
-    return _result(configs, axes, best, t, kept_default, stats, start, margin)
-
-
-def _result(
-    configs: Sequence[SemsoftConfig],
-    grid: Sequence[str],
-    best: int,
-    t: float,
-    kept_default: bool,
-    stats: dict[str, Any],
-    start: SemsoftConfig,
-    margin: float,
-) -> FitResult:
-    def axes(config: SemsoftConfig) -> dict[str, Any]:
-        return {k: getattr(config, k) for k in grid}
-
-    fitted = configs[best].replace(score_temperature=t)
-    return FitResult(
-        config=start if kept_default else fitted,
-        fitted=fitted,
-        kept_default=kept_default,
-        n=stats["n"],
-        n_folds=stats["n_folds"],
-        gain=stats["gain"],
-        gain_se=stats["gain_se"],
-        margin=float(margin),
-        nll_start=stats["nll_start"],
-        nll_fitted=stats["nll_fitted"],
-        procedure=stats["procedure"],
-        procedures=stats["procedures"],
-        in_sample=[
-            {**axes(c), "temperature": tt, "nll": s}
-            for c, s, tt in zip(configs, stats["scores"], stats["temperatures"], strict=True)
-        ],
-        fold_choices=[
-            {**axes(configs[f["entry"]]), "temperature": f["temperature"]}
-            for f in stats["fold_choices"]
-        ],
-    )

@@ -49,6 +49,7 @@ __all__ = [
     "STRENGTHS",
     "apply_offset",
     "check_members",
+    "checked_names",
     "fit_member",
     "fit_offset",
     "fit_offset_cv",
@@ -218,18 +219,25 @@ def _content_free_bias(content_free: np.ndarray | None) -> np.ndarray:
     return cf.mean(0)
 
 
+def checked_names(names: Sequence[str], allowed: Sequence[str], what: str) -> tuple[str, ...]:
+    """``names`` as a tuple, each one of ``allowed`` and listed once, else refused by
+    name (``what``: what a name is, for the message)."""
+    names = tuple(names)
+    unknown = [m for m in names if m not in allowed]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown[0]!r}; members are {', '.join(allowed)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what}s are listed twice: {list(names)}")
+    return names
+
+
 def check_members(
     bias: Sequence[str], single: Mapping[str, int] | None, content_free: np.ndarray | None
 ) -> int:
     """The grid entry the members fit on (``single["temperature"]``: the start at
     ``T = 1``; 0 when no member is asked for); unknown names or missing inputs are
     refused by name."""
-    names = list(bias)
-    unknown = [b for b in names if b not in MEMBERS]
-    if unknown:
-        raise ValueError(f"unknown bias member {unknown[0]!r}; members are {', '.join(MEMBERS)}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"bias members are listed twice: {names}")
+    names = checked_names(bias, MEMBERS, "bias member")
     if not names:
         return 0
     if "temperature" not in (single or {}):

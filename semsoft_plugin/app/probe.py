@@ -1,0 +1,185 @@
+"""The probe: regularised logistic regression on the decision step's hidden state
+("hidden calibration", Cho et al., NAACL 2025), the family member of the few-label fit
+that reads more than the label logits.
+
+Temperature scaling and the bias corrections rescale or shift the label logits, which
+hold one number per label; the last layer's hidden state at the decision step holds
+what the model knows before its output layer throws most of it away. With a few
+labels, an L2 multinomial logistic regression on it (scikit-learn: standardised
+features, its ``C`` chosen by inner stratified folds on log-loss,
+``LogisticRegressionCV``) can separate labels the label logits confuse.
+
+The fitted probe is kept as plain arrays (:class:`LinearProbe`): predicting needs numpy
+only, one row at a time (a row's probabilities never depend on its batch), and the
+weights are saved with safetensors, never pickle. ``semsoft eval``'s ``probe`` method and
+``Classifier.fit`` fit it here (one implementation).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CS",
+    "LinearProbe",
+    "fit_probe",
+    "held_probs",
+    "probe_member",
+    "probe_refused",
+]
+
+# Inverse L2 strengths searched by the inner folds (on standardised features).
+CS: tuple[float, ...] = tuple(float(c) for c in np.logspace(-4, 2, 7))
+
+
+@dataclass(frozen=True)
+class LinearProbe:
+    """A fitted probe: ``softmax(((h - mean) / scale) @ weight.T + bias)`` over the labels
+    seen in training, every label a column.
+
+    Attributes
+    ----------
+    mean, scale : ``[H]`` the standardisation of the hidden state
+    weight, bias : ``[S, H]`` and ``[S]``, one row per seen label (a binary fit's single
+        row is written as two, the first zero, which is what its sigmoid is)
+    seen : ``[S]`` the label indices seen in training
+    n_labels : labels in all; an unseen one gets ``1 / (n_train + n_labels)`` (the add-one
+        estimate of a label never seen), so no NLL is infinite
+    n_train : training rows
+    strength : the ``C`` the inner folds chose
+    """
+
+    mean: np.ndarray
+    scale: np.ndarray
+    weight: np.ndarray
+    bias: np.ndarray
+    seen: np.ndarray
+    n_labels: int
+    n_train: int
+    strength: float
+
+    def probs(self, hidden: Any) -> np.ndarray:
+        """``[N, n_labels]`` float64 probabilities of ``[N, H]`` hidden states, row by row."""
+        x = np.asarray(hidden, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != len(self.mean):
+            raise ValueError(
+                f"hidden states of shape {x.shape}: this probe reads [N, {len(self.mean)}] "
+                "(the hidden size of the model it was fitted on)"
+            )
+        z = ((x - self.mean) / self.scale) @ self.weight.T + self.bias
+        z = np.exp(z - z.max(1, keepdims=True))
+        floor = 1.0 / (self.n_train + self.n_labels)
+        out = np.full((len(x), self.n_labels), floor)
+        out[:, self.seen] = (
+            z / z.sum(1, keepdims=True) * (1.0 - (self.n_labels - len(self.seen)) * floor)
+        )
+        return out
+
+    def save(self, path: str | Path, labels: list[str] | tuple[str, ...]) -> None:
+        """The weights as a safetensors file; ``labels`` (the column names) in its metadata."""
+        from safetensors.numpy import save_file
+
+        arrays = {k: np.ascontiguousarray(getattr(self, k)) for k in _ARRAYS}
+        meta = {"labels": json.dumps(list(labels)), "n_train": str(self.n_train),
+                "strength": repr(self.strength)}  # fmt: skip
+        save_file(arrays, str(path), metadata=meta)
+
+    @classmethod
+    def load(cls, path: str | Path) -> tuple[LinearProbe, list[str]]:
+        """A probe written by :meth:`save` and its label names."""
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                meta = f.metadata() or {}
+                arrays = {k: f.get_tensor(k) for k in _ARRAYS}
+            labels = json.loads(meta["labels"])
+            probe = cls(**arrays, n_labels=len(labels), n_train=int(meta["n_train"]),
+                        strength=float(meta["strength"]))  # fmt: skip
+        except FileNotFoundError:
+            raise ValueError(f"probe weights not found: {path}") from None
+        except (KeyError, ValueError, TypeError, OSError) as error:
+            raise ValueError(f"{path} is not a probe written by semsoft ({error})") from None
+        return probe, labels
+
+
+_ARRAYS = ("mean", "scale", "weight", "bias", "seen")
+
+
+def fit_probe(
+    hidden: Any, targets: Any, n_labels: int, *, inner_folds: int = 5, seed: int = 0
+) -> LinearProbe:
+    """The probe on ``[N, H]`` hidden states and ``[N]`` label indices (``< n_labels``):
+    ``StandardScaler`` + ``LogisticRegressionCV`` (L2, ``C`` over :data:`CS` chosen by
+    inner stratified folds on log-loss). Needs two labels among the targets."""
+    from sklearn.linear_model import LogisticRegressionCV
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.preprocessing import StandardScaler
+
+    x = np.asarray(hidden, dtype=np.float64)
+    y = np.asarray(targets, dtype=np.int64)
+    if x.ndim != 2 or len(x) != len(y):
+        raise ValueError(f"hidden {x.shape} and targets {y.shape} must be [N, H] and [N]")
+    if len(np.unique(y)) < 2:
+        raise ValueError(f"the probe needs two labels among the targets, got {np.unique(y)}")
+    folds = max(2, min(inner_folds, int(np.bincount(y).max()), len(y) // 2))
+    scaler = StandardScaler().fit(x)
+    model = LogisticRegressionCV(
+        Cs=list(CS), l1_ratios=(0.0,), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
+        scoring="neg_log_loss", max_iter=1000, use_legacy_attributes=False,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a rare label: fewer members than folds
+        model.fit(scaler.transform(x), y)
+    weight, bias = model.coef_, model.intercept_
+    if len(model.classes_) == 2:  # sigmoid(z) = softmax([0, z])
+        weight, bias = np.vstack([np.zeros_like(weight), weight]), np.r_[0.0, bias]
+    scale = np.asarray(scaler.scale_, dtype=np.float64)
+    return LinearProbe(
+        mean=np.asarray(scaler.mean_, dtype=np.float64), scale=scale,
+        weight=np.asarray(weight, dtype=np.float64), bias=np.asarray(bias, dtype=np.float64),
+        seen=np.asarray(model.classes_, dtype=np.int64), n_labels=int(n_labels),
+        n_train=len(y), strength=float(np.ravel(model.C_)[0]),
+    )  # fmt: skip
+
+
+def held_probs(
+    hidden: np.ndarray, targets: np.ndarray, train: np.ndarray, held: np.ndarray, n_labels: int,
+    *, seed: int = 0,
+) -> tuple[np.ndarray, LinearProbe | None]:  # fmt: skip
+    """The ``held`` rows' probabilities from the probe fitted on the ``train`` rows, and
+    that probe. A training part with a single label gives its add-one label frequencies
+    and no probe (no regression can be fitted)."""
+    if len(np.unique(targets[train])) < 2:
+        counts = np.bincount(targets[train], minlength=n_labels) + 1.0
+        return np.tile(counts / counts.sum(), (len(held), 1)), None
+    probe = fit_probe(hidden[train], targets[train], n_labels, seed=seed)
+    return probe.probs(hidden[held]), probe
+
+
+def probe_member(
+    hidden: Any, targets: Any, n_labels: int, *, seed: int = 0
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The probe as a member of the few-label fit (``fit_probs(external=...)``):
+    ``(train, held)`` row indices -> the held rows' ``[len(held), n_labels]``
+    probabilities (:func:`held_probs`)."""
+    x = np.asarray(hidden, dtype=np.float64)
+    y = np.asarray(targets, dtype=np.int64)
+    return lambda train, held: held_probs(x, y, train, held, n_labels, seed=seed)[0]
+
+
+def probe_refused(advice: str) -> ValueError:
+    """The error for a probe asked for where the engine gives no hidden states (vLLM);
+    ``advice`` says what to do instead."""
+    return ValueError(
+        "fit family member 'probe' needs the decision step's hidden state, which vLLM's "
+        "generate runner does not return (a second, pooling vLLM engine could; not built): "
+        + advice
+    )

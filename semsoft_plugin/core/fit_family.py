@@ -1,0 +1,255 @@
+"""The few-label fit over the whole family, on kept forward passes: what
+``Classifier.fit`` and ``semsoft tune`` run (one implementation for both).
+
+The family (:data:`~semsoft_plugin.core.fitting.FAMILY`) is every way the fit may change
+the label-free start: the pool weight over a grid with a temperature (``"grid"``), a
+temperature alone (``"temperature"``), the bias corrections (``"offset"``, ``"batch"``,
+``"contextual"``: :mod:`~semsoft_plugin.core.label_offsets`) and a probe on the decision
+step's hidden state (``"probe"``, fitted by the caller, who has scikit-learn and the
+hidden states). Each member is scored out of fold and the start is kept unless one beats
+it by ``margin`` standard errors (:func:`semsoft_plugin.core.fitting.fit_probs`).
+
+What the fit gives is applied to each row alone, so a row's score never depends on
+its batch: a :class:`SemsoftConfig` (whose ``score_temperature`` is the last step), and for a
+bias member a per-label log-offset added after it (``FitResult.offset``,
+``softmax(log p_config + offset)``). The offset of ``"batch"`` is the mean of the
+*fitted* rows, estimated once, not of the rows being predicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.fitting import (
+    DEFAULT_WEIGHTS,
+    FAMILY,
+    External,
+    check_family,
+    fit_probs,
+    grid_configs,
+    single_entries,
+)
+from semsoft_plugin.core.kept_scores import Kept, grid_probs
+
+__all__ = [
+    "FitResult",
+    "configs_with_start",
+    "default_family",
+    "fit_config",
+    "fit_from_grid",
+]
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit_config` chose and why.
+
+    Attributes
+    ----------
+    config : the setting to use: the fitted one, or ``start`` when the rule kept it
+    fitted : the best setting on all labels (whether or not it was adopted)
+    kept_default : True when the rule kept ``start``
+    n : labelled items
+    n_folds : folds of the out-of-fold check
+    gain : mean out-of-fold NLL gain of the fitting procedure over ``start`` (> 0: better)
+    gain_se : its standard error (paired over items)
+    margin : the rule: adopt when ``gain > margin * gain_se`` and ``gain > 0``
+    nll_start, nll_fitted : out-of-fold mean NLL of ``start`` and of the procedure
+    procedure : the family member adopted (when none passed, the first member checked,
+        ``"grid"`` by default): ``"grid"`` (every grid entry with its temperature),
+        ``"temperature"`` (a temperature on ``start`` alone), ``"offset"``, ``"batch"``,
+        ``"contextual"`` (``config`` then ``offset``) or ``"probe"`` (the caller's)
+    procedures : each checked member's gain, standard error, pass and NLL
+    offset : a bias member's per-label log-offset, in the targets' label order, added
+        after ``config`` (``None`` for the other members)
+    in_sample : per grid entry, the training NLL with its own fitted temperature
+    fold_choices : the setting chosen on each fold's training part
+    """
+
+    config: SemsoftConfig
+    fitted: SemsoftConfig
+    kept_default: bool
+    n: int
+    n_folds: int
+    gain: float
+    gain_se: float
+    margin: float
+    nll_start: float
+    nll_fitted: float
+    procedure: str = "grid"
+    procedures: dict[str, Any] = field(default_factory=dict)
+    offset: list[float] | None = None
+    in_sample: list[dict[str, Any]] = field(default_factory=list)
+    fold_choices: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def label_offset(self) -> list[float] | None:
+        """The offset predictions apply: ``offset`` when the rule adopted it, else None."""
+        return None if self.kept_default else self.offset
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "fitted": self.fitted.to_dict(),
+            "kept_default": self.kept_default,
+            "n": self.n,
+            "n_folds": self.n_folds,
+            "gain": self.gain,
+            "gain_se": self.gain_se,
+            "margin": self.margin,
+            "nll_start": self.nll_start,
+            "nll_fitted": self.nll_fitted,
+            "procedure": self.procedure,
+            "procedures": self.procedures,
+            "offset": self.offset,
+            "in_sample": self.in_sample,
+            "fold_choices": self.fold_choices,
+        }
+
+
+def configs_with_start(
+    grid: Mapping[str, Sequence[Any]], start: SemsoftConfig
+) -> tuple[list[SemsoftConfig], int]:
+    """The grid's configs over ``start`` at ``T = 1``, with that start itself appended
+    where the grid lacks it (the temperature alone and the bias members fit on it, the
+    ``"grid"`` member does not), and how many are the grid's."""
+    if "score_temperature" in grid:
+        raise ValueError("score_temperature is fitted, not a grid axis (temperature=False: T=1)")
+    base = start.replace(score_temperature=1.0)
+    configs = grid_configs(grid, base)
+    return (configs, len(configs)) if base in configs else ([*configs, base], len(configs))
+
+
+def fit_config(
+    kept: Kept,
+    embeddings: Any,
+    labels: Any,
+    targets: Any,
+    *,
+    start: SemsoftConfig | None = None,
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    temperature: bool = True,
+    n_folds: int = 5,
+    margin: float = 1.0,
+    seed: int = 0,
+    family: Sequence[str] | None = None,
+    content_free: Kept | None = None,
+    external: Mapping[str, External] | None = None,
+) -> FitResult:
+    """Fit Semantic Softmax's settings on labelled kept forward passes.
+
+    Parameters
+    ----------
+    kept : the items' kept decision-step scores (:class:`KeptScores` or the
+        evaluation package's ``Forward``)
+    embeddings : the model's output embeddings (Tensor or OutputEmbeddings)
+    labels : LabelSet or LabelTokens, in the column order of ``targets``
+    targets : ``[N]`` label indices
+    start : the setting to start from and keep unless beaten (default: the label-free
+        default ``SemsoftConfig()``)
+    grid : config field -> values searched over ``start`` (default: ``semantic_weight``
+        over :data:`DEFAULT_WEIGHTS`); ``score_temperature`` is fitted, not searched
+    temperature : fit a final temperature for every member
+    n_folds : stratified folds of the out-of-fold check
+    margin : standard errors by which the procedure must beat ``start`` out of fold
+    seed : fold seed
+    family : the members checked (``None``: every member these inputs allow: the
+        contextual one needs ``content_free``, the probe ``external["probe"]``)
+    content_free : the content-free inputs' kept scores (``"contextual"``)
+    external : name -> a member the caller fits (:func:`~semsoft_plugin.core.fitting.fit_probs`)
+    """
+    start = start or SemsoftConfig()
+    grid = {"semantic_weight": DEFAULT_WEIGHTS} if grid is None else dict(grid)
+    configs, grid_size = configs_with_start(grid, start)
+    probs, _ = grid_probs(kept, embeddings, labels, [*configs, start])
+    cf = None
+    if content_free is not None:
+        base = [start.replace(score_temperature=1.0)]
+        cf = grid_probs(content_free, embeddings, labels, base)[0][0]
+    return fit_from_grid(
+        probs, configs, start, targets, axes=list(grid), temperature=temperature,
+        n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=cf,
+        external=external, grid_size=grid_size,
+    )  # fmt: skip
+
+
+def default_family(content_free: Any, external: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """Every member of the family these inputs can fit."""
+    out = [m for m in FAMILY if m not in ("contextual", "probe")]
+    if content_free is not None:
+        out.append("contextual")
+    return (*out, *(m for m in FAMILY if m == "probe" and m in (external or {})))
+
+
+def fit_from_grid(
+    probs: np.ndarray,
+    configs: Sequence[SemsoftConfig],
+    start: SemsoftConfig,
+    targets: Any,
+    *,
+    axes: Sequence[str] = ("semantic_weight",),
+    temperature: bool = True,
+    n_folds: int = 5,
+    margin: float = 1.0,
+    seed: int = 0,
+    family: Sequence[str] | None = None,
+    content_free: np.ndarray | None = None,
+    external: Mapping[str, External] | None = None,
+    grid_size: int | None = None,
+) -> FitResult:
+    """:func:`fit_config` on probabilities already scored: ``probs`` ``[C + 1, N, L]``,
+    one per config of ``configs`` (:func:`configs_with_start`, ``grid_size`` of them the
+    grid's) and last ``start``'s (``axes``: the fields the grid varies, for the report;
+    ``content_free``: ``[C, L]`` the start at ``T = 1`` on the content-free inputs)."""
+    family = default_family(content_free, external) if family is None else check_family(family)
+    best, t, kept_default, stats = fit_probs(
+        probs[:-1], probs[-1], targets, single=single_entries(configs, start),
+        temperature=temperature, n_folds=n_folds, margin=margin, seed=seed, family=family,
+        content_free=content_free, external=external, grid_size=grid_size,
+    )  # fmt: skip
+    return _result(configs, axes, best, t, kept_default, stats, start, margin)
+
+
+def _result(
+    configs: Sequence[SemsoftConfig],
+    grid: Sequence[str],
+    best: int,
+    t: float,
+    kept_default: bool,
+    stats: dict[str, Any],
+    start: SemsoftConfig,
+    margin: float,
+) -> FitResult:
+    def axes(config: SemsoftConfig) -> dict[str, Any]:
+        return {k: getattr(config, k) for k in grid}
+
+    # The probe replaces the probabilities, not the settings: its config is the start's.
+    fitted = start if stats["procedure"] == "probe" else configs[best].replace(score_temperature=t)
+    return FitResult(
+        config=start if kept_default else fitted,
+        fitted=fitted,
+        kept_default=kept_default,
+        n=stats["n"],
+        n_folds=stats["n_folds"],
+        gain=stats["gain"],
+        gain_se=stats["gain_se"],
+        margin=float(margin),
+        nll_start=stats["nll_start"],
+        nll_fitted=stats["nll_fitted"],
+        procedure=stats["procedure"],
+        procedures=stats["procedures"],
+        offset=stats["offset"],
+        in_sample=[
+            {**axes(c), "temperature": tt, "nll": s}
+            for c, s, tt in zip(configs, stats["scores"], stats["temperatures"], strict=True)
+        ],
+        fold_choices=[
+            {**axes(configs[f["entry"]]), "temperature": f["temperature"]}
+            for f in stats["fold_choices"]
+        ],
+    )

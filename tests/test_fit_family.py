@@ -1,0 +1,364 @@
+"""The few-label fit over the whole family (``fit_family`` / ``--fit-family``): each member
+recovered from labels it generated, the default kept on labels from its own
+distribution, the probe chosen where the hidden state separates the classes and refused
+on vLLM, and a fitted Classifier's correction applied row by row, saved and loaded with
+the config file ``semsoft tune`` writes and ``semsoft classify --config`` reads."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from semsoft_plugin.app.probe import LinearProbe, fit_probe, probe_member
+from semsoft_plugin.core import fit_family, fitting
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.temperature_scaling import apply_temperature
+
+MODEL = "smollm2-135m"
+NO_PROBE = ("grid", "temperature", "offset", "batch", "contextual")
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    return apply_temperature(z, 1.0)
+
+
+def _sample(probs: np.ndarray, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.array([rng.choice(probs.shape[1], p=p) for p in probs])
+
+
+def _grid(base: np.ndarray) -> np.ndarray:
+    """Entry 0 is the start at T = 1; the others are pulled toward another distribution."""
+    other = np.random.default_rng(9).normal(size=base.shape) * 2
+    return np.stack([_softmax(base)] + [_softmax((1 - a) * base + a * other) for a in (0.2, 0.5)])
+
+
+def _fit(base, y, content_free, family=NO_PROBE, external=None, seed=0):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fitting.fit_probs(
+            _grid(base), _softmax(base), y, single={"temperature": 0}, family=family,
+            content_free=content_free, external=external, seed=seed,
+        )  # fmt: skip
+
+
+# -- each member, by hand ----------------------------------------------------------------
+
+BIAS = np.array([0.6, 0.25, 0.1, 0.05])
+
+
+def _scores(seed: int, n: int = 300) -> np.ndarray:
+    """Log-probabilities of a model with a prompt bias toward label 0."""
+    return np.log(_softmax(np.random.default_rng(seed).normal(size=(n, 4)) * 2.5 + np.log(BIAS)))
+
+
+def _member_cases(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per member: the true log-scores its correction makes of the model's, and the
+    content-free inputs' probabilities (misleading except for ``"contextual"``)."""
+    base = _scores(seed)
+    wrong = _softmax(np.random.default_rng(seed + 50).normal(size=(3, 4)))
+    return {
+        "temperature": (base / 3, wrong),
+        "offset": (base + np.array([1.5, -0.5, 0.0, -1.0]), wrong),
+        "batch": (base - np.log(np.exp(base).mean(0)), wrong),
+        "contextual": (base - np.log(BIAS), np.stack([BIAS, BIAS])),
+    }
+
+
+def test_each_member_is_recovered_from_labels_it_generated() -> None:
+    """Labels drawn from each member's own correction of the scores (300 per draw): the fit
+    over the whole family adopts that member (the simplest that ties the best within the
+    margin) in at least 5 of 6 draws, with its parameter. (A member with as many free
+    parameters can tie or win a draw by chance: a 1-SE rule, not an oracle.)"""
+    found: dict[str, int] = {}
+    for seed in range(6):
+        for member, (truth, content_free) in _member_cases(seed).items():
+            y = _sample(_softmax(truth), seed + 100)
+            _, t, kept, stats = _fit(_scores(seed), y, content_free, seed=seed)
+            assert not kept, (member, stats["procedures"])
+            if stats["procedure"] != member:
+                continue
+            found[member] = found.get(member, 0) + 1
+            if member == "temperature":
+                assert t == pytest.approx(3.0, rel=0.3)
+            elif member == "offset":
+                got = np.asarray(stats["offset"])
+                np.testing.assert_allclose(got - got.mean(), [1.5, -0.5, 0.0, -1.0], atol=0.7)
+            else:  # the label-free offset, then a temperature near 1
+                assert t == pytest.approx(1.0, abs=0.3)
+    assert all(found.get(m, 0) >= 5 for m in ("temperature", "offset", "batch", "contextual")), (
+        found
+    )
+
+
+def test_the_whole_family_keeps_the_default_on_its_own_distribution() -> None:
+    """Labels drawn from the start itself: no member, the probe on uninformative hidden
+    states included, replaces it."""
+    base = _scores(7, 120)
+    hidden = np.random.default_rng(8).normal(size=(120, 16))
+    kept = []
+    for seed in range(6):
+        y = _sample(np.exp(base), seed)
+        probe = {"probe": probe_member(hidden, y, 4, seed=seed)}
+        _, _, keep, stats = _fit(base, y, _softmax(base[:3]), (*NO_PROBE, "probe"), probe, seed)
+        assert set(stats["procedures"]) == set(fitting.FAMILY)
+        kept.append(keep)
+    assert sum(kept) >= 5, kept
+
+
+def test_the_probe_is_chosen_when_the_hidden_state_separates_the_classes() -> None:
+    """Scores that know nothing, hidden states that carry the label: the probe wins."""
+    rng = np.random.default_rng(3)
+    y = np.arange(80) % 2
+    base = np.log(_softmax(rng.normal(size=(80, 2)) * 0.3))
+    hidden = rng.normal(size=(80, 12))
+    hidden[:, 0] += 3.0 * (2 * y - 1)
+    probe = {"probe": probe_member(hidden, y, 2)}
+    entry, t, kept, stats = _fit(base, y, None, ("grid", "temperature", "offset", "probe"), probe)
+    assert not kept and stats["procedure"] == "probe"
+    assert stats["procedures"]["probe"]["nll"] < 0.3
+    # and cross_fit scores each fold with the probe fitted on the other folds
+    folds = np.arange(80) % 4
+    out, choices = fitting.cross_fit(
+        _grid(base), _softmax(base), y, folds, single={"temperature": 0},
+        family=("grid", "probe"), external=probe,
+    )  # fmt: skip
+    held = folds == 0
+    want = fit_probe(hidden[~held], y[~held], 2).probs(hidden[held])
+    assert choices[0]["procedure"] == "probe"
+    np.testing.assert_allclose(out[held], want)
+
+
+def test_the_probe_as_arrays_is_scikit_learns_and_round_trips(tmp_path) -> None:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(0)
+    for n_labels in (2, 3):
+        y = np.arange(60) % n_labels
+        x = rng.normal(size=(60, 5)) + y[:, None]
+        probe = fit_probe(x, y, n_labels)
+        scaler = StandardScaler().fit(x)
+        want = LogisticRegression(C=probe.strength, max_iter=1000).fit(scaler.transform(x), y)
+        np.testing.assert_allclose(
+            probe.probs(x), want.predict_proba(scaler.transform(x)), atol=1e-3
+        )
+        probe.save(tmp_path / "p.safetensors", ["a", "b", "c"][:n_labels])
+        again, labels = LinearProbe.load(tmp_path / "p.safetensors")
+        assert labels == ["a", "b", "c"][:n_labels]
+        np.testing.assert_array_equal(again.probs(x), probe.probs(x))
+    with pytest.raises(ValueError, match=r"reads \[N, 5\]"):
+        probe.probs(x[:, :4])
+
+
+def test_unknown_members_and_bad_families_are_refused_by_name() -> None:
+    base = _scores(0, 20)
+    y = np.arange(20) % 4
+    with pytest.raises(ValueError, match="unknown fit family member 'vector'"):
+        _fit(base, y, None, ("grid", "vector"))
+    with pytest.raises(ValueError, match="must be a sequence of member names"):
+        _fit(base, y, None, "probe")
+    with pytest.raises(ValueError, match="member 'probe' needs"):
+        _fit(base, y, None, ("grid", "probe"))
+    with pytest.raises(ValueError, match="checks nothing"):
+        _fit(base, y, None, ())
+    with pytest.raises(ValueError, match="listed twice"):
+        _fit(base, y, None, ("grid", "grid"))
+
+
+def test_the_default_family_is_what_the_inputs_allow() -> None:
+    from semsoft_plugin.app.classifier_fit import checked_family
+
+    assert fit_family.default_family(None, {}) == ("grid", "temperature", "offset", "batch")
+    assert fit_family.default_family(np.ones((3, 2)), {"probe": None}) == fitting.FAMILY
+    assert checked_family(None, "hf") == fitting.FAMILY
+    assert "probe" not in checked_family(None, "vllm")
+    with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state.*vLLM"):
+        checked_family(("grid", "probe"), "vllm")
+
+
+# -- the config file -----------------------------------------------------------------------
+
+
+def test_a_correction_round_trips_through_the_config_file(tmp_path) -> None:
+    from semsoft_plugin.app.fitted import FittedCorrection, load_fitted, save_fitted
+
+    config = SemsoftConfig().replace(score_temperature=0.8)
+    offset = FittedCorrection("offset", ("neg", "pos"), offset=(0.5, -0.5))
+    save_fitted(tmp_path / "a.json", config, offset)
+    assert load_fitted(tmp_path / "a.json") == (config, offset)
+    with pytest.raises(ValueError, match="fitted"):  # a plain load refuses, never drops it
+        SemsoftConfig.load(tmp_path / "a.json")
+    probs = np.array([[0.2, 0.8], [0.5, 0.5]])
+    got = offset.apply(probs, ("pos", "neg"))  # columns in another order
+    want = _softmax(np.log(probs) + [-0.5, 0.5])
+    np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose(offset.apply(probs[1:], ("pos", "neg")), want[1:])  # row alone
+    with pytest.raises(ValueError, match=r"for the labels \['neg', 'pos'\]"):
+        offset.apply(probs, ("pos", "other"))
+    save_fitted(tmp_path / "plain.json", config, None)
+    assert SemsoftConfig.load(tmp_path / "plain.json") == config
+    x = np.random.default_rng(0).normal(size=(20, 3))
+    probe = FittedCorrection("probe", ("neg", "pos"), probe=fit_probe(x, np.arange(20) % 2, 2))
+    save_fitted(tmp_path / "b.json", config, probe)
+    assert (tmp_path / "b.probe.safetensors").exists()
+    assert json.loads((tmp_path / "b.json").read_text())["fitted"]["probe"] == "b.probe.safetensors"
+    _, again = load_fitted(tmp_path / "b.json")
+    assert again is not None
+    np.testing.assert_array_equal(
+        again.apply(None, ("neg", "pos"), x), probe.apply(None, ("neg", "pos"), x)
+    )
+
+
+# -- a real model --------------------------------------------------------------------------
+
+FOOD = ["pizza", "noodles", "a salad", "soup", "tacos", "curry", "pancakes", "sushi", "rice",
+        "a sandwich", "pasta", "dumplings", "stew", "a burger", "oatmeal", "falafel"]  # fmt: skip
+PLACES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Rome", "Dakar", "Perth",
+          "Lagos", "Seoul", "Porto", "Bern", "Delhi", "Austin"]  # fmt: skip
+LABELS = ["negative", "positive"]
+
+
+def _topics() -> tuple[list[str], list[str]]:
+    """A sentiment prompt on two neutral topics: the label is the topic, which the hidden
+    state tells apart and the sentiment label logits do not."""
+    texts, y = [], []
+    for food, place in zip(FOOD, PLACES, strict=True):
+        texts += [f"Today I had {food} for lunch.", f"Last week we flew to {place}."]
+        y += ["positive", "negative"]
+    return texts, y
+
+
+@pytest.fixture(scope="module")
+def probed():
+    from semsoft_plugin import Classifier
+
+    texts, y = _topics()
+    clf = Classifier(MODEL, labels=LABELS, dtype="float32", batch_size=4, n_folds=4)
+    assert clf.fit(texts, y) is clf
+    return clf, texts, y
+
+
+@pytest.mark.slow
+def test_the_classifier_chooses_the_probe_where_the_hidden_state_separates_the_labels(probed):
+    clf, texts, y = probed
+    assert clf.fit_family is None  # every member the engine supports
+    assert set(clf.fit_result_.procedures) == set(fitting.FAMILY)
+    assert clf.fit_result_.procedure == "probe" and not clf.fit_result_.kept_default
+    assert clf.fitted_correction_.probe is not None
+    assert clf.fitted_config_ == SemsoftConfig()  # the probe changes no setting
+    assert (clf.predict(texts) == np.array(y)).mean() == 1.0
+    # predict_proba is the probe on the hidden states of the decision step
+    setup = clf._setup()
+    from semsoft_plugin.app.classifier_fit import kept_passes
+
+    _, hidden = kept_passes(clf, setup, clf.inputs(texts[:6]), 8, hidden=True)
+    want = clf.fitted_correction_.probe.probs(hidden.numpy())  # LABELS order = classes_
+    np.testing.assert_allclose(clf.predict_proba(texts[:6]), want, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_fitted_row_scores_the_same_alone_and_in_a_batch(probed, tmp_path):
+    """The probe and an offset, each a fixed fitted correction: a row's probabilities do
+    not depend on the rows beside it."""
+    from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
+
+    clf, texts, _ = probed
+    batch = clf.predict_proba(texts[:7])
+    for i in (0, 3, 6):
+        np.testing.assert_allclose(clf.predict_proba([texts[i]])[0], batch[i], atol=1e-5)
+    path = tmp_path / "offset.json"
+    save_fitted(path, SemsoftConfig(), FittedCorrection("batch", ("positive", "negative"),
+                                                         offset=(2.0, -2.0)))  # fmt: skip
+    other = clf.__sklearn_clone__().load_fit(path)
+    assert other.fit_result_ is None and other.fitted_correction_.procedure == "batch"
+    shifted = other.predict_proba(texts[:7])
+    plain = clf.__sklearn_clone__().predict_proba(texts[:7])
+    np.testing.assert_allclose(shifted, _softmax(np.log(plain) + [-2.0, 2.0]), atol=1e-9)
+    for i in (0, 6):
+        np.testing.assert_allclose(other.predict_proba([texts[i]])[0], shifted[i], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_fit_saved_is_what_semsoft_classify_config_applies(probed, tmp_path, capsys):
+    from semsoft_plugin.app.cli import main
+
+    clf, texts, _ = probed
+    path = tmp_path / "tuned.json"
+    clf.save_fit(path)
+    assert (tmp_path / "tuned.probe.safetensors").exists()
+    assert main(["classify", texts[1], "--labels", ",".join(LABELS), "--config", str(path),
+                 "--json", "--model", MODEL, "--dtype", "float32"]) == 0  # fmt: skip
+    shown = json.loads(capsys.readouterr().out)
+    want = clf.predict_proba([texts[1]])[0]
+    probs = shown["probs"]
+    got = [v for k, v in sorted(probs.items())]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    base = ["classify", texts[1], "--config", str(path), "--model", MODEL]
+    assert main([*base, "--labels", ",".join(LABELS), "--semantic-weight", "0.5"]) == 2
+    assert "--semantic-weight cannot go with it" in capsys.readouterr().err
+    assert main([*base, "--labels", "yes,no"]) == 2
+    assert "for the labels ['negative', 'positive']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_classifier_refuses_unknown_members_and_the_probe_on_vllm(probed):
+    """Refused before any model loads: the engine is told from the parameters."""
+    from semsoft_plugin import Classifier
+
+    _, texts, y = probed
+    with pytest.raises(ValueError, match="unknown fit family member 'vector'"):
+        Classifier(MODEL, labels=LABELS, fit_family=("grid", "vector")).fit(texts, y)
+    vllm = Classifier(MODEL, labels=LABELS, backend="vllm", fit_family=("offset", "probe"))
+    with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state.*vLLM"):
+        vllm.fit(texts, y)
+
+
+@pytest.mark.slow
+def test_the_family_restricted_to_one_member(probed):
+    """``fit_family=("offset",)`` checks the offset alone, on the same labels."""
+    from semsoft_plugin import Classifier
+
+    _, texts, y = probed
+    clf = Classifier(MODEL, labels=LABELS, dtype="float32", n_folds=4, margin=0.0,
+                     fit_family=("offset",)).fit(texts, y)  # fmt: skip
+    assert set(clf.fit_result_.procedures) == {"offset"}
+    if not clf.fit_result_.kept_default:
+        assert clf.fitted_correction_.procedure == "offset"
+        assert len(clf.fitted_correction_.offset) == 2
+
+
+def test_tune_refuses_the_probe_on_vllm_before_loading() -> None:
+    from semsoft_eval.tune import tune_dataset
+
+    with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state"):
+        tune_dataset(MODEL, "sst2", backend="vllm", family=("probe",))
+    with pytest.raises(ValueError, match="unknown fit family member 'vector'"):
+        tune_dataset(MODEL, "sst2", family=("vector",))
+
+
+@pytest.mark.slow
+def test_tune_searches_the_family_and_writes_what_classify_reads(tmp_path, capsys) -> None:
+    from semsoft_plugin.app.cli import main
+    from semsoft_plugin.app.fitted import load_fitted
+
+    out = tmp_path / "tuned.json"
+    report = tmp_path / "report.json"
+    argv = ["tune", "--dataset", "sst2", "--limit", "24", "--fit-family", "temperature,offset,"
+            "batch,contextual,probe", "--cache-dir", str(tmp_path / "c"), "--output", str(out),
+            "--report", str(report), "--model", MODEL]  # fmt: skip
+    assert main(argv) == 0
+    tuned = json.loads(report.read_text())
+    assert set(tuned["fit"]["procedures"]) == {"temperature", "offset", "batch", "contextual",
+                                               "probe"}  # fmt: skip
+    config, correction = load_fitted(out)
+    assert config == SemsoftConfig().replace(**tuned["config"])
+    procedure = tuned["fit"]["procedure"]
+    adopted = not tuned["fit"]["kept_default"] and procedure != "temperature"
+    assert (correction is not None) == adopted
+    assert tuned["correction"] == (None if correction is None else correction.to_dict())
+    assert main([*argv[:6], "vector", *argv[7:]]) == 2
+    assert "unknown fit family member 'vector'" in capsys.readouterr().err
