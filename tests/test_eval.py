@@ -170,7 +170,7 @@ def test_a_missing_data_set_is_one_line_from_the_cli_before_any_model(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'sst2' is not here" in err and "Apache-2.0" in err
     with pytest.raises(ValueError, match=r"natural-questions nq_open/NQ-open.dev.jsonl, licence "
-                       r"CC BY-SA 3.0;.*\$SEMSOFT_DATA.*with --data\)"):  # fmt: skip
+                       r"CC BY-SA 3.0;.*\$SEMSOFT_DATA.*with --input\)"):  # fmt: skip
         load_nq()
 
 

@@ -33,7 +33,11 @@ from semsoft_plugin.app.classify_args import (
     prompt_template,
 )
 from semsoft_plugin.app.classify_file import run_classify_file
-from semsoft_plugin.app.config_args import add_config_arguments, config_from_args
+from semsoft_plugin.app.config_args import (
+    add_config_arguments,
+    check_one_base,
+    config_from_args,
+)
 from semsoft_plugin.app.fitted import load_fitted
 from semsoft_plugin.core.labels import LABELS_SYNTAX
 
@@ -276,6 +280,7 @@ def _run_classify(args: argparse.Namespace) -> int:
             "--calibrate contextual"
         )
     labels = parse_labels(args.labels)
+    check_one_base(args)  # --preset beside --config: refused before the file is read
     correction = load_fitted(args.config)[1] if args.config else None
     if correction is not None:  # applied by the classifier (classify_args), row by row
         check_fitted_args(args, correction.procedure)

@@ -144,17 +144,23 @@ def add_config_arguments(
         group.add_argument(flag(old), dest=old, nargs="?", action=_Renamed, help=argparse.SUPPRESS)
 
 
-def start_from_args(args: argparse.Namespace, *, fitted: bool = False) -> SemsoftConfig:
-    """The ``--preset`` or ``--config`` base (default: the constrained preset), no
-    field flag applied (``tune``'s start). ``fitted``: the file may also hold a fitted
-    correction (``classify``, which applies it: :mod:`semsoft_plugin.app.fitted`); else
-    such a file is refused by name."""
+def check_one_base(args: argparse.Namespace) -> None:
+    """``--preset`` and ``--config`` both give the base settings: refuse the pair."""
     preset, path = getattr(args, "preset", None), getattr(args, "config", None)
     if preset is not None and path is not None:
         raise ValueError(
             f"--preset {preset} and --config {path} both give the base settings: give one "
             "(and override its fields with their flags)"
         )
+
+
+def start_from_args(args: argparse.Namespace, *, fitted: bool = False) -> SemsoftConfig:
+    """The ``--preset`` or ``--config`` base (default: the constrained preset), no
+    field flag applied (``tune``'s start). ``fitted``: the file may also hold a fitted
+    correction (``classify``, which applies it: :mod:`semsoft_plugin.app.fitted`); else
+    such a file is refused by name."""
+    check_one_base(args)
+    preset, path = getattr(args, "preset", None), getattr(args, "config", None)
     if path is not None:
         return load_fitted(path)[0] if fitted else SemsoftConfig.load(path)
     return SemsoftConfig.preset(preset or "constrained")
