@@ -69,10 +69,10 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
         Outlines' structured-generation backend for the regex mask (default
         outlines_core); transformers models only.
     config, **overrides : Semantic Softmax settings (``k``, ``tau``, ...), the same on
-        every engine; the method's final temperature is ``score_temperature``
-    temperature : the sampling temperature, on every engine (the calls' default;
-        ``> 0`` samples from the calibrated distribution, ``0`` is greedy; default:
-        greedy)
+        every engine; the method's final temperature is ``score_temperature``. A
+        ``temperature=`` keyword is the sampling temperature, on every engine (the
+        calls' default; ``> 0`` samples from the calibrated distribution, ``0`` is
+        greedy; default: greedy)
     variants : mapping label -> spellings that count as the label (see
         :class:`~semsoft_plugin.core.labels.LabelSet`); transformers models only
         (``ValueError`` naming it on a vLLM model, whose request options carry label
@@ -129,7 +129,7 @@ def wrap(
         its names, and must have been built with the generator's model's tokenizer
         (``ValueError`` naming both otherwise). A ``str`` is refused, as everywhere
         (:func:`~semsoft_plugin.core.labels.label_names`).
-    config, variants, temperature, **overrides : as in :func:`Generator`
+    config, variants, **overrides : as in :func:`Generator` (``temperature=`` the sampling one)
     """
     from outlines.generator import BlackBoxGenerator, SteerableGenerator
 
