@@ -354,14 +354,17 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Command: `{result['command']}` ({result['date']})",
         "",
+        f"Dtype: {result['dtype']}.",
+        "",
         f"Target: {result['target']}. Met on every measured pair: "
         f"{result['target_met_on_measured_pairs']}. Missing pairs (no cached passes): "
         f"{', '.join(result['missing_pairs']) or 'none'}.",
         "",
         f"Mean over {result['draws']} random draws of the labels; test = the rest of the "
-        f"set. Rule margin {result['margin']:g} standard errors. Dtype: {result['dtype']}. `fit`: the whole family "
+        f"set. Rule margin {result['margin']:g} standard errors. `fit`: the whole family "
         f"(weight + temperature, temperature, {', '.join(result['bias_members'])}); `w+T`: "
-        "without the bias corrections (what `Classifier.fit` runs).",
+        "without the bias corrections (what `Classifier.fit` runs). Probe n/a: the pair's kept "
+        "passes hold no hidden states.",
         "",
         "| model / data | labels (draws) | NLL fit | NLL w+T | NLL temp. | NLL probe | NLL default "
         "| NLL constr. | fit − temp. (se) | macro-F1 fit / temp. / probe / constr. | ECE fit / "
