@@ -3,6 +3,7 @@ and the old option names refused with the new one on every path a user can send 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -160,3 +161,35 @@ def test_grids_build_valid_configs_and_refuse_a_search_of_nothing():
     assert configs[1] == paper.replace(semantic_weight=0.5)  # the start's otherwise
     with pytest.raises(ValueError, match="tau=0.2 has no effect at semantic_weight=0"):
         grid_configs({"tau": (0.0, 0.2)})  # the default weight 0, not searched
+
+
+# Each field set away from its default, with a pool weight at which every vote setting
+# acts: a field whose change leaves the scores unchanged is an option with no effect.
+_EFFECTIVE_CHANGES = [
+    ("k", 5),
+    ("tau", 0.3),
+    ("center", False),
+    ("own_vote", False),
+    ("vote", "nearest"),
+    ("vote", "shared"),
+    ("vote", "per_label"),
+    ("score_temperature", 2.0),
+    ("semantic_weight", 1.0),
+    ("tau_quantile", 0.9),
+]
+
+
+def test_every_field_is_in_the_effect_list():
+    assert {f.name for f in dataclasses.fields(SemsoftConfig)} == {n for n, _ in _EFFECTIVE_CHANGES}
+
+
+@pytest.mark.parametrize(("name", "value"), _EFFECTIVE_CHANGES)
+def test_each_option_changes_the_scores(name, value):
+    generator = torch.Generator().manual_seed(0)
+    embeddings = torch.randn(64, 8, generator=generator)
+    logits = torch.randn(4, 64, generator=generator) * 3
+    labels = [0, 1, 2]
+    base = SemsoftConfig(semantic_weight=0.5)
+    before = semantic_softmax(logits, embeddings, labels, config=base)
+    after = semantic_softmax(logits, embeddings, labels, config=base.replace(**{name: value}))
+    assert (after - before).abs().max() > 1e-4, f"{name}={value!r} had no effect"
