@@ -206,8 +206,9 @@ def test_cpu_platform_turns_async_scheduling_off(checkpoint):
     from vllm.engine.arg_utils import EngineArgs
 
     config = EngineArgs(
-        model=str(checkpoint), async_scheduling=True, enforce_eager=True, max_model_len=512
-    ).create_engine_config()
+        model=str(checkpoint), async_scheduling=True, enforce_eager=True, max_model_len=512,
+        max_logprobs=64,  # k=50 needs it: admission refuses a k above it, naming it
+    ).create_engine_config()  # fmt: skip
     assert config.scheduler_config.async_scheduling is False
     assert not sparams.unrepaired_output_tokens(config, "v1")
     config.scheduler_config.async_scheduling = True  # what a GPU engine would hold
