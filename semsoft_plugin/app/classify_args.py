@@ -60,12 +60,14 @@ def prompt_template(args: argparse.Namespace) -> Any:
 
 
 def classifier_from_args(
-    args: argparse.Namespace, labels: list[str], template: Any, config: Any
+    args: argparse.Namespace, labels: list[str], template: Any, config: Any, *, fitted: bool = False
 ) -> Any:
     """The :class:`~semsoft_plugin.app.classifier.Classifier` the model, backend and batch
-    options name (imported when called, so that the command starts without it)."""
+    options name (imported when called, so that the command starts without it).
+    ``fitted``: ``--config`` holds a fitted correction, which the classifier takes from
+    the file (:meth:`~semsoft_plugin.app.classifier.Classifier.load_fit`) and applies
+    row by row."""
     from semsoft_plugin.app.classifier import Classifier
-    from semsoft_plugin.app.fitted import load_fitted
 
     classifier = Classifier.from_pretrained(
         args.model,
@@ -81,9 +83,8 @@ def classifier_from_args(
         # classifier gives the raw scores of the first pass.
         calibrate="contextual" if getattr(args, "calibrate", None) == "contextual" else None,
     )
-    path = getattr(args, "config", None)
-    if path and load_fitted(path)[1] is not None:  # a fitted correction: applied row by row
-        classifier.load_fit(path)
+    if fitted:
+        classifier.load_fit(args.config)
     return classifier
 
 

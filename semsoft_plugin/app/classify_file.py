@@ -36,7 +36,12 @@ __all__ = ["run_classify_file"]
 
 
 def run_classify_file(
-    args: argparse.Namespace, labels: list[str], template: Any, config: Any
+    args: argparse.Namespace,
+    labels: list[str],
+    template: Any,
+    config: Any,
+    *,
+    fitted: bool = False,
 ) -> int:
     """Score every row of ``--input`` into ``--output``, a batch at a time.
 
@@ -67,7 +72,11 @@ def run_classify_file(
                 file=sys.stderr,
             )
         remaining = len(plan.done) < len(plan.todo)
-        classifier = classifier_from_args(args, labels, template, config) if remaining else None
+        classifier = (
+            classifier_from_args(args, labels, template, config, fitted=fitted)
+            if remaining
+            else None
+        )
         return _score(plan, classifier, labels)
 
 

@@ -281,10 +281,13 @@ def _run_classify(args: argparse.Namespace) -> int:
         )
     labels = parse_labels(args.labels)
     check_one_base(args)  # --preset beside --config: refused before the file is read
-    correction = load_fitted(args.config)[1] if args.config else None
-    if correction is not None:  # applied by the classifier (classify_args), row by row
+    # The file is read once here: its config is the base, its correction (if any) is
+    # applied by the classifier (classify_args), row by row.
+    base, correction = load_fitted(args.config) if args.config else (None, None)
+    if correction is not None:
         check_fitted_args(args, correction.procedure)
-    config = config_from_args(args, fitted=True)
+    config = config_from_args(args, base=base)
+    fitted = correction is not None
     template = prompt_template(args)
     if args.input is not None and args.ray:
         from semsoft_plugin.app.ray import run_classify_cli
@@ -293,10 +296,11 @@ def _run_classify(args: argparse.Namespace) -> int:
     if args.ray:
         raise ValueError("--ray goes with --input DIR_OR_FILE")
     if args.input is not None:
-        return run_classify_file(args, labels, template, config)
+        return run_classify_file(args, labels, template, config, fitted=fitted)
     if args.output or args.resume:
         raise ValueError("--output and --resume go with --input FILE")
-    details = classifier_from_args(args, labels, template, config).predict_details([args.text])
+    classifier = classifier_from_args(args, labels, template, config, fitted=fitted)
+    details = classifier.predict_details([args.text])
     probs = _by_label(details.labels, details.probs[0], labels)
     constrained = _by_label(details.labels, details.constrained_probs[0], labels)
     fallback, coverage = bool(details.fallback[0]), float(details.coverage[0])

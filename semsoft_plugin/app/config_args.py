@@ -14,7 +14,6 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from semsoft_plugin.app.fitted import load_fitted
 from semsoft_plugin.core.config import (
     PRESETS,
     RENAMED,
@@ -154,25 +153,27 @@ def check_one_base(args: argparse.Namespace) -> None:
         )
 
 
-def start_from_args(args: argparse.Namespace, *, fitted: bool = False) -> SemsoftConfig:
+def start_from_args(args: argparse.Namespace) -> SemsoftConfig:
     """The ``--preset`` or ``--config`` base (default: the constrained preset), no
-    field flag applied (``tune``'s start). ``fitted``: the file may also hold a fitted
-    correction (``classify``, which applies it: :mod:`semsoft_plugin.app.fitted`); else
-    such a file is refused by name."""
+    field flag applied (``tune``'s start). A config file that holds a fitted correction
+    is refused by name (:meth:`SemsoftConfig.load`): only ``classify`` applies one."""
     check_one_base(args)
     preset, path = getattr(args, "preset", None), getattr(args, "config", None)
     if path is not None:
-        return load_fitted(path)[0] if fitted else SemsoftConfig.load(path)
+        return SemsoftConfig.load(path)
     return SemsoftConfig.preset(preset or "constrained")
 
 
-def config_from_args(args: argparse.Namespace, *, fitted: bool = False) -> SemsoftConfig:
-    """The ``--preset`` or ``--config`` base (default: the constrained preset) with
-    every field flag given applied; ``ValueError`` naming a refused combination
-    (``fitted`` as :func:`start_from_args`'s)."""
+def config_from_args(
+    args: argparse.Namespace, *, base: SemsoftConfig | None = None
+) -> SemsoftConfig:
+    """The base with every field flag given applied; ``ValueError`` naming a refused
+    combination. The base is ``base`` when the caller has already read ``--config``
+    (``classify``, whose file may hold a fitted correction:
+    :func:`semsoft_plugin.app.fitted.load_fitted`), else :func:`start_from_args`'s."""
     try:
         given = {name: getattr(args, name) for name in config_field_specs() if hasattr(args, name)}
-        return start_from_args(args, fitted=fitted).replace(**given)
+        return (base if base is not None else start_from_args(args)).replace(**given)
     except ValueError as error:
         raise ValueError(f"Semantic Softmax settings: {error}") from None
 

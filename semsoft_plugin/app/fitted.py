@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.config import SemsoftConfig, read_config_file
 
 if TYPE_CHECKING:
     import numpy as np
@@ -137,17 +137,11 @@ def load_fitted(path: str | Path) -> tuple[SemsoftConfig, FittedCorrection | Non
     """The config of a file written by :func:`save_fitted` (or any config file), and its
     correction (None for a plain config)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"config file not found: {path}") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"config file {path} is not valid JSON: {error}") from None
+    data = read_config_file(path)
     if not isinstance(data, dict) or _KEY not in data:
-        return SemsoftConfig.load(path), None
+        return SemsoftConfig.from_dict(data, f"config file {path}"), None
     fitted = data.pop(_KEY)
-    data.pop("comment", None)
-    config = SemsoftConfig().replace(**data)
+    config = SemsoftConfig.from_dict(data, f"config file {path}")
     if not isinstance(fitted, dict) or not isinstance(fitted.get("labels"), list):
         raise ValueError(f"config file {path}: 'fitted' must be an object with 'labels'")
     labels = tuple(str(name) for name in fitted["labels"])

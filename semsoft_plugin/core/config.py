@@ -54,6 +54,7 @@ __all__ = [
     "SemsoftConfig",
     "config_field_specs",
     "grid_entry",
+    "read_config_file",
     "renamed_message",
 ]
 
@@ -300,19 +301,30 @@ class SemsoftConfig:
     @classmethod
     def load(cls, path: str | Path) -> SemsoftConfig:
         """Read a config file written by :meth:`save` or ``semsoft tune``."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"config file not found: {path}") from None
-        except json.JSONDecodeError as error:
-            raise ValueError(f"config file {path} is not valid JSON: {error}") from None
+        return cls.from_dict(read_config_file(path), f"config file {path}")
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str) -> SemsoftConfig:
+        """The config a file's JSON object holds (a ``comment`` key is ignored; an
+        unknown or refused field raises ``ValueError`` naming ``source``)."""
         if not isinstance(data, dict):
-            raise ValueError(f"config file {path} must hold a JSON object")
-        data.pop("comment", None)
+            raise ValueError(f"{source} must hold a JSON object")
+        fields = {key: value for key, value in data.items() if key != "comment"}
         try:
-            return cls().replace(**data)
+            return cls().replace(**fields)
         except ValueError as error:
-            raise ValueError(f"config file {path}: {error}") from None
+            raise ValueError(f"{source}: {error}") from None
+
+
+def read_config_file(path: str | Path) -> Any:
+    """A config file's JSON, with one error naming the file when it is missing or not
+    JSON (:meth:`SemsoftConfig.load`, :func:`semsoft_plugin.app.fitted.load_fitted`)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"config file not found: {path}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"config file {path} is not valid JSON: {error}") from None
 
 
 PRESETS: Mapping[str, Mapping[str, Any]] = {

@@ -123,9 +123,8 @@ def sampling_kwargs(temperature: Any) -> dict[str, Any]:
     """``generate`` keywords that make ``temperature`` the sampling temperature, as on
     vLLM: ``> 0`` samples at that temperature, ``0`` is greedy (transformers would
     otherwise ignore a temperature without ``do_sample=True``)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-        raise ValueError(f"temperature={temperature!r} must be a number >= 0 (sampling)")
-    if not temperature >= 0:  # NaN too
+    number = isinstance(temperature, int | float) and not isinstance(temperature, bool)
+    if not number or not temperature >= 0:  # NaN fails >= 0 too
         raise ValueError(f"temperature={temperature!r} must be a number >= 0 (sampling)")
     if temperature == 0:
         return {"do_sample": False}
