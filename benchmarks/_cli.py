@@ -8,6 +8,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# The pairs (model/data set:items) whose decision-step passes are kept: every kind of the
+# leave-one-kind-out benchmark, SmolLM2-135M on 300 items, Qwen2.5-Coder-1.5B on 200.
+KINDS = ("goemotions", "ekman", "sst2", "agnews", "trec", "convabuse", "davidson")
+KEPT_PAIRS = ",".join(
+    [f"smollm2-135m/{kind}:300" for kind in KINDS]
+    + [f"qwen2.5-coder-1.5b/{kind}:200" for kind in KINDS]
+)
+
+
+def split_pair(spec: str) -> tuple[str, str, int]:
+    """``"model/data set:items"`` as ``(model, data set, items)``."""
+    name, limit = spec.split(":")
+    model, dataset = name.split("/")
+    return model, dataset, int(limit)
+
 
 def sample_parser(description: str) -> argparse.ArgumentParser:
     """A parser with the sample every data-set benchmark takes and ``--out``."""

@@ -7,13 +7,14 @@ the config file ``semsoft tune`` writes and ``semsoft classify --config`` reads.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 
 import numpy as np
 import pytest
 
 from semsoft_plugin.app.probe import LinearProbe, fit_probe, probe_member
-from semsoft_plugin.core import fit_family, fitting
+from semsoft_plugin.core import fit_family, fitting, temperature_scaling
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.temperature_scaling import apply_temperature
 
@@ -107,6 +108,59 @@ def test_the_whole_family_keeps_the_default_on_its_own_distribution() -> None:
         assert set(stats["procedures"]) == set(fitting.FAMILY)
         kept.append(keep)
     assert sum(kept) >= 5, kept
+
+
+def test_a_member_that_buys_nll_with_the_winning_label_is_not_adopted(monkeypatch) -> None:
+    """The rule's macro-F1 guard: a member whose out-of-fold NLL beats the start's by far
+    but that names one label for every item (macro-F1 far below the start's) is refused,
+    and adopted once the guard is off (so the guard, not the NLL, refuses it)."""
+    rng = np.random.default_rng(4)
+    y = np.arange(90) % 3
+    # The start names the right label on 60% of items, always 99% sure: a poor NLL.
+    right = rng.random(90) < 0.6
+    named = np.where(right, y, (y + 1) % 3)
+    base = np.log(np.full((90, 3), 0.005) + 0.985 * np.eye(3)[named])
+
+    def always_label_0(train: np.ndarray, held: np.ndarray) -> np.ndarray:
+        return np.tile([0.36, 0.32, 0.32], (len(held), 1))  # NLL ~1.1, argmax always 0
+
+    family, member = ("probe",), {"probe": always_label_0}
+    _, _, kept, stats = _fit(base, y, None, family, member)
+    checked = stats["procedures"]["probe"]
+    assert checked["gain"] > 0.5 and checked["f1_change"] < -0.3
+    assert kept and not checked["passes"]
+    monkeypatch.setattr(fitting, "F1_GUARD", False)
+    _, _, kept, stats = _fit(base, y, None, family, member)
+    assert not kept and stats["procedure"] == "probe"
+
+
+def test_succession_targets_keep_a_few_separable_labels_from_certainty() -> None:
+    """25 labels one temperature separates: the hard targets drive T to its bound (every
+    answer ~certain, an error on new items costs ~1/T nats); the fit's targets stop at
+    an answer as sure as 25 right answers show, ``(N + 1) / (N + 2)`` on average."""
+    rng = np.random.default_rng(5)
+    y = np.arange(25) % 2
+    margin = rng.uniform(0.5, 2.0, size=25)
+    z = np.stack([margin * (1 - 2 * y), -margin * (1 - 2 * y)], 1) / 2  # always right
+    rows = temperature_scaling.succession_targets(y, 2)
+    np.testing.assert_allclose(rows.sum(1), 1.0)
+    np.testing.assert_allclose(rows[np.arange(25), y], 26 / 27)
+    hard_t = temperature_scaling.fit_temperature(z, y)
+    soft_t = temperature_scaling.fit_temperature(z, rows)
+    assert hard_t == pytest.approx(math.exp(temperature_scaling.LOG_T_BOUNDS[0]), rel=1e-3)
+    assert soft_t > 5 * hard_t
+    sure = temperature_scaling.apply_temperature(z, soft_t).max(1).mean()
+    assert 0.9 < sure < 26 / 27 + 0.01
+    # an error on a new item: bounded under the fit's targets, ~1/T nats under the hard ones
+    new_error = np.array([[1.0, -1.0]]) / 2
+    cost = {
+        t: temperature_scaling.nll(temperature_scaling.apply_temperature(new_error, t), [1])[0]
+        for t in (hard_t, soft_t)
+    }
+    assert cost[soft_t] < 6.0 < 15.0 < cost[hard_t]
+    # many labels: the targets fade to the hard ones
+    many = temperature_scaling.succession_targets(np.arange(10_000) % 4, 4)
+    assert many.max() == pytest.approx(1.0, abs=1e-3)
 
 
 def test_the_probe_is_chosen_when_the_hidden_state_separates_the_classes() -> None:

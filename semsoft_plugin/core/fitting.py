@@ -52,7 +52,12 @@ from semsoft_plugin.core.label_offsets import (
     fit_member,
     member_out_of_fold,
 )
-from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_temperature, nll
+from semsoft_plugin.core.temperature_scaling import (
+    apply_temperature,
+    fit_temperature,
+    nll,
+    succession_targets,
+)
 
 __all__ = [
     "DEFAULT_WEIGHTS",
@@ -84,6 +89,11 @@ External = Callable[[np.ndarray, np.ndarray], np.ndarray]
 DEFAULT_WEIGHTS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 # The core floors probabilities at this value before a log (core._tempered).
 _FLOOR = 1e-30
+# The rule's guard on which label wins: a member whose out-of-fold macro-F1 is below the
+# start's by more than F1_TOLERANCE is not adopted, whatever its NLL gain (F1_GUARD off:
+# only benchmarks/fit_rule_ablation.py, to measure what the guard changes).
+F1_GUARD = True
+F1_TOLERANCE = 0.01
 
 
 # -- the grid and the folds ---------------------------------------------------------
@@ -158,13 +168,16 @@ def _log(probs: np.ndarray) -> np.ndarray:
 def _choose(
     log_grid: np.ndarray, targets: np.ndarray, temperature: bool
 ) -> tuple[int, float, np.ndarray, np.ndarray]:
-    """(entry, temperature) with the least training NLL; each entry's NLL and T."""
+    """(entry, temperature) with the least training loss (the cross-entropy to the fit's
+    targets, :func:`~semsoft_plugin.core.temperature_scaling.succession_targets`); each entry's
+    loss and T."""
     scores = np.empty(len(log_grid))
     temps = np.ones(len(log_grid))
+    rows = succession_targets(targets, log_grid.shape[2])
     for c, log_p in enumerate(log_grid):
         if temperature:
-            temps[c] = fit_temperature(log_p, targets)
-        scores[c] = nll(apply_temperature(log_p, temps[c]), targets).mean()
+            temps[c] = fit_temperature(log_p, rows)
+        scores[c] = -(rows * _log(apply_temperature(log_p, temps[c]))).sum(1).mean()
     best = int(np.argmin(scores))  # the first of equal scores: the grid's order decides
     return best, float(temps[best]), scores, temps
 
@@ -181,15 +194,27 @@ def _check_targets(targets: Any, n: int, n_labels: int) -> np.ndarray:
 def _out_of_fold(
     log_grid: np.ndarray, y: np.ndarray, fold_ids: np.ndarray, temperature: bool
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Per-item NLL of the procedure "choose the entry and T on the other folds"."""
-    out = np.empty(len(y))
+    """Per-item probabilities ``[N, L]`` of the procedure "choose the entry and T on the
+    other folds"."""
+    out = np.empty(log_grid.shape[1:])
     choices = []
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
         c, t, _, _ = _choose(log_grid[:, ~held], y[~held], temperature)
-        out[held] = nll(apply_temperature(log_grid[c, held], t), y[held])
+        out[held] = apply_temperature(log_grid[c, held], t)
         choices.append({"entry": c, "temperature": t})
     return out, choices
+
+
+def macro_f1(targets: np.ndarray, predicted: np.ndarray, n_labels: int) -> float:
+    """scikit-learn's macro F1 (over the labels in ``targets`` or ``predicted``,
+    ``zero_division=0``) in closed form: the core has no scikit-learn, and a bootstrap
+    calls it a thousand times."""
+    tp = np.bincount(targets[targets == predicted], minlength=n_labels)
+    support = np.bincount(targets, minlength=n_labels)
+    chosen = np.bincount(predicted, minlength=n_labels)
+    present = (support + chosen) > 0
+    return float((2 * tp[present] / (support[present] + chosen[present])).mean())
 
 
 def fit_probs(
@@ -247,6 +272,8 @@ def fit_probs(
     folds = min(n_folds, n // 2)
     log_grid = _log(grid)
     start_nll = nll(start, y)
+    n_labels = grid.shape[2]
+    start_f1 = macro_f1(y, start.argmax(1), n_labels)
     fold_ids = stratified_folds(y, folds, seed)
     subsets = {"grid": np.arange(len(grid) if grid_size is None else grid_size)}
     if temperature and len(grid) > 1:
@@ -260,27 +287,32 @@ def fit_probs(
     checked: dict[str, dict[str, Any]] = {}
     for name in names:
         if name in external:
-            fitted_nll = np.empty(n)
+            oof = np.empty(grid.shape[1:])
             choices: list[dict[str, Any]] = []
             for fold in np.unique(fold_ids):
                 held = fold_ids == fold
-                fitted_nll[held] = nll(external[name](rows[~held], rows[held]), y[held])
+                oof[held] = external[name](rows[~held], rows[held])
                 choices.append({"entry": base_entry, "temperature": 1.0})
         elif name in subsets:
-            fitted_nll, choices = _out_of_fold(log_grid[subsets[name]], y, fold_ids, temperature)
+            oof, choices = _out_of_fold(log_grid[subsets[name]], y, fold_ids, temperature)
             for choice in choices:
                 choice["entry"] = int(subsets[name][choice["entry"]])
         else:
-            fitted_nll, choices = member_out_of_fold(
+            oof, choices = member_out_of_fold(
                 name, base, y, fold_ids, content_free=content_free, temperature=temperature,
                 seed=seed, entry=base_entry,
             )  # fmt: skip
+        fitted_nll = nll(oof, y)
         diff = start_nll - fitted_nll
         gain, se = float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(n))
+        f1 = macro_f1(y, oof.argmax(1), n_labels)
         checked[name] = {
             "gain": gain,
             "gain_se": se,
-            "passes": gain > 0 and gain > margin * se,
+            "f1_change": f1 - start_f1,
+            "passes": gain > 0
+            and gain > margin * se
+            and (not F1_GUARD or f1 - start_f1 >= -F1_TOLERANCE),
             "nll": float(fitted_nll.mean()),
             "fold_choices": choices,
             "per_item": fitted_nll,
@@ -309,7 +341,8 @@ def fit_probs(
         "nll_start": float(start_nll.mean()),
         "nll_fitted": checked[chosen]["nll"],
         "procedures": {
-            k: {x: v[x] for x in ("gain", "gain_se", "passes", "nll")} for k, v in checked.items()
+            k: {x: v[x] for x in ("gain", "gain_se", "f1_change", "passes", "nll")}
+            for k, v in checked.items()
         },
         "scores": scores_all.tolist(),
         "temperatures": temps_all.tolist(),

@@ -42,6 +42,8 @@ from semsoft_plugin.core.temperature_scaling import (
     apply_temperature,
     fit_temperature,
     nll,
+    succession_targets,
+    target_rows,
 )
 
 __all__ = [
@@ -71,11 +73,11 @@ def apply_offset(log_probs: Any, temperature: float, offset: Any) -> np.ndarray:
     return apply_temperature(z, 1.0)
 
 
-def _loss(x: np.ndarray, y: np.ndarray, a: float, b: np.ndarray, strength: float) -> float:
+def _loss(x: np.ndarray, q: np.ndarray, a: float, b: np.ndarray, strength: float) -> float:
     z = a * x + b
     top = z.max(1)
     lse = top + np.log(np.exp(z - top[:, None]).sum(1))
-    return float((lse - z[np.arange(len(y)), y]).mean() + 0.5 * strength * b @ b)
+    return float((lse - (q * z).sum(1)).mean() + 0.5 * strength * b @ b)
 
 
 def fit_offset(
@@ -88,7 +90,8 @@ def fit_offset(
     tol: float = 1e-10,
 ) -> tuple[float, np.ndarray]:
     """``(T, b)`` minimising mean NLL of ``softmax(log_probs / T + b)`` plus
-    ``strength / 2 * |b|^2``; ``temperature=False`` keeps ``T = 1``.
+    ``strength / 2 * |b|^2``; ``temperature=False`` keeps ``T = 1``. ``targets``:
+    ``[N]`` label indices or ``[N, L]`` target rows (the cross-entropy to them).
 
     The objective is convex in ``(1/T, b)`` (a log-sum-exp of linear functions, minus a
     linear one, plus a ridge), so a Newton step with backtracking converges to the
@@ -96,17 +99,16 @@ def fit_offset(
     ridge also fixes the constant a softmax ignores: ``b`` sums to zero.
     """
     x = np.asarray(log_probs, dtype=np.float64)
-    y = np.asarray(targets, dtype=np.int64)
-    if x.ndim != 2 or len(x) != len(y) or len(y) == 0:
-        raise ValueError(f"log_probs {x.shape} and targets {y.shape} must be [N, L] and [N]")
+    if x.ndim != 2 or len(x) == 0:
+        raise ValueError(f"log_probs {x.shape} must be [N, L] with N > 0")
     if not strength > 0:
         raise ValueError(f"strength={strength!r} must be > 0 (the offset is unidentified at 0)")
+    onehot = target_rows(targets, len(x), x.shape[1])
+    onehot = onehot / onehot.sum(1, keepdims=True)
     x = x - x.max(1, keepdims=True)
     n, width = x.shape
-    onehot = np.zeros_like(x)
-    onehot[np.arange(n), y] = 1.0
     a, b = 1.0, np.zeros(width)
-    current = _loss(x, y, a, b, strength)
+    current = _loss(x, onehot, a, b, strength)
     for _ in range(max_iter):
         p = apply_temperature(a * x + b, 1.0)
         r = p - onehot
@@ -133,7 +135,7 @@ def fit_offset(
                 b_new = b - size * step[1:]
             else:
                 a_new, b_new = a, b - size * step
-            trial = _loss(x, y, a_new, b_new, strength)
+            trial = _loss(x, onehot, a_new, b_new, strength)
             if trial <= current - 1e-4 * size * decrement:
                 break
             size /= 2
@@ -168,18 +170,21 @@ def fit_offset_cv(
     losses = np.zeros(len(strengths))
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
+        train = succession_targets(y[~held], x.shape[1])
         for s, strength in enumerate(strengths):
-            t, b = fit_offset(x[~held], y[~held], strength, temperature=temperature)
+            t, b = fit_offset(x[~held], train, strength, temperature=temperature)
             losses[s] += nll(apply_offset(x[held], t, b), y[held]).sum()
     best = int(np.flatnonzero(losses <= losses.min() + 1e-12)[-1])
-    t, b = fit_offset(x, y, strengths[best], temperature=temperature)
+    t, b = fit_offset(
+        x, succession_targets(y, x.shape[1]), strengths[best], temperature=temperature
+    )
     return t, b, float(strengths[best])
 
 
 def _fixed(bias: np.ndarray, x: np.ndarray, y: np.ndarray, temperature: bool) -> tuple[float, Any]:
     """A label-free offset ``-log bias``, then a temperature on the corrected scores."""
     corrected = x - np.log(np.clip(bias, _FLOOR, None))
-    t = fit_temperature(corrected, y) if temperature else 1.0
+    t = fit_temperature(corrected, succession_targets(y, x.shape[1])) if temperature else 1.0
     return t, -np.log(np.clip(bias, _FLOOR, None)) / t
 
 
@@ -258,15 +263,15 @@ def member_out_of_fold(
     seed: int,
     entry: int,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Per-item NLL of bias member ``name`` fitted on the other folds (the offset's
-    strength chosen by inner folds inside each), and each fold's choice (``entry``: the
-    grid entry ``base`` is)."""
-    out = np.empty(len(y))
+    """Per-item probabilities ``[N, L]`` of bias member ``name`` fitted on the other
+    folds (the offset's strength chosen by inner folds inside each), and each fold's
+    choice (``entry``: the grid entry ``base`` is)."""
+    out = np.empty(base.shape)
     choices = []
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
         t, b = fit_member(name, base[~held], y[~held], content_free=content_free,
                           temperature=temperature, seed=seed)  # fmt: skip
-        out[held] = nll(apply_offset(base[held], t, b), y[held])
+        out[held] = apply_offset(base[held], t, b)
         choices.append({"entry": entry, "temperature": t, "offset": b.tolist()})
     return out, choices

@@ -495,6 +495,4 @@ def semantic_softmax(
     >>> semantic_softmax(logits, emb, [0, 1], k=4, center=False, semantic_weight=1.0)
     tensor([0.8491, 0.1509])
     """
-    return semantic_softmax_details(
-        logits, embeddings, label_token_ids, config, **overrides
-    ).probs
+    return semantic_softmax_details(logits, embeddings, label_token_ids, config, **overrides).probs

@@ -1,0 +1,187 @@
+"""What each part of the few-label fit's rule changes: succession targets and the macro-F1 guard.
+
+Run on demand; reads the kept forward passes ``benchmarks/fit_curve.py`` reads (the same
+pairs, the same draws of labels: ``--draws`` random draws of ``--sizes`` labels, the rest
+of the set scored). For each pair and size, the whole family
+(:func:`semsoft_plugin.core.fitting.fit_probs`) under four rules:
+
+* ``hard``: temperatures and offsets fitted to the hard labels, no guard (the rule
+  before issue 36's second pass);
+* ``succession``: fitted to :func:`~semsoft_plugin.core.temperature_scaling.succession_targets`
+  (an answer may not be made surer than ``(N + 1) / (N + 2)`` by ``N`` labels);
+* ``hard + F1 guard``: a member whose out-of-fold macro-F1 falls more than
+  ``fitting.F1_TOLERANCE`` below the start's is not adopted;
+* ``succession + F1 guard``: both (what ``Classifier.fit`` and ``semsoft tune`` run).
+
+Beside them: temperature scaling of the constrained softmax on the same labels, and the
+constrained softmax. Reported: mean test NLL (and its worst draw), the change against
+temperature scaling, mean macro-F1 against the constrained softmax's, and what the rule
+adopted.
+
+Usage::
+
+    python benchmarks/fit_rule_ablation.py --out benchmarks/results/fit-rule-ablation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from semsoft_eval.metrics import macro_f1
+from semsoft_plugin.core import fitting, temperature_scaling
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.kept_scores import grid_probs
+from semsoft_plugin.core.label_offsets import MEMBERS
+
+RULES = {  # name -> (succession targets, F1 guard)
+    "hard": (False, False),
+    "succession": (True, False),
+    "hard + F1 guard": (False, True),
+    "succession + F1 guard": (True, True),
+}
+
+
+def _pair_arrays(model: str, dataset: str, limit: int, seed: int) -> dict[str, Any]:
+    """The pair's grid, start, content-free and constrained probabilities (fit_curve's)."""
+    from fit_curve import _load  # benchmarks/ is on sys.path when run as a script
+
+    pair = _load(model, dataset, limit, seed, False, False)
+    start = SemsoftConfig()
+    configs = fitting.grid_configs({"semantic_weight": fitting.DEFAULT_WEIGHTS}, start)
+    single = fitting.single_entries(configs, start)
+    forward, labels = pair["forward"], pair["labels"]
+    probs, _ = grid_probs(forward, pair["embeddings"], labels, [*configs, start])
+    base = configs[single["temperature"]]
+    content_free, _ = grid_probs(forward.content_free(), pair["embeddings"], labels, [base])
+    constrained = torch.softmax(forward.label_logits[:, : len(labels)].double(), -1).numpy()
+    return {
+        "grid": probs[:-1],
+        "start": probs[-1],
+        "content_free": content_free[0],
+        "constrained": constrained,
+        "single": single,
+        "y": pair["data"].targets,
+    }
+
+
+def _rule_run(arrays: dict[str, Any], size: int, draws: int, seed: int) -> dict[str, Any]:
+    """Each rule's mean test scores over the draws, and the baselines'."""
+    from fit_curve import _fit
+
+    y, constrained = arrays["y"], arrays["constrained"]
+    log_con = np.log(np.clip(constrained, 1e-30, 1.0))
+    out: dict[str, Any] = {}
+    splits = [
+        np.random.default_rng([seed, size, draw]).permutation(len(y)) for draw in range(draws)
+    ]
+    baseline: dict[str, list[float]] = {"temperature": [], "constrained": [], "constrained_f1": []}
+    for order in splits:
+        train, test = order[:size], order[size:]
+        t = temperature_scaling.fit_temperature(log_con[train], y[train])
+        scaled = temperature_scaling.apply_temperature(log_con[test], t)
+        baseline["temperature"].append(float(temperature_scaling.nll(scaled, y[test]).mean()))
+        baseline["constrained"].append(
+            float(temperature_scaling.nll(constrained[test], y[test]).mean())
+        )
+        baseline["constrained_f1"].append(macro_f1(constrained[test], y[test]))
+    out["baselines"] = {k: float(np.mean(v)) for k, v in baseline.items()}
+    for name, (succession, guard) in RULES.items():
+        temperature_scaling.SUCCESSION_TARGETS, fitting.F1_GUARD = succession, guard
+        try:
+            nlls, f1s, adopted = [], [], []
+            for order in splits:
+                train, test = order[:size], order[size:]
+                probs, keep, procedure = _fit(
+                    arrays["grid"], arrays["start"], y, train, test, margin=1.0, seed=seed,
+                    single=arrays["single"], bias=MEMBERS, content_free=arrays["content_free"],
+                )  # fmt: skip
+                nlls.append(float(temperature_scaling.nll(probs, y[test]).mean()))
+                f1s.append(macro_f1(probs, y[test]))
+                adopted.append("kept" if keep else procedure)
+        finally:
+            temperature_scaling.SUCCESSION_TARGETS, fitting.F1_GUARD = True, True
+        out[name] = {
+            "nll": float(np.mean(nlls)),
+            "nll_worst_draw": float(np.max(nlls)),
+            "macro_f1": float(np.mean(f1s)),
+            "adopted": {p: adopted.count(p) for p in dict.fromkeys(adopted)},
+        }
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# The few-label fit's rule: succession targets and the macro-F1 guard",
+        "",
+        f"Command: `{result['command']}` ({result['date']})",
+        "",
+        "Kept forward passes of `benchmarks/fit_curve.py` (bf16 weights, float32 output "
+        "head); the whole family, margin 1 standard error; mean over "
+        f"{result['draws']} random draws of the labels, test = the rest of the set. "
+        "`vs temp.`: NLL minus temperature scaling's on the same labels (negative: "
+        "better); `F1 − constr.`: macro-F1 minus the constrained softmax's.",
+        "",
+        "| pair | labels | temp. NLL | constr. NLL | rule | NLL (worst draw) | vs temp. "
+        "| F1 − constr. | adopted |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for pair, sizes in result["pairs"].items():
+        for size, run in sizes.items():
+            base = run["baselines"]
+            head = [pair, size, f"{base['temperature']:.3f}", f"{base['constrained']:.3f}"]
+            for name in RULES:
+                r = run[name]
+                adopted = ", ".join(f"{k} {v}" for k, v in r["adopted"].items())
+                cells = [
+                    *head,
+                    name,
+                    f"{r['nll']:.3f} ({r['nll_worst_draw']:.3f})",
+                    f"{r['nll'] - base['temperature']:+.3f}",
+                    f"{r['macro_f1'] - base['constrained_f1']:+.3f}",
+                    adopted,
+                ]
+                lines.append("| " + " | ".join(cells) + " |")
+                head = ["", "", "", ""]  # the pair's cells once
+    return "\n".join(lines)
+
+
+def main() -> int:
+    from _cli import KEPT_PAIRS, split_pair, write_results  # benchmarks/ is on sys.path
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default=KEPT_PAIRS, help="model/dataset:items, comma-separated")
+    parser.add_argument("--sizes", default="25,100", help="labels to fit on")
+    parser.add_argument("--draws", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
+    parser.add_argument("--out", default="benchmarks/results/fit-rule-ablation.json")
+    args = parser.parse_args()
+
+    pairs: dict[str, Any] = {}
+    for spec in args.pairs.split(","):
+        model, dataset, limit = split_pair(spec)
+        name = f"{model}/{dataset}"
+        arrays = _pair_arrays(model, dataset, limit, args.seed)
+        pairs[name] = {
+            size: _rule_run(arrays, int(size), args.draws, args.seed)
+            for size in args.sizes.split(",")
+        }
+        print(f"{name} done", flush=True)
+    result = {
+        "command": " ".join(["python", "benchmarks/fit_rule_ablation.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "draws": args.draws,
+        "f1_tolerance": fitting.F1_TOLERANCE,
+        "pairs": pairs,
+    }
+    write_results(result, args.out, markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
