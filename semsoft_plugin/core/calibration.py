@@ -25,13 +25,21 @@ texts given to ``fit``), and then applied to each row alone, so a row's score do
 depend on its batch or position and a resumed run reproduces it. ``strength`` ``s`` in
 ``[0, 1]`` applies part of the correction, dividing by ``b^s``.
 
-It is opt-in, not a default, because no label-free guard can tell when it harms: a
-file whose skew is the prompt's bias and one whose skew is the truth look the same from
-the unlabelled rows. Measured leaving one kind out (``benchmarks/choose_defaults.py``,
-``benchmarks/results/defaults-loko-file.md``): SmolLM2-135M's abuse and Davidson rows have
-the same statistics (mean top probability .78 / .80, every row the same label, the full
-correction flips 53% / 43% of rows), yet the correction raises the NLL on abuse by .29
-and lowers it on Davidson by .65.
+**The guard** (``strength="auto"``, the default) decides from the same unlabelled rows:
+the full correction when the rows' mean top probability is at most
+:data:`GUARD_CONFIDENCE` (one half), else none. The reason: a model that is unsure on
+most rows has little to say about each row, so a lean shared by all its rows is mostly
+the prompt's; a model that is sure on most rows puts its lean where the rows' content
+is, and a file that is truly 95/5 looks like that (dividing it out would push it toward
+uniform). It is a cautious rule, not an oracle: it leaves out files where the
+correction would have helped (SmolLM2-135M's Davidson rows, mean top probability .80),
+because the same statistics describe files where it harms (its abuse rows, .78: the
+correction raises the NLL by .29 there and lowers it by .65 on Davidson). Every
+one-statistic guard was checked on 14 pairs, leaving one kind out
+(``benchmarks/file_mode_guard.py``, ``benchmarks/results/file-mode-guard.md``).
+
+The file mode is opt-in, not a default: ``calibrate="file"`` needs the whole file
+before any row is scored.
 """
 
 from __future__ import annotations
@@ -46,10 +54,12 @@ from torch import Tensor
 
 __all__ = [
     "CONTENT_FREE",
+    "GUARD_CONFIDENCE",
     "MIN_FILE_ROWS",
     "FileCalibration",
     "RunningBias",
     "batch_calibrate",
+    "check_strength",
     "debias",
 ]
 
@@ -61,6 +71,9 @@ _EPS = 1e-12
 # The fewest distinct rows the file mode estimates a label bias from: a mean over a
 # handful of rows is mostly their own content.
 MIN_FILE_ROWS = 32
+# The guard's bound (strength="auto"): the full correction when the rows' mean top
+# probability is at most this, none above it (the module docstring says why).
+GUARD_CONFIDENCE = 0.5
 ArrayT = TypeVar("ArrayT")
 
 
@@ -173,6 +186,11 @@ class FileCalibration:
         renormalised; ``0`` changes nothing, ``1`` is batch calibration.
     rows : int
         How many distinct rows ``bias`` is the mean of (kept for the settings record).
+    guard : bool
+        Whether the guard chose ``strength`` (``estimate(strength="auto")``).
+    confidence : float or None
+        The rows' mean top probability, the statistic the guard reads (``None`` when
+        the correction was built from a bias alone).
 
     Notes
     -----
@@ -183,23 +201,34 @@ class FileCalibration:
     Examples
     --------
     A prompt that leans toward the first label on every row (the mean of the distinct
-    rows is ``[0.75, 0.25]``); the correction divides that lean out of each row alone:
+    rows is ``[0.75, 0.25]``); the full correction divides that lean out of each row
+    alone:
 
     >>> import numpy as np
     >>> from semsoft_plugin.core.calibration import FileCalibration
     >>> rows = np.array([[0.9, 0.1], [0.6, 0.4]] * 16)   # 32 distinct rows in a real file
-    >>> calibration = FileCalibration.estimate(rows)
+    >>> calibration = FileCalibration.estimate(rows, strength=1.0)
     >>> [round(b, 3) for b in calibration.bias], calibration.rows
     ([0.75, 0.25], 32)
     >>> calibration.apply(np.array([[0.75, 0.25]])).round(3)
     array([[0.5, 0.5]])
-    >>> FileCalibration.estimate(rows, strength=0).apply(np.array([[0.75, 0.25]])).round(3)
-    array([[0.75, 0.25]])
+
+    The guard (the default) reads the rows' mean top probability: .75 here, a model sure
+    on most rows, so it applies nothing; on unsure rows it applies the full correction:
+
+    >>> guarded = FileCalibration.estimate(rows)
+    >>> guarded.guard, guarded.confidence, guarded.strength
+    (True, 0.75, 0.0)
+    >>> unsure = np.array([[0.5, 0.3, 0.2], [0.4, 0.35, 0.25]] * 16)
+    >>> FileCalibration.estimate(unsure).strength
+    1.0
     """
 
     bias: tuple[float, ...]
     strength: float = 1.0
     rows: int = 0
+    guard: bool = False
+    confidence: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.bias) < 2:
@@ -210,16 +239,24 @@ class FileCalibration:
             raise ValueError(f"strength={self.strength!r} must be a number in [0, 1]")
         if isinstance(self.rows, bool) or not isinstance(self.rows, int) or self.rows < 0:
             raise ValueError(f"rows={self.rows!r} must be a non-negative integer")
+        if not isinstance(self.guard, bool):
+            raise ValueError(f"guard={self.guard!r} must be True or False")
+        c = self.confidence
+        if c is not None and not (isinstance(c, float) and 0.0 <= c <= 1.0):
+            raise ValueError(f"confidence={c!r} must be a probability or None")
 
     @classmethod
     def estimate(
-        cls, probs: Any, *, strength: float = 1.0, min_rows: int = MIN_FILE_ROWS
+        cls, probs: Any, *, strength: float | str = "auto", min_rows: int = MIN_FILE_ROWS
     ) -> FileCalibration:
         """The correction of the distinct rows ``probs`` ``[N, L]`` (the first pass).
 
-        Fewer than ``min_rows`` rows are refused: a mean over a handful of rows is
-        mostly noise, and would move every row's score.
+        ``strength``: a number in ``[0, 1]``, or ``"auto"`` (the guard: 1 when the rows'
+        mean top probability is at most :data:`GUARD_CONFIDENCE`, else 0). Fewer than
+        ``min_rows`` rows are refused: a mean over a handful of rows is mostly noise,
+        and would move every row's score.
         """
+        check_strength(strength)
         values = _as_probs(probs)
         if values.shape[0] < min_rows:
             raise ValueError(
@@ -228,7 +265,10 @@ class FileCalibration:
             )
         rows = values / values.sum(1, keepdim=True).clamp_min(_EPS)
         bias = rows.mean(0).clamp_min(_EPS)
-        return cls(tuple(float(b) for b in bias), float(strength), int(values.shape[0]))
+        confidence = float(rows.amax(1).mean().clamp(0.0, 1.0))
+        guard = strength == "auto"
+        applied = float(confidence <= GUARD_CONFIDENCE) if guard else float(strength)
+        return cls(tuple(float(b) for b in bias), applied, int(values.shape[0]), guard, confidence)
 
     def apply(self, probs: ArrayT) -> ArrayT:
         """Each row of ``probs`` ``[N, L]`` divided by ``bias ** strength``, renormalised;
@@ -243,15 +283,41 @@ class FileCalibration:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for the settings record (``from_dict`` reads it back)."""
-        return {"bias": list(self.bias), "strength": self.strength, "rows": self.rows}
+        return {
+            "bias": list(self.bias),
+            "strength": self.strength,
+            "rows": self.rows,
+            "guard": self.guard,
+            "confidence": self.confidence,
+        }
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> FileCalibration:
-        unknown = set(record) - {"bias", "strength", "rows"}
+        unknown = set(record) - {"bias", "strength", "rows", "guard", "confidence"}
         if unknown:
             raise ValueError(f"unknown file calibration field(s): {sorted(unknown)}")
+        confidence = record.get("confidence")
         return cls(
             tuple(float(b) for b in record["bias"]),
             float(record.get("strength", 1.0)),
             int(record.get("rows", 0)),
+            bool(record.get("guard", False)),
+            None if confidence is None else float(confidence),
         )
+
+    def matches(self, strength: float | str) -> bool:
+        """Whether this correction is what ``strength`` (a number or ``"auto"``) asks
+        for: made by the guard for ``"auto"``, at that strength without it otherwise."""
+        if strength == "auto":
+            return self.guard
+        return not self.guard and self.strength == strength
+
+
+def check_strength(strength: object, name: str = "strength") -> None:
+    """``ValueError`` unless ``strength`` is ``"auto"`` or a number in ``[0, 1]``."""
+    if strength == "auto":
+        return
+    if isinstance(strength, bool) or not isinstance(strength, int | float):
+        raise ValueError(f"{name}={strength!r} must be 'auto' or a number in [0, 1]")
+    if not 0.0 <= strength <= 1.0:
+        raise ValueError(f"{name}={strength!r} must be 'auto' or a number in [0, 1]")
