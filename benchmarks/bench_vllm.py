@@ -356,7 +356,7 @@ def compare_paths(url: str, checkpoint: str, prompts, targets, repeats: int) -> 
         "plugin default (the constrained softmax)": default,
         "plugin preset pooled (the semantic pool)": pooled,
         "generative_scoring + batch calibration over the rows": batch_calibrate(gen),
-        "plugin preset pooled + the file mode": file_mode.apply(pooled),
+        "plugin preset pooled + the file mode (its guard)": file_mode.apply(pooled),
     }
     return {
         "rows": rows,

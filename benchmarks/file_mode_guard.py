@@ -65,7 +65,7 @@ def statistics(p: np.ndarray) -> dict[str, float]:
     """The label-free statistics of the module docstring, from rows ``p`` ``[N, L]``."""
     mean = p.mean(0)
     shares = np.bincount(p.argmax(1), minlength=p.shape[1]) / len(p)
-    corrected = FileCalibration.estimate(p, min_rows=2).apply(p)
+    corrected = FileCalibration.estimate(p, strength=1.0, min_rows=2).apply(p)
     return {
         "information": float((_entropy(mean) - _entropy(p).mean()) / _entropy(mean)),
         "lean": float(0.5 * np.abs(shares - mean).sum()),
