@@ -226,20 +226,36 @@ def _pooled(m: MethodInputs) -> MethodResult:
 
 
 def _file_mode(m: MethodInputs, base: MethodResult) -> MethodResult:
-    """The file mode: the bias of the evaluated items as one file, applied row by row."""
+    """The file mode as shipped: the bias of the evaluated items as one file, applied
+    row by row at the strength its guard chooses (the default ``strength="auto"``)."""
     start = time.perf_counter()
     # Any run size: an evaluation measures the mode on whatever file it is given (the
     # CLI's floor of 32 rows protects a user's file, not a measurement).
     correction = FileCalibration.estimate(base.probs, min_rows=2)
-    return m.derived(base, correction.apply(base.probs), start, bias=list(correction.bias))
+    return m.derived(
+        base,
+        correction.apply(base.probs),
+        start,
+        bias=list(correction.bias),
+        strength=correction.strength,
+        guard=correction.guard,
+        confidence=correction.confidence,
+    )
 
 
-@method("constrained-file", "the file mode (the items' mean as the label bias) on constrained")
+@method(
+    "constrained-file",
+    "the file mode with its guard on constrained (the items' mean as the label bias, divided "
+    "out when their mean top probability is at most 0.5)",
+)
 def _constrained_file(m: MethodInputs) -> MethodResult:
     return _file_mode(m, m.constrained())
 
 
-@method("pooled-file", "the file mode on the semantic pool (SemsoftConfig.preset('pooled'))")
+@method(
+    "pooled-file",
+    "the file mode with its guard on the semantic pool (SemsoftConfig.preset('pooled'))",
+)
 def _pooled_file(m: MethodInputs) -> MethodResult:
     return _file_mode(m, _pooled(m))
 

@@ -260,6 +260,11 @@ def test_eval_end_to_end_report_schema_and_cache(tmp_path, capsys) -> None:
         ):
             assert key in row
         assert 0 <= row["accuracy"] <= 1 and row["nll"] > 0
+    # The file mode as shipped, its guard's decision recorded beside the bias.
+    for name in ("constrained-file", "pooled-file"):
+        row = report["methods"][name]
+        assert row["guard"] is True and 0 < row["confidence"] <= 1, (name, row)
+        assert row["strength"] == (1.0 if row["confidence"] <= 0.5 else 0.0), (name, row)
     assert (
         report["methods"]["semantic"]["vs_constrained"]["ece"]["low"]
         <= report["methods"]["semantic"]["vs_constrained"]["ece"]["high"]

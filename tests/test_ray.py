@@ -316,9 +316,16 @@ def test_a_bad_row_is_named_and_its_batch_scored(capfd):
             assert abs(row[f"p_{label}"] - want.probs[j, i]) <= 1e-6
 
 
-def test_file_mode_on_ray_equals_the_cli(cluster, tmp_path, capfd):
+@pytest.mark.parametrize(
+    ("strength", "said"),
+    [(["--file-strength", "0.8"], "applied at strength 0.8"), ([], "not applied (the guard")],
+    ids=["0.8", "auto"],
+)
+def test_file_mode_on_ray_equals_the_cli(cluster, tmp_path, capfd, strength, said):
     # 40 distinct reviews written for this test (the file mode needs at least 32), one
-    # of them repeated: the same two passes as the CLI's, to the same numbers.
+    # of them repeated: the same two passes as the CLI's, to the same numbers; by default
+    # (auto) the guard's decision, taken on the driver, is the CLI's (SmolLM2 is sure of
+    # its lean on these two labels: nothing applied).
     things = ["film", "meal", "hotel", "phone", "book", "concert", "car", "game", "class", "show"]
     words = ["wonderful", "a delight", "awful", "boring"]
     texts = [f"The {t} was {w}." for t in things for w in words]
@@ -342,13 +349,13 @@ def test_file_mode_on_ray_equals_the_cli(cluster, tmp_path, capfd):
         "4",
         "--calibrate",
         "file",
-        "--file-strength",
-        "0.8",
+        *strength,
     ]
     assert main([*args, "--output", str(out)]) == 0
     want = [json.loads(line) for line in out.read_text().splitlines()]
     summary = capfd.readouterr().out.splitlines()[-1]
     assert summary.startswith("file correction (--calibrate file): bias positive")
+    assert said in summary
 
     ray_out = tmp_path / "ray-out"
     assert main([*args, "--output", str(ray_out), "--ray", "--output-format", "jsonl"]) == 0

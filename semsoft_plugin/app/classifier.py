@@ -103,9 +103,11 @@ class Classifier(EstimatorProtocol):
         :meth:`content_free_bias`), or (the file mode, :mod:`~semsoft_plugin.app.file_mode`)
         the mean distribution of the distinct texts given to ``fit(texts)``, estimated
         once and applied to each row alone. Opt-in: it harms a file where one label is
-        truly the majority, which unlabelled rows cannot tell (docs/defaults.md)
-    file_strength : with ``calibrate="file"``, the share of the correction applied, in
-        [0, 1]: rows are divided by ``bias ** file_strength`` (0 changes nothing)
+        truly the majority, which the guard below spares only when the model is sure
+    file_strength : with ``calibrate="file"``, ``"auto"`` (the guard,
+        :mod:`~semsoft_plugin.core.calibration`: all of the correction when the fit texts'
+        mean top probability is at most 1/2, none above, where a sure model's lean is the
+        texts' content) or the share applied in [0, 1], dividing by ``bias ** file_strength``
     exact_head : transformers: compute the decision step's logits with a float32 head
         (:func:`~semsoft_plugin.engines.hf.float32_head`) when the model is bf16/fp16, so
         different texts do not tie on bf16's coarse grid (a vLLM engine loaded by name
@@ -170,7 +172,7 @@ class Classifier(EstimatorProtocol):
         batch_size: int = 8,
         progress: bool | None = False,
         calibrate: str | None = None,
-        file_strength: float = 1.0,
+        file_strength: float | str = "auto",
         exact_head: bool = True,
         max_text_tokens: int | None = None,
         truncate: bool = True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from semsoft_plugin.core.calibration import check_strength
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate
 
@@ -25,14 +26,12 @@ CALIBRATIONS = (None, "contextual", "file")
 
 
 def check_file_strength(strength: object, calibrate: object, name: str = "file_strength") -> None:
-    """``ValueError`` unless ``strength`` is a number in [0, 1], and, since a setting that
-    would be ignored is refused rather than dropped, unless it is the default 1.0 or
-    goes with ``calibrate="file"``."""
-    if isinstance(strength, bool) or not isinstance(strength, int | float):
-        raise ValueError(f"{name}={strength!r} must be a number in [0, 1]")
-    if not 0.0 <= strength <= 1.0:
-        raise ValueError(f"{name}={strength!r} must be a number in [0, 1]")
-    if strength != 1.0 and calibrate != "file":
+    """``ValueError`` unless ``strength`` is ``"auto"`` (the guard, the default) or a
+    number in [0, 1] (:func:`~semsoft_plugin.core.calibration.check_strength`), and,
+    since a setting that would be ignored is refused rather than dropped, unless it is
+    the default ``"auto"`` or goes with ``calibrate="file"``."""
+    check_strength(strength, name)
+    if strength != "auto" and calibrate != "file":
         raise ValueError(
             f"{name}={strength!r} applies only to the file mode (calibrate='file'; on the "
             f"command line --calibrate file), not to calibrate={calibrate!r}"

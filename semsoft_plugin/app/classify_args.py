@@ -20,16 +20,28 @@ __all__ = [
     "file_strength",
     "parse_labels",
     "prompt_template",
+    "strength_arg",
 ]
 
 
-def file_strength(args: argparse.Namespace) -> float | None:
-    """The file mode's strength (``--file-strength``, default 1.0), or ``None`` without
-    ``--calibrate file``."""
+def file_strength(args: argparse.Namespace) -> float | str | None:
+    """The file mode's strength (``--file-strength``, default ``"auto"``, the guard), or
+    ``None`` without ``--calibrate file``."""
     if getattr(args, "calibrate", None) != "file":
         return None
     given = getattr(args, "file_strength", None)
-    return 1.0 if given is None else float(given)
+    return "auto" if given is None else given
+
+
+def strength_arg(text: str) -> float | str:
+    """An argparse type: ``--file-strength auto`` or a number (its range is checked with
+    the other settings, by :func:`~semsoft_plugin.app.classifier_settings.check_file_strength`)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 'auto' or a number in [0, 1]") from None
 
 
 def parse_labels(text: str) -> list[str]:

@@ -31,6 +31,7 @@ from semsoft_plugin.app.classify_args import (
     classifier_from_args,
     parse_labels,
     prompt_template,
+    strength_arg,
 )
 from semsoft_plugin.app.classify_file import run_classify_file
 from semsoft_plugin.app.config_args import (
@@ -183,10 +184,12 @@ def _add_classify_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--file-strength",
-        type=float,
+        type=strength_arg,
         metavar="S",
-        help="with --calibrate file: the share of the correction applied, in [0, 1] "
-        "(default 1; 0 changes nothing)",
+        help="with --calibrate file: 'auto' (the default: the guard applies the whole "
+        "correction when the rows' mean top probability is at most 0.5, none above, where a "
+        "sure model's lean is the file's content) or the share applied, in [0, 1] (0 "
+        "changes nothing)",
     )
     parser.add_argument("--json", action="store_true", help="one text: print JSON")
     files = parser.add_argument_group("a file")
@@ -271,7 +274,7 @@ def _run_classify(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-text-tokens {args.max_text_tokens} must be a positive integer")
     if args.file_strength is not None:
         check_file_strength(args.file_strength, args.calibrate, "--file-strength")
-        if args.calibrate != "file":  # the default 1.0 given by hand, without the mode
+        if args.calibrate != "file":  # the default 'auto' given by hand, without the mode
             raise ValueError("--file-strength goes with --calibrate file")
     if args.calibrate == "file" and args.input is None:
         raise ValueError(

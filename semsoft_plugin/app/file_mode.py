@@ -9,9 +9,14 @@ and :func:`~semsoft_plugin.app.ray.classify_dataset`), whose ``label`` and ``rev
 follow the corrected probabilities while ``constrained_<label>`` stays the raw
 constrained softmax. In a row table the bias is in the order of the user's labels.
 
-Opt-in, never a default: the correction helps a file whose labels are not dominated by
-one and harms one where a label truly is the majority, and nothing in the unlabelled
-rows tells the two apart (docs/defaults.md).
+Opt-in: the correction helps a file whose labels are not dominated by one and harms one
+where a label truly is the majority. Within the mode, the strength defaults to
+``"auto"``, the label-free guard of
+:meth:`~semsoft_plugin.core.calibration.FileCalibration.estimate`: the full correction
+when the rows' mean top probability is at most one half (an unsure model's shared lean
+is mostly the prompt's), none above (a sure model's lean is taken as the file's
+content). It is cautious, not an oracle: it also leaves out files the correction would
+have helped, which is why the mode itself stays opt-in.
 """
 
 from __future__ import annotations
@@ -20,14 +25,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from semsoft_plugin.app.columns import ResultColumns
-from semsoft_plugin.core.calibration import MIN_FILE_ROWS, FileCalibration
+from semsoft_plugin.core.calibration import GUARD_CONFIDENCE, MIN_FILE_ROWS, FileCalibration
 
 __all__ = ["checked_fit", "corrected_rows", "describe", "estimate_rows"]
 
 
 def checked_fit(
     fitted: FileCalibration | None,
-    strength: float,
+    strength: float | str,
     fitted_labels: Sequence[str] | None,
     labels: Sequence[str],
     not_fitted: type[Exception] = LookupError,
@@ -40,10 +45,11 @@ def checked_fit(
             "calibrate='file': the label bias is estimated from the texts to classify; call "
             f"fit(texts) first (unlabelled, at least {MIN_FILE_ROWS} distinct), then predict"
         )
-    if fitted.strength != strength:
+    if not fitted.matches(strength):
+        then = f"'auto' (the guard chose {fitted.strength:g})" if fitted.guard else fitted.strength
         raise ValueError(
-            f"file_strength={strength!r}, but file_calibration_ was fitted at "
-            f"{fitted.strength!r}: call fit(texts) again"
+            f"file_strength={strength!r}, but file_calibration_ was fitted at {then}: call "
+            "fit(texts) again"
         )
     if tuple(fitted_labels or ()) != tuple(labels):
         raise ValueError(
@@ -60,10 +66,11 @@ def _p_rows(columns: ResultColumns, rows: Sequence[Mapping[str, Any]]) -> Any:
 
 
 def estimate_rows(
-    columns: ResultColumns, rows: Sequence[Mapping[str, Any]], strength: float
+    columns: ResultColumns, rows: Sequence[Mapping[str, Any]], strength: float | str
 ) -> FileCalibration:
     """The correction of scored rows, one per distinct text (the first pass): the mean
-    of their ``p_<label>`` columns, in the user's label order."""
+    of their ``p_<label>`` columns, in the user's label order, at ``strength`` (a number
+    in [0, 1], or ``"auto"``: the guard decides from the same rows)."""
     import numpy as np
 
     p = _p_rows(columns, rows) if rows else np.zeros((0, len(columns.labels)))
@@ -93,10 +100,20 @@ def corrected_rows(
 
 
 def describe(labels: Sequence[str], correction: FileCalibration) -> str:
-    """One summary line: the bias divided out, its strength and how many texts it is the
-    mean of."""
+    """One summary line: the bias divided out, how many texts it is the mean of, and the
+    strength applied (with the guard: whether it applied the correction, and why)."""
     bias = ", ".join(f"{label} {b:.3f}" for label, b in zip(labels, correction.bias, strict=True))
+    applied = f"applied at strength {correction.strength:g}"
+    if correction.guard and correction.confidence is not None:
+        confidence = f"the guard: mean top probability {correction.confidence:.3f}"
+        if correction.strength > 0:
+            applied += f" ({confidence} <= {GUARD_CONFIDENCE:g})"
+        else:
+            applied = (
+                f"not applied ({confidence} > {GUARD_CONFIDENCE:g}: a sure model's lean is "
+                "taken as the file's content)"
+            )
     return (
         f"file correction (--calibrate file): bias {bias} from {correction.rows} distinct "
-        f"text(s), applied at strength {correction.strength:g}"
+        f"text(s), {applied}"
     )

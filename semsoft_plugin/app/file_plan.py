@@ -106,7 +106,7 @@ class FilePlan:
     ``len(done)`` of ``todo``). ``records`` are the input rows as Python values (empty
     for a Parquet output of a Parquet input, which takes ``arrow``, the input table);
     ``schema`` is a Parquet output's schema. ``file_strength`` is ``--calibrate
-    file``'s strength (``None`` without it) and ``correction`` the file correction a
+    file``'s strength (``"auto"`` or a number; ``None`` without it) and ``correction`` the file correction a
     ``--resume`` found recorded (``None``: the first pass estimates it).
     """
 
@@ -127,7 +127,7 @@ class FilePlan:
     records: list[dict[str, Any]] = field(default_factory=list)
     arrow: Any = None
     schema: Any = None
-    file_strength: float | None = None
+    file_strength: float | str | None = None
     correction: Any = None
 
     @property

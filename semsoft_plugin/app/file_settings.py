@@ -125,8 +125,10 @@ def write_settings(
     """Record the settings (and :func:`provenance`) beside a new output, written whole
     to a staged file and then renamed over the old record. With ``--calibrate file``
     the record is written again once the first pass has estimated the correction, which
-    it then holds (``file_calibration``: bias in ``--labels`` order, strength, rows), so
-    that ``--resume`` applies the same correction to the rows it adds."""
+    it then holds (``file_calibration``: bias in ``--labels`` order, the strength applied,
+    rows, and whether the guard chose that strength from which mean top probability), so
+    that ``--resume`` applies the same correction to the rows it adds, the guard's
+    decision included."""
     sidecar = settings_path(output)
     staged = sidecar.with_name(sidecar.name + ".tmp")
     body: dict[str, Any] = {"semsoft_classify": 1, "settings": settings, "provenance": made_with}

@@ -165,7 +165,8 @@ def classify_dataset(
         materialised: the correction needs every row), the correction is estimated from
         one row per distinct text (at least 32; their texts and ``p_<label>`` are
         gathered on the driver), printed on stderr, and applied by a lazy model-free
-        ``map_batches``
+        ``map_batches``; ``file_strength`` is ``"auto"`` (the guard decides from those
+        rows) unless given, as in the ``Classifier``
 
     Returns
     -------
@@ -195,7 +196,7 @@ def classify_dataset(
         **classifier_kwargs,
     }
     checked_settings(Classifier(model, None, names, **kwargs))  # an unknown option: TypeError
-    strength = kwargs.pop("file_strength", 1.0)
+    strength = kwargs.pop("file_strength", "auto")
     file = kwargs.get("calibrate") == "file"
     if file:
         kwargs["calibrate"] = None  # the actors give raw scores; the second pass corrects
@@ -220,11 +221,15 @@ def classify_dataset(
     if not file:
         return scored
     result = ResultColumns(tuple(names), column_prefix)
-    return _file_pass(scored.materialize(), result, text_column, float(strength), review_below)
+    return _file_pass(scored.materialize(), result, text_column, strength, review_below)
 
 
 def _file_pass(
-    scored: Any, columns: ResultColumns, text_column: str, strength: float, review_below: float
+    scored: Any,
+    columns: ResultColumns,
+    text_column: str,
+    strength: float | str,
+    review_below: float,
 ) -> Any:
     """The file mode's second pass: the correction of one row per distinct text, applied
     to every row alone by a model-free ``map_batches``."""
