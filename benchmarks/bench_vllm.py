@@ -485,6 +485,11 @@ def main() -> int:
                         url, checkpoint, prompts, targets, args.repeats
                     )
                     print(json.dumps(report["generative"], indent=2), flush=True)
+            except Exception:
+                # The log goes with the temporary folder: show why the server failed first.
+                print(f"server log (last 4000 characters):\n{(Path(tmp) / 'server.log').read_text()[-4000:]}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                raise
             finally:
                 process.terminate()
                 try:
