@@ -491,6 +491,15 @@ def test_an_outlines_generator_applies_a_saved_offset(outlines_probed, tmp_path)
     want = _softmax(np.log([[plain[n] for n in LABELS]]) + [-2.0, 2.0])[0]
     np.testing.assert_allclose([shifted.probs[n] for n in LABELS], want, atol=1e-9)
     assert shifted == LABELS[int(np.argmax(want))]
+    # wrap() takes the loaded correction the same way (engines do not read files)
+    import outlines
+
+    from semsoft_plugin.app.fitted import load_fitted
+    from semsoft_plugin.engines.outlines import wrap
+
+    correction = load_fitted(path)[1]
+    wrapped = wrap(outlines.Generator(model, choice), LABELS, fitted_correction=correction)
+    assert wrapped(texts[0]).probs == pytest.approx(shifted.probs, abs=1e-9)
 
 
 @pytest.mark.outlines
