@@ -2,13 +2,15 @@
 recovered from labels it generated, the default kept on labels from its own
 distribution, the probe chosen where the hidden state separates the classes and refused
 on vLLM, and a fitted Classifier's correction applied row by row, saved and loaded with
-the config file ``semsoft tune`` writes and ``semsoft classify --config`` reads."""
+the config file ``semsoft tune`` writes and ``semsoft classify --config`` reads, and by
+an Outlines generator (``app.outlines_fit.load_fit``)."""
 
 from __future__ import annotations
 
 import json
 import math
 import warnings
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -416,3 +418,108 @@ def test_tune_searches_the_family_and_writes_what_classify_reads(tmp_path, capsy
     assert tuned["correction"] == (None if correction is None else correction.to_dict())
     assert main([*argv[:6], "vector", *argv[7:]]) == 2
     assert "unknown fit family member 'vector'" in capsys.readouterr().err
+
+
+# -- the fit in Outlines (issue 36) ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def outlines_probed(tmp_path_factory):
+    """The probe fitted by the Classifier at the decision step Outlines uses: the prompt
+    is the text as one user message with a generation prompt (no answer prefix), the
+    labels scored as Outlines writes them (no leading space). Saved with ``save_fit``."""
+    outlines = pytest.importorskip("outlines")
+    from semsoft_plugin import Classifier, LabelSet
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines.prompting import PromptTemplate
+
+    model, tokenizer = models.load(MODEL, dtype="float32")
+    texts, y = _topics()
+    clf = Classifier(model, tokenizer, LabelSet(LABELS, tokenizer, leading_space=False),
+                     prompt=PromptTemplate("{text}", answer_prefix=""), batch_size=4,
+                     n_folds=4, fit_family=("probe",)).fit(texts, y)  # fmt: skip
+    path = tmp_path_factory.mktemp("fit") / "fitted.json"
+    clf.save_fit(path)
+    return clf, outlines.from_transformers(model, tokenizer), path, texts
+
+
+@pytest.mark.slow
+@pytest.mark.outlines
+def test_an_outlines_generator_applies_the_probe_the_classifier_saved(outlines_probed):
+    """The same prompt gives the Classifier's probabilities: the probe read the hidden
+    state of Outlines' decision step, computed in float32 as the Classifier's was (measured
+    1e-9 apart, single and padded; the next step's hidden state gives the probe 0.999 on
+    the other label for rows 0 and 6), and greedy emits the probe's argmax (the plain
+    generator's differs on 18 of the 32 texts)."""
+    from semsoft_plugin.app.outlines_fit import load_fit
+    from semsoft_plugin.engines.outlines import Generator
+
+    clf, model, path, texts = outlines_probed
+    assert clf.fitted_correction_.procedure == "probe"
+    choice = Literal["negative", "positive"]
+    generator = load_fit(model, choice, path)
+    plain = Generator(model, choice)
+    rows = [0, 1, 6, 7]
+    want = clf.predict_proba([texts[i] for i in rows])  # columns: LABELS = classes_
+    for i, expected in zip(rows, want, strict=True):
+        got = generator(texts[i])
+        assert got in LABELS and got == LABELS[int(np.argmax(expected))]
+        np.testing.assert_allclose([got.probs[name] for name in LABELS], expected, atol=1e-6)
+        other = plain(texts[i]).probs
+        assert max(abs(other[n] - got.probs[n]) for n in LABELS) > 1e-2  # the probe acted
+    together = generator.batch([texts[i] for i in rows])  # padded rows: each its own
+    for got, expected in zip(together, want, strict=True):
+        np.testing.assert_allclose([got.probs[name] for name in LABELS], expected, atol=1e-6)
+    with pytest.raises(ValueError, match="for the labels"):
+        load_fit(model, Literal["yes", "no"], path)
+
+
+@pytest.mark.slow
+@pytest.mark.outlines
+def test_an_outlines_generator_applies_a_saved_offset(outlines_probed, tmp_path):
+    from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
+    from semsoft_plugin.app.outlines_fit import load_fit
+    from semsoft_plugin.engines.outlines import Generator
+
+    _, model, _, texts = outlines_probed
+    path = tmp_path / "offset.json"
+    save_fitted(path, SemsoftConfig(), FittedCorrection("batch", ("positive", "negative"),
+                                                         offset=(2.0, -2.0)))  # fmt: skip
+    choice = Literal["negative", "positive"]
+    shifted = load_fit(model, choice, path)(texts[0])
+    plain = Generator(model, choice)(texts[0]).probs
+    want = _softmax(np.log([[plain[n] for n in LABELS]]) + [-2.0, 2.0])[0]
+    np.testing.assert_allclose([shifted.probs[n] for n in LABELS], want, atol=1e-9)
+    assert shifted == LABELS[int(np.argmax(want))]
+    # wrap() takes the loaded correction the same way (engines do not read files)
+    import outlines
+
+    from semsoft_plugin.app.fitted import load_fitted
+    from semsoft_plugin.engines.outlines import wrap
+
+    correction = load_fitted(path)[1]
+    wrapped = wrap(outlines.Generator(model, choice), LABELS, fitted_correction=correction)
+    assert wrapped(texts[0]).probs == pytest.approx(shifted.probs, abs=1e-9)
+
+
+@pytest.mark.outlines
+def test_an_outlines_generator_on_vllm_refuses_a_correction_by_name(tmp_path):
+    """Refused before the engine is touched (a bare VLLMOffline: no vLLM is loaded)."""
+    pytest.importorskip("outlines")
+    from outlines.models.vllm_offline import VLLMOffline
+
+    from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
+    from semsoft_plugin.app.outlines_fit import load_fit
+
+    on_vllm = VLLMOffline.__new__(VLLMOffline)
+    choice = Literal["negative", "positive"]
+    hidden = np.random.default_rng(0).normal(size=(8, 3)) + np.repeat([[0.0], [3.0]], 4, 0)
+    probe = fit_probe(hidden, np.repeat([0, 1], 4), 2)
+    save_fitted(tmp_path / "p.json", SemsoftConfig(), FittedCorrection("probe", tuple(LABELS),
+                                                                        probe=probe))  # fmt: skip
+    with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state.*vLLM"):
+        load_fit(on_vllm, choice, tmp_path / "p.json")
+    save_fitted(tmp_path / "o.json", SemsoftConfig(), FittedCorrection("offset", tuple(LABELS),
+                                                                        offset=(1.0, -1.0)))  # fmt: skip
+    with pytest.raises(ValueError, match=r"fitted_correction \(offset\) is not supported on vLLM"):
+        load_fit(on_vllm, choice, tmp_path / "o.json")

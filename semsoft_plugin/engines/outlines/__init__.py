@@ -36,7 +36,7 @@ from typing import Any
 
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet, label_names
-from semsoft_plugin.engines.outlines.base import ChoiceGenerator, model_engine
+from semsoft_plugin.engines.outlines.base import ChoiceGenerator, Correction, model_engine
 from semsoft_plugin.engines.outlines.choices import choice_labels
 from semsoft_plugin.engines.outlines.transformers import (
     ChoiceLogitsProcessor,
@@ -54,6 +54,7 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
     *,
     config: SemsoftConfig | None = None,
     variants: Mapping[str, Iterable[str]] | None = None,
+    fitted_correction: Correction | None = None,
     **overrides: Any,
 ) -> ChoiceGenerator:
     """Drop-in for ``outlines.Generator`` when the output type is a choice.
@@ -77,6 +78,11 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
         :class:`~semsoft_plugin.core.labels.LabelSet`); transformers models only
         (``ValueError`` naming it on a vLLM model, whose request options carry label
         names only)
+    fitted_correction : a fit's correction (a bias member's offset or the probe,
+        :class:`~.base.Correction`), applied at the decision step after ``config``, to
+        each row alone; transformers models only (refused by name on a vLLM model). To
+        take both from the file ``Classifier.save_fit`` / ``semsoft tune --output``
+        wrote, use :func:`semsoft_plugin.app.outlines_fit.load_fit`
 
     Returns
     -------
@@ -100,11 +106,24 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
             raise ValueError(f"backend={backend!r} applies to transformers models only")
         # Outlines would send the regex to vLLM's structured outputs, which mask the
         # logits before any logits processor: the silent vote would be gone.
-        return VLLMChoiceGenerator(model, choices, config=config, variants=variants, **overrides)
+        return VLLMChoiceGenerator(
+            model,
+            choices,
+            config=config,
+            variants=variants,
+            fitted_correction=fitted_correction,
+            **overrides,
+        )
     # Built exactly as outlines.Generator builds it: the mask is Outlines' own.
     mask = outlines_mask(model, output_type, backend)
     return TransformersChoiceGenerator(
-        model, choices, mask, config=config, variants=variants, **overrides
+        model,
+        choices,
+        mask,
+        config=config,
+        variants=variants,
+        fitted_correction=fitted_correction,
+        **overrides,
     )
 
 
@@ -114,6 +133,7 @@ def wrap(
     *,
     config: SemsoftConfig | None = None,
     variants: Mapping[str, Iterable[str]] | None = None,
+    fitted_correction: Correction | None = None,
     **overrides: Any,
 ) -> ChoiceGenerator:
     """Add calibrated probabilities to an existing Outlines choice generator.
@@ -129,7 +149,8 @@ def wrap(
         its names, and must have been built with the generator's model's tokenizer
         (``ValueError`` naming both otherwise). A ``str`` is refused, as everywhere
         (:func:`~semsoft_plugin.core.labels.label_names`).
-    config, variants, **overrides : as in :func:`Generator` (``temperature=`` the sampling one)
+    config, variants, fitted_correction, **overrides : as in :func:`Generator`
+        (``temperature=`` the sampling one)
     """
     from outlines.generator import BlackBoxGenerator, SteerableGenerator
 
@@ -161,6 +182,7 @@ def wrap(
             mask,
             config=config,
             variants=variants,
+            fitted_correction=fitted_correction,
             **overrides,
         )
     if isinstance(generator, BlackBoxGenerator) and model_engine(generator.model) == "vllm":
@@ -170,7 +192,12 @@ def wrap(
         if set(own) != set(choices):
             raise ValueError(f"labels {choices!r} differ from the generator's choices {own!r}")
         return VLLMChoiceGenerator(
-            generator.model, choices, config=config, variants=variants, **overrides
+            generator.model,
+            choices,
+            config=config,
+            variants=variants,
+            fitted_correction=fitted_correction,
+            **overrides,
         )
     raise ValueError(
         f"cannot wrap {type(generator).__name__}: give an outlines.Generator built on a "

@@ -10,15 +10,36 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.result import ScoredLabel
 
-__all__ = ["ChoiceGenerator", "Engine", "method_config", "model_engine"]
+__all__ = ["ChoiceGenerator", "Correction", "Engine", "method_config", "model_engine"]
 
 Engine = Literal["transformers", "vllm"]
+
+
+class Correction(Protocol):
+    """What a generator needs of a fit's correction (the app's ``FittedCorrection``, read
+    from a config file by ``semsoft_plugin.app.fitted.load_fitted``): engines take the
+    loaded object, as they may not import the app that reads the file."""
+
+    @property
+    def procedure(self) -> str:
+        """The family member that won (``"offset"``, ``"batch"``, ``"contextual"``,
+        ``"probe"``)."""
+
+    @property
+    def needs_hidden(self) -> bool:
+        """Whether :meth:`apply` reads the decision step's hidden state."""
+
+    def check_labels(self, names: Any) -> None:
+        """``ValueError`` unless ``names`` are the fitted labels."""
+
+    def apply(self, probs: Any, classes: Any, hidden: Any = None) -> Any:
+        """``[N, L]`` corrected probabilities in ``classes`` order, row by row."""
 
 
 def model_engine(model: Any) -> Engine:

@@ -42,11 +42,19 @@ How it plugs in (checked against Outlines 1.3.3):
 * Temperatures: ``temperature`` is the sampling temperature, as on every engine (given
   to the generator, it is the calls' default; ``temperature > 0`` samples, ``0`` is
   greedy); the method's final temperature is ``score_temperature``.
+* A fit's correction (``fitted_correction=``, loaded from the file ``Classifier.save_fit``
+  and ``semsoft tune --output`` write by ``semsoft_plugin.app.outlines_fit.load_fit``) is
+  applied at the decision step itself, to each row alone: the label tokens' scores
+  become ``log`` of the corrected probabilities (a bias member's
+  ``softmax(log p + offset)``, or the probe on the hidden state entering the output
+  layer at that step, read by :class:`~semsoft_plugin.engines.hf_hidden.HiddenAtDecision`
+  during the same ``generate`` call), so the emitted label is the corrected argmax.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -56,7 +64,13 @@ from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.result import ScoredLabel
 from semsoft_plugin.core.softmax import SemanticSoftmaxResult
 from semsoft_plugin.engines.hf import SemanticSoftmaxLogitsProcessor, float32_head
-from semsoft_plugin.engines.outlines.base import ChoiceGenerator, Engine, method_config
+from semsoft_plugin.engines.hf_hidden import HiddenAtDecision
+from semsoft_plugin.engines.outlines.base import (
+    ChoiceGenerator,
+    Correction,
+    Engine,
+    method_config,
+)
 from semsoft_plugin.engines.outlines.choices import choice_label_set
 
 __all__ = [
@@ -78,23 +92,45 @@ class ChoiceLogitsProcessor:
         Applied to what the semsoft processor returns. It only ever removes tokens;
         on a step where semsoft constrained a row, every token semsoft kept must
         survive it, else ``RuntimeError`` (the regex and the labels disagree).
+    fitted_correction : a fit's correction, optional
+        Applied to each row's label probabilities at its decision step, before the
+        label tokens' scores are set (so greedy emits the corrected argmax); a probe
+        reads the hidden state from :attr:`hidden`, which the generator sets for the
+        duration of a call.
+
+    Attributes
+    ----------
+    corrected : dict
+        Batch row -> its corrected ``[L]`` probabilities, for the last generation.
     """
 
-    def __init__(self, semsoft: SemanticSoftmaxLogitsProcessor, outlines_processor: Any) -> None:
+    def __init__(
+        self,
+        semsoft: SemanticSoftmaxLogitsProcessor,
+        outlines_processor: Any,
+        fitted_correction: Correction | None = None,
+    ) -> None:
         if semsoft.mode != "constrain":
             raise ValueError(
                 f"the semsoft processor must be in constrain mode, not {semsoft.mode!r}"
             )
         self.semsoft = semsoft
         self.outlines_processor = outlines_processor
+        self.fitted_correction = fitted_correction
+        self.hidden: HiddenAtDecision | None = None
+        self.corrected: dict[int, Tensor] = {}
 
     def reset(self) -> None:
         """Start a new generation (Outlines calls this before every call)."""
         self.semsoft.reset()
         self.outlines_processor.reset()
+        self.corrected = {}
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        before = self.semsoft.results if self.fitted_correction is not None else []
         scores = self.semsoft(input_ids, scores)
+        if self.fitted_correction is not None:
+            scores = self._correct(self.fitted_correction, before, scores)
         kept = torch.isfinite(scores)
         constrained_rows = ~kept.all(dim=-1)
         scores = self.outlines_processor(input_ids, scores)
@@ -106,6 +142,38 @@ class ChoiceLogitsProcessor:
                 f"allowed (batch row {row}): the generator's output type does not match "
                 f"the labels {list(self.semsoft.labels.names)}"
             )
+        return scores
+
+    def _correct(self, correction: Correction, before: list[Any], scores: Tensor) -> Tensor:
+        """The rows that decided on this step (a result that was not there before) get
+        the corrected probabilities as their label tokens' scores. The hidden state is
+        the output layer's input on this very step (the last call the hook saw), never
+        a later step's."""
+        after = self.semsoft.results
+        rows = [
+            b
+            for b, r in enumerate(after)
+            if r is not None and (b >= len(before) or before[b] is not r)
+        ]
+        if not rows:
+            return scores
+        probs = torch.stack([after[b].probs for b in rows]).to(torch.float64)  # type: ignore[union-attr]
+        hidden = None
+        if correction.needs_hidden:
+            if self.hidden is None or not self.hidden.calls:
+                raise RuntimeError(
+                    f"the fitted correction ({correction.procedure}) needs the decision "
+                    "step's hidden state, which the output layer did not give"
+                )
+            hidden = self.hidden.calls[-1][rows].numpy()
+        fixed = torch.as_tensor(
+            correction.apply(probs.numpy(), self.semsoft.labels.names, hidden),
+            dtype=torch.float64,
+        )
+        answer_ids = torch.tensor(self.semsoft.labels.answer_token_ids, device=scores.device)
+        for j, b in enumerate(rows):
+            self.corrected[b] = fixed[j]
+            scores[b, answer_ids] = fixed[j].clamp_min(1e-30).log().to(scores.device, scores.dtype)
         return scores
 
 
@@ -149,6 +217,8 @@ class TransformersChoiceGenerator(ChoiceGenerator):
         a wrapped generator's own); it runs after the label constraint
     config, variants, score_temperature, temperature, **overrides : as in
         :func:`semsoft_plugin.engines.outlines.Generator`
+    fitted_correction : a fit's correction (:class:`~.base.Correction`), applied at the
+        decision step after ``config``; its labels must be the choices
 
     Attributes
     ----------
@@ -169,6 +239,7 @@ class TransformersChoiceGenerator(ChoiceGenerator):
         config: SemsoftConfig | None = None,
         variants: Mapping[str, Iterable[str]] | None = None,
         temperature: float | None = None,
+        fitted_correction: Correction | None = None,
         **overrides: Any,
     ) -> None:
         super().__init__(model)
@@ -187,7 +258,9 @@ class TransformersChoiceGenerator(ChoiceGenerator):
             tokenizer=tokenizer,  # the label set is checked against the model's tokenizer
             eos_token_id=tokenizer.eos_token_id,
         )
-        self.processor = ChoiceLogitsProcessor(self.semsoft, outlines_processor)
+        if fitted_correction is not None:
+            fitted_correction.check_labels(self.labels.names)
+        self.processor = ChoiceLogitsProcessor(self.semsoft, outlines_processor, fitted_correction)
         self._generator = SteerableGenerator.from_processor(model, self.processor)
         # The label and EOS, nothing more; used when the caller sets no length.
         self._min_new_tokens = max(len(s) for s in self.labels.token_sequences) + 1
@@ -215,24 +288,47 @@ class TransformersChoiceGenerator(ChoiceGenerator):
             )
         return kwargs
 
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """The block of one generate call: the float32 head, and the hidden-state hook
+        a probe reads at the decision step."""
+        correction = self.processor.fitted_correction
+        probe = correction is not None and correction.needs_hidden
+        with (
+            float32_head(self.model.model),
+            HiddenAtDecision(self.model.model if probe else None) as hook,
+        ):
+            self.processor.hidden = hook
+            try:
+                yield
+            finally:
+                self.processor.hidden = None
+
     def _scored(self, texts: list[str], rows: list[SemanticSoftmaxResult]) -> list[ScoredLabel]:
         chosen = self.semsoft.chosen_labels
         out = []
-        for text, result, index in zip(texts, rows, chosen, strict=True):
+        for row, (text, result, index) in enumerate(zip(texts, rows, chosen, strict=True)):
             if text not in self.labels.names:
                 raise RuntimeError(
                     f"generated {text!r}, which is not one of the labels {list(self.labels.names)}"
                 )
             if index is not None and index >= 0 and self.labels.names[index] != text:
                 raise RuntimeError(f"generated {text!r} but the constraint chose index {index}")
-            out.append(ScoredLabel.from_result(text, self.labels.names, result))
+            scored = ScoredLabel.from_result(text, self.labels.names, result)
+            fixed = self.processor.corrected.get(row)
+            if fixed is not None:
+                probs = dict(zip(self.labels.names, fixed.tolist(), strict=True))
+                scored = ScoredLabel(
+                    text, probs, scored.constrained_probs, scored.fallback, scored.coverage
+                )
+            out.append(scored)
         return out
 
     def __call__(self, prompt: Any, **inference_kwargs: Any) -> ScoredLabel | list[ScoredLabel]:
         """Generate the label for one prompt (a list of labels when
         ``num_return_sequences`` > 1), as Outlines does."""
         kwargs = self._kwargs(inference_kwargs)
-        with float32_head(self.model.model):
+        with self._running():
             text = self._generator(prompt, **kwargs)
         texts = [text] if isinstance(text, str) else list(text)
         scored = self._scored(texts, _result_rows(self.semsoft))
@@ -242,7 +338,7 @@ class TransformersChoiceGenerator(ChoiceGenerator):
         self, prompts: list[Any], inference_kwargs: dict[str, Any]
     ) -> list[ScoredLabel] | list[list[ScoredLabel]]:
         kwargs = self._kwargs(inference_kwargs)
-        with float32_head(self.model.model):
+        with self._running():
             texts = self._generator.batch(prompts, **kwargs)
         flat = [t for item in texts for t in ([item] if isinstance(item, str) else item)]
         scored = self._scored(flat, _result_rows(self.semsoft))

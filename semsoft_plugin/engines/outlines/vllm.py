@@ -15,7 +15,10 @@ returned top-k.
 the generator it is the calls' default; 0, the default, is greedy); the method's final
 temperature is ``score_temperature``. ``variants=`` is refused: the engine's processor
 binds the label names it is sent (``semsoft_labels``), and no request option carries
-other spellings, so the scores could not count them.
+other spellings, so the scores could not count them. ``fitted_correction=`` is refused
+too: the probe reads the decision step's hidden state, which vLLM's generate runner does
+not return, and a bias offset would have to act inside the engine's processor (no request
+option carries one) for the emitted label to be the corrected argmax.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ from typing import Any
 
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.result import ScoredLabel
-from semsoft_plugin.engines.outlines.base import ChoiceGenerator, Engine, method_config
+from semsoft_plugin.engines.outlines.base import (
+    ChoiceGenerator,
+    Correction,
+    Engine,
+    method_config,
+)
 from semsoft_plugin.engines.outlines.choices import choice_label_set
 from semsoft_plugin.engines.vllm.params import check_engine_logprobs, sampling_params
 from semsoft_plugin.engines.vllm.reader import label_scores
@@ -44,6 +52,7 @@ class VLLMChoiceGenerator(ChoiceGenerator):
         :func:`semsoft_plugin.engines.outlines.Generator`
     variants : not supported (``ValueError`` naming it): vLLM's request options carry
         label names only
+    fitted_correction : not supported (``ValueError`` naming it; module docstring)
 
     Attributes
     ----------
@@ -62,9 +71,17 @@ class VLLMChoiceGenerator(ChoiceGenerator):
         config: SemsoftConfig | None = None,
         variants: Mapping[str, Iterable[str]] | None = None,
         temperature: float | None = None,
+        fitted_correction: Correction | None = None,
         **overrides: Any,
     ) -> None:
         super().__init__(model)
+        if fitted_correction is not None:
+            raise ValueError(
+                f"fitted_correction ({fitted_correction.procedure}) is not supported on vLLM "
+                "models: the engine's processor decides the label and no vLLM request option "
+                "carries an offset or returns the hidden state; use a transformers model "
+                "(outlines.from_transformers), or a fit without a correction"
+            )
         if variants:  # an empty mapping has nothing to drop
             raise ValueError(
                 "variants= is not supported on vLLM models: the engine's processor scores "

@@ -1,0 +1,71 @@
+"""An Outlines choice generator that applies a fit from its config file: the file
+``Classifier.save_fit`` and ``semsoft tune --output`` write, read by the one reader
+``Classifier.load_fit`` and ``semsoft classify --config`` use
+(:func:`semsoft_plugin.app.fitted.load_fitted`).
+
+Why here: the file's reader and the probe live in the app, and engines may not import
+the app (tests/test_layout.py), so the Outlines adapter takes the *loaded* correction
+(``fitted_correction=``) and this function, which may import both, reads the file and
+passes the config and the correction on. On a transformers model both are applied at the
+decision step (:mod:`semsoft_plugin.engines.outlines.transformers`); on a vLLM model a
+file holding the probe is refused by name (:func:`~semsoft_plugin.app.probe.probe_refused`)
+and one holding a bias offset by the adapter, never dropped.
+
+The correction was fitted on the scores at the Classifier's decision step; it means the
+same here only when the Classifier saw the prompt as Outlines formats it (a template with
+no answer prefix, so the chat ends with a generation prompt, and the labels scored as
+Outlines writes them: ``LabelSet(labels, tokenizer, leading_space=False)``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from semsoft_plugin.app.fitted import load_fitted
+from semsoft_plugin.app.probe import probe_refused
+
+__all__ = ["load_fit"]
+
+_ADVICE = (
+    "use a transformers model (outlines.from_transformers), or leave 'probe' out of fit_family"
+)
+
+
+def load_fit(
+    model: Any,
+    output_type: Any,
+    path: str | Path,
+    backend: str | None = None,
+    *,
+    variants: Any = None,
+    temperature: float | None = None,
+) -> Any:
+    """``semsoft_plugin.engines.outlines.Generator(model, output_type, backend)`` with the
+    fit a config file holds: its settings, then its correction (a bias member's offset or
+    the probe) at the decision step, to each row alone.
+
+    Parameters
+    ----------
+    model, output_type, backend, variants : as in
+        :func:`semsoft_plugin.engines.outlines.Generator`
+    path : the config file (``Classifier.save_fit``, ``semsoft tune --output``; a plain
+        config file works too). No setting can be overridden: a correction was fitted
+        on the file's settings (as ``semsoft classify --config`` refuses such options)
+    temperature : the sampling temperature (the calls' default; greedy when unset)
+
+    Raises
+    ------
+    ValueError
+        For a file whose labels are not the choices, and on a vLLM model for a file
+        holding a correction (the probe: :func:`~semsoft_plugin.app.probe.probe_refused`).
+    """
+    from semsoft_plugin.engines.outlines import Generator
+    from semsoft_plugin.engines.outlines.base import model_engine
+
+    config, correction = load_fitted(path)
+    if correction is not None and correction.needs_hidden and model_engine(model) == "vllm":
+        raise probe_refused(_ADVICE)
+    sampling = {} if temperature is None else {"temperature": temperature}
+    return Generator(model, output_type, backend, config=config, variants=variants,
+                     fitted_correction=correction, **sampling)  # fmt: skip
