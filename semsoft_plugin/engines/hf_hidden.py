@@ -9,6 +9,7 @@ vLLM's generate runner returns no hidden states, so no vLLM adapter has this.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -30,9 +31,13 @@ class HiddenAtDecision:
 
     def __enter__(self) -> HiddenAtDecision:
         if self.head is not None:
+            owner = threading.get_ident()
 
             def keep(module: Any, args: tuple[Any, ...]) -> None:
-                self.calls.append(args[0][:, -1].detach().to(torch.float32).cpu())
+                # A hook sees every thread's forward: keep only this block's thread's, so
+                # two concurrent generate calls on one model do not read each other's rows.
+                if threading.get_ident() == owner:
+                    self.calls.append(args[0][:, -1].detach().to(torch.float32).cpu())
 
             self._handle = self.head.register_forward_pre_hook(keep)
         return self

@@ -88,7 +88,10 @@ def openai_request(
         **method,
     )
     cfg = request.config
-    kwargs: dict[str, Any] = {"max_tokens": default_max_tokens(request.labels, request.trigger), "temperature": 0.0}
+    kwargs: dict[str, Any] = {
+        "max_tokens": default_max_tokens(request.labels, request.trigger),
+        "temperature": 0.0,
+    }
     if api == "chat":
         kwargs.update(logprobs=True, top_logprobs=cfg.k)
     elif api == "completions":
