@@ -101,29 +101,40 @@ def _verdict(pair: dict[str, Any], mode: str | None) -> tuple[bool, bool]:
     return harmed, pair["kind"] in EMOTIONS and e["ece_ratio"] > ECE_RATIO
 
 
+def _applies(pair: dict[str, Any], stat: str, above: bool, cut: float) -> bool:
+    value = pair["statistics"][stat]
+    return value > cut if above else value <= cut
+
+
+def _best_guard(
+    pairs: dict[str, dict[str, Any]], stat: str, above: bool, cuts: list[float]
+) -> dict[str, Any]:
+    """The threshold among ``cuts`` and the mode with the fewest failures on ``pairs``
+    (harmed pairs plus missed emotion targets, then harmed pairs; the first such wins)."""
+    modes = list(next(iter(pairs.values()))["effects"])
+    best: dict[str, Any] | None = None
+    for cut, mode in itertools.product(cuts, modes):
+        harmed, missed = [], []
+        for name, pair in pairs.items():
+            h, m = _verdict(pair, mode if _applies(pair, stat, above, cut) else None)
+            harmed += [name] * h
+            missed += [name] * m
+        score = (len(harmed) + len(missed), len(harmed))
+        if best is None or score < best["score"]:
+            best = {"score": score, "cut": cut, "mode": mode, "harmed": harmed,
+                    "missed": missed}  # fmt: skip
+    assert best is not None
+    return best
+
+
 def search(pairs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (statistic, direction): the guard with the fewest failures (harmed pairs plus
     missed emotion targets), its threshold and strength."""
-    names = list(next(iter(pairs.values()))["statistics"])
-    modes = list(next(iter(pairs.values()))["effects"])
     out = []
-    for stat, above in itertools.product(names, (True, False)):
-        best: dict[str, Any] | None = None
+    for stat, above in itertools.product(next(iter(pairs.values()))["statistics"], (True, False)):
         values = sorted({p["statistics"][stat] for p in pairs.values()})
         cuts = [values[0] - 1.0, *values]  # strictly above each value, or everywhere
-        for cut, s in itertools.product(cuts, modes):
-            harmed, missed = [], []
-            for name, pair in pairs.items():
-                value = pair["statistics"][stat]
-                applies = value > cut if above else value <= cut
-                h, m = _verdict(pair, s if applies else None)
-                harmed += [name] * h
-                missed += [name] * m
-            score = (len(harmed) + len(missed), len(harmed))
-            if best is None or score < best["score"]:
-                best = {"score": score, "cut": cut, "mode": s, "harmed": harmed,
-                        "missed": missed}  # fmt: skip
-        assert best is not None
+        best = _best_guard(pairs, stat, above, cuts)
         out.append({"statistic": stat, "applies_when": ">" if above else "<=", **best})
     return out
 
@@ -151,21 +162,11 @@ def leave_one_kind_out(pairs: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
         seen = {n: p for n, p in pairs.items() if p["kind"] != kind}
         values = sorted({p["statistics"]["confidence"] for p in seen.values()})
         cuts = [0.0] + [(a + b) / 2 for a, b in itertools.pairwise(values)] + [1.0]
-        modes = list(next(iter(seen.values()))["effects"])
-        best: tuple[tuple[int, int], float, str] | None = None
-        for cut, mode in itertools.product(cuts, modes):
-            verdicts = [
-                _verdict(p, mode if p["statistics"]["confidence"] <= cut else None)
-                for p in seen.values()
-            ]
-            score = (sum(h + m for h, m in verdicts), sum(h for h, _ in verdicts))
-            if best is None or score < best[0]:
-                best = (score, cut, mode)
-        assert best is not None
-        _, cut, mode = best
+        best = _best_guard(seen, "confidence", False, cuts)
+        cut, mode = best["cut"], best["mode"]
         for name, pair in pairs.items():
             if pair["kind"] == kind:
-                applies = pair["statistics"]["confidence"] <= cut
+                applies = _applies(pair, "confidence", False, cut)
                 harmed, missed = _verdict(pair, mode if applies else None)
                 out[name] = {"cut": cut, "mode": mode, "applied": applies,
                              "harmed": harmed, "missed": missed}  # fmt: skip
@@ -227,7 +228,7 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"The shipped guard (`strength=\"auto\"`: full strength when the mean top "
+        f'The shipped guard (`strength="auto"`: full strength when the mean top '
         f"probability is at most {GUARD_CONFIDENCE}, else none), on each base:",
         "",
         "| base | applied on | harmed | emotion targets missed |",

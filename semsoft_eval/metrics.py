@@ -48,6 +48,10 @@ from scipy.stats import spearmanr
 from sklearn.metrics import brier_score_loss, f1_score, log_loss, roc_auc_score
 from torchmetrics.functional.classification import multiclass_calibration_error
 
+# scikit-learn's macro F1 in closed form, shared with the fit's macro-F1 guard, so a
+# bootstrap can call it a thousand times.
+from semsoft_plugin.core.fitting import macro_f1 as macro_f1_of_labels
+
 __all__ = [
     "N_BINS",
     "ROW_SUM_TOLERANCE",
@@ -246,17 +250,6 @@ def soft_label_metrics(probs: np.ndarray, raters: np.ndarray) -> dict[str, float
     }
 
 
-def _macro_f1_fast(y: np.ndarray, pred: np.ndarray, n_labels: int) -> float:
-    # The same definition as scikit-learn's macro F1 (labels in y or pred, zero_division=0),
-    # in closed form so a bootstrap can call it a thousand times.
-    tp = np.bincount(y[y == pred], minlength=n_labels)
-    support = np.bincount(y, minlength=n_labels)
-    predicted = np.bincount(pred, minlength=n_labels)
-    present = (support + predicted) > 0
-    f1 = 2 * tp[present] / (support[present] + predicted[present])
-    return float(f1.mean())
-
-
 def bootstrap_difference(
     probs: np.ndarray,
     reference: np.ndarray,
@@ -293,13 +286,14 @@ def bootstrap_difference(
     a_pred, b_pred = probs.argmax(1), reference.argmax(1)
     f1_diff = np.array(
         [
-            _macro_f1_fast(targets[i], a_pred[i], n_labels)
-            - _macro_f1_fast(targets[i], b_pred[i], n_labels)
+            macro_f1_of_labels(targets[i], a_pred[i], n_labels)
+            - macro_f1_of_labels(targets[i], b_pred[i], n_labels)
             for i in index
         ]
     )
     out["macro_f1"] = _interval(
-        _macro_f1_fast(targets, a_pred, n_labels) - _macro_f1_fast(targets, b_pred, n_labels),
+        macro_f1_of_labels(targets, a_pred, n_labels)
+        - macro_f1_of_labels(targets, b_pred, n_labels),
         f1_diff,
     )
     for name, fn in per_item.items():

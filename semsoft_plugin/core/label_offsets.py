@@ -103,15 +103,15 @@ def fit_offset(
         raise ValueError(f"log_probs {x.shape} must be [N, L] with N > 0")
     if not strength > 0:
         raise ValueError(f"strength={strength!r} must be > 0 (the offset is unidentified at 0)")
-    onehot = target_rows(targets, len(x), x.shape[1])
-    onehot = onehot / onehot.sum(1, keepdims=True)
+    q = target_rows(targets, len(x), x.shape[1])  # one-hot or soft rows, each summing to 1
+    q = q / q.sum(1, keepdims=True)
     x = x - x.max(1, keepdims=True)
     n, width = x.shape
     a, b = 1.0, np.zeros(width)
-    current = _loss(x, onehot, a, b, strength)
+    current = _loss(x, q, a, b, strength)
     for _ in range(max_iter):
         p = apply_temperature(a * x + b, 1.0)
-        r = p - onehot
+        r = p - q
         grad_b = r.mean(0) + strength * b
         hess_bb = (np.diag(p.sum(0)) - p.T @ p) / n + strength * np.eye(width)
         if temperature:
@@ -135,7 +135,7 @@ def fit_offset(
                 b_new = b - size * step[1:]
             else:
                 a_new, b_new = a, b - size * step
-            trial = _loss(x, onehot, a_new, b_new, strength)
+            trial = _loss(x, q, a_new, b_new, strength)
             if trial <= current - 1e-4 * size * decrement:
                 break
             size /= 2

@@ -54,7 +54,6 @@ How it plugs in (checked against Outlines 1.3.3):
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -118,28 +117,8 @@ class ChoiceLogitsProcessor:
         self.semsoft = semsoft
         self.outlines_processor = outlines_processor
         self.fitted_correction = fitted_correction
-        # Per generate call, so per thread (as the semsoft processor keeps its own state).
-        self._local = threading.local()
-
-    @property
-    def hidden(self) -> HiddenAtDecision | None:
-        """The hidden-state hook of this thread's generate call (None outside one)."""
-        return getattr(self._local, "hidden", None)
-
-    @hidden.setter
-    def hidden(self, hook: HiddenAtDecision | None) -> None:
-        self._local.hidden = hook
-
-    @property
-    def corrected(self) -> dict[int, Tensor]:
-        """Batch row -> its corrected ``[L]`` probabilities, for this thread's last call."""
-        if not hasattr(self._local, "corrected"):
-            self._local.corrected = {}
-        return self._local.corrected
-
-    @corrected.setter
-    def corrected(self, rows: dict[int, Tensor]) -> None:
-        self._local.corrected = rows
+        self.hidden: HiddenAtDecision | None = None
+        self.corrected: dict[int, Tensor] = {}
 
     def reset(self) -> None:
         """Start a new generation (Outlines calls this before every call)."""
