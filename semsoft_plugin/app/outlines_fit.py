@@ -61,11 +61,10 @@ def load_fit(
         holding a correction (the probe: :func:`~semsoft_plugin.app.probe.probe_refused`).
     """
     from semsoft_plugin.engines.outlines import Generator
-    from semsoft_plugin.engines.outlines.base import model_engine
+    from semsoft_plugin.engines.outlines.base import ChoiceOptions, model_engine
 
     config, correction = load_fitted(path)
     if correction is not None and correction.needs_hidden and model_engine(model) == "vllm":
         raise probe_refused(_ADVICE)
-    sampling = {} if temperature is None else {"temperature": temperature}
-    return Generator(model, output_type, backend, config=config, variants=variants,
-                     fitted_correction=correction, **sampling)  # fmt: skip
+    options = ChoiceOptions(config, variants, correction, temperature)
+    return Generator(model, output_type, backend, options=options)
