@@ -1,7 +1,8 @@
 """Forward passes and time of a model selection: ``GridSearchCV`` over ``semantic_weight``.
 
 ``GridSearchCV(Classifier(...), {"semantic_weight": [0, 0.3, 1]}, cv=3)`` on ``--texts``
-labelled SST-2 texts (the stored sample ``tests/data/sst2/dev.txt``), timed twice in one
+labelled texts (the stored SST-2 sample ``tests/data/sst2/dev.txt`` and the reviews of
+``tests/data/reviews/reviews.tsv``), timed twice in one
 process on the same loaded model:
 
 * ``without the cache``: :data:`semsoft_plugin.app.pass_cache.PASSES` bounded at 0 bytes,
@@ -38,15 +39,20 @@ from semsoft_plugin.app.pass_cache import PASSES
 
 ROOT = Path(__file__).resolve().parents[1]
 SST2 = ROOT / "tests" / "data" / "sst2" / "dev.txt"
+REVIEWS = ROOT / "tests" / "data" / "reviews" / "reviews.tsv"
 GRID = {"semantic_weight": [0.0, 0.3, 1.0]}
 
 
 def _texts(n: int) -> tuple[list[str], np.ndarray]:
+    """``n`` distinct labelled texts (at most 60), alternating negative and positive: the
+    stored SST-2 sample's 48, then the 12 reviews written for the tests."""
     rows = [line.split(" ", 1) for line in SST2.read_text("utf-8").splitlines() if line.strip()]
+    extra = [line.split("\t", 1) for line in REVIEWS.read_text("utf-8").splitlines()[1:]]
+    rows += [("0" if label == "negative" else "1", text) for label, text in extra]
     neg = [t.strip() for label, t in rows if label == "0"]
     pos = [t.strip() for label, t in rows if label == "1"]
     texts = [t for pair in zip(neg, pos, strict=False) for t in pair][:n]
-    return texts, np.array(["negative", "positive"] * (n // 2))
+    return texts, np.array(["negative", "positive"] * (len(texts) // 2))
 
 
 def _search(model: str, dtype: str, texts: list[str], y: np.ndarray) -> dict[str, Any]:

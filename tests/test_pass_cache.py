@@ -28,11 +28,15 @@ MODEL = "smollm2-135m"
 LABELS = ["negative", "positive"]
 F32 = {"dtype": "float32"}
 SST2 = Path(__file__).parent / "data" / "sst2" / "dev.txt"
+REVIEWS = Path(__file__).parent / "data" / "reviews" / "reviews.tsv"
 
 
 def _sst2(n: int) -> tuple[list[str], np.ndarray]:
-    """The first ``n`` distinct rows of the stored SST-2 sample, alternating labels."""
+    """``n`` distinct labelled texts, alternating negative and positive: the stored SST-2
+    sample's 48, then the 12 reviews written for the tests."""
     rows = [line.split(" ", 1) for line in SST2.read_text("utf-8").splitlines() if line.strip()]
+    extra = [line.split("\t", 1) for line in REVIEWS.read_text("utf-8").splitlines()[1:]]
+    rows += [("0" if label == "negative" else "1", text) for label, text in extra]
     neg = [t.strip() for label, t in rows if label == "0"]
     pos = [t.strip() for label, t in rows if label == "1"]
     texts = [t for pair in zip(neg, pos, strict=False) for t in pair][:n]

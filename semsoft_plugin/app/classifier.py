@@ -525,7 +525,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
         if weights is not None:
             keep = np.flatnonzero(weights > 0)  # weight 0: as if the item were not given
             values, targets = [values[i] for i in keep], [targets[i] for i in keep]
-            weights = weights[keep]
+            weights = None if (weights[keep] == 1.0).all() else weights[keep]  # 1 each: unweighted
         if plan.family:
             check_fit_data([names[t] for t in targets], self.n_folds, self.margin)
         scorer = self._scorer(names)

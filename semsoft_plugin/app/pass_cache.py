@@ -15,7 +15,9 @@ What a pass depends on is its key (:func:`pass_key`): the model's weights (the l
 object, by identity while it lives, and its dtype), the tokenizer, the engine and its
 head (``exact_head``), the label tokens, ``k`` and the whole prompt the text became
 (template, answer prefix, the labels it lists, the text after any cut). The batch a
-text ran in is not part of it: a row's score does not depend on its batch.
+text ran in is not part of it: in float32 a row's score does not depend on its batch; in
+bf16 a row moves with its batch's padding (by up to .023 on SmolLM2), and a kept row is
+the row of the batch it first ran in.
 
 A kept pass is the same numbers whether read back or computed, so the cache never
 changes a score. It is bounded: least recently used passes are dropped beyond
