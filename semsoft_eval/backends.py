@@ -16,8 +16,8 @@ names) and imports no backend, so the imports run one way: `backends` <- each en
 module (`semsoft_eval.backend_transformers`, `semsoft_eval.backend_vllm`) <-
 `semsoft_eval.backend_factory`.
 
-Engine names are `"transformers"` and `"vllm"` (`ENGINES`); `"hf"` is
-accepted as an alias for transformers (`semsoft classify --backend hf` is documented).
+Engine names are `"transformers"` and `"vllm"` (`ENGINES`), on every path (`Classifier`,
+`semsoft classify`, `eval`, `tune`); the old spelling `"hf"` is refused naming `"transformers"`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 ENGINES = ("transformers", "vllm")
-_ALIASES = {"hf": "transformers"}
+_RENAMED = {"hf": "transformers"}  # old spelling -> the one name, refused
 
 Prompt = tuple[str, bool]  # a formatted prompt text, and whether it holds special tokens
 
@@ -145,11 +145,13 @@ class Backend(Protocol):
 
 
 def engine_name(value: Any, what: str = "backend") -> str:
-    """The engine's one spelling (`"hf"` -> `"transformers"`); anything else is refused."""
-    name = _ALIASES.get(value, value) if isinstance(value, str) else value
-    if name not in ENGINES:
-        raise ValueError(f"{what}={value!r} must be one of {ENGINES} (or 'hf' for transformers)")
-    return str(name)
+    """The engine's name, checked: one of `ENGINES`; the old spelling `"hf"` is refused
+    naming `"transformers"`, anything else naming the choices."""
+    if isinstance(value, str) and value in _RENAMED:
+        raise ValueError(f"{what}={value!r}: renamed: use {_RENAMED[value]!r}")
+    if value not in ENGINES:
+        raise ValueError(f"{what}={value!r} must be one of {ENGINES}")
+    return str(value)
 
 
 def check_engine_args(engine: Any, engine_args: Mapping[str, Any] | None) -> str:

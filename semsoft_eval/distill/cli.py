@@ -52,7 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-items", type=int, default=d.train_items)
     parser.add_argument("--eval-items", type=int, default=d.eval_items)
     parser.add_argument("--n", type=int, default=d.n, help="samples per item")
-    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=d.temperature,
+        help="the engine's sampling temperature of the teacher's sampled answers",
+    )
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument(
         "--match", choices=("contains", "exact"), default=d.match, help="open-QA matching rule"
