@@ -74,7 +74,7 @@ def classify_file(inp: Path, out: Path, *extra: str) -> int:
 # the core install: nothing of the evaluation stack is needed or imported
 # ---------------------------------------------------------------------------
 
-# scikit-learn (and its scipy) come with the hf extra: Classifier is a scikit-learn estimator.
+# scikit-learn (and its scipy) come with the transformers extra: Classifier is an estimator.
 HIDDEN = ("semsoft_eval", "torchmetrics", "matplotlib", "peft")
 RUNNER = r"""
 import contextlib, io, json, sys
