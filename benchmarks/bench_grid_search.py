@@ -113,7 +113,8 @@ def main() -> None:
         f"`{result['command']}` ({args.model}, {args.dtype} weights, {result['threads']} "
         f"thread(s), load {result['load']} on a shared machine). `GridSearchCV(Classifier(...), "
         f"{GRID}, cv=3)`, the default fit family; the same scores with and without the cache: "
-        f"{same}.",
+        f"{same}. With the cache every text runs once, and so do the three content-free "
+        "prompts of the family's member `contextual` (N/A, empty, [MASK]): texts + 3 passes.",
         "",
         "| | forward passes | seconds |",
         "|---|---|---|",
