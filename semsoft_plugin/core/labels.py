@@ -353,6 +353,16 @@ def label_names(labels: Any) -> list[str]:
         Naming the bad value: a string, fewer than two labels, a label refused by
         :func:`~semsoft_plugin.core.text_rules.check_label`, or one repeated (after NFC
         normalisation).
+
+    Examples
+    --------
+    >>> from semsoft_plugin.core.labels import label_names
+    >>> label_names(("positive", "negative"))
+    ['positive', 'negative']
+    >>> label_names("positive,negative")
+    Traceback (most recent call last):
+        ...
+    ValueError: labels must be a list of strings, got the string 'positive,negative'; a string is not split (a label may hold a comma): pass ['positive', 'negative'] if that is what you mean
     """
     if isinstance(labels, LabelSet):
         return list(labels.names)
@@ -417,8 +427,11 @@ def split_labels(text: str, option: str = "--labels") -> list[str]:
 
     Examples
     --------
-    >>> split_labels('joy, sadness,"no, maybe"')
-    ['joy', 'sadness', 'no, maybe']
+    >>> from semsoft_plugin.core.labels import split_labels
+    >>> split_labels("joy, sadness,anger")
+    ['joy', 'sadness', 'anger']
+    >>> split_labels('yes,"no, maybe"')
+    ['yes', 'no, maybe']
     >>> split_labels("yes,,no")
     Traceback (most recent call last):
         ...

@@ -42,9 +42,10 @@ The paper leaves several things open; this module decides them and says so:
   answer token's log-prob (an engine mask, sparse rows without it) counts it at the
   smallest kept probability; the engines' readers never rely on that: they fetch the
   exact log-prob or refuse (``engines.reader_contract``).
-* **Score temperature** (``score_temperature``). A final temperature on ``log P_sem``
-  (fitted by ``semsoft tune``; 1 leaves it as is). Any finite ``T > 0``, in log space: a
-  tiny ``T`` is a hard argmax (ties split evenly), a huge one uniform, never NaN.
+* **Score temperature** (``score_temperature``). An optional final temperature on
+  ``log P_sem`` (fitted by ``semsoft tune``); 1 leaves the distribution as is. Any
+  finite ``T > 0`` is allowed: it is applied in log space, so a tiny ``T`` is a hard
+  argmax (ties split evenly) and a huge one the uniform distribution, never NaN.
 * **Non-finite logits.** ``-inf`` is how every engine masks a token: it means
   probability 0 and is accepted. NaN and ``+inf`` raise ``ValueError``.
 
@@ -55,7 +56,7 @@ score_temperature=1`` the result is exactly the paper's formula
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,8 +126,12 @@ def constrained_softmax(logits: Tensor, label_token_ids: Sequence[int] | Tensor 
     Examples
     --------
     >>> import torch
-    >>> constrained_softmax(torch.tensor([2.0, 0.0, 5.0, 2.0]), [0, 1, 3])  # 2: no label's
+    >>> from semsoft_plugin.core.softmax import constrained_softmax
+    >>> logits = torch.tensor([2.0, 0.0, 5.0, 2.0])   # token 2 is not a label's
+    >>> constrained_softmax(logits, [0, 1, 3])
     tensor([0.4683, 0.0634, 0.4683])
+    >>> constrained_softmax(torch.tensor([[0.0, float("-inf"), float("-inf")]]), [1, 2])
+    tensor([[0.5000, 0.5000]])
     """
     logits = _check_logits(logits)
     tokens = as_label_tokens(label_token_ids)
@@ -297,93 +302,153 @@ class SemanticSoftmax:
         # Padded-vocabulary columns (if any) never hold real tokens.
         real = min(logits.shape[-1], self.embeddings.vocab_size)
         log_p = torch.log_softmax(logits[:, :real].to(torch.float32), dim=-1)
-        k = min(cfg.k, real)
-        top_log_p, top_ids = torch.topk(log_p, k, dim=-1)  # [B, K]
-        top_p = top_log_p.exp()
+        top_log_p, top_ids = torch.topk(log_p, min(cfg.k, real), dim=-1)  # [B, K]
         device = self._label_rows.device
-        top_ids_dev = top_ids.to(device)
-
-        token_rows = self.embeddings.unit_rows(top_ids_dev, center=cfg.center)  # [B, K, d]
-        cosine = token_rows @ self._label_rows.T  # [B, K, L]
-        tau = self._tau  # [L]
-        weights = (cosine - tau).clamp_min(0.0)
-
-        if cfg.own_vote:
-            # A label's own token votes for that label alone, with the weight it gives itself.
-            match = top_ids_dev.unsqueeze(-1) == self._own_ids  # [B, K, M]
-            is_own = match.any(-1)  # [B, K]
-            owner = torch.zeros(
-                (*top_ids_dev.shape, self.num_labels), dtype=weights.dtype, device=device
-            )
-            owner.scatter_add_(
-                -1,
-                self._own_label.expand(*match.shape),
-                match.to(weights.dtype),
-            )
-            own_weight = owner * (1.0 - tau).clamp_min(0.0)
-            weights = torch.where(is_own.unsqueeze(-1), own_weight, weights)
-
-        votes = weights.sum(-1)  # [B, K]
-        residual = cfg.vote in ("residual", "nearest")
-        nearest_only = cfg.vote == "nearest" and self.num_labels > 1
-        if nearest_only:
-            # All of a token's claim goes to its nearest label, by its margin over the
-            # second nearest: a token as near an antonym as its own label claims nothing.
-            best = weights.topk(2, dim=-1)
-            nearest = best.indices[..., 0]
-            scale = (1.0 - tau[nearest]).clamp_min(1e-6)
-            margin = best.values[..., 0] - best.values[..., 1]
-            closeness = (margin / scale).clamp(0.0, 1.0)
-            weights = torch.nn.functional.one_hot(nearest, self.num_labels).to(weights.dtype)
-        elif residual:
-            # How close each token is to its nearest label: 1 for a label's own token.
-            closeness = (weights / (1.0 - tau).clamp_min(1e-6)).amax(-1).clamp(0.0, 1.0)
-        if not nearest_only and (cfg.vote == "shared" or residual):
-            weights = weights / votes.clamp_min(1e-30).unsqueeze(-1)
-
-        top_p_dev = top_p.to(device)
+        top_p = top_log_p.exp().to(device)
         constrained = _constrained(logits, self.labels).to(device)
-        if residual:
-            # Shares of the top-K mass (as the vLLM reader, which sees only the top-K, has it).
-            kept_p = top_p_dev.double() / top_p_dev.double().sum(-1, keepdim=True).clamp_min(1e-300)
-            claimed = kept_p * closeness.double()  # [B, K]
-            numerator = torch.einsum("bk,bkl->bl", claimed, weights.double())
-            unclaimed = (1.0 - claimed.sum(-1, keepdim=True)).clamp_min(0.0)
-            # The unclaimed mass follows the constrained softmax *of the top-K*: the
-            # answer tokens among the kept tokens. It equals the constrained softmax
-            # whenever every answer token is kept, and needs nothing outside the top-K,
-            # so a reader that sees only the top-K log-probs (vLLM, an OpenAI server)
-            # gets exactly what transformers gets.
-            is_answer = top_ids_dev.unsqueeze(-1) == self._answer_ids  # [B, K, L]
-            answer_p = (kept_p.unsqueeze(-1) * is_answer).sum(1)  # [B, L]
-            answer_total = answer_p.sum(-1, keepdim=True)
-            # No answer token kept: the claimed votes are all there is to go by.
-            share = torch.where(answer_total > 0, answer_p, numerator)
-            share = share / share.sum(-1, keepdim=True).clamp_min(1e-300)
-            mixed = numerator + unclaimed * share
-            total = mixed.sum(-1, keepdim=True)
-            fallback = total.squeeze(-1) <= 0
-            semantic = (mixed / torch.where(total > 0, total, 1.0)).to(weights.dtype)
+        claims = self._claims(top_ids.to(device), top_p)
+        coverage = (top_p * (claims.weights.sum(-1) > 0)).sum(-1) / top_p.sum(-1).clamp_min(1e-30)
+        if cfg.semantic_weight == 0.0:
+            # The constrained softmax itself: no vote is computed to be pooled with weight 0.
+            pooled = _pool_constrained(log_p, top_log_p, self._answer_ids.to(log_p.device))
+            probs = pooled.to(device=device, dtype=top_p.dtype)
+            fallback = torch.zeros(probs.shape[0], dtype=torch.bool, device=device)
         else:
-            numerator = torch.einsum("bk,bkl->bl", top_p_dev, weights)
-            denominator = numerator.sum(-1, keepdim=True)
-            fallback = denominator.squeeze(-1) <= 0
-            # Divided in float64 by the denominator itself, not by a floor: vote mass can be
-            # subnormal (kept tokens of probability ~1e-40) and must still sum to 1.
-            safe = torch.where(fallback.unsqueeze(-1), torch.ones_like(denominator), denominator)
-            semantic = (numerator.double() / safe.double()).to(numerator.dtype)
-        if cfg.semantic_weight != 1.0:
-            pool_with = _pool_constrained(log_p, top_log_p, self._answer_ids.to(log_p.device))
-            semantic = _pooled(pool_with.to(device), semantic, cfg.semantic_weight)
-        semantic = torch.where(fallback.unsqueeze(-1), constrained, semantic)
+            semantic, fallback = _VOTE_RULES[cfg.vote](claims)
+            if cfg.semantic_weight != 1.0:
+                pool_with = _pool_constrained(log_p, top_log_p, self._answer_ids.to(log_p.device))
+                semantic = _pooled(pool_with.to(device), semantic, cfg.semantic_weight)
+            probs = torch.where(fallback.unsqueeze(-1), constrained, semantic)
         if cfg.score_temperature != 1.0:
             # The last step, on every row (a fallback row too): what Classifier.fit fits.
-            semantic = _tempered(semantic, cfg.score_temperature)
+            probs = _tempered(probs, cfg.score_temperature)
+        return SemanticSoftmaxResult(probs, constrained, fallback, coverage, top_p.sum(-1))
 
-        mass = top_p_dev.sum(-1)
-        covered = (top_p_dev * (votes > 0)).sum(-1)
-        coverage = covered / mass.clamp_min(1e-30)
-        return SemanticSoftmaxResult(semantic, constrained, fallback, coverage, mass)
+    def _claims(self, top_ids: Tensor, top_p: Tensor) -> _Claims:
+        """What each kept token claims of each label, before any vote rule."""
+        tau = self._tau  # [L]
+        token_rows = self.embeddings.unit_rows(top_ids, center=self.config.center)  # [B, K, d]
+        weights = (token_rows @ self._label_rows.T - tau).clamp_min(0.0)  # [B, K, L]
+        if self.config.own_vote:
+            # A label's own token votes for that label alone, with the weight it gives itself.
+            match = top_ids.unsqueeze(-1) == self._own_ids  # [B, K, M]
+            owner = torch.zeros((*top_ids.shape, self.num_labels), dtype=weights.dtype,
+                                device=weights.device)  # fmt: skip
+            owner.scatter_add_(-1, self._own_label.expand(*match.shape), match.to(weights.dtype))
+            own_weight = owner * (1.0 - tau).clamp_min(0.0)
+            weights = torch.where(match.any(-1).unsqueeze(-1), own_weight, weights)
+        return _Claims(top_ids, top_p, weights, tau, self._answer_ids)
+
+
+@dataclass(frozen=True)
+class _Claims:
+    """The kept tokens of B rows and what each claims of each label: what a vote rule reads.
+
+    Attributes
+    ----------
+    top_ids : Tensor
+        ``[B, K]`` the kept token ids, most likely first.
+    top_p : Tensor
+        ``[B, K]`` their probabilities.
+    weights : Tensor
+        ``[B, K, L]`` each kept token's claim on each label: ``max(0, cos - tau_l)``, or
+        with ``own_vote`` a label's own token's ``1 - tau_l`` on that label alone.
+    tau : Tensor
+        ``[L]`` the labels' cosine thresholds.
+    answer_ids : Tensor
+        ``[L]`` the labels' answer tokens.
+    """
+
+    top_ids: Tensor
+    top_p: Tensor
+    weights: Tensor
+    tau: Tensor
+    answer_ids: Tensor
+
+
+def _ratio(top_p: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    """The votes renormalised: ``sum_v P(v) w(v, l) / sum_l' sum_v P(v) w(v, l')`` per row,
+    and the rows where that is ``0/0`` (fallback)."""
+    numerator = torch.einsum("bk,bkl->bl", top_p, weights)
+    denominator = numerator.sum(-1, keepdim=True)
+    fallback = denominator.squeeze(-1) <= 0
+    # Divided in float64 by the denominator itself, not by a floor: vote mass can be
+    # subnormal (kept tokens of probability ~1e-40) and must still sum to 1.
+    safe = torch.where(fallback.unsqueeze(-1), torch.ones_like(denominator), denominator)
+    return (numerator.double() / safe.double()).to(numerator.dtype), fallback
+
+
+def _per_label(claims: _Claims) -> tuple[Tensor, Tensor]:
+    """``vote="per_label"``, the paper's counting: a token votes once per label it is near."""
+    return _ratio(claims.top_p, claims.weights)
+
+
+def _shared(claims: _Claims) -> tuple[Tensor, Tensor]:
+    """``vote="shared"``: each kept token's vote is shared out among the labels it is near
+    (its weights normalised), then the votes are renormalised."""
+    return _ratio(claims.top_p, _per_token(claims.weights))
+
+
+def _residual(claims: _Claims) -> tuple[Tensor, Tensor]:
+    """``vote="residual"``: a token claims its share of the top-K mass by its closeness to
+    its nearest label (1 for a label's own token), shared out among the labels it is near."""
+    closeness = (claims.weights / (1.0 - claims.tau).clamp_min(1e-6)).amax(-1).clamp(0.0, 1.0)
+    return _with_residual(claims, _per_token(claims.weights), closeness)
+
+
+def _nearest(claims: _Claims) -> tuple[Tensor, Tensor]:
+    """``vote="nearest"``: as ``"residual"``, but all of a token's claim goes to its nearest
+    label, by its margin over the second nearest (a token as near an antonym as its own
+    label claims nothing). With one label it is ``"residual"``."""
+    weights, tau = claims.weights, claims.tau
+    if weights.shape[-1] < 2:
+        return _residual(claims)
+    best = weights.topk(2, dim=-1)
+    nearest = best.indices[..., 0]
+    scale = (1.0 - tau[nearest]).clamp_min(1e-6)
+    closeness = ((best.values[..., 0] - best.values[..., 1]) / scale).clamp(0.0, 1.0)
+    one_hot = torch.nn.functional.one_hot(nearest, weights.shape[-1]).to(weights.dtype)
+    return _with_residual(claims, one_hot, closeness)
+
+
+def _per_token(weights: Tensor) -> Tensor:
+    """``[B, K, L]`` weights normalised per kept token (a token near no label keeps 0)."""
+    return weights / weights.sum(-1).clamp_min(1e-30).unsqueeze(-1)
+
+
+def _with_residual(claims: _Claims, shares: Tensor, closeness: Tensor) -> tuple[Tensor, Tensor]:
+    """The residual rules' distribution: each kept token's share of the top-K mass times its
+    ``closeness`` goes to the labels by ``shares``; the unclaimed rest follows the
+    constrained softmax *of the top-K* (the answer tokens among the kept tokens).
+
+    That equals the constrained softmax whenever every answer token is kept, and needs
+    nothing outside the top-K, so a reader that sees only the top-K log-probs (vLLM, an
+    OpenAI server) gets exactly what transformers gets. A row with no answer token kept
+    has only its claimed votes to go by.
+    """
+    top_p = claims.top_p.double()
+    kept_p = top_p / top_p.sum(-1, keepdim=True).clamp_min(1e-300)  # shares of the top-K mass
+    claimed = kept_p * closeness.double()  # [B, K]
+    numerator = torch.einsum("bk,bkl->bl", claimed, shares.double())
+    unclaimed = (1.0 - claimed.sum(-1, keepdim=True)).clamp_min(0.0)
+    is_answer = claims.top_ids.unsqueeze(-1) == claims.answer_ids  # [B, K, L]
+    answer_p = (kept_p.unsqueeze(-1) * is_answer).sum(1)  # [B, L]
+    share = torch.where(answer_p.sum(-1, keepdim=True) > 0, answer_p, numerator)
+    share = share / share.sum(-1, keepdim=True).clamp_min(1e-300)
+    mixed = numerator + unclaimed * share
+    total = mixed.sum(-1, keepdim=True)
+    semantic = (mixed / torch.where(total > 0, total, 1.0)).to(claims.weights.dtype)
+    return semantic, total.squeeze(-1) <= 0
+
+
+# The vote rules (SemsoftConfig.vote): each turns the kept tokens' claims into a
+# distribution over the labels and the rows where it fell back (0/0).
+_VOTE_RULES: dict[str, Callable[[_Claims], tuple[Tensor, Tensor]]] = {
+    "residual": _residual,
+    "nearest": _nearest,
+    "shared": _shared,
+    "per_label": _per_label,
+}
 
 
 def _pool_constrained(log_p: Tensor, top_log_p: Tensor, answer_ids: Tensor) -> Tensor:
@@ -473,8 +538,10 @@ def semantic_softmax(
     config : SemsoftConfig, optional
         Method settings; defaults are :class:`SemsoftConfig`'s.
     **overrides
-        Any :class:`SemsoftConfig` field (``k``, ``tau``, ``center``, ``own_vote``, ``vote``,
-        ``score_temperature``, ``semantic_weight``, ``tau_quantile``).
+        Any :class:`SemsoftConfig` field: ``k`` (kept tokens, default 50), ``tau``
+        (cosine threshold), ``center`` (centre the embeddings first), ``own_vote``,
+        ``vote``, ``score_temperature``, ``semantic_weight``, ``tau_quantile``.
+        ``SemsoftConfig.preset("paper")`` is the paper's formula.
 
     Returns
     -------
@@ -484,15 +551,18 @@ def semantic_softmax(
 
     Examples
     --------
-    Tokens 0 and 1 are the labels, 2 and 3 their synonyms; most mass is on 2. The default
-    ``semantic_weight=0`` is the constrained softmax, ``1`` the semantic distribution alone:
+    A vocabulary of four tokens in two dimensions: labels are tokens 0 ("yes") and 1
+    ("no"); token 2 is a synonym of "yes", token 3 of "no". The model puts most of its
+    mass on the synonym of "yes", which the constrained softmax ignores. The default
+    ``semantic_weight=0`` is the constrained softmax; ``1`` the semantic distribution alone:
 
     >>> import torch
-    >>> emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [0.1, 0.9]])
+    >>> from semsoft_plugin.core.softmax import semantic_softmax
+    >>> embeddings = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [0.1, 0.9]])
     >>> logits = torch.tensor([0.0, 0.0, 3.0, -1.0])
-    >>> semantic_softmax(logits, emb, [0, 1], k=4)
+    >>> semantic_softmax(logits, embeddings, [0, 1], k=4)
     tensor([0.5000, 0.5000])
-    >>> semantic_softmax(logits, emb, [0, 1], k=4, center=False, semantic_weight=1.0)
+    >>> semantic_softmax(logits, embeddings, [0, 1], k=4, center=False, semantic_weight=1.0)
     tensor([0.8491, 0.1509])
     """
     return semantic_softmax_details(logits, embeddings, label_token_ids, config, **overrides).probs

@@ -1,0 +1,189 @@
+"""The decision step's hidden state, read back from its logits row.
+
+The output layer computes the logits row as ``z = W h + b``, with ``W`` the ``[V, d]``
+output embeddings (``V >> d``, full column rank) and ``b`` a bias most models do not have.
+So the hidden state a probe reads is ``h = W⁺ (z - b)``, with ``W⁺ = (WᵀW)⁻¹ Wᵀ`` the
+pseudo-inverse. Every logits processor holds ``z`` (vLLM's, Outlines', transformers'), so a
+probe fitted on hidden states can be applied wherever a processor runs, with no
+hidden-state API.
+
+Two things make that safe:
+
+- **Precision.** ``W⁺`` is computed once, from a QR decomposition in float64
+  (``W = QR``, ``W⁺ = R⁻¹ Qᵀ``), then kept in float32. Normal equations in float32 square
+  the condition number of ``W`` and lose three to four digits; QR does not.
+- **A row that is not** ``W h + b``. Anything done to the row before the processor sees it
+  (a grammar mask, ``logit_bias``, repetition penalties, soft-capping, an earlier
+  processor, another model) leaves a residual ``r = z - W h - b`` outside the column space
+  of ``W``. A row is read only when ``max_i |r_i|`` is at most a stated tolerance (in logit
+  units: it is the largest change to any token's logit that the row cannot explain);
+  otherwise the caller is told why, and must not apply a fit to it.
+
+Torch only; the engines' adapters call `LogitsInverse.read`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["DEFAULT_TOLERANCE", "LogitsInverse", "ReadBack"]
+
+# Largest |z - W h - b| (logits) of a row still read as W h + b. A float32 head leaves
+# about 1e-5; a bf16 head rounds a logit near 20 to 1/8, so its residuals reach ~0.07;
+# an edit such as logit_bias, a penalty or a mask changes some logit by far more.
+DEFAULT_TOLERANCE = 0.25
+
+
+@dataclass(frozen=True)
+class ReadBack:
+    """Hidden states read back from logits rows, and how well each row fits.
+
+    Attributes
+    ----------
+    hidden : Tensor
+        `[N, d]` float32, `W⁺ (z - b)` for each row.
+    residual : Tensor
+        `[N]` float32, `max_i |z_i - (W h + b)_i|` of each row (`inf` for a row holding a
+        non-finite logit, such as a masked token's `-inf`).
+    readable : Tensor
+        `[N]` bool, `residual <= tolerance`: only these rows are `W h + b`.
+    """
+
+    hidden: Tensor
+    residual: Tensor
+    readable: Tensor
+
+
+class LogitsInverse:
+    """The pseudo-inverse of an output layer, for reading hidden states from logits rows.
+
+    Parameters
+    ----------
+    weight : Tensor
+        `[V_rows, d]` output embeddings (the lm_head weight, or the tied input embedding),
+        in any floating dtype. Rows past `vocab_size` (a padded vocabulary) are ignored.
+    bias : Tensor or None
+        `[V_rows]` output bias, if the model has one.
+    vocab_size : int or None
+        The number of real tokens (default: every row).
+
+    Notes
+    -----
+    Memory: `W⁺` is kept in float32 beside the weight it was made from, `d x V` (the size
+    of the output layer in float32: 113 MB for SmolLM2-135M, 0.93 GB for
+    Qwen2.5-Coder-1.5B). A fitted linear map on `h` folds into one `[L, V]` matrix with
+    `fold`, so applying it needs only that matrix and this object's residual check.
+
+    Examples
+    --------
+    >>> torch.manual_seed(0) and None
+    >>> w = torch.randn(50, 4, dtype=torch.float64)
+    >>> h = torch.randn(3, 4, dtype=torch.float64)
+    >>> inverse = LogitsInverse(w)
+    >>> back = inverse.read((h @ w.T).float())
+    >>> torch.allclose(back.hidden.double(), h, atol=1e-5), bool(back.readable.all())
+    (True, True)
+    >>> edited = (h @ w.T).float()
+    >>> edited[0, 7] += 5.0                    # a logit_bias on one token
+    >>> inverse.read(edited).readable.tolist()
+    [False, True, True]
+    """
+
+    def __init__(
+        self, weight: Tensor, bias: Tensor | None = None, *, vocab_size: int | None = None
+    ) -> None:
+        if not isinstance(weight, Tensor) or weight.dim() != 2 or not weight.is_floating_point():
+            raise ValueError(
+                f"output embeddings must be a floating [V, d] tensor, got "
+                f"{type(weight).__name__} {tuple(getattr(weight, 'shape', ()))}"
+            )
+        rows, dim = weight.shape
+        vocab = rows if vocab_size is None else int(vocab_size)
+        if not dim < vocab <= rows:
+            raise ValueError(
+                f"vocab_size={vocab} must be in ({dim}, {rows}]: the hidden state can be read "
+                "back only from more logits than hidden dimensions"
+            )
+        if bias is not None and tuple(bias.shape) != (rows,):
+            raise ValueError(f"bias of shape {tuple(bias.shape)} must be [{rows}]")
+        w64 = weight[:vocab].detach().to(torch.float64)
+        q, r = torch.linalg.qr(w64)
+        diagonal = torch.diagonal(r).abs()
+        if not bool(torch.isfinite(w64).all()) or float(diagonal.min()) <= 1e-12 * float(
+            diagonal.max()
+        ):
+            raise ValueError(
+                "the output embeddings are not of full column rank (or hold a non-finite "
+                "value): the hidden state cannot be read back from the logits"
+            )
+        self.vocab_size = vocab
+        self.dim = int(dim)
+        self.weight = weight[:vocab].detach().to(torch.float32)
+        self.bias = None if bias is None else bias[:vocab].detach().to(torch.float32)
+        # W⁺ = R⁻¹ Qᵀ, solved in float64, kept in float32.
+        self.pinv = torch.linalg.solve_triangular(r, q.T, upper=True).to(torch.float32)
+
+    def read(self, logits: Tensor, tolerance: float = DEFAULT_TOLERANCE) -> ReadBack:
+        """The hidden states of `[N, V]` (or `[V]`) logits rows, with their residuals.
+
+        Parameters
+        ----------
+        logits : Tensor
+            The decision step's logits rows, as the processor got them (columns past
+            `vocab_size`, a padded vocabulary, are ignored).
+        tolerance : float
+            The largest `|z - W h - b|` of a row still read as `W h + b` (logit units).
+
+        Returns
+        -------
+        ReadBack
+            `hidden`, `residual` and `readable`, one entry per row.
+        """
+        if not tolerance >= 0:
+            raise ValueError(f"tolerance={tolerance!r} must be a number >= 0")
+        z = logits.unsqueeze(0) if logits.dim() == 1 else logits
+        if z.dim() != 2 or z.shape[1] < self.vocab_size:
+            raise ValueError(
+                f"logits of shape {tuple(logits.shape)}: need [N, >= {self.vocab_size}] "
+                "(rows of the model this inverse was made from)"
+            )
+        z = z[:, : self.vocab_size].to(torch.float32)
+        finite = torch.isfinite(z).all(dim=1)
+        z = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
+        if self.bias is not None:
+            z = z - self.bias
+        hidden = z @ self.pinv.T
+        residual = (z - hidden @ self.weight.T).abs().amax(dim=1)
+        residual = torch.where(finite, residual, torch.full_like(residual, float("inf")))
+        return ReadBack(hidden=hidden, residual=residual, readable=residual <= tolerance)
+
+    def fold(self, weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+        """A linear map of the hidden state, `A h + c`, as a map of the logits row.
+
+        Parameters
+        ----------
+        weight : Tensor
+            `[L, d]` the map `A`.
+        bias : Tensor
+            `[L]` the offset `c`.
+
+        Returns
+        -------
+        tuple of Tensor
+            `B = A W⁺` (`[L, V]` float32) and `c - B b` (`[L]`), so that
+            `A h + c = B z + (c - B b)` for a row `z = W h + b`.
+        """
+        a = weight.to(torch.float32)
+        if a.dim() != 2 or a.shape[1] != self.dim or tuple(bias.shape) != (a.shape[0],):
+            raise ValueError(
+                f"a map of shape {tuple(weight.shape)} + {tuple(bias.shape)}: need [L, "
+                f"{self.dim}] + [L]"
+            )
+        folded = a @ self.pinv
+        offset = bias.to(torch.float32)
+        if self.bias is not None:
+            offset = offset - folded @ self.bias
+        return folded, offset

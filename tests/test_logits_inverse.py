@@ -1,0 +1,89 @@
+"""The hidden state read back from the decision step's logits row (core/logits_inverse):
+exact on a real model in float32, a fitted probe gives the same scores from it as from the
+hook, and a row edited before the processor (a bias, a mask) is refused by its residual."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from semsoft_plugin.app.probe import fit_probe
+from semsoft_plugin.core.logits_inverse import DEFAULT_TOLERANCE, LogitsInverse
+
+
+@pytest.fixture(scope="module")
+def rows(default_checkpoint):
+    """Eight decision-step rows of SmolLM2-135M in float32: (hidden states, logits, W)."""
+    from semsoft_plugin.engines import models
+
+    model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
+    texts = ["I loved it.", "Awful.", "The plot was fine, I guess.", "Best film of the year!",
+             "Boring and long.", "A masterpiece.", "Never again.", "It was okay."]  # fmt: skip
+    hidden, logits = [], []
+    with torch.inference_mode():
+        for text in texts:
+            ids = tokenizer(f"Review: {text}\nSentiment:", return_tensors="pt").input_ids
+            out = model(input_ids=ids, output_hidden_states=True)
+            hidden.append(out.hidden_states[-1][0, -1])
+            logits.append(out.logits[0, -1])
+    return torch.stack(hidden), torch.stack(logits), model.get_output_embeddings().weight.detach()
+
+
+@pytest.fixture(scope="module")
+def inverse(rows) -> LogitsInverse:
+    return LogitsInverse(rows[2])
+
+
+def test_the_hidden_state_comes_back_from_float32_logits(rows, inverse) -> None:
+    hidden, logits, _ = rows
+    back = inverse.read(logits)
+    error = (back.hidden - hidden).norm(dim=1) / hidden.norm(dim=1)
+    assert float(error.max()) < 1e-5, error
+    assert back.readable.all() and float(back.residual.max()) < 1e-3
+
+
+def test_a_probe_scores_the_logits_row_as_it_scores_the_hook(rows, inverse) -> None:
+    hidden, logits, weight = rows
+    x = hidden.double().numpy()
+    probe = fit_probe(np.r_[x, x + 0.01], np.r_[np.arange(8) % 2, np.arange(8) % 2], 2)
+    back = inverse.read(logits)
+    np.testing.assert_allclose(probe.probs(back.hidden.numpy()), probe.probs(x), atol=1e-4)
+    # The probe folded into the logits row: one [L, V] matrix, the same scores.
+    a = torch.from_numpy(probe.weight / probe.scale)
+    c = torch.from_numpy(probe.bias - (probe.weight / probe.scale) @ probe.mean)
+    folded, offset = inverse.fold(a, c)
+    assert tuple(folded.shape) == (2, weight.shape[0])
+    z = (logits @ folded.T + offset).double().softmax(-1).numpy()
+    np.testing.assert_allclose(z, probe.probs(x), atol=1e-4)
+
+
+def test_a_row_edited_before_the_processor_is_not_read(rows, inverse) -> None:
+    logits = rows[1]
+    edited = logits.clone()
+    edited[0, 1234] += 2.0  # logit_bias on one token
+    edited[1, 5:] = float("-inf")  # a grammar mask
+    edited[2] = 30 * torch.tanh(edited[2] / 30)  # soft-capping
+    edited[3] = edited[3] / 0.7  # a temperature applied earlier is a scaled h: still W h
+    back = inverse.read(edited)
+    assert back.readable.tolist() == [False, False, False, True, True, True, True, True]
+    assert back.residual[1] == float("inf") and float(back.residual[0]) > 1.5
+    # A bf16 head rounds each logit: within the stated tolerance, and h stays close.
+    rounded = inverse.read(logits.bfloat16().float())
+    assert rounded.readable.all() and float(rounded.residual.max()) < DEFAULT_TOLERANCE
+    exact = inverse.read(logits).hidden
+    assert float(((rounded.hidden - exact).norm(dim=1) / exact.norm(dim=1)).max()) < 1e-2
+
+
+def test_refusals_name_the_bad_value() -> None:
+    with pytest.raises(ValueError, match="full column rank"):
+        LogitsInverse(torch.zeros(20, 4))
+    with pytest.raises(ValueError, match="vocab_size=4"):
+        LogitsInverse(torch.randn(20, 4), vocab_size=4)
+    inverse = LogitsInverse(torch.randn(20, 4))
+    with pytest.raises(ValueError, match=r"need \[N, >= 20\]"):
+        inverse.read(torch.randn(2, 10))
+    with pytest.raises(ValueError, match="tolerance=nan"):
+        inverse.read(torch.randn(2, 20), tolerance=float("nan"))
+    with pytest.raises(ValueError, match=r"need \[L, 4\]"):
+        inverse.fold(torch.randn(3, 5), torch.randn(3))
