@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -253,13 +252,9 @@ def _check_fit_output(output: Path, *, overwrite: bool) -> None:
         raise ValueError(
             f"--output {output}: a fit is written as JSON; name the file with a .json suffix"
         )
-    folder = output.parent
-    if not folder.is_dir():
-        raise ValueError(f"--output {output}: folder {folder} does not exist")
-    if output.is_dir():
-        raise ValueError(f"--output {output} is a folder; name a file in it")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"--output {output}: folder {folder} is not writable")
+    from semsoft_plugin.app.file_plan import check_output_place
+
+    check_output_place(output)
     if output.exists() and not overwrite:
         raise ValueError(f"--output {output} exists: pass --overwrite to replace it")
 

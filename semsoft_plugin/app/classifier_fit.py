@@ -160,7 +160,7 @@ def fit_identity(clf: Classifier, labels: Any) -> FitIdentity:
     from semsoft_plugin.app.fit_file import run_identity
 
     prompt, _ = checked_settings(clf)
-    return run_identity(labels, prompt, clf.model)
+    return run_identity(labels, prompt, clf.model, allow_download=True)
 
 
 def loaded_fit(clf: Classifier, path: Any) -> tuple[Any, FittedCorrection | None]:

@@ -51,7 +51,7 @@ from semsoft_plugin.app.tables import (
 from semsoft_plugin.core.calibration import MIN_FILE_ROWS
 from semsoft_plugin.core.text_rules import is_blank
 
-__all__ = ["FileJob", "FilePlan", "check_output", "file_job", "make_plan"]
+__all__ = ["FileJob", "FilePlan", "check_output", "check_output_place", "file_job", "make_plan"]
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,31 @@ def file_job(
     )
 
 
+def check_output_place(output: Path, option: str = "--output") -> None:
+    """Where an output file goes, checked before any work: its folder exists and can be
+    written, and it is not a folder itself.
+
+    Parameters
+    ----------
+    output : Path
+        The output file.
+    option : str
+        The option that named it, for the messages.
+
+    Raises
+    ------
+    ValueError
+        Naming the path and what is wrong with it.
+    """
+    folder = output.parent
+    if not folder.is_dir():
+        raise ValueError(f"{option} {output}: folder {folder} does not exist")
+    if output.is_dir():
+        raise ValueError(f"{option} {output} is a folder; name a file in it")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{option} {output}: folder {folder} is not writable")
+
+
 def check_output(job: FileJob) -> Path:
     """The output of a file job, checked before anything is read: a folder that exists,
     not a folder itself, not the input file under another name (a hard or symbolic
@@ -189,13 +214,7 @@ def check_output(job: FileJob) -> Path:
         The output file.
     """
     output = job.output
-    folder = output.parent
-    if not folder.is_dir():
-        raise ValueError(f"--output {output}: folder {folder} does not exist")
-    if output.is_dir():
-        raise ValueError(f"--output {output} is a folder; name a file in it")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"--output {output}: folder {folder} is not writable")
+    check_output_place(output)
     source = job.input
     same = source.resolve() == output.resolve()
     if not same and source.exists() and output.exists():
