@@ -23,9 +23,13 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from semsoft_plugin.core.logits_inverse import LogitsInverse
+    from semsoft_plugin.core.row_probe import LogitsProbe
 
 __all__ = [
     "CS",
@@ -74,14 +78,29 @@ class LinearProbe:
                 f"hidden states of shape {x.shape}: this probe reads [N, {len(self.mean)}] "
                 "(the hidden size of the model it was fitted on)"
             )
+        import torch
+
+        from semsoft_plugin.core.row_probe import probe_distribution
+
         z = ((x - self.mean) / self.scale) @ self.weight.T + self.bias
-        z = np.exp(z - z.max(1, keepdims=True))
-        floor = 1.0 / (self.n_train + self.n_labels)
-        out = np.full((len(x), self.n_labels), floor)
-        out[:, self.seen] = (
-            z / z.sum(1, keepdims=True) * (1.0 - (self.n_labels - len(self.seen)) * floor)
-        )
-        return out
+        probs = probe_distribution(torch.from_numpy(z), self.seen.tolist(), self.n_labels,
+                                   self.n_train)  # fmt: skip
+        return np.asarray(probs.numpy(), dtype=np.float64)
+
+    def on_logits(self, inverse: LogitsInverse) -> LogitsProbe:
+        """This probe applied to the decision step's logits row of the model it was
+        fitted on (`inverse` is that model's output layer inverse): the same scores,
+        read through ``h = W⁺ (z - b)``, each row judged by its residual."""
+        import torch
+
+        from semsoft_plugin.core.row_probe import LogitsProbe
+
+        arrays = {k: torch.from_numpy(np.asarray(getattr(self, k), dtype=np.float64))
+                  for k in ("mean", "scale", "weight", "bias")}  # fmt: skip
+        return LogitsProbe.from_standardised(
+            **arrays, seen=self.seen.tolist(), n_labels=self.n_labels, n_train=self.n_train,
+            inverse=inverse,
+        )  # fmt: skip
 
     def save(self, path: str | Path, labels: list[str] | tuple[str, ...]) -> None:
         """The weights as a safetensors file; ``labels`` (the column names) in its metadata."""
