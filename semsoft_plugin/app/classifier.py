@@ -35,6 +35,7 @@ from sklearn.utils import ClassifierTags, InputTags, Tags, TargetTags
 from semsoft_plugin.app import file_mode, handles
 from semsoft_plugin.app.classifier_fit import fit_labelled, fit_targets
 from semsoft_plugin.app.classifier_settings import checked_settings, fit_plan
+from semsoft_plugin.app.fit_file import FitIdentity, run_identity
 from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.fitted_state import FittedState
 from semsoft_plugin.app.predictions import Predictions
@@ -550,7 +551,10 @@ class Classifier(ClassifierMixin, BaseEstimator):
         """
         if self.__dict__.get("_fitted") is None:
             raise NotFittedError("save_fit needs a fitted classifier: call fit first")
-        self._state().save(path)
+        state = self._state()
+        correction = state.correction
+        identity = None if correction is None else self._identity(list(correction.labels))
+        state.save(path, identity)
 
     def load_fit(self, path: Any) -> Classifier:
         """Take the fit a config file holds (``semsoft tune``'s or :meth:`save_fit`'s) as
@@ -567,11 +571,17 @@ class Classifier(ClassifierMixin, BaseEstimator):
         Classifier
             ``self``.
         """
-        engine = handles.engine_of(self)
+        engine, names = handles.engine_of(self), self._names()
         self._fitted = FittedState.load(
-            path, self._names(), calibrate=self.calibrate, engine=engine
+            path, names, calibrate=self.calibrate, engine=engine, identity=self._identity(names)
         )
         return self
+
+    def _identity(self, labels: list[str]) -> FitIdentity:
+        """What this classifier applies a fit with: ``labels`` (prompt order), its prompt
+        and its model's output layer, found without loading the model."""
+        prompt, _ = checked_settings(self.get_params(deep=False))
+        return run_identity(labels, prompt, self.model, allow_download=True)
 
     def _fit_file(self, scorer: Scorer, names: list[str], values: list[str]) -> None:
         """The file mode's fit: the correction of the distinct ``values``, no search."""

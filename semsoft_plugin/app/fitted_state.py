@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from semsoft_plugin.app.fitted import FittedCorrection, load_fitted, save_fitted
+from semsoft_plugin.app.fit_file import FitIdentity
+from semsoft_plugin.app.fitted import FittedCorrection, read_fit, save_fitted
 from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.core.config import SemsoftConfig
 
@@ -69,21 +70,55 @@ class FittedState:
             return probs
         return self.correction.apply(probs, classes, hidden)
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, identity: FitIdentity | None) -> None:
         """Write the config and correction to a config file (``semsoft classify --config``
-        reads it; :func:`~semsoft_plugin.app.fitted.save_fitted`)."""
-        save_fitted(path, self.config, self.correction)
+        reads it; :func:`~semsoft_plugin.app.fitted.save_fitted`).
+
+        Parameters
+        ----------
+        path : str | Path
+            The file.
+        identity : FitIdentity | None
+            The labels, prompt and output layer the fit was made on (needed with a
+            correction).
+        """
+        save_fitted(path, self.config, self.correction, identity)
 
     @classmethod
     def load(
-        cls, path: str | Path, names: list[str], *, calibrate: str | None, engine: str
+        cls,
+        path: str | Path,
+        names: list[str],
+        *,
+        calibrate: str | None,
+        engine: str,
+        identity: FitIdentity | None,
     ) -> FittedState:
-        """The fit a config file holds, checked against the classifier that takes it: its
-        labels ``names`` (prompt order), no ``calibrate`` correction on top of a fitted one,
-        and no probe on vLLM (``engine``: ``"transformers"`` or ``"vllm"``)."""
-        config, correction = load_fitted(path)
+        """The fit a config file holds (:func:`~semsoft_plugin.app.fitted.read_fit`, checked
+        whole), checked against the classifier that takes it.
+
+        Parameters
+        ----------
+        path : str | Path
+            The file.
+        names : list[str]
+            The classifier's labels, in prompt order.
+        calibrate : str | None
+            The classifier's ``calibrate``: no correction on top of a fitted one.
+        engine : str
+            ``"transformers"`` or ``"vllm"`` (no probe on vLLM).
+        identity : FitIdentity | None
+            The run's labels, prompt and output layer, compared with the fit's.
+
+        Returns
+        -------
+        FittedState
+            The loaded fit.
+        """
+        fit = read_fit(path)
+        config, correction = fit.config, fit.correction
         if correction is not None:
-            correction.check_labels(names)
+            fit.check_run(identity)
             if calibrate is not None:
                 raise ValueError(
                     f"calibrate={calibrate!r} with a fitted correction ({correction.procedure}) "

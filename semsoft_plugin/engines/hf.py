@@ -110,6 +110,25 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
     keep_logits : bool
         Also keep each row's decision-step scores (float32 `[V]`), e.g. to score
         several configurations from one forward pass.
+
+    Examples
+    --------
+    Inside an ordinary `generate` call (constrain mode: the generated text is the label):
+
+    ```python
+    from transformers import LogitsProcessorList
+    from semsoft_plugin import LabelSet
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines.hf import SemanticSoftmaxLogitsProcessor
+
+    model, tokenizer = models.load("smollm2-135m")
+    labels = LabelSet(["positive", "negative"], tokenizer)
+    proc = SemanticSoftmaxLogitsProcessor(model, labels, tokenizer=tokenizer,
+                                          eos_token_id=tokenizer.eos_token_id)
+    batch = tokenizer(["Review: I loved it. Sentiment:"], return_tensors="pt")
+    model.generate(**batch, logits_processor=LogitsProcessorList([proc]), max_new_tokens=4)
+    proc.results[0].probs    # tensor([p_positive, p_negative]), in the label set's order
+    ```
     """
 
     def __init__(

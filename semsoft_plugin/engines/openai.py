@@ -243,6 +243,22 @@ def openai_label_scores(
         `MissingLabelLogprobs` (needed label log-probs not returned, no `client`),
         `EmittedLabelMismatch` (the greedy constrained pick is not the argmax),
         `CutLabel` (the text is only the start of a label).
+
+    Examples
+    --------
+    Against a vLLM server started with the plugin (the guide "Behind the server"):
+
+    ```python
+    import openai
+    from semsoft_plugin.engines.openai import openai_label_scores, openai_request
+
+    client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
+    request = openai_request(["positive", "negative"])
+    response = client.completions.create(model="semsoft", prompt="Review: I loved it. Sentiment:",
+                                         **request)
+    result = openai_label_scores(response, request, "default", client=client)   # a LabelResult
+    result.label, result.probs
+    ```
     """
     semsoft = _semsoft_of(request, options)
     plugin, sent_greedy = _sent_with(request, options)

@@ -159,6 +159,23 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
     The embeddings and the tokenizer are loaded on the first opted-in request, so an
     engine that merely has the plugin installed (entry point) pays nothing.
+
+    Examples
+    --------
+    vLLM builds it; pass the class (or install the package: the entry point loads it)
+    and opt a request in with [`sampling_params`][semsoft_plugin.engines.vllm.sampling_params]:
+
+    ```python
+    from vllm import LLM
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines import vllm as semsoft
+
+    llm = LLM(str(models.resolve("default")), max_logprobs=50,
+              logits_processors=[semsoft.SemanticSoftmaxLogitsProcessor])
+    params = semsoft.sampling_params(["positive", "negative"])
+    out = llm.generate(["Review: I loved it. Sentiment:"], params)[0]
+    out.outputs[0].text                     # ' positive': a label, drawn from the scores
+    ```
     """
 
     def __init__(self, vllm_config: VllmConfig, *args: Any) -> None:

@@ -87,6 +87,21 @@ def label_scores(
         not score its row and left it unconstrained (the reason is named); and, by the
         reader contract (`semsoft_plugin.engines.reader_contract.read_scores`),
         its subclasses `MissingLabelLogprobs`, `EmittedLabelMismatch` or `CutLabel`.
+
+    Examples
+    --------
+    ```python
+    from vllm import LLM
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines import vllm as semsoft
+
+    llm = LLM(str(models.resolve("default")), max_logprobs=50,
+              logits_processors=[semsoft.SemanticSoftmaxLogitsProcessor])
+    params = semsoft.sampling_params(["positive", "negative"])
+    out = llm.generate(["Review: I loved it. Sentiment:"], params)[0]
+    result = semsoft.label_scores(out, params, llm)    # a LabelResult
+    result.label, result.probs, result.constrained_probs
+    ```
     """
     request = request_of(params, options)
     client = client_model(model, allow_download=allow_download)
