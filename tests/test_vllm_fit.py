@@ -194,3 +194,49 @@ def test_fit_names_are_names_never_paths() -> None:
     for bad in ("", "/etc/passwd", "..", ".hidden", "a b", "x" * 65, 3, ["a"]):
         with pytest.raises(ValueError, match="must be the name of a fit"):
             parse_request({**base, KEY_FIT: bad})
+
+
+@pytest.fixture(scope="module")
+def fit_server(checkpoint, fits, tmp_path_factory) -> Any:
+    """The OpenAI server (its engine in its own process) serving the fit folder."""
+    from _server import plugin_server
+
+    log = tmp_path_factory.mktemp("fit_server") / "server.log"
+    extra = ["--worker-extension-cls", EXTENSION]
+    env = {"SEMSOFT_FIT_DIR": str(fits["folder"])}
+    with plugin_server(checkpoint, log, FIT_PROCESSOR, extra, env) as url:
+        yield url
+
+
+@pytest.mark.vllm
+def test_server_rows_equal_the_hook_probe_and_bad_fits_are_400(fit_server, fits, checkpoint):
+    """Over HTTP the fitted rows come back in each choice's semsoft_fitted, which
+    openai_label_probs reads as it reads any scores (within 1e-3 of the hook probe); a
+    bad fit, a fit for other labels or another model, an unknown name are a 400 naming
+    it, and the kept-alive connection goes on serving."""
+    import openai
+    from _vllm import CONTINUE
+
+    from semsoft_plugin.engines import openai as sopenai
+
+    client = openai.OpenAI(base_url=fit_server, api_key="none", max_retries=0)
+    want = fits["probe"].probs(fits["hidden"])
+    request = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, fit="sentiment")
+    for i, messages in enumerate(PROMPTS):
+        response = client.chat.completions.create(model="smollm2", messages=messages, **request)
+        probs = sopenai.openai_label_probs(response, request, checkpoint)
+        np.testing.assert_allclose([probs[label] for label in SENTIMENT], want[i], atol=1e-3)
+        assert response.choices[0].message.content.strip() == max(probs, key=probs.__getitem__)
+    refused = {
+        "nowhere": "is not a fit this engine serves",
+        "topics": "fitted for the labels",
+        "other_model": "another model",
+        "truncated": "refused at load",
+    }
+    for name, message in refused.items():
+        bad = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE)
+        bad["extra_body"]["vllm_xargs"]["semsoft_fit"] = name
+        with pytest.raises(openai.BadRequestError, match=message):
+            client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **bad)
+        again = client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **request)
+        assert sopenai.openai_label_probs(again, request, checkpoint)
