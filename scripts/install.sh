@@ -45,7 +45,7 @@ pip_install() {
 
 if [ "$level" = "core" ]; then
   if ! "$py" -c "import torch, transformers, gguf, accelerate, safetensors, tqdm" 2>/dev/null; then
-    pip_install "torch==2.13.0" -e ".[hf]"
+    pip_install "torch==2.13.0" -e ".[transformers]"
   fi
 else
   if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy, ray.data, pyarrow, ruff, mkdocs, material, mkdocstrings, mkdocstrings_handlers.python" 2>/dev/null; then

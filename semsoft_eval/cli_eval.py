@@ -73,14 +73,22 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
         type=_engine,
         choices=ENGINES,
         default="transformers",
-        help="engine that runs the forward passes: transformers ('hf' too) or vLLM (with "
-        "the plugin)",
+        help="engine that runs the forward passes: transformers or vLLM (with the plugin)",
     )
     parser.add_argument(
         "--engine-args",
         type=_json_object,
         help="vLLM engine arguments as JSON, e.g. '{\"tensor_parallel_size\": 4}'",
     )
+
+
+class _RenamedFlag(argparse.Action):
+    """An old flag, hidden from ``--help``: refused naming the new one."""
+
+    RENAMED = {"--no-temperature": "--no-score-temperature"}
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        parser.error(f"{option}: renamed: use {self.RENAMED[str(option)]}")
 
 
 def _engine(text: str) -> str:
@@ -221,7 +229,12 @@ def add_tune_parser(subparsers: Any) -> None:
         help="standard errors of out-of-fold NLL gain the fit needs to replace the start",
     )
     parser.add_argument(
-        "--no-temperature", action="store_true", help="do not fit a final temperature"
+        "--no-score-temperature",
+        action="store_true",
+        help="do not fit the final score temperature (score_temperature stays the start's)",
+    )
+    parser.add_argument(
+        "--no-temperature", nargs=0, action=_RenamedFlag, help=argparse.SUPPRESS
     )
     parser.add_argument(
         "--fit-family",
@@ -250,7 +263,7 @@ def run_tune(args: argparse.Namespace) -> int:
         args.dataset,
         start=start,
         grid=grid,
-        temperature=not args.no_temperature,
+        fit_score_temperature=not args.no_score_temperature,
         margin=args.margin,
         n_folds=args.n_folds,
         limit=args.limit,

@@ -103,7 +103,7 @@ def tune(
     *,
     start: SemsoftConfig | None = None,
     grid: dict[str, Sequence[Any]] | None = None,
-    temperature: bool = True,
+    fit_score_temperature: bool = True,
     margin: float = 1.0,
     n_folds: int = 5,
     seed: int = 0,
@@ -132,7 +132,7 @@ def tune(
         family = fit_family.default_family(content_free, external)
     options = {
         "single": fitting.single_entries(configs, start),
-        "temperature": temperature,
+        "temperature": fit_score_temperature,
         "n_folds": n_folds,
         "margin": margin,
         "seed": seed,
@@ -144,7 +144,7 @@ def tune(
     fold_ids = calibrate.stratified_folds(targets, n_folds, seed)
     tuned, fold_choices = fitting.cross_fit(probs[:-1], probs[-1], targets, fold_ids, **options)
     fit = fit_family.fit_from_grid(
-        probs, configs, start, targets, axes=list(grid), temperature=temperature,
+        probs, configs, start, targets, axes=list(grid), temperature=fit_score_temperature,
         n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=content_free,
         external=external, grid_size=grid_size,
     )  # fmt: skip
@@ -238,7 +238,7 @@ def tune_dataset(
     *,
     start: SemsoftConfig | None = None,
     grid: dict[str, Sequence[Any]] | None = None,
-    temperature: bool = True,
+    fit_score_temperature: bool = True,
     margin: float = 1.0,
     n_folds: int = 5,
     limit: int | None = None,
@@ -248,7 +248,7 @@ def tune_dataset(
     cache_dir: Any = None,
     progress: bool = True,
     loaded: tuple[Any, Any] | None = None,
-    backend: str = "hf",
+    backend: str = "transformers",
     engine_args: dict[str, Any] | None = None,
     family: Sequence[str] | None = None,
     **data_options: Any,
@@ -284,7 +284,7 @@ def tune_dataset(
         prepared.data.targets,
         start=start,
         grid=grid,
-        temperature=temperature,
+        fit_score_temperature=fit_score_temperature,
         margin=margin,
         n_folds=n_folds,
         seed=seed,

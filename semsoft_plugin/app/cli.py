@@ -307,6 +307,9 @@ def _run_classify(args: argparse.Namespace) -> int:
     probs = _by_label(details.labels, details.probs[0], labels)
     constrained = _by_label(details.labels, details.constrained_probs[0], labels)
     fallback, coverage = bool(details.fallback[0]), float(details.coverage[0])
+    # The coverage measures the votes, which only a pool (semantic_weight > 0) counts: at
+    # the constrained softmax it says nothing, so it is not shown (JSON: null).
+    votes = config.semantic_weight > 0
     if args.json:
         print(
             json.dumps(
@@ -316,7 +319,7 @@ def _run_classify(args: argparse.Namespace) -> int:
                     "probs": probs,
                     "constrained_probs": constrained,
                     "fallback": fallback,
-                    "coverage": coverage,
+                    "coverage": coverage if votes else None,
                     "model": args.model,
                     "config": config.to_dict(),
                 }
@@ -328,7 +331,8 @@ def _run_classify(args: argparse.Namespace) -> int:
     print(f"{'':{width}}  {'probs':>8}  constrained_probs")
     for label in labels:
         print(f"{label:{width}}  {probs[label]:8.3f}  {constrained[label]:17.3f}")
-    print(f"coverage of the top-{config.k} mass by label neighbours: {coverage:.2f}")
+    if votes:
+        print(f"coverage of the top-{config.k} mass by label neighbours: {coverage:.2f}")
     return 0
 
 

@@ -1,11 +1,11 @@
 """Fits served by a vLLM engine: the operator's fit folder, the processor that applies a
 fit inside the engine, and the worker extension that returns its rows.
 
-The operator names a folder in ``SEMSOFT_FIT_DIR`` (`FIT_DIR_ENV`); every fit file in it
-(``<name>.json``, written by ``Classifier.save_fit`` or ``semsoft tune --output``, its probe
+The operator names a folder in `SEMSOFT_FIT_DIR` (`FIT_DIR_ENV`); every fit file in it
+(`<name>.json`, written by `Classifier.save_fit` or `semsoft tune --output`, its probe
 beside it) is read at engine start with the fit-file checker every other path uses, and
-served under its name. A request names one with ``semsoft_fit`` (``vllm_xargs`` over
-HTTP, ``SamplingParams.extra_args`` offline); a client never sends a path or weights.
+served under its name. A request names one with `semsoft_fit` (`vllm_xargs` over
+HTTP, `SamplingParams.extra_args` offline); a client never sends a path or weights.
 
 Start a server that serves fits::
 
@@ -14,7 +14,7 @@ Start a server that serves fits::
         --worker-extension-cls semsoft_plugin.app.vllm_fits.FittedRows \\
         --middleware semsoft_plugin.engines.vllm.admission --max-logprobs 50
 
-Refused with ``ValueError`` at admission (HTTP 400 on the server), before any text is
+Refused with `ValueError` at admission (HTTP 400 on the server), before any text is
 scored, each naming the fit: an unknown name; a fit for other labels; a fit file that
 failed its checks at load (tampered, truncated, another model's output layer, not a
 probe). Only the probe is applied in the engine (a label-offset fit is refused by name).
@@ -59,7 +59,7 @@ class ServedFit:
     Attributes
     ----------
     name : str
-        Its name (the file name without ``.json``).
+        Its name (the file name without `.json`).
     labels : tuple of str
         The labels it was fitted for, in its columns' order.
     probe : LinearProbe or None
@@ -100,7 +100,7 @@ def _load_one(path: Path, hidden_size: int) -> ServedFit:
 
 
 def served_fits(model_config: Any) -> dict[str, ServedFit]:
-    """The fits of the folder ``SEMSOFT_FIT_DIR`` names, for the engine's model
+    """The fits of the folder `SEMSOFT_FIT_DIR` names, for the engine's model
     (`model_config`, vLLM's), read once per process (an empty dict when the variable is
     unset)."""
     folder = os.environ.get(FIT_DIR_ENV)
@@ -128,7 +128,7 @@ def served_fits(model_config: Any) -> dict[str, ServedFit]:
 
 
 def served_fit(request: SemsoftRequest, model_config: Any) -> ServedFit:
-    """The fit `request` names, checked against its labels; ``ValueError`` naming the
+    """The fit `request` names, checked against its labels; `ValueError` naming the
     fit when it is unknown, was refused at load, or was fitted for other labels."""
     fits = served_fits(model_config)
     fit = fits.get(request.fit or "")
@@ -150,10 +150,10 @@ def served_fit(request: SemsoftRequest, model_config: Any) -> ServedFit:
 
 
 class FittedSemanticSoftmax(SemanticSoftmaxLogitsProcessor):
-    """The semsoft processor that also serves the fits of ``SEMSOFT_FIT_DIR``.
+    """The semsoft processor that also serves the fits of `SEMSOFT_FIT_DIR`.
 
-    Loaded with ``--logits-processors semsoft_plugin.app.vllm_fits:FittedSemanticSoftmax``
-    (``LLM(logits_processors=[...])``); where the plain processor is also loaded (the
+    Loaded with `--logits-processors semsoft_plugin.app.vllm_fits:FittedSemanticSoftmax`
+    (`LLM(logits_processors=[...])`); where the plain processor is also loaded (the
     installed entry point), this one takes the engine over and the plain one stands
     down. The folder is read, and the output layer's inverse built, when the engine
     starts.
@@ -197,9 +197,9 @@ class FittedSemanticSoftmax(SemanticSoftmaxLogitsProcessor):
 
 
 class FittedRows:
-    """vLLM worker extension (``--worker-extension-cls
-    semsoft_plugin.app.vllm_fits.FittedRows``): the fitted rows the processor kept in
-    this worker, read by ``collective_rpc("semsoft_fitted_rows", args=(keys,))``."""
+    """vLLM worker extension (`--worker-extension-cls
+    semsoft_plugin.app.vllm_fits.FittedRows`): the fitted rows the processor kept in
+    this worker, read by `collective_rpc("semsoft_fitted_rows", args=(keys,))`."""
 
     def semsoft_fitted_rows(self, keys: list[str]) -> list[dict[str, Any] | None]:
         """The rows kept under `keys` (None where none is kept)."""

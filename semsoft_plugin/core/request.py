@@ -100,7 +100,7 @@ class SemsoftRequest:
         ``"observe"`` (generation untouched; scores only)
     trigger : decide after this generated text instead of at the first token
     leading_space : labels are scored as whole words after a space
-    fit : the name of a fit the engine loaded at start (``semsoft_fit``): its
+    fit : the name of a fit the engine loaded at start (`semsoft_fit`): its
         probabilities replace the scores, and in constrain mode the label follows them
     """
 
@@ -381,8 +381,8 @@ def _parse(extra_args: Mapping[str, Any], present: set[str], server: bool) -> Se
 
 
 def fit_name(value: Any) -> str:
-    """``value`` if it is a fit name (letters, digits, ``.``, ``_``, ``-``; at most
-    `MAX_FIT_NAME` characters; not starting with ``.``), else ``ValueError`` naming it: a
+    """`value` if it is a fit name (letters, digits, `.`, `_`, `-`; at most
+    `MAX_FIT_NAME` characters; not starting with `.`), else `ValueError` naming it: a
     request names a fit the engine loaded, never a path."""
     if (
         not isinstance(value, str)

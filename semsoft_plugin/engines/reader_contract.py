@@ -74,15 +74,15 @@ Logprobs = Mapping[Any, float]
 
 
 class FitNotApplied(ReaderError):
-    """The request named a fit (``semsoft_fit``), but its row was not scored with it; the
-    message says why (a row that is not ``W h + b``, an engine that serves no fits, a row
+    """The request named a fit (`semsoft_fit`), but its row was not scored with it; the
+    message says why (a row that is not `W h + b`, an engine that serves no fits, a row
     no longer kept)."""
 
 
 def fitted_row(request: SemsoftRequest, found: Mapping[str, Any] | None) -> list[float]:
     """The probabilities, in the request's label order, of the fitted row the engine
-    kept for `request` (``{"probs": [...]}``), or `FitNotApplied` naming why there are
-    none (``{"reason": ...}``, or no row: `found` None)."""
+    kept for `request` (`{"probs": [...]}`), or `FitNotApplied` naming why there are
+    none (`{"reason": ...}`, or no row: `found` None)."""
     if found is None:
         raise FitNotApplied(
             f"semsoft_fit={request.fit!r}: the engine kept no fitted row for this request "
@@ -155,7 +155,7 @@ def read_scores(
     greedy : the engine picked the argmax (temperature 0); a sampled pick may be any label
     plugin : the plugin constrained the generation (False: a server without it)
     fitted : the probabilities a fit gave this row inside the engine, in the request's
-        label order (``semsoft_fit``): they are the result's ``probs`` (and its label in
+        label order (`semsoft_fit`): they are the result's `probs` (and its label in
         observe mode), and rule 2 holds against them
     """
     client = client_model(model, allow_download=allow_download)

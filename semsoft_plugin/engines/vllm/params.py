@@ -307,7 +307,7 @@ def sampling_params(
     mode : ``"constrain"`` (default) or ``"observe"``
     trigger : decide after this generated text (e.g. ``"</think>"``)
     leading_space : score labels as whole words after a space
-    fit : the name of a fit the engine serves (``semsoft_plugin.app.vllm_fits``): its
+    fit : the name of a fit the engine serves (`semsoft_plugin.app.vllm_fits`): its
         probabilities replace the scores and, in constrain mode, choose the label
     **kwargs : any other ``SamplingParams`` argument. Defaults: greedy
         (``temperature=0``), ``logprobs=k``, ``max_tokens`` = the longest label's

@@ -1,7 +1,7 @@
 """The vLLM logits processor: Semantic Softmax inside the engine, for both model runners.
 
 How the scores come back, the decision step and async scheduling (placeholder output
-tokens) are explained in the package docstring (:mod:`semsoft_plugin.engines.vllm`).
+tokens) are explained in the package docstring ([`semsoft_plugin.engines.vllm`][semsoft_plugin.engines.vllm]).
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ from semsoft_plugin.engines.vllm.params import (
 )
 from semsoft_plugin.engines.vllm.reader_tables import (
     FitUse,
-    fitted_key,
-    keep,
-    record_fits,
+    apply_fits,
+    keep_reason,
     record_unscored,
 )
 
@@ -51,8 +50,8 @@ logger = logging.getLogger(__name__)
 
 
 def _known_length(tokens: Sequence[int], start: int) -> int:
-    """Length of the prefix of ``tokens`` free of async-scheduling placeholders
-    (``-1``), scanning from a little before ``start`` (earlier tokens were known)."""
+    """Length of the prefix of `tokens` free of async-scheduling placeholders
+    (`-1`), scanning from a little before `start` (earlier tokens were known)."""
     for i in range(max(0, start - 1), len(tokens)):
         if tokens[i] < 0:
             return i
@@ -60,10 +59,10 @@ def _known_length(tokens: Sequence[int], start: int) -> int:
 
 
 def _record_greedy_picks(logits: Tensor, rows: Tensor, group: list[tuple[int, Any]]) -> None:
-    """Remember, for greedy rows, the label the engine will sample from ``logits``.
+    """Remember, for greedy rows, the label the engine will sample from `logits`.
 
-    vLLM's greedy sampler takes ``argmax`` of the processed logits, and only this
-    processor's label scores are finite in these rows, so the same ``argmax`` here is
+    vLLM's greedy sampler takes `argmax` of the processed logits, and only this
+    processor's label scores are finite in these rows, so the same `argmax` here is
     the engine's pick (ties included). Used when async scheduling has not yet written
     the sampled token back (package docstring). Overwritten on every decision, so a
     discarded partial-prefill row never leaves a stale pick."""
@@ -90,7 +89,7 @@ _ENGINES_LOCK = threading.Lock()
 
 
 def _claim_engine(vllm_config: Any, runner: str, processor: Any) -> bool:
-    """Register ``processor`` as the one serving this engine; True if another already is
+    """Register `processor` as the one serving this engine; True if another already is
     (a subclass of the one registered takes over, whichever vLLM built first)."""
     key = (id(vllm_config), runner)
     with _ENGINES_LOCK:
@@ -126,18 +125,35 @@ class _Active:
 class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
     """Semantic Softmax label constraint for opted-in requests, for both vLLM runners.
 
-    Constructed by vLLM, never by hand: ``(vllm_config, device, is_pin_memory)`` by the
-    V1 model runner, ``(vllm_config, req_states)`` by Model Runner V2; the branch is
-    taken on those arguments. Requests without ``semsoft_labels`` in their
-    ``extra_args`` are never touched (their logits rows are not written).
+    Constructed by vLLM, never by hand: `(vllm_config, device, is_pin_memory)` by the
+    V1 model runner, `(vllm_config, req_states)` by Model Runner V2; the branch is
+    taken on those arguments. Requests without `semsoft_labels` in their
+    `extra_args` are never touched (their logits rows are not written).
 
     What it does for an opted-in request in constrain mode: at the decision step,
-    only the labels' answer tokens keep a finite logit, set to ``log P_sem``; the
+    only the labels' answer tokens keep a finite logit, set to `log P_sem`; the
     remaining tokens of the sampled label are then forced, then EOS. In observe mode
     it does nothing in the engine (the scores are read from the output).
 
     The embeddings and the tokenizer are loaded on the first opted-in request, so an
     engine that merely has the plugin installed (entry point) pays nothing.
+
+    Examples
+    --------
+    vLLM builds it; pass the class (or install the package: the entry point loads it)
+    and opt a request in with [`sampling_params`][semsoft_plugin.engines.vllm.sampling_params]:
+
+    ```python
+    from vllm import LLM
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines import vllm as semsoft
+
+    llm = LLM(str(models.resolve("default")), max_logprobs=50,
+              logits_processors=[semsoft.SemanticSoftmaxLogitsProcessor])
+    params = semsoft.sampling_params(["positive", "negative"])
+    out = llm.generate(["Review: I loved it. Sentiment:"], params)[0]
+    out.outputs[0].text                     # ' positive': a label, drawn from the scores
+    ```
     """
 
     def __init__(self, vllm_config: VllmConfig, *args: Any) -> None:
@@ -236,11 +252,11 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         return _Active(request, scoring, eos, greedy=greedy, fit=fit)
 
     def _fit_use(self, request: SemsoftRequest) -> FitUse | str:
-        """The fit a request names, or why not (``app.vllm_fits`` serves a fit folder)."""
+        """The fit a request names, or why not (`app.vllm_fits` serves a fit folder)."""
         return f"fit {request.fit!r} not applied: this engine's processor serves no fits"
 
     def _warn(self, key: str, message: str) -> None:
-        """Log ``message`` once per ``key`` among the last ``CACHE_SIZE`` distinct keys."""
+        """Log `message` once per `key` among the last `CACHE_SIZE` distinct keys."""
         if key in self._warned:
             self._warned.move_to_end(key)
             return
@@ -311,11 +327,11 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         return logits
 
     def _plan(self, state: _Active, generated: Any, j: int) -> str | int | None:
-        """What to do to the row that samples output token ``j``: decide, force a
+        """What to do to the row that samples output token `j`: decide, force a
         token (int) or nothing. Derived from the output tokens only, so rows whose
         sample is discarded (partial prefills) leave no trace.
 
-        A ``-1`` in the output tokens is an async-scheduling placeholder for a token
+        A `-1` in the output tokens is an async-scheduling placeholder for a token
         sampled but not yet copied to the host (package docstring): it is never read
         as a token. The trigger search stops before it and resumes there on a later
         step; a decision-step token that is still a placeholder is taken from the
@@ -373,12 +389,12 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         return None
 
     def _decide(self, logits: Tensor, group: list[tuple[int, _Active]]) -> None:
-        """Write ``log P_sem`` into the label tokens of rows at their decision step.
+        """Write `log P_sem` into the label tokens of rows at their decision step.
 
         A row it cannot score (NaN or +inf logits, every token masked), or every row of
         a label set whose scoring fails, is left exactly as the engine had it, and so is
         the rest of that request (no label is forced): one bad row must never fail the
-        batch, its neighbours go on. The request is recorded in ``_UNSCORED`` so that
+        batch, its neighbours go on. The request is recorded in `_UNSCORED` so that
         the reader reports why instead of returning scores for text it did not choose.
         """
         scoring = group[0][1].scoring
@@ -411,7 +427,9 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             for _, state in group:
                 self._leave_unscored(state, f"scoring failed: {error}")
             return
-        probs = self._fitted(group, picked, result.probs)
+        decisions = [(st.fit, st.request.fit, st.prompt_ids, st.output_ids, st.decided_at)
+                     for _, st in group]  # fmt: skip
+        probs = apply_fits(decisions, picked, result.probs)
         log_p = probs.clamp_min(1e-30).log().to(logits.device, logits.dtype)
         write = [i for i, (_, state) in enumerate(group) if state.request.mode == "constrain"]
         if len(write) < len(group):  # observe: the row was read, never written
@@ -420,29 +438,6 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         logits[rows] = float("-inf")
         logits[rows.unsqueeze(1), answer.unsqueeze(0)] = log_p
         _record_greedy_picks(logits, rows, group)
-
-    def _fitted(self, group: list[tuple[int, _Active]], picked: Tensor, probs: Tensor) -> Tensor:
-        """``probs`` with each row that names a fit and can be read replaced by the fit's
-        probabilities; every fitted row (or why it was not fitted) kept for the readers."""
-        uses: list[tuple[int, FitUse, str | None]] = []
-        for i, (_, state) in enumerate(group):
-            if state.fit is None:
-                continue
-            prompt, before = state.prompt_ids, (state.output_ids or [])[: state.decided_at or 0]
-            key = None if prompt is None else fitted_key(state.request.fit or "", prompt, before)
-            if isinstance(state.fit, str):
-                if key is not None:
-                    keep(key, {"reason": state.fit})
-                continue
-            uses.append((i, state.fit, key))
-        if not uses:
-            return probs
-        fitted = record_fits([(use, key) for _, use, key in uses], picked[[i for i, *_ in uses]])
-        probs = probs.clone()
-        for (i, *_), row in zip(uses, fitted, strict=True):
-            if row is not None:
-                probs[i] = row.to(probs.dtype)
-        return probs
 
     def _warn_placeholder(self) -> None:
         self._warn(
@@ -464,8 +459,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             before = state.output_ids[: state.decided_at or 0]
             record_unscored(state.prompt_ids, before, reason)
             if state.fit is not None:
-                keep(fitted_key(state.request.fit or "", state.prompt_ids, before),
-                     {"reason": f"fit {state.request.fit!r} not applied: {reason}"})  # fmt: skip
+                keep_reason(state.request.fit or "", state.prompt_ids, before, reason)
 
     def _v2_rows(self, logits: Tensor, ctx: LogitsContext) -> list[tuple[int, _Active, Any, int]]:
         slots = ctx.idx_mapping_np

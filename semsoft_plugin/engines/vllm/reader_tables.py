@@ -4,28 +4,28 @@ rows a fit scored inside the engine, with the channel that carries them out.
 **Unscored rows** (a NaN row, every token masked, a failed scoring) are recorded with the
 reason for the readers in the same process (`unscored_reason`).
 
-**Fitted rows.** A request that names a fit (``semsoft_fit``) is scored by the fit's probe on the decision
+**Fitted rows.** A request that names a fit (`semsoft_fit`) is scored by the fit's probe on the decision
 step's logits row, in the engine's processor
-([LogitsProbe][semsoft_plugin.core.row_probe.LogitsProbe]: ``h = W⁺ (z - b)``, each row
-judged by its residual). The label answer tokens then carry ``log P_fit`` (constrain
+([LogitsProbe][semsoft_plugin.core.row_probe.LogitsProbe]: `h = W⁺ (z - b)`, each row
+judged by its residual). The label answer tokens then carry `log P_fit` (constrain
 mode), so the emitted label is the fit's argmax.
 
 **The channel.** vLLM returns no side data from a processor, and the log-probabilities it
-returns are taken before any processor runs (``raw_logprobs``), so neither the top-``k``
-nor any token's log-probability can carry ``P_fit`` or ``h``. The processor therefore keeps
+returns are taken before any processor runs (`raw_logprobs`), so neither the top-`k`
+nor any token's log-probability can carry `P_fit` or `h`. The processor therefore keeps
 each fitted row in a bounded table in the engine's worker process, under a key made of
 the fit's name, the prompt's token ids and the tokens generated before the decision
 step (`fitted_key`), which the reader can rebuild from the ordinary output. vLLM's
-``collective_rpc`` reads it across the process boundary: the worker extension
-``semsoft_plugin.app.vllm_fits.FittedRows`` (``LLM(worker_extension_cls=...)``,
-``--worker-extension-cls``) gives the worker the method `RPC_METHOD`. The offline reader
-(``label_scores`` given the ``LLM``) calls it itself; on the server the admission
+`collective_rpc` reads it across the process boundary: the worker extension
+`semsoft_plugin.app.vllm_fits.FittedRows` (`LLM(worker_extension_cls=...)`,
+`--worker-extension-cls`) gives the worker the method `RPC_METHOD`. The offline reader
+(`label_scores` given the `LLM`) calls it itself; on the server the admission
 middleware calls it once per response and writes each choice's row into the response as
-``semsoft_fitted`` (`RESPONSE_FITTED`), which ``openai_label_scores`` reads.
+`semsoft_fitted` (`RESPONSE_FITTED`), which `openai_label_scores` reads.
 
 A row the fit cannot score is recorded with the reason (a residual above the tolerance:
-``logit_bias``, ``min_tokens``, allowed-token or bad-word masks, structured outputs, an
-earlier processor; NaN or masked logits); the reader raises ``FitNotApplied`` with it.
+`logit_bias`, `min_tokens`, allowed-token or bad-word masks, structured outputs, an
+earlier processor; NaN or masked logits); the reader raises `FitNotApplied` with it.
 """
 
 from __future__ import annotations
@@ -51,6 +51,9 @@ __all__ = [
     "FIT_PROCESSOR",
     "RPC_METHOD",
     "FitUse",
+    "apply_fits",
+    "keep",
+    "keep_reason",
     "fitted_key",
     "fitted_rows",
     "record_fits",
@@ -110,7 +113,7 @@ class FitUse:
     Attributes
     ----------
     name : str
-        The fit's name (``semsoft_fit``).
+        The fit's name (`semsoft_fit`).
     probe : LogitsProbe
         The probe on the logits row.
     order : tuple of int
@@ -184,8 +187,61 @@ def record_fits(uses: Sequence[tuple[FitUse, str | None]], picked: Tensor) -> li
     return out
 
 
+def apply_fits(
+    decisions: Sequence[
+        tuple[Any, str | None, Sequence[int] | None, Sequence[int] | None, int | None]
+    ],
+    picked: Tensor,
+    probs: Tensor,
+) -> Tensor:
+    """`probs` (`[N, L]`, the rows' Semantic Softmax) with each row that names a fit and
+    can be read replaced by the fit's probabilities; every fitted row, or why it was not
+    fitted, is kept for the readers.
+
+    Parameters
+    ----------
+    decisions : sequence of tuples
+        Per row of `picked`: its `FitUse` (or why the engine cannot apply the fit it
+        names, or None: no fit), the fit's name, the prompt's token ids, the output token
+        ids and the index of the decision step among them.
+    picked : Tensor
+        `[N, V]` the decision-step logits rows, as the processor got them.
+    probs : Tensor
+        `[N, L]` the rows' scores without the fit.
+
+    Returns
+    -------
+    Tensor
+        `probs`, with the fitted rows replaced (a copy when any is).
+    """
+    uses: list[tuple[int, FitUse, str | None]] = []
+    for i, (fit, name, prompt, output, step) in enumerate(decisions):
+        if fit is None:
+            continue
+        before = list(output or [])[: step or 0]
+        key = None if prompt is None else fitted_key(name or "", prompt, before)
+        if isinstance(fit, str):
+            if key is not None:
+                keep(key, {"reason": fit})
+            continue
+        uses.append((i, fit, key))
+    if not uses:
+        return probs
+    fitted = record_fits([(use, key) for _, use, key in uses], picked[[i for i, *_ in uses]])
+    probs = probs.clone()
+    for (i, *_), row in zip(uses, fitted, strict=True):
+        if row is not None:
+            probs[i] = row.to(probs.dtype)
+    return probs
+
+
+def keep_reason(fit: str, prompt: Sequence[int], before: Sequence[int], reason: str) -> None:
+    """Keep why the processor left a fitted request's row unscored (`reason`)."""
+    keep(fitted_key(fit, prompt, before), {"reason": f"fit {fit!r} not applied: {reason}"})
+
+
 def keep(key: str, entry: dict[str, Any]) -> None:
-    """Put one row (``{"probs", "residual"}`` or ``{"reason"}``) in the table."""
+    """Put one row (`{"probs", "residual"}` or `{"reason"}`) in the table."""
     with _LOCK:
         _TABLE[key] = entry
         _TABLE.move_to_end(key)
@@ -201,7 +257,7 @@ def fitted_rows(keys: Sequence[str]) -> list[dict[str, Any] | None]:
 
 
 def rpc_rows(llm: Any, keys: Sequence[str]) -> list[dict[str, Any] | None]:
-    """The fitted rows of `keys` from an offline ``vllm.LLM``'s workers (the first
+    """The fitted rows of `keys` from an offline `vllm.LLM`'s workers (the first
     worker's answer: every tensor-parallel rank computes the same rows)."""
     try:
         answers = llm.collective_rpc(RPC_METHOD, args=(list(keys),))
@@ -215,7 +271,7 @@ def rpc_rows(llm: Any, keys: Sequence[str]) -> list[dict[str, Any] | None]:
 
 
 def fit_refusal(model_config: Any, parallel_config: Any) -> str | None:
-    """Why an engine with these configs cannot serve a ``semsoft_fit`` request (its
+    """Why an engine with these configs cannot serve a `semsoft_fit` request (its
     processor and worker extension not loaded), or None."""
     processors = [
         p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}"
