@@ -246,16 +246,37 @@ def add_tune_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--n-folds", type=int, default=5, help="cross-validation folds")
     parser.add_argument(
-        "--output", default="semsoft-config.json", help="the config file to write"
+        "--output",
+        default="semsoft-config.json",
+        help="the config file to write (.json; checked before the tune starts)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --output"
     )
     parser.add_argument("--report", help="also write the full tuning report (JSON)")
     parser.set_defaults(func=run_tune)
+
+
+def _check_fit_output(output: Path, *, overwrite: bool) -> None:
+    """``tune --output``, checked before the tune: a ``.json`` name in a folder that
+    exists and can be written, not a folder, and an existing file only with
+    ``--overwrite``; ``ValueError`` naming the path."""
+    if output.suffix.lower() != ".json":
+        raise ValueError(
+            f"--output {output}: a fit is written as JSON; name the file with a .json suffix"
+        )
+    from semsoft_plugin.app.file_plan import check_output_place
+
+    check_output_place(output)
+    if output.exists() and not overwrite:
+        raise ValueError(f"--output {output} exists: pass --overwrite to replace it")
 
 
 def run_tune(args: argparse.Namespace) -> int:
     from semsoft_eval.tune import format_tune, tune_dataset
     from semsoft_plugin.app.fitted import save_fitted
 
+    _check_fit_output(Path(args.output), overwrite=args.overwrite)
     start = start_from_args(args)
     grid = grid_from_args(args, skip=_FITTED)
     result = tune_dataset(
@@ -277,7 +298,7 @@ def run_tune(args: argparse.Namespace) -> int:
         **_data_options(args),
     )
     print(format_tune(result))
-    save_fitted(args.output, result.config, result.correction)
+    save_fitted(args.output, result.config, result.correction, result.identity)
     print(f"config written to {args.output}", file=sys.stderr)
     if args.report:
         Path(args.report).write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")

@@ -32,6 +32,7 @@ import torch
 from semsoft_eval import calibrate, metrics
 from semsoft_eval.forward import Forward
 from semsoft_eval.preparation import prepare
+from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256
 from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.probe import fit_probe, probe_member, probe_refused
 from semsoft_plugin.core import fit_family, fitting, kept_scores
@@ -75,6 +76,8 @@ class TuneResult:
     fold_choices : what the fit chose on each fold's training part
     correction : what a bias member or the probe adds after ``config`` (fitted on all
         items), or None
+    identity : what the fit was made on (labels, prompt, the model's output layer), set
+        by `tune_dataset`; what `save_fitted` records beside a correction
     """
 
     config: SemsoftConfig
@@ -83,6 +86,7 @@ class TuneResult:
     fold_choices: list[dict[str, Any]]
     seconds: float
     correction: FittedCorrection | None = None
+    identity: FitIdentity | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -277,7 +281,7 @@ def tune_dataset(
         hidden=family is None or "probe" in family,
         **data_options,
     )
-    return tune(
+    result = tune(
         prepared.forward,
         prepared.embeddings,
         prepared.labels,
@@ -292,3 +296,6 @@ def tune_dataset(
         gold_sets=prepared.data.gold_sets,
         family=family,
     )
+    layer = output_layer_sha256(prepared.model_dir)
+    result.identity = FitIdentity(tuple(prepared.labels.names), prepared.template.to_dict(), layer)
+    return result

@@ -295,7 +295,7 @@ def test_read_output_drops_only_a_partial_last_record(tmp_path, suffix):
         (["--column-prefix", ""], "already has column(s) ['label']"),
         (["--engine-args", '{"dtype": "float32"}'], "apply only to --backend vllm"),
         (["--batch-size", "0"], "--batch-size 0 must be a positive integer"),
-        (["--json"], "--json is for one text"),
+        (["--json"], "--json does not apply to a file"),
         (["--prompt-file", "{tmp}/nope.json"], "prompt file not found"),
         (["--prompt", "Rate {txt}"], "unknown placeholder(s) ['txt']"),
         (["--labels", "positive"], "at least two"),

@@ -1,6 +1,6 @@
 """The package's layout keeps its layers: core (torch-only math) <- engines (one adapter
 per engine) <- app (classifier, CLI, tables, Ray), and semsoft_eval's modules import one
-another one way. Pinned here so that a new import, a circle or a grown module is caught at
+another one way. Pinned here so that a new import or a circle is caught at
 review time, not found later by a reader (or as an import that works only in one order)."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "semsoft_plugin"
 LAYERS = ("core", "engines", "app")  # each may import only from those before it
-MAX_LINES = 500
 
 
 def _modules(package: Path) -> list[Path]:
@@ -66,16 +65,6 @@ def test_a_layer_imports_only_from_the_layers_below(layer: str) -> None:
 def test_every_plugin_module_is_in_a_layer() -> None:
     loose = [p.name for p in PLUGIN.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
     assert loose == []
-
-
-@pytest.mark.parametrize("package", ["semsoft_plugin", "semsoft_eval"])
-def test_no_module_over_500_lines(package: str) -> None:
-    long = {
-        str(p.relative_to(ROOT)): n
-        for p in _modules(ROOT / package)
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
-    }
-    assert long == {}
 
 
 @pytest.mark.parametrize("package", ["semsoft_plugin", "semsoft_eval"])

@@ -331,11 +331,14 @@ class Classifier(EstimatorProtocol):
     def save_fit(self, path: Any) -> None:
         """Write ``fitted_config_`` and ``fitted_correction_`` to a config file (JSON; a
         probe's weights beside it with safetensors: :mod:`semsoft_plugin.app.fitted`)."""
+        from semsoft_plugin.app.classifier_fit import fit_identity
         from semsoft_plugin.app.fitted import save_fitted
 
         if "fitted_config_" not in self.__dict__:
             raise NotFittedError("save_fit needs a fitted classifier: call fit first")
-        save_fitted(path, self.fitted_config_, self.__dict__.get("fitted_correction_"))
+        correction = self.__dict__.get("fitted_correction_")
+        identity = None if correction is None else fit_identity(self, correction.labels)
+        save_fitted(path, self.fitted_config_, correction, identity)
 
     def load_fit(self, path: Any) -> Classifier:
         """Take the fit a config file holds (``semsoft tune``'s or :meth:`save_fit`'s) as

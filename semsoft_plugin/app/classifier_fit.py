@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from semsoft_plugin.app.fit_file import FitIdentity
 from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.app.texts import target_list
@@ -152,15 +153,26 @@ def fit_labelled(
     return result, FittedCorrection(result.procedure, tuple(names), offset=offset)
 
 
+def fit_identity(clf: Classifier, labels: Any) -> FitIdentity:
+    """What ``clf`` applies a fit with: ``labels`` (prompt order), its prompt and the
+    output layer of its model, found without loading it."""
+    from semsoft_plugin.app.classifier_settings import checked_settings
+    from semsoft_plugin.app.fit_file import run_identity
+
+    prompt, _ = checked_settings(clf)
+    return run_identity(labels, prompt, clf.model, allow_download=True)
+
+
 def loaded_fit(clf: Classifier, path: Any) -> tuple[Any, FittedCorrection | None]:
     """The config and correction a file holds, checked against ``clf``: its labels, no
     ``calibrate`` on top, and no probe on vLLM."""
     from semsoft_plugin.app import handles
-    from semsoft_plugin.app.fitted import load_fitted
+    from semsoft_plugin.app.fitted import read_fit
 
-    config, correction = load_fitted(path)
+    fit = read_fit(path)
+    config, correction = fit.config, fit.correction
     if correction is not None:
-        correction.check_labels(clf._names())
+        fit.check_run(fit_identity(clf, clf._names()))
         if clf.calibrate is not None:
             raise ValueError(
                 f"calibrate={clf.calibrate!r} with a fitted correction ({correction.procedure}) "

@@ -18,6 +18,7 @@ weights are saved with safetensors, never pickle. ``semsoft eval``'s ``probe`` m
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,21 +123,74 @@ class LinearProbe:
 
     @classmethod
     def load(cls, path: str | Path) -> tuple[LinearProbe, list[str]]:
-        """A probe written by :meth:`save` and its label names."""
-        from safetensors import safe_open
+        """A probe written by `save` and its label names, checked whole.
+
+        Parameters
+        ----------
+        path : str or Path
+            The safetensors file.
+
+        Returns
+        -------
+        tuple
+            The probe and its label names.
+
+        Raises
+        ------
+        ValueError
+            One line naming the file: missing, truncated or not safetensors, an array
+            missing, of the wrong shape or not finite, a ``scale`` not positive, a
+            ``seen`` index repeated or out of the labels' range, bad metadata.
+        """
+        from safetensors import SafetensorError, safe_open
 
         try:
             with safe_open(str(path), framework="numpy") as f:
                 meta = f.metadata() or {}
                 arrays = {k: f.get_tensor(k) for k in _ARRAYS}
             labels = json.loads(meta["labels"])
+            if not isinstance(labels, list) or not all(isinstance(n, str) for n in labels):
+                raise ValueError("its labels are not a list of names")
             probe = cls(**arrays, n_labels=len(labels), n_train=int(meta["n_train"]),
                         strength=float(meta["strength"]))  # fmt: skip
+            probe.check()
         except FileNotFoundError:
             raise ValueError(f"probe weights not found: {path}") from None
-        except (KeyError, ValueError, TypeError, OSError) as error:
+        except (KeyError, ValueError, TypeError, OSError, SafetensorError) as error:
             raise ValueError(f"{path} is not a probe written by semsoft ({error})") from None
         return probe, labels
+
+    def check(self) -> None:
+        """``ValueError`` naming the first array of the wrong shape or kind, or holding a
+        number that is not finite (a probe read from a file is untrusted input)."""
+        hidden = self.mean.shape[0] if self.mean.ndim == 1 else -1
+        seen = self.seen.shape[0] if self.seen.ndim == 1 else -1
+        shapes = {"mean": (hidden,), "scale": (hidden,), "weight": (seen, hidden),
+                  "bias": (seen,), "seen": (seen,)}  # fmt: skip
+        if hidden < 1 or seen < 1:
+            raise ValueError("mean and seen must be non-empty vectors")
+        for name, shape in shapes.items():
+            array = getattr(self, name)
+            if tuple(array.shape) != shape:
+                raise ValueError(f"{name} has shape {list(array.shape)}, not {list(shape)}")
+            if name != "seen" and not np.issubdtype(array.dtype, np.floating):
+                raise ValueError(f"{name} is {array.dtype}, not floating point")
+            if name != "seen" and not np.isfinite(array).all():
+                raise ValueError(f"{name} holds a number that is not finite")
+        if not (self.scale > 0).all():
+            raise ValueError("scale holds a value that is not positive")
+        if not np.issubdtype(self.seen.dtype, np.integer):
+            raise ValueError(f"seen is {self.seen.dtype}, not integer label indices")
+        bad = [int(i) for i in self.seen if not 0 <= int(i) < self.n_labels]
+        if bad or len(set(self.seen.tolist())) != seen:
+            raise ValueError(
+                f"seen {self.seen.tolist()} must be distinct label indices in [0, "
+                f"{self.n_labels})"
+            )
+        if self.n_train < 1 or not math.isfinite(self.strength) or self.strength <= 0:
+            raise ValueError(
+                f"n_train {self.n_train} and strength {self.strength} must be positive"
+            )
 
 
 _ARRAYS = ("mean", "scale", "weight", "bias", "seen")
