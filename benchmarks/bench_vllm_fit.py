@@ -45,6 +45,7 @@ FIT = "sst2"
 def fit_on_transformers(checkpoint: str, prompts: list[Any], folder: Path) -> Any:
     """The probe on the hook's hidden states of `prompts` (transformers, float32), saved
     in `folder` as the fit `FIT`; returns it and the hook probe's rows."""
+    from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256
     from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
     from semsoft_plugin.app.probe import fit_probe
     from semsoft_plugin.core.config import SemsoftConfig
@@ -57,7 +58,10 @@ def fit_on_transformers(checkpoint: str, prompts: list[Any], folder: Path) -> An
     hidden = hook.rows(tokenizer, prompts, 8).double().numpy()
     probe = fit_probe(hidden, np.array(sst2_targets(len(prompts))), len(LABELS))
     correction = FittedCorrection("probe", tuple(LABELS), probe=probe)
-    save_fitted(folder / f"{FIT}.json", SemsoftConfig(), correction)
+    prompt = {"user": "Review: {text}\nIs the sentiment positive or negative?",
+              "answer_prefix": "Sentiment:", "system": None}  # fmt: skip
+    identity = FitIdentity(tuple(LABELS), prompt, output_layer_sha256(checkpoint))
+    save_fitted(folder / f"{FIT}.json", SemsoftConfig(), correction, identity)
     del model
     return probe, probe.probs(hidden)
 

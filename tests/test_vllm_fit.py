@@ -22,6 +22,7 @@ vllm = pytest.importorskip("vllm")
 
 from vllm import SamplingParams  # noqa: E402
 
+from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256  # noqa: E402
 from semsoft_plugin.app.fitted import FittedCorrection, save_fitted  # noqa: E402
 from semsoft_plugin.app.probe import fit_probe  # noqa: E402
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
@@ -55,7 +56,7 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def fits(hf_model, tmp_path_factory) -> dict[str, Any]:
+def fits(hf_model, checkpoint, tmp_path_factory) -> dict[str, Any]:
     """A probe fitted on the hook's hidden states (transformers, float32) and a fit
     folder: the good fit and the bad ones, each under its name."""
     from safetensors.numpy import save_file
@@ -71,28 +72,28 @@ def fits(hf_model, tmp_path_factory) -> dict[str, Any]:
     probe = fit_probe(hidden, targets, 2)
     folder = tmp_path_factory.mktemp("fits")
     labels = tuple(SENTIMENT)
-    save_fitted(
-        folder / "sentiment.json", SemsoftConfig(), FittedCorrection("probe", labels, probe=probe)
-    )
-    # The same probe, its columns in the other order: the request's order is kept.
+    layer = output_layer_sha256(checkpoint)
+    prompt = {"user": "Classify the sentiment of this review: '{text}' Answer positive or "
+              "negative.", "answer_prefix": "Sentiment:", "system": None}  # fmt: skip
+
+    def save(name: str, correction: FittedCorrection, output_layer: str = layer) -> None:
+        identity = FitIdentity(correction.labels, prompt, output_layer)
+        save_fitted(folder / f"{name}.json", SemsoftConfig(), correction, identity)
+
+    save("sentiment", FittedCorrection("probe", labels, probe=probe))
+    # The same data fitted with the labels the other way round: the request's order is kept.
     swapped = fit_probe(hidden, 1 - targets, 2)
-    save_fitted(folder / "swapped.json", SemsoftConfig(),
-                FittedCorrection("probe", labels[::-1], probe=swapped))  # fmt: skip
-    other = fit_probe(hidden, targets, 2)
-    save_fitted(folder / "topics.json", SemsoftConfig(),
-                FittedCorrection("probe", ("sports", "politics"), probe=other))  # fmt: skip
-    small = fit_probe(hidden[:, :7], targets, 2)  # another model's hidden size
-    save_fitted(folder / "other_model.json", SemsoftConfig(),
-                FittedCorrection("probe", labels, probe=small))  # fmt: skip
-    save_fitted(folder / "offset.json", SemsoftConfig(),
-                FittedCorrection("offset", labels, offset=(0.5, -0.5)))  # fmt: skip
-    save_fitted(folder / "truncated.json", SemsoftConfig(),
-                FittedCorrection("probe", labels, probe=probe))  # fmt: skip
-    weights = folder / "truncated.probe.safetensors"
+    save("swapped", FittedCorrection("probe", labels[::-1], probe=swapped))
+    save("topics", FittedCorrection("probe", ("sports", "politics"), probe=probe))
+    save("other_model", FittedCorrection("probe", labels, probe=probe), "0" * 64)
+    small = fit_probe(hidden[:, :7], targets, 2)  # a probe of another hidden size
+    save("wrong_size", FittedCorrection("probe", labels, probe=small))
+    save("offset", FittedCorrection("offset", labels, offset=(0.5, -0.5)))
+    save("truncated", FittedCorrection("probe", labels, probe=probe))
+    weights = folder / "truncated.json.probe.safetensors"
     weights.write_bytes(weights.read_bytes()[:300])
-    save_file({"x": np.zeros(2)}, str(folder / "tampered.probe.safetensors"))
-    (folder / "tampered.json").write_text((folder / "sentiment.json").read_text()
-                                          .replace("sentiment.probe", "tampered.probe"))  # fmt: skip
+    save("tampered", FittedCorrection("probe", labels, probe=probe))
+    save_file({"x": np.zeros(2)}, str(folder / "tampered.json.probe.safetensors"))
     return {"folder": folder, "probe": probe, "hidden": hidden, "swapped": swapped}
 
 
@@ -144,7 +145,8 @@ def test_vllm_rows_equal_the_hook_probe(fit_llm, fits) -> None:
     [
         ("nowhere", r"semsoft_fit='nowhere' is not a fit this engine serves"),
         ("topics", r"fitted for the labels \['sports', 'politics'\]"),
-        ("other_model", r"other_model.*hidden states of size 7.*another model"),
+        ("other_model", r"other_model.*output layer has sha256 0000000000000000"),
+        ("wrong_size", r"wrong_size.*hidden states of size 7, this model's are 576"),
         ("offset", r"offset.*only a probe fit is applied inside the engine"),
         ("truncated", r"truncated.*refused at load"),
         ("tampered", r"tampered.*refused at load"),
@@ -230,7 +232,7 @@ def test_server_rows_equal_the_hook_probe_and_bad_fits_are_400(fit_server, fits,
     refused = {
         "nowhere": "is not a fit this engine serves",
         "topics": "fitted for the labels",
-        "other_model": "another model",
+        "other_model": "output layer has sha256",
         "truncated": "refused at load",
     }
     for name, message in refused.items():

@@ -78,20 +78,26 @@ _FOLDERS: dict[tuple[str, str], dict[str, ServedFit]] = {}
 _FOLDERS_LOCK = threading.Lock()
 
 
-def _load_one(path: Path, hidden_size: int) -> ServedFit:
-    from semsoft_plugin.app.fitted import load_fitted
+def _load_one(path: Path, layer: str, hidden_size: int) -> ServedFit:
+    """One fit file, read with the fit-file checker and checked against the engine's
+    model (`layer`: its output layer's sha256 as stored; `hidden_size`)."""
+    from semsoft_plugin.app.fit_file import FitIdentity
+    from semsoft_plugin.app.fitted import read_fit
 
     name = path.name[: -len(".json")]
     try:
         fit_name(name)
-        _, correction = load_fitted(path)
-        if correction is None or correction.probe is None:
+        fit = read_fit(path)
+        correction = fit.correction
+        if correction is None or correction.probe is None or fit.identity is None:
             what = "a plain config" if correction is None else f"a {correction.procedure!r} fit"
             raise ValueError(f"it is {what}: only a probe fit is applied inside the engine")
+        # The labels and the prompt are the request's to match; the model is the engine's.
+        fit.check_run(FitIdentity(fit.identity.labels, fit.identity.prompt, layer))
         if len(correction.probe.mean) != hidden_size:
             raise ValueError(
                 f"its probe reads hidden states of size {len(correction.probe.mean)}, this "
-                f"model's are {hidden_size}: it was fitted on another model"
+                f"model's are {hidden_size}"
             )
         return ServedFit(name, correction.labels, correction.probe)
     except Exception as error:  # any file the checker cannot read is refused, by name
@@ -113,13 +119,12 @@ def served_fits(model_config: Any) -> dict[str, ServedFit]:
             root = Path(folder)
             if not root.is_dir():
                 raise ValueError(f"{FIT_DIR_ENV}={folder!r} is not a folder")
-            found = {
-                fit.name: fit
-                for fit in (
-                    _load_one(p, int(model_config.get_hidden_size()))
-                    for p in sorted(root.glob("*.json"))
-                )
-            }
+            from semsoft_plugin.app.fit_file import output_layer_sha256
+
+            layer = output_layer_sha256(str(model_config.model))
+            size = int(model_config.get_hidden_size())
+            paths = sorted(root.glob("*.json"))
+            found = {fit.name: fit for fit in (_load_one(p, layer, size) for p in paths)}
             for fit in found.values():
                 if fit.refusal is not None:
                     logger.warning("semsoft: %s", fit.refusal)
