@@ -420,7 +420,7 @@ def test_tune_searches_the_family_and_writes_what_classify_reads(tmp_path, capsy
     adopted = not tuned["fit"]["kept_default"] and procedure != "temperature"
     assert (correction is not None) == adopted
     assert tuned["correction"] == (None if correction is None else correction.to_dict())
-    assert main([*argv[:6], "vector", *argv[7:]]) == 2
+    assert main([*argv[:6], "vector", *argv[7:], "--overwrite"]) == 2
     assert "unknown fit family member 'vector'" in capsys.readouterr().err
 
 

@@ -524,3 +524,15 @@ def test_a_fit_saved_with_nfd_labels_loads_with_nfc_ones(tmp_path, made_on):
     with pytest.raises(ValueError, match=r"U\+0301"):  # the code points, not the same print twice
         fit.check_run(FitIdentity(("cafe", "the"), DEFAULT_TEMPLATE.to_dict(),
                                   made_on.output_layer), "fit")  # fmt: skip
+
+
+def test_the_classifier_refuses_another_prompt_and_an_old_file(tmp_path, made_on, no_model):
+    from semsoft_plugin import Classifier
+
+    fit = offset_fit(tmp_path / "fit.json", made_on)
+    other = PromptTemplate("Is this good? {text}", answer_prefix="Label:")
+    with pytest.raises(ValueError, match="prompt's user"):
+        Classifier(MODEL, labels=list(LABELS), prompt=other).load_fit(fit)
+    edited(fit, lambda f: f.pop("format"))
+    with pytest.raises(ValueError, match="older version.*fit again"):
+        Classifier(MODEL, labels=list(LABELS)).load_fit(fit)
