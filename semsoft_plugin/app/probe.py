@@ -88,9 +88,19 @@ class LinearProbe:
         return np.asarray(probs.numpy(), dtype=np.float64)
 
     def on_logits(self, inverse: LogitsInverse) -> LogitsProbe:
-        """This probe applied to the decision step's logits row of the model it was
-        fitted on (`inverse` is that model's output layer inverse): the same scores,
-        read through ``h = W⁺ (z - b)``, each row judged by its residual."""
+        """This probe applied to the decision step's logits row of its model.
+
+        Parameters
+        ----------
+        inverse : LogitsInverse
+            The output layer's inverse of the model the probe was fitted on.
+
+        Returns
+        -------
+        LogitsProbe
+            The same scores, read through `h = W⁺ (z - b)`, each row judged by its
+            residual.
+        """
         import torch
 
         from semsoft_plugin.core.row_probe import LogitsProbe
