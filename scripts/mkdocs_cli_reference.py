@@ -32,6 +32,8 @@ def _flags(action: argparse.Action) -> str:
 def _default(action: argparse.Action) -> str:
     if action.nargs == 0 or action.default in (None, argparse.SUPPRESS, False):
         return ""
+    if action.default == "":
+        return '`""`'  # an empty string: a bare pair of backticks would print as ``
     return f"`{action.default}`"
 
 

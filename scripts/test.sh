@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the test dependencies (first run only), then runs CI's two lanes:
 #   fast: ruff on the whole repository, mypy on both packages, the documentation site
-#         (mkdocs build --strict into a temporary folder: warnings are errors), every test
+#         (mkdocs build --strict into a temporary folder: warnings are errors, a dead link
+#         is one; tests/test_site.py then checks that build's HTML), every test
 #         that starts no engine (pytest -m "not engine": the math, the adapters on the small
 #         model, the CLI, the readers, the eval, the docstring examples); a failure here
 #         stops before the slow lane.
@@ -41,6 +42,8 @@ start=$SECONDS
 site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT
 NO_MKDOCS_2_WARNING=1 "$py" -m mkdocs build --strict --quiet --site-dir "$site"
+# tests/test_site.py reads this build instead of building the site again.
+export SEMSOFT_SITE_DIR="$site"
 lane -m "not engine" "$@"
 echo "CI fast lane (ruff, mypy, docs, engine-free tests): passed in $((SECONDS - start)) s"
 

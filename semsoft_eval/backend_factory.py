@@ -1,10 +1,10 @@
-"""Choosing and building a :class:`~semsoft_eval.backends.Backend`: the registry of engines.
+"""Choosing and building a `semsoft_eval.backends.Backend`: the registry of engines.
 
-:func:`load_backend` builds one from a model name on a named engine, :func:`as_backend`
+`load_backend` builds one from a model name on a named engine, `as_backend`
 wraps an already loaded model. This is the only module that knows the engines'
-implementations, so it sits on top: it imports :mod:`semsoft_eval.backend_transformers`
-and :mod:`semsoft_eval.backend_vllm`, and neither of them (nor
-:mod:`semsoft_eval.backends`) imports it. Neither engine is imported here: those modules
+implementations, so it sits on top: it imports `semsoft_eval.backend_transformers`
+and `semsoft_eval.backend_vllm`, and neither of them (nor
+`semsoft_eval.backends`) imports it. Neither engine is imported here: those modules
 import transformers and vLLM only when a method of theirs runs.
 """
 
@@ -32,12 +32,17 @@ def load_backend(
 
     Parameters
     ----------
-    model : what :func:`semsoft_plugin.engines.models.resolve` takes ("default", a name, a dir)
-    engine : ``"transformers"`` (or ``"hf"``) or ``"vllm"``
-    seed : the vLLM engine's seed (its sampling is repeatable through it on CPU)
-    engine_args : ``vllm.LLM`` arguments (e.g. ``{"tensor_parallel_size": 4}``); refused
+    model : str
+        What `semsoft_plugin.engines.models.resolve` takes ("default", a name, a dir)
+    engine : str
+        `"transformers"` (or `"hf"`) or `"vllm"`
+    seed : int
+        The vLLM engine's seed (its sampling is repeatable through it on CPU)
+    engine_args : Mapping[str, Any] | None
+        `vllm.LLM` arguments (e.g. `{"tensor_parallel_size": 4}`); refused
         for transformers, where nothing would read them
-    dtype : transformers weight dtype (vLLM: give ``engine_args={"dtype": ...}``)
+    dtype : str
+        Transformers weight dtype (vLLM: give `engine_args={"dtype": ...}`)
     """
     from semsoft_plugin.engines import models
 
@@ -50,7 +55,7 @@ def load_backend(
 
 def as_backend(model: Any, tokenizer: Any = None) -> Backend:
     """The backend of an already loaded model: a transformers causal LM with its
-    tokenizer, a ``vllm.LLM`` (tokenizer optional), or a :class:`Backend` (returned as is).
+    tokenizer, a `vllm.LLM` (tokenizer optional), or a `Backend` (returned as is).
 
     This is the one place that tells the engines apart by the object's type.
     """

@@ -1,16 +1,16 @@
-"""The transformers :class:`~semsoft_eval.backends.Backend`.
+"""The transformers `semsoft_eval.backends.Backend`.
 
 The decision step goes through the adapter users call
-(:func:`semsoft_plugin.engines.hf.classify` with ``keep_logits=True``), so the evaluation never
+([`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify] with `keep_logits=True`), so the evaluation never
 scores items with a second implementation. Prompt formatting and left padding are the
-adapter's (:func:`semsoft_plugin.engines.hf.format_prompt`, :func:`~semsoft_plugin.engines.hf.left_padded`),
+adapter's (`semsoft_plugin.engines.hf.format_prompt`, `semsoft_plugin.engines.hf.left_padded`),
 so every pass here sees the tokens the adapter sees.
 
 The decision step also keeps the last layer's hidden state at the decision position
-(``DecisionStep.hidden``, the ``probe`` method's features): the input of the output
-layer, read by a forward pre-hook on it during the same ``generate`` call
-(:class:`~semsoft_plugin.engines.hf_hidden.HiddenAtDecision`, which ``Classifier`` uses
-too), so it costs no extra pass. (It is ``output_hidden_states=True``'s last entry at the last position:
+(`DecisionStep.hidden`, the `probe` method's features): the input of the output
+layer, read by a forward pre-hook on it during the same `generate` call
+(`semsoft_plugin.engines.hf_hidden.HiddenAtDecision`, which `Classifier` uses
+too), so it costs no extra pass. (It is `output_hidden_states=True`'s last entry at the last position:
 transformers applies the final norm before storing it.)
 """
 
@@ -178,7 +178,7 @@ class TransformersBackend:
         self, inputs: Sequence[Any], token_ids: Sequence[int], *, progress: bool = True
     ) -> Tensor:
         """Refused: transformers has no label-scoring endpoint of its own to compare with
-        (its softmax over the label tokens is the ``constrained`` method)."""
+        (its softmax over the label tokens is the `constrained` method)."""
         raise ValueError(
             "generative-scoring is vLLM's own label scoring (/generative_scoring): "
             "run it with backend='vllm' (--backend vllm); on transformers the same "
@@ -198,7 +198,7 @@ class TransformersBackend:
         keep_entropy: bool = False,
         progress: bool | None = None,
     ) -> Generations:
-        """``model.generate`` with ``num_return_sequences=n``; the global RNG is restored."""
+        """`model.generate` with `num_return_sequences=n`; the global RNG is restored."""
         from tqdm.auto import tqdm
 
         from semsoft_plugin.engines.prompting import encode_prompts, left_padded

@@ -1,7 +1,7 @@
-"""The vLLM :class:`~semsoft_eval.backends.Backend` (a ``vllm.LLM`` with the plugin).
+"""The vLLM `semsoft_eval.backends.Backend` (a `vllm.LLM` with the plugin).
 
-The decision step goes through :func:`semsoft_plugin.engines.vllm.classify_vllm`, which keeps
-the raw top-``k`` log-probabilities and the label tokens' raw log-probabilities. vLLM is
+The decision step goes through [`semsoft_plugin.engines.vllm.classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm], which keeps
+the raw top-`k` log-probabilities and the label tokens' raw log-probabilities. vLLM is
 imported only when a method here runs.
 """
 
@@ -27,7 +27,7 @@ VLLM_STORE_K = 256
 
 
 class VLLMBackend:
-    """A ``vllm.LLM`` (built with the plugin's logits processor) and its tokenizer."""
+    """A `vllm.LLM` (built with the plugin's logits processor) and its tokenizer."""
 
     name = "vllm"
 
@@ -39,7 +39,7 @@ class VLLMBackend:
     def load(
         cls, model_dir: Path, *, seed: int = 0, engine_args: Mapping[str, Any] | None = None
     ) -> VLLMBackend:
-        """A ``vllm.LLM`` with the plugin, keeping enough log-probabilities per step."""
+        """A `vllm.LLM` with the plugin, keeping enough log-probabilities per step."""
         from vllm import LLM
 
         from semsoft_plugin.core.request import ENTRY_POINT
@@ -76,7 +76,7 @@ class VLLMBackend:
         batch_size: int = 8,
         progress: bool = True,
     ) -> DecisionStep:
-        """``batch_size`` is unused: the engine schedules its own batches."""
+        """`batch_size` is unused: the engine schedules its own batches."""
         from semsoft_plugin.engines.vllm import classify_vllm
 
         results = classify_vllm(
@@ -97,10 +97,10 @@ class VLLMBackend:
     def sequence_logprobs(
         self, inputs: Sequence[Any], labels: LabelSet, *, batch_size: int = 8, progress: bool = True
     ) -> Tensor:
-        """Token ``j`` of a label is one request ``prompt + label[:j]`` with
-        ``max_tokens=1`` asking for exactly that token's log-probability
-        (``logprob_token_ids``): the shared prompt is served from vLLM's prefix cache,
-        where ``prompt_logprobs`` would re-run every prompt in full."""
+        """Token `j` of a label is one request `prompt + label[:j]` with
+        `max_tokens=1` asking for exactly that token's log-probability
+        (`logprob_token_ids`): the shared prompt is served from vLLM's prefix cache,
+        where `prompt_logprobs` would re-run every prompt in full."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -134,16 +134,16 @@ class VLLMBackend:
     def label_token_logprobs(
         self, inputs: Sequence[Any], token_ids: Sequence[int], *, progress: bool = True
     ) -> Tensor:
-        """``[N, M]`` full-vocabulary log-probabilities of ``token_ids`` as the next token,
-        read the way vLLM's ``POST /generative_scoring`` reads them (vLLM 0.32,
-        ``vllm/entrypoints/generate/generative_scoring/serving.py``): one request per
-        prompt with the server's own parameters, ``SamplingParams(max_tokens=1,
-        logprobs=M, logprob_token_ids=token_ids, n=1, watermarking=False)``, and each
-        token's log-probability from the first step's ``logprobs``.
+        """`[N, M]` full-vocabulary log-probabilities of `token_ids` as the next token,
+        read the way vLLM's `POST /generative_scoring` reads them (vLLM 0.32,
+        `vllm/entrypoints/generate/generative_scoring/serving.py`): one request per
+        prompt with the server's own parameters, `SamplingParams(max_tokens=1,
+        logprobs=M, logprob_token_ids=token_ids, n=1, watermarking=False)`, and each
+        token's log-probability from the first step's `logprobs`.
 
         The server's own serving class needs an async engine client and its renderer, so
         the offline engine sends the same requests instead; the scores are the server's
-        (``tests/test_vllm_generative.py`` compares them with a real request). One
+        (`tests/test_vllm_generative.py` compares them with a real request). One
         difference: the server cuts a prompt longer than the context, the engine refuses it.
         """
         from vllm import SamplingParams
@@ -178,7 +178,7 @@ class VLLMBackend:
         keep_entropy: bool = False,
         progress: bool | None = None,
     ) -> Generations:
-        """``SamplingParams(n=n)``; ``batch_size`` is unused (the engine schedules)."""
+        """`SamplingParams(n=n)`; `batch_size` is unused (the engine schedules)."""
         if keep_entropy:
             raise ValueError("keep_entropy needs a transformers model, not vLLM")
         from vllm import SamplingParams

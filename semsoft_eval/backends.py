@@ -1,23 +1,23 @@
 """The one seam between the evaluation and an inference engine.
 
-Everything the evaluation asks of a model goes through :class:`Backend`: the decision
-step's top-``k`` (what every Semantic Softmax method and baseline is scored from), the
+Everything the evaluation asks of a model goes through `Backend`: the decision
+step's top-`k` (what every Semantic Softmax method and baseline is scored from), the
 log-probability of each label's whole token sequence, the engine's own label scoring
-(vLLM's ``/generative_scoring``), free generation (self-consistency,
+(vLLM's `/generative_scoring`), free generation (self-consistency,
 verbal confidence, the distillation recipe's sampling) and the output embeddings the
-adapters score with. ``evaluate``, ``forward``, ``selfconsistency`` and ``tune`` hold a
+adapters score with. `evaluate`, `forward`, `selfconsistency` and `tune` hold a
 backend and never ask which engine it is; only
-:func:`~semsoft_eval.backend_factory.load_backend` and
-:func:`~semsoft_eval.backend_factory.as_backend` choose an implementation, so a new engine
+`semsoft_eval.backend_factory.load_backend` and
+`semsoft_eval.backend_factory.as_backend` choose an implementation, so a new engine
 is one module implementing this protocol and one line in each of them.
 
 This module holds what every side shares (the protocol, the values it returns, the engine
-names) and imports no backend, so the imports run one way: ``backends`` <- each engine's
-module (:mod:`semsoft_eval.backend_transformers`, :mod:`semsoft_eval.backend_vllm`) <-
-:mod:`semsoft_eval.backend_factory`.
+names) and imports no backend, so the imports run one way: `backends` <- each engine's
+module (`semsoft_eval.backend_transformers`, `semsoft_eval.backend_vllm`) <-
+`semsoft_eval.backend_factory`.
 
-Engine names are ``"transformers"`` and ``"vllm"`` (:data:`ENGINES`); ``"hf"`` is
-accepted as an alias for transformers (``semsoft classify --backend hf`` is documented).
+Engine names are `"transformers"` and `"vllm"` (`ENGINES`), on every path (`Classifier`,
+`semsoft classify`, `eval`, `tune`); the old spelling `"hf"` is refused naming `"transformers"`.
 """
 
 from __future__ import annotations
@@ -43,21 +43,21 @@ __all__ = [
 ]
 
 ENGINES = ("transformers", "vllm")
-_ALIASES = {"hf": "transformers"}
+_RENAMED = {"hf": "transformers"}  # old spelling -> the one name, refused
 
 Prompt = tuple[str, bool]  # a formatted prompt text, and whether it holds special tokens
 
 
 @dataclass
 class DecisionStep:
-    """The decision step of ``N`` prompts, as much of it as the methods need.
+    """The decision step of `N` prompts, as much of it as the methods need.
 
-    ``top_ids`` / ``top_values`` are ``[N, S]`` (sorted, highest first) and
-    ``label_values`` ``[N, M]`` for the ``M`` label token ids asked for. Values are raw
+    `top_ids` / `top_values` are `[N, S]` (sorted, highest first) and
+    `label_values` `[N, M]` for the `M` label token ids asked for. Values are raw
     logits (transformers) or log-probabilities (vLLM): they differ by one constant per
-    row, which every method here is invariant to. ``check`` is ``[N, L]``, the
+    row, which every method here is invariant to. `check` is `[N, L]`, the
     probabilities the engine's own adapter returned, to verify a rescoring.
-    ``hidden`` is ``[N, H]`` float32, the last layer's hidden state at the decision step
+    `hidden` is `[N, H]` float32, the last layer's hidden state at the decision step
     (what the output layer reads), where the engine gives it (transformers), else None.
     """
 
@@ -71,8 +71,8 @@ class DecisionStep:
 
 @dataclass
 class Generations:
-    """``texts[i]``: the ``n`` texts generated for prompt ``i``; ``entropies[i][j]``: the
-    raw next-token entropy (nats) at each step of text ``j``'s first line, when kept."""
+    """`texts[i]`: the `n` texts generated for prompt `i`; `entropies[i][j]`: the
+    raw next-token entropy (nats) at each step of text `j`'s first line, when kept."""
 
     texts: list[list[str]]
     entropies: list[list[list[float]]] | None = None
@@ -105,22 +105,22 @@ class Backend(Protocol):
         batch_size: int = 8,
         progress: bool = True,
     ) -> DecisionStep:
-        """Top-``store_k`` and the values of ``token_ids`` at the first generated token,
+        """Top-`store_k` and the values of `token_ids` at the first generated token,
         through the engine's own Semantic Softmax adapter (observe mode)."""
         ...
 
     def sequence_logprobs(
         self, inputs: Sequence[Any], labels: LabelSet, *, batch_size: int = 8, progress: bool = True
     ) -> Tensor:
-        """``[N, L]`` log P(each label's whole answer token sequence | prompt)."""
+        """`[N, L]` log P(each label's whole answer token sequence | prompt)."""
         ...
 
     def label_token_logprobs(
         self, inputs: Sequence[Any], token_ids: Sequence[int], *, progress: bool = True
     ) -> Tensor:
-        """``[N, M]`` full-vocabulary log-probabilities of ``token_ids`` as the next token,
+        """`[N, M]` full-vocabulary log-probabilities of `token_ids` as the next token,
         read through the engine's own label scoring where it has one (vLLM's
-        ``/generative_scoring``); an engine without one refuses."""
+        `/generative_scoring`); an engine without one refuses."""
         ...
 
     def generate(
@@ -136,24 +136,26 @@ class Backend(Protocol):
         keep_entropy: bool = False,
         progress: bool | None = None,
     ) -> Generations:
-        """``n`` texts per formatted prompt (plain temperature sampling, greedy at 0).
+        """`n` texts per formatted prompt (plain temperature sampling, greedy at 0).
 
-        ``batch_size`` is the number of prompts per call where the engine is batched by
-        hand (transformers); ``keep_entropy`` is refused where the engine cannot give it.
+        `batch_size` is the number of prompts per call where the engine is batched by
+        hand (transformers); `keep_entropy` is refused where the engine cannot give it.
         """
         ...
 
 
 def engine_name(value: Any, what: str = "backend") -> str:
-    """The engine's one spelling (``"hf"`` -> ``"transformers"``); anything else is refused."""
-    name = _ALIASES.get(value, value) if isinstance(value, str) else value
-    if name not in ENGINES:
-        raise ValueError(f"{what}={value!r} must be one of {ENGINES} (or 'hf' for transformers)")
-    return str(name)
+    """The engine's name, checked: one of `ENGINES`; the old spelling `"hf"` is refused
+    naming `"transformers"`, anything else naming the choices."""
+    if isinstance(value, str) and value in _RENAMED:
+        raise ValueError(f"{what}={value!r}: renamed: use {_RENAMED[value]!r}")
+    if value not in ENGINES:
+        raise ValueError(f"{what}={value!r} must be one of {ENGINES}")
+    return str(value)
 
 
 def check_engine_args(engine: Any, engine_args: Mapping[str, Any] | None) -> str:
-    """The engine's name; ``engine_args`` for an engine that reads none are refused."""
+    """The engine's name; `engine_args` for an engine that reads none are refused."""
     engine = engine_name(engine)
     if engine_args and engine != "vllm":
         raise ValueError(f"engine_args {dict(engine_args)!r} apply only to backend='vllm'")

@@ -1,7 +1,7 @@
-"""Post-hoc pieces shared by ``eval`` and ``tune``: folds, temperature fitting, baselines.
+"""Post-hoc pieces shared by `eval` and `tune`: folds, temperature fitting, baselines.
 
-The folds and the NLL temperature fit are the plugin's (:mod:`semsoft_plugin.core.fitting`
-and :mod:`semsoft_plugin.core.temperature_scaling`, which ``Classifier.fit`` runs),
+The folds and the NLL temperature fit are the plugin's (`semsoft_plugin.core.fitting`
+and `semsoft_plugin.core.temperature_scaling`, which `Classifier.fit` runs),
 re-exported here.
 
 Everything that needs labels (temperature scaling, the label prior) is *cross-fitted*:
@@ -17,7 +17,7 @@ import numpy as np
 from semsoft_eval.metrics import ece_numpy
 from semsoft_plugin.core import temperature_scaling
 from semsoft_plugin.core.calibration import debias
-from semsoft_plugin.core.fitting import stratified_folds
+from semsoft_plugin.core.folds import stratified_folds
 from semsoft_plugin.core.temperature_scaling import apply_temperature
 
 __all__ = [
@@ -34,7 +34,7 @@ _EPS = 1e-12
 
 
 def folds(n: int, n_folds: int, seed: int = 0) -> np.ndarray:
-    """A fold id in ``[0, n_folds)`` per item, balanced, fixed by ``seed``."""
+    """A fold id in `[0, n_folds)` per item, balanced, fixed by `seed`."""
     if n_folds < 2 or n < n_folds:
         raise ValueError(f"need at least {n_folds} items for {n_folds} folds, got {n}")
     ids = np.arange(n) % n_folds
@@ -48,7 +48,7 @@ def _ece(log_probs: np.ndarray, targets: np.ndarray, temperature: float) -> floa
 
 def fit_temperature(log_probs: np.ndarray, targets: np.ndarray, objective: str = "nll") -> float:
     """The temperature minimising NLL (the plugin's
-    :func:`~semsoft_plugin.core.temperature_scaling.fit_temperature`: convex in ``1/T``, golden-section
+    `semsoft_plugin.core.temperature_scaling.fit_temperature`: convex in `1/T`, golden-section
     search on log T) or ECE (not smooth: a grid of 81 log-spaced values, ties to the
     value nearest 1)."""
     log_probs = np.asarray(log_probs, dtype=np.float64)
@@ -90,6 +90,6 @@ def cross_fit_prior(targets: np.ndarray, n_labels: int, fold_ids: np.ndarray) ->
 def contextual(constrained: np.ndarray, content_free: np.ndarray) -> np.ndarray:
     """Contextual calibration (Zhao et al., 2021): divide the label probabilities by the
     mean label probabilities of content-free inputs, then renormalise (the plugin's
-    :func:`~semsoft_plugin.core.calibration.debias`, which ``Classifier`` uses too)."""
+    [`debias`][semsoft_plugin.core.calibration.debias], which `Classifier` uses too)."""
     reference = np.asarray(content_free, dtype=np.float64).mean(0)
     return debias(np.asarray(constrained, dtype=np.float64), reference)

@@ -73,14 +73,22 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
         type=_engine,
         choices=ENGINES,
         default="transformers",
-        help="engine that runs the forward passes: transformers ('hf' too) or vLLM (with "
-        "the plugin)",
+        help="engine that runs the forward passes: transformers or vLLM (with the plugin)",
     )
     parser.add_argument(
         "--engine-args",
         type=_json_object,
         help="vLLM engine arguments as JSON, e.g. '{\"tensor_parallel_size\": 4}'",
     )
+
+
+class _RenamedFlag(argparse.Action):
+    """An old flag, hidden from ``--help``: refused naming the new one."""
+
+    RENAMED = {"--no-temperature": "--no-score-temperature"}
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        parser.error(f"{option}: renamed: use {self.RENAMED[str(option)]}")
 
 
 def _engine(text: str) -> str:
@@ -221,7 +229,12 @@ def add_tune_parser(subparsers: Any) -> None:
         help="standard errors of out-of-fold NLL gain the fit needs to replace the start",
     )
     parser.add_argument(
-        "--no-temperature", action="store_true", help="do not fit a final temperature"
+        "--no-score-temperature",
+        action="store_true",
+        help="do not fit the final score temperature (score_temperature stays the start's)",
+    )
+    parser.add_argument(
+        "--no-temperature", nargs=0, action=_RenamedFlag, help=argparse.SUPPRESS
     )
     parser.add_argument(
         "--fit-family",
@@ -233,16 +246,37 @@ def add_tune_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--n-folds", type=int, default=5, help="cross-validation folds")
     parser.add_argument(
-        "--output", default="semsoft-config.json", help="the config file to write"
+        "--output",
+        default="semsoft-config.json",
+        help="the config file to write (.json; checked before the tune starts)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --output"
     )
     parser.add_argument("--report", help="also write the full tuning report (JSON)")
     parser.set_defaults(func=run_tune)
+
+
+def _check_fit_output(output: Path, *, overwrite: bool) -> None:
+    """``tune --output``, checked before the tune: a ``.json`` name in a folder that
+    exists and can be written, not a folder, and an existing file only with
+    ``--overwrite``; ``ValueError`` naming the path."""
+    if output.suffix.lower() != ".json":
+        raise ValueError(
+            f"--output {output}: a fit is written as JSON; name the file with a .json suffix"
+        )
+    from semsoft_plugin.app.file_plan import check_output_place
+
+    check_output_place(output)
+    if output.exists() and not overwrite:
+        raise ValueError(f"--output {output} exists: pass --overwrite to replace it")
 
 
 def run_tune(args: argparse.Namespace) -> int:
     from semsoft_eval.tune import format_tune, tune_dataset
     from semsoft_plugin.app.fitted import save_fitted
 
+    _check_fit_output(Path(args.output), overwrite=args.overwrite)
     start = start_from_args(args)
     grid = grid_from_args(args, skip=_FITTED)
     result = tune_dataset(
@@ -250,7 +284,7 @@ def run_tune(args: argparse.Namespace) -> int:
         args.dataset,
         start=start,
         grid=grid,
-        temperature=not args.no_temperature,
+        fit_score_temperature=not args.no_score_temperature,
         margin=args.margin,
         n_folds=args.n_folds,
         limit=args.limit,
@@ -264,7 +298,7 @@ def run_tune(args: argparse.Namespace) -> int:
         **_data_options(args),
     )
     print(format_tune(result))
-    save_fitted(args.output, result.config, result.correction)
+    save_fitted(args.output, result.config, result.correction, result.identity)
     print(f"config written to {args.output}", file=sys.stderr)
     if args.report:
         Path(args.report).write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")

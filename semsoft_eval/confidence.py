@@ -1,7 +1,7 @@
 """Confidence targets, the label-entropy guard, AUROC2, and reading answers and stated confidences.
 
 The second seed of the project (Cacioli, 2026, "Distilling Self-Consistency into Verbal
-Confidence"): sample ``n = 10`` answers at ``T = 0.7``, map the number of correct samples
+Confidence"): sample `n = 10` answers at `T = 0.7`, map the number of correct samples
 to a confidence target, and teach the model to state it. This module holds the pieces
 that need no engine: the target map, the guard that refuses a collapsed training set,
 the two figures the paper reports (AUROC2 and the ceiling rate), SQuAD-style answer
@@ -52,7 +52,7 @@ def _check_n(n: Any) -> int:
 
 
 def targets_from_samples(n_correct: Sequence[int] | np.ndarray, n: int = 10) -> np.ndarray:
-    """Vectorised :func:`target_from_samples`: one probability per item."""
+    """Vectorised `target_from_samples`: one probability per item."""
     n = _check_n(n)
     counts = np.asarray(n_correct)
     if counts.size and not np.issubdtype(counts.dtype, np.integer):
@@ -64,21 +64,21 @@ def targets_from_samples(n_correct: Sequence[int] | np.ndarray, n: int = 10) -> 
 
 
 def target_from_samples(n_correct: int, n: int = 10) -> float:
-    """The confidence target for an item with ``n_correct`` of ``n`` sampled answers right.
+    """The confidence target for an item with `n_correct` of `n` sampled answers right.
 
-    For ``n = 10`` this is the paper's table, :data:`PAPER_TARGETS` (as a probability:
-    ``target_from_samples(7) == 0.70``, ``target_from_samples(0) == 0.05``).
+    For `n = 10` this is the paper's table, `PAPER_TARGETS` (as a probability:
+    `target_from_samples(7) == 0.70`, `target_from_samples(0) == 0.05`).
 
-    Other ``n``: the paper's map is read at the same share, ``10 * n_correct / n``, and
+    Other `n`: the paper's map is read at the same share, `10 * n_correct / n`, and
     interpolated linearly between its points. This keeps what the table encodes (never
     0% nor 100%, 5% for no correct sample, 95% for all, 50% at half) and gives exactly the
-    table again when ``n`` is 10 (or a multiple of 10 at shares that are whole tenths):
-    ``target_from_samples(1, 20) == 0.10``, ``target_from_samples(3, 5) == 0.60``.
+    table again when `n` is 10 (or a multiple of 10 at shares that are whole tenths):
+    `target_from_samples(1, 20) == 0.10`, `target_from_samples(3, 5) == 0.60`.
 
     Raises
     ------
     ValueError
-        when ``n`` is not a positive int or ``n_correct`` is not an int in ``0..n``.
+        when `n` is not a positive int or `n_correct` is not an int in `0..n`.
     """
     if isinstance(n_correct, bool) or not isinstance(n_correct, int | np.integer):
         raise ValueError(f"n_correct={n_correct!r} must be an int")
@@ -88,7 +88,7 @@ def target_from_samples(n_correct: int, n: int = 10) -> float:
 def label_entropy(targets: Iterable[float], *, bin_width: float = 0.05) -> dict[str, float]:
     """Shannon entropy (bits) of the targets' histogram and the share of the commonest bin.
 
-    Targets are probabilities in ``[0, 1]``, binned to multiples of ``bin_width`` (the
+    Targets are probabilities in `[0, 1]`, binned to multiples of `bin_width` (the
     paper's targets all fall on distinct 5-point bins).
     """
     values = np.asarray(list(targets), dtype=np.float64)
@@ -134,16 +134,21 @@ def check_label_entropy(
 
     Parameters
     ----------
-    targets : confidence targets as probabilities in ``[0, 1]``
-    min_entropy_bits : refuse below this entropy (bits)
-    max_top_share : refuse when the commonest bin holds more than this share
-    bin_width : histogram bin width (probability)
-    what : how the set is named in the error message
+    targets : Iterable[float]
+        Confidence targets as probabilities in `[0, 1]`
+    min_entropy_bits : float
+        Refuse below this entropy (bits)
+    max_top_share : float
+        Refuse when the commonest bin holds more than this share
+    bin_width : float
+        Histogram bin width (probability)
+    what : str
+        How the set is named in the error message
 
     Returns
     -------
     dict
-        ``entropy_bits``, ``top_share``, ``top_value``, ``n``, ``n_values`` of a healthy set.
+        `entropy_bits`, `top_share`, `top_value`, `n`, `n_values` of a healthy set.
 
     Raises
     ------
@@ -201,7 +206,7 @@ def _probabilities(confidence: Any, size: int | None = None) -> np.ndarray:
 
 
 def auroc2(correct: Sequence[bool] | np.ndarray, confidence: Sequence[float] | np.ndarray) -> float:
-    """ROC AUC of ``confidence`` for telling correct from incorrect answers (type-2 AUROC).
+    """ROC AUC of `confidence` for telling correct from incorrect answers (type-2 AUROC).
 
     0.5 is chance, 1.0 means every correct answer got a higher confidence than every
     wrong one. NaN when all items are one class (the AUC is undefined there); callers
@@ -224,12 +229,12 @@ def auroc2_interval(
     n_resamples: int = 2000,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of :func:`auroc2`, items resampled with their labels.
+    """Percentile bootstrap interval of `auroc2`, items resampled with their labels.
 
     An AUROC2 rests on the wrong answers: with 10 wrong among 100 the interval is about
     0.3 wide, so a difference of 0.1 between two signals on such a set says little.
-    Resamples that hold one class only have no AUC and are skipped (``scipy.stats.bootstrap``
-    would return NaN for the whole interval instead). ``(nan, nan)`` when the set itself
+    Resamples that hold one class only have no AUC and are skipped (`scipy.stats.bootstrap`
+    would return NaN for the whole interval instead). `(nan, nan)` when the set itself
     holds one class.
     """
     from sklearn.metrics import roc_auc_score
@@ -251,9 +256,9 @@ def auroc2_interval(
 
 
 def ceiling_rate(confidence: Sequence[float] | np.ndarray, threshold: float = 0.9) -> float:
-    """Share of answers stated with confidence ``>= threshold`` (the paper's ceiling rate).
+    """Share of answers stated with confidence `>= threshold` (the paper's ceiling rate).
 
-    Confidences are probabilities in ``[0, 1]``; percentages are refused rather than
+    Confidences are probabilities in `[0, 1]`; percentages are refused rather than
     silently rescaled.
     """
     values = _probabilities(confidence)
@@ -287,13 +292,13 @@ def match_answer(
     *,
     mode: Literal["exact", "contains"] = "exact",
 ) -> bool:
-    """Whether a predicted answer matches any gold alias after :func:`normalize_answer`.
+    """Whether a predicted answer matches any gold alias after `normalize_answer`.
 
-    ``"exact"``: the normalised strings are equal (SQuAD's exact match). ``"contains"``:
+    `"exact"`: the normalised strings are equal (SQuAD's exact match). `"contains"`:
     some normalised alias occurs in the normalised prediction as a whole-word span (the
     "has answer" rule of open-domain QA, for models that answer in a phrase:
     "It was Bobby Scott" matches "Bobby Scott", "Scottish" does not match "Scott").
-    Aliases that normalise to nothing (``"the"``) never match.
+    Aliases that normalise to nothing (`"the"`) never match.
     """
     if isinstance(aliases, str):
         raise ValueError("aliases must be a list of strings, not one string")
@@ -368,18 +373,18 @@ def _read_match(match: re.Match[str], text: str) -> float | None:
 
 
 def parse_confidence(text: str) -> float | None:
-    """The confidence a model stated in ``text``, as a probability; ``None`` when there is none.
+    """The confidence a model stated in `text`, as a probability; `None` when there is none.
 
-    Handles what models write: ``"Confidence: 85%"``, ``"confidence 0.85"``,
-    ``"Confidence level: 85"``, ``"85 percent"`` / ``"85% confident"``,
-    ``"I'm 90% sure"``, ``"Certainty: 8/10"``, ``"7 out of 10"``, a range
-    ``"80-90%"`` (its centre) and a line holding only a percentage. A number marked
+    Handles what models write: `"Confidence: 85%"`, `"confidence 0.85"`,
+    `"Confidence level: 85"`, `"85 percent"` / `"85% confident"`,
+    `"I'm 90% sure"`, `"Certainty: 8/10"`, `"7 out of 10"`, a range
+    `"80-90%"` (its centre) and a line holding only a percentage. A number marked
     by a confidence keyword wins over a lone percentage; the first such statement is
     read.
 
-    Returns ``None`` (never a guess) for words (``"Confidence: high"``), numbers out of
-    range (``"Confidence: 150%"``), a bare ``1`` (1% or 100%?), negated statements
-    (``"I'm not 100% sure"``) and text with no statement at all; count those.
+    Returns `None` (never a guess) for words (`"Confidence: high"`), numbers out of
+    range (`"Confidence: 150%"`), a bare `1` (1% or 100%?), negated statements
+    (`"I'm not 100% sure"`) and text with no statement at all; count those.
     """
     if not isinstance(text, str):
         raise ValueError(f"text must be a string, got {type(text).__name__}")
@@ -398,10 +403,10 @@ _ANSWER_PREFIX = re.compile(r"^\s*(?:final\s+)?answer\s*[:\-]\s*", re.IGNORECASE
 
 
 def split_answer_confidence(text: str) -> tuple[str, float | None]:
-    """Split ``"Paris\\nConfidence: 85%"`` into the answer text and the stated confidence.
+    """Split `"Paris\\nConfidence: 85%"` into the answer text and the stated confidence.
 
     The answer is the first non-empty line before any confidence statement, without an
-    ``"Answer:"`` prefix or trailing punctuation; the confidence is :func:`parse_confidence`
+    `"Answer:"` prefix or trailing punctuation; the confidence is `parse_confidence`
     of the whole text.
     """
     confidence = parse_confidence(text)
@@ -417,7 +422,7 @@ def split_answer_confidence(text: str) -> tuple[str, float | None]:
 
 
 def format_confidence(probability: float) -> str:
-    """The statement the distillation recipe teaches: ``"Confidence: 85%"``."""
+    """The statement the distillation recipe teaches: `"Confidence: 85%"`."""
     if not 0 <= probability <= 1:
         raise ValueError(f"probability={probability!r} must be in [0, 1]")
     return f"Confidence: {round(probability * 100)}%"

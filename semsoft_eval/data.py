@@ -1,23 +1,23 @@
 """Evaluation data: GoEmotions TSV, generic CSV/TSV/JSONL, and built-in shortcuts.
 
-Every loader returns an :class:`EvalData`: texts, label names, hard targets, and for
+Every loader returns an `EvalData`: texts, label names, hard targets, and for
 binary soft-label data the raters' fraction for the positive label. Bad input raises a
-one-line ``ValueError`` naming the file and the bad value.
+one-line `ValueError` naming the file and the bad value.
 
-Built-in shortcuts read public data sets from a data folder, ``$SEMSOFT_DATA`` or else
-``../shared/data`` beside the project root (where the project's own machines keep them; a
-clone has no such folder). Each one's files, origin and licence are in :data:`SOURCES`, and
+Built-in shortcuts read public data sets from a data folder, `$SEMSOFT_DATA` or else
+`../shared/data` beside the project root (where the project's own machines keep them; a
+clone has no such folder). Each one's files, origin and licence are in `SOURCES`, and
 a missing file is refused in one line that says where to get it:
 
-* ``goemotions``: GoEmotions dev, 28 labels, single-label items (``any_gold`` keeps
+* `goemotions`: GoEmotions dev, 28 labels, single-label items (`any_gold` keeps
   multi-label items and counts a prediction right when it is any gold label);
-* ``ekman``: the same comments mapped to Ekman's 6 emotions + neutral;
-* ``davidson``: tweets; soft label p(toxic) = (hate_speech + offensive_language) / count,
+* `ekman`: the same comments mapped to Ekman's 6 emotions + neutral;
+* `davidson`: tweets; soft label p(toxic) = (hate_speech + offensive_language) / count,
   hard label = the majority class (hate or offensive vs neither);
-* ``sst2``: SST-2 dev (0 = negative, 1 = positive);
-* ``agnews``: AG News (half of the published test file), 4 news topics;
-* ``trec``: TREC question types (training split), the 6 coarse classes;
-* ``convabuse``: ConvAbuse validation messages; soft label p(abusive) = the share of
+* `sst2`: SST-2 dev (0 = negative, 1 = positive);
+* `agnews`: AG News (half of the published test file), 4 news topics;
+* `trec`: TREC question types (training split), the 6 coarse classes;
+* `convabuse`: ConvAbuse validation messages; soft label p(abusive) = the share of
   the message's raters who marked it abusive, hard label = that share above 0.5.
 """
 
@@ -68,11 +68,16 @@ class Source:
 
     Attributes
     ----------
-    files : the files the loader reads, relative to :func:`data_dir`
-    what : the data set, as a reader would cite it
-    origin : the public repository and path the files are copied from
-    licence : the data's licence
-    how : what to do with the published file(s), when more than saving them as ``files``
+    files : tuple[str, ...]
+        The files the loader reads, relative to `data_dir`
+    what : str
+        The data set, as a reader would cite it
+    origin : str
+        The public repository and path the files are copied from
+    licence : str
+        The data's licence
+    how : str
+        What to do with the published file(s), when more than saving them as `files`
     """
 
     files: tuple[str, ...]
@@ -145,13 +150,20 @@ class EvalData:
 
     Attributes
     ----------
-    name : data set name, for the report
-    texts : the items
-    labels : label names in report order
-    targets : int array [N], the gold label index (for multi-label items the first one)
-    gold_sets : per item, all gold label indices (only for ``any_gold``), else None
-    soft : float array [N], the raters' fraction for ``labels[1]`` (binary soft data), else None
-    task : which default prompt template fits ("emotion", "sentiment", "toxicity", "generic")
+    name : str
+        Data set name, for the report
+    texts : list[str]
+        The items
+    labels : list[str]
+        Label names in report order
+    targets : np.ndarray
+        Int array [N], the gold label index (for multi-label items the first one)
+    gold_sets : list[tuple[int, ...]] | None
+        Per item, all gold label indices (only for `any_gold`), else None
+    soft : np.ndarray | None
+        Float array [N], the raters' fraction for `labels[1]` (binary soft data), else None
+    task : str
+        Which default prompt template fits ("emotion", "sentiment", "toxicity", "generic")
     """
 
     name: str
@@ -181,7 +193,7 @@ class EvalData:
 
 
 def data_dir() -> Path:
-    """``$SEMSOFT_DATA``, else ``../shared/data`` beside the project root."""
+    """`$SEMSOFT_DATA`, else `../shared/data` beside the project root."""
     env = os.environ.get(DATA_ENV)
     if env:
         return Path(env)
@@ -189,10 +201,10 @@ def data_dir() -> Path:
 
 
 def builtin_root(name: str, *, own_file: str = "--input") -> Path:
-    """The data folder holding every file of built-in data set ``name`` (see :data:`SOURCES`).
+    """The data folder holding every file of built-in data set `name` (see `SOURCES`).
 
     A missing file is refused here, in one line naming the data set, its origin, its licence
-    and ``$SEMSOFT_DATA``, rather than by whichever loader first opens it; ``own_file`` is
+    and `$SEMSOFT_DATA`, rather than by whichever loader first opens it; `own_file` is
     the option that takes the user's own file instead.
     """
     if name not in SOURCES:
@@ -219,10 +231,10 @@ def load_goemotions(
     any_gold: bool = False,
     name: str = "goemotions",
 ) -> EvalData:
-    """GoEmotions TSV: ``text <TAB> comma-separated label ids <TAB> comment id``.
+    """GoEmotions TSV: `text <TAB> comma-separated label ids <TAB> comment id`.
 
-    Single-label items only by default; with ``any_gold`` all items are kept and
-    ``gold_sets`` holds every gold label.
+    Single-label items only by default; with `any_gold` all items are kept and
+    `gold_sets` holds every gold label.
     """
     labels = [line.strip() for line in _read_lines(Path(labels_file))]
     if len(set(labels)) != len(labels):
@@ -288,10 +300,12 @@ def load_table(
 
     Parameters
     ----------
-    label_column : hard labels; the label set is the sorted distinct values unless
-        ``labels`` is given, in which case every value must be one of them
-    prob_column : a binary soft label in [0, 1] (the raters' fraction for the positive
-        label); ``labels`` must then name the negative and the positive label
+    label_column : str | None
+        Hard labels; the label set is the sorted distinct values unless
+        `labels` is given, in which case every value must be one of them
+    prob_column : str | None
+        A binary soft label in [0, 1] (the raters' fraction for the positive
+        label); `labels` must then name the negative and the positive label
     """
     path = Path(path)
     if (label_column is None) == (prob_column is None):
@@ -433,7 +447,7 @@ def _trec(path: Path) -> EvalData:
 
 
 def load_builtin(name: str, *, any_gold: bool = False) -> EvalData:
-    """One of :data:`BUILTIN`, read from :func:`data_dir` (:func:`builtin_root` checks it)."""
+    """One of `BUILTIN`, read from `data_dir` (`builtin_root` checks it)."""
     if name not in BUILTIN:
         raise ValueError(
             f"unknown dataset {name!r}; built-in ones are {', '.join(BUILTIN)}, or give --input"
@@ -472,7 +486,7 @@ def load_builtin(name: str, *, any_gold: bool = False) -> EvalData:
 
 
 def sample(data: EvalData, limit: int | None, seed: int = 0) -> EvalData:
-    """A fixed random sample of ``limit`` items (all items, in file order, if None)."""
+    """A fixed random sample of `limit` items (all items, in file order, if None)."""
     if limit is None or limit >= len(data):
         return data
     if limit < 1:

@@ -1,18 +1,18 @@
-"""``semsoft eval``: every method side by side on the same items and forward passes.
+"""`semsoft eval`: every method side by side on the same items and forward passes.
 
-The methods are the registry in :mod:`semsoft_eval.methods` (``--methods``, comma
-separated; :data:`DEFAULT_METHODS` unless named): the constrained softmax, Semantic
+The methods are the registry in `semsoft_eval.methods` (`--methods`, comma
+separated; `DEFAULT_METHODS` unless named): the constrained softmax, Semantic
 Softmax with the run's config and the paper's, label-free calibrations (batch,
 contextual), the cross-fitted references (temperature, prior), the whole-sequence
-probability, and with ``self-consistency`` / ``verbal`` the generating baselines of
-:mod:`semsoft_eval.selfconsistency`.
+probability, and with `self-consistency` / `verbal` the generating baselines of
+`semsoft_eval.selfconsistency`.
 
-:func:`~semsoft_eval.preparation.prepare` loads the data and a
-:class:`~semsoft_eval.backends.Backend` (``backend="transformers"`` or ``"vllm"``) and
-runs or reads back one forward pass per item (:func:`semsoft_eval.forward.collect`);
-:func:`evaluate` scores every method on it and builds the report
-(:mod:`semsoft_eval.report`). The methods that need labels are
-cross-fitted over ``n_folds`` folds so every item is scored out of fold.
+`semsoft_eval.preparation.prepare` loads the data and a
+`semsoft_eval.backends.Backend` (`backend="transformers"` or `"vllm"`) and
+runs or reads back one forward pass per item (`semsoft_eval.forward.collect`);
+`evaluate` scores every method on it and builds the report
+(`semsoft_eval.report`). The methods that need labels are
+cross-fitted over `n_folds` folds so every item is scored out of fold.
 """
 
 from __future__ import annotations
@@ -68,32 +68,49 @@ def evaluate(
     plot: str | Path | None = None,
     **data_options: Any,
 ) -> dict[str, Any]:
-    """Evaluate methods side by side; returns the report (see ``docs``/README for the schema).
+    """Evaluate methods side by side; returns the report (see `docs`/README for the schema).
 
     Parameters
     ----------
-    model : what :func:`semsoft_plugin.engines.models.resolve` takes
-    dataset : a built-in name, an :class:`EvalData`, or with ``data_file`` a name for it
-    methods : any of :data:`ALL_METHODS` (the registry in :mod:`semsoft_eval.methods`)
-    config : the ``semantic`` configuration (default :class:`SemsoftConfig`)
-    paper_k, paper_tau : the ``semantic-paper`` configuration
-    limit, seed : a fixed random sample of ``limit`` items
-    template : prompt template (default: the task's, see :mod:`semsoft_eval.prompts`)
-    n_folds : folds for the cross-fitted methods (temperature, prior)
-    n_bootstrap : resamples for the 95% intervals of differences against ``constrained``
-    cache_dir : where forward passes are kept (default ``<semsoft cache>/eval``); None
-        and ``cache_dir=""`` disables the cache
-    backend : ``"transformers"`` (alias ``"hf"``; through ``semsoft_plugin.engines.hf.classify``)
-        or ``"vllm"`` (through ``semsoft_plugin.engines.vllm.classify_vllm``; every method, the
+    model : str
+        What `semsoft_plugin.engines.models.resolve` takes
+    dataset : str | EvalData | None
+        A built-in name, an `EvalData`, or with `data_file` a name for it
+    methods : any of ALL_METHODS (the registry in semsoft_eval.methods)
+    config : SemsoftConfig | None
+        The `semantic` configuration (default `SemsoftConfig`)
+    paper_k : int
+        The `semantic-paper` configuration
+    paper_tau : float
+        The `semantic-paper` configuration
+    limit : int | None
+        A fixed random sample of `limit` items
+    seed : int
+        A fixed random sample of `limit` items
+    template : PromptTemplate | None
+        Prompt template (default: the task's, see `semsoft_eval.prompts`)
+    n_folds : int
+        Folds for the cross-fitted methods (temperature, prior)
+    n_bootstrap : int
+        Resamples for the 95% intervals of differences against `constrained`
+    cache_dir : str | Path | None
+        Where forward passes are kept (default `<semsoft cache>/eval`); None
+        and `cache_dir=""` disables the cache
+    backend : str
+        `"transformers"` (alias `"hf"`; through `semsoft_plugin.engines.hf.classify`)
+        or `"vllm"` (through `semsoft_plugin.engines.vllm.classify_vllm`; every method, the
         self-consistency and verbal ones included, runs on the engine)
-    engine_args : ``vllm.LLM`` arguments for ``backend="vllm"`` (e.g.
-        ``{"tensor_parallel_size": 4}``)
-    loaded : an already loaded ``(model, tokenizer)`` for ``model`` (for vLLM:
-        ``(llm, llm.get_tokenizer())``), or a :class:`~semsoft_eval.backends.Backend`
-    plot : write reliability diagrams (PNG, one panel per method) to this path
-    **data_options : ``data_file``, ``labels_file``, ``text_column``, ``label_column``,
-        ``prob_column``, ``labels``, ``any_gold``
-        (see :func:`~semsoft_eval.preparation.resolve_data`)
+    engine_args : dict[str, Any] | None
+        `vllm.LLM` arguments for `backend="vllm"` (e.g.
+        `{"tensor_parallel_size": 4}`)
+    loaded : tuple[Any, Any] | Backend | None
+        An already loaded `(model, tokenizer)` for `model` (for vLLM:
+        `(llm, llm.get_tokenizer())`), or a `semsoft_eval.backends.Backend`
+    plot : str | Path | None
+        Write reliability diagrams (PNG, one panel per method) to this path
+    **data_options : data_file, labels_file, text_column, label_column,
+        `prob_column`, `labels`, `any_gold`
+        (see `semsoft_eval.preparation.resolve_data`)
     """
     methods = check_methods(methods)
     config = config or SemsoftConfig()

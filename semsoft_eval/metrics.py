@@ -1,40 +1,40 @@
-"""Classification and calibration metrics for ``semsoft eval``.
+"""Classification and calibration metrics for `semsoft eval`.
 
 Conventions (stated once, used everywhere):
 
-* ``probs`` is ``[N, L]``, rows summing to 1; ``targets`` is ``[N]`` label indices.
-  Rows are checked to sum to 1 within ``ROW_SUM_TOLERANCE`` (scores computed in float32
+* `probs` is `[N, L]`, rows summing to 1; `targets` is `[N]` label indices.
+  Rows are checked to sum to 1 within `ROW_SUM_TOLERANCE` (scores computed in float32
   or bf16 are off by ~1e-7) and then divided by their sum, so scikit-learn sees exact
   float64 distributions; a row further off is an error, not something to fix silently.
-* **accuracy**: argmax equals the target; with ``gold_sets`` (GoEmotions "any gold")
+* **accuracy**: argmax equals the target; with `gold_sets` (GoEmotions "any gold")
   a prediction is right when it is any of the item's gold labels.
-* **macro_f1**: scikit-learn's ``f1_score(average="macro")`` over the labels that occur
+* **macro_f1**: scikit-learn's `f1_score(average="macro")` over the labels that occur
   in the targets or the predictions (a label in neither says nothing).
 * **ece**: expected calibration error, 15 equal-width bins on the top-label confidence
-  (torchmetrics' ``multiclass_calibration_error``, L1 norm).
+  (torchmetrics' `multiclass_calibration_error`, L1 norm).
 * **brier**: multiclass Brier score, the sum over classes of the squared error, averaged
-  over items (scikit-learn, ``scale_by_half=False``); 0 is perfect, 2 the worst.
-* **nll**: mean negative log-likelihood of the target (scikit-learn ``log_loss``,
+  over items (scikit-learn, `scale_by_half=False`); 0 is perfect, 2 the worst.
+* **nll**: mean negative log-likelihood of the target (scikit-learn `log_loss`,
   probabilities clipped away from 0 by its float epsilon).
 * **auroc**: macro one-vs-rest ROC AUC over the labels that have both positive and
-  negative items (scikit-learn); for two labels, the AUC of ``p(labels[1])``.
+  negative items (scikit-learn); for two labels, the AUC of `p(labels[1])`.
 * **auroc2**: ROC AUC of the top-label confidence for telling correct from wrong
   predictions (the self-consistency paper's AUROC2).
 
-Soft labels (binary data with the raters' fraction ``r`` for ``labels[1]``):
+Soft labels (binary data with the raters' fraction `r` for `labels[1]`):
 
-* **mae_vs_raters**: mean ``|p(labels[1]) - r|``;
-* **ece_vs_raters**: as ``ece`` but the "accuracy" in each bin is the raters' agreement
-  with the predicted label (``r`` or ``1 - r``);
-* **spearman_vs_raters**: Spearman correlation of ``p(labels[1])`` with ``r`` (scipy);
-* **share_over_0_9_on_ambiguous**: among items the raters split on (``0 < r < 1``), the
+* **mae_vs_raters**: mean `|p(labels[1]) - r|`;
+* **ece_vs_raters**: as `ece` but the "accuracy" in each bin is the raters' agreement
+  with the predicted label (`r` or `1 - r`);
+* **spearman_vs_raters**: Spearman correlation of `p(labels[1])` with `r` (scipy);
+* **share_over_0_9_on_ambiguous**: among items the raters split on (`0 < r < 1`), the
   share whose top-label confidence is above 0.9 (lower is better: the model should not
   be sure where people disagree).
 
 **Undefined metrics.** A metric that is mathematically undefined on the data at hand
 (AUROC with one class, AUROC2 when every prediction is right or every one wrong,
 Spearman with a constant input, the ambiguous share with no ambiguous item) is
-``None`` (JSON ``null``, "n/a" in tables), never NaN.
+`None` (JSON `null`, "n/a" in tables), never NaN.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _finite_or_none(value: float) -> float | None:
 def correct(
     probs: np.ndarray, targets: np.ndarray, gold_sets: Sequence[Sequence[int]] | None = None
 ) -> np.ndarray:
-    """Per item: is the argmax right (any gold label counts when ``gold_sets`` is given)."""
+    """Per item: is the argmax right (any gold label counts when `gold_sets` is given)."""
     predicted = np.asarray(probs).argmax(1)
     if gold_sets is None:
         return predicted == np.asarray(targets)
@@ -122,7 +122,7 @@ def macro_f1(probs: np.ndarray, targets: np.ndarray) -> float:
 
 
 def ece(probs: np.ndarray, targets: np.ndarray, n_bins: int = N_BINS) -> float:
-    """Top-label ECE with ``n_bins`` equal-width bins (torchmetrics)."""
+    """Top-label ECE with `n_bins` equal-width bins (torchmetrics)."""
     probs, targets = _check(probs, targets)
     value = multiclass_calibration_error(
         torch.from_numpy(probs),
@@ -135,11 +135,11 @@ def ece(probs: np.ndarray, targets: np.ndarray, n_bins: int = N_BINS) -> float:
 
 
 def ece_numpy(confidence: np.ndarray, hit: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
-    """Top-label ECE for many resamples at once: ``confidence``, ``hit`` are ``[..., N]``.
+    """Top-label ECE for many resamples at once: `confidence`, `hit` are `[..., N]`.
 
-    The same binning as torchmetrics (bin ``i`` holds ``(i/n, (i+1)/n]``); used by the
+    The same binning as torchmetrics (bin `i` holds `(i/n, (i+1)/n]`); used by the
     bootstrap, where a thousand torchmetrics calls would dominate the run time.
-    ``hit`` may be fractional (the raters' agreement for soft labels).
+    `hit` may be fractional (the raters' agreement for soft labels).
     """
     confidence = np.asarray(confidence, dtype=np.float64)
     hit = np.asarray(hit, dtype=np.float64)
@@ -186,8 +186,8 @@ def auroc2(is_correct: np.ndarray, confidence: np.ndarray) -> float | None:
     """ROC AUC of confidence for telling right from wrong answers; None with one class.
 
     Arguments in scikit-learn's order (truth, score), as in the plugin's
-    :func:`semsoft_eval.confidence.auroc2`, which computes it and returns NaN where
-    the AUC is undefined; reports say ``None`` instead.
+    `semsoft_eval.confidence.auroc2`, which computes it and returns NaN where
+    the AUC is undefined; reports say `None` instead.
     """
     from semsoft_eval.confidence import auroc2 as _auroc2
 
@@ -224,7 +224,7 @@ def classification_metrics(
 
 
 def soft_label_metrics(probs: np.ndarray, raters: np.ndarray) -> dict[str, float | None]:
-    """Agreement of binary ``probs`` ``[N, 2]`` with the raters' fraction for label 1."""
+    """Agreement of binary `probs` `[N, 2]` with the raters' fraction for label 1."""
     probs = np.asarray(probs, dtype=np.float64)
     raters = np.asarray(raters, dtype=np.float64)
     if probs.ndim != 2 or probs.shape[1] != 2 or raters.shape != (probs.shape[0],):
@@ -259,11 +259,11 @@ def bootstrap_difference(
     seed: int = 0,
     gold_sets: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """95% percentile intervals for ``metric(probs) - metric(reference)``.
+    """95% percentile intervals for `metric(probs) - metric(reference)`.
 
     Items are resampled with replacement (the same resample for both methods, so the
-    interval is for the paired difference). Metrics: ``ece``, ``macro_f1``, ``nll``.
-    Returns ``{metric: {"diff", "low", "high"}}``; ``diff`` is on the full sample.
+    interval is for the paired difference). Metrics: `ece`, `macro_f1`, `nll`.
+    Returns `{metric: {"diff", "low", "high"}}`; `diff` is on the full sample.
     """
     probs, targets = _check(probs, targets)
     reference, _ = _check(reference, targets)

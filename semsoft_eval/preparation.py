@@ -1,10 +1,10 @@
 """What every run over a dataset starts from: the items, a backend and their forward passes.
 
-:func:`prepare` loads the data (:func:`resolve_data`) and a
-:class:`~semsoft_eval.backends.Backend` (``backend="transformers"`` or ``"vllm"``) and runs
-or reads back one forward pass per item (:func:`semsoft_eval.forward.collect`).
-``semsoft eval`` (:func:`semsoft_eval.evaluate.evaluate`) and ``semsoft tune``
-(:func:`semsoft_eval.tune.tune_dataset`) both start from its :class:`Prepared`; kept apart
+`prepare` loads the data (`resolve_data`) and a
+`semsoft_eval.backends.Backend` (`backend="transformers"` or `"vllm"`) and runs
+or reads back one forward pass per item (`semsoft_eval.forward.collect`).
+`semsoft eval` (`semsoft_eval.evaluate.evaluate`) and `semsoft tune`
+(`semsoft_eval.tune.tune_dataset`) both start from its `Prepared`; kept apart
 from them so that neither imports the other (the methods registry uses the tune grid).
 """
 
@@ -38,7 +38,7 @@ def resolve_data(
     labels: Sequence[str] | None = None,
     any_gold: bool = False,
 ) -> EvalData:
-    """An :class:`EvalData` from a built-in name, a GoEmotions TSV or a generic table."""
+    """An `EvalData` from a built-in name, a GoEmotions TSV or a generic table."""
     from semsoft_eval.data import load_goemotions, load_table
 
     if isinstance(dataset, EvalData):
@@ -108,11 +108,11 @@ def prepare(
 ) -> Prepared:
     """Load the data and the model, and run (or read back) one forward pass per item.
 
-    ``backend="vllm"`` builds a ``vllm.LLM`` with the plugin (``engine_args`` go to it,
-    e.g. ``{"tensor_parallel_size": 4}``) unless ``loaded`` gives one, as
-    ``(llm, llm.get_tokenizer())`` or as a :class:`~semsoft_eval.backends.Backend`.
-    ``sequence`` / ``hidden``: extend a cache that lacks the label sequences' log-probabilities
-    / the decision step's hidden states (:func:`~semsoft_eval.forward.collect`).
+    `backend="vllm"` builds a `vllm.LLM` with the plugin (`engine_args` go to it,
+    e.g. `{"tensor_parallel_size": 4}`) unless `loaded` gives one, as
+    `(llm, llm.get_tokenizer())` or as a `semsoft_eval.backends.Backend`.
+    `sequence` / `hidden`: extend a cache that lacks the label sequences' log-probabilities
+    / the decision step's hidden states (`semsoft_eval.forward.collect`).
     """
     from semsoft_plugin.engines import models
 

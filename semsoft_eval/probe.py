@@ -4,23 +4,23 @@ Temperature scaling and the bias corrections rescale or shift the label logits, 
 hold one number per label. The last layer's hidden state at the decision step holds
 what the model knows about the input before its output layer throws most of it away;
 with a few labels, a regularised multinomial logistic regression on it can separate
-labels the label logits confuse. The ``probe`` method of ``semsoft eval`` fits one
-(:func:`semsoft_plugin.app.probe.fit_probe`, the one ``Classifier.fit`` uses) on each
-run's training folds and scores the held fold, like ``temperature``.
+labels the label logits confuse. The `probe` method of `semsoft eval` fits one
+(`semsoft_plugin.app.probe.fit_probe`, the one `Classifier.fit` uses) on each
+run's training folds and scores the held fold, like `temperature`.
 
-Where the hidden state comes from: :class:`~semsoft_eval.forward.Forward` ``.hidden``,
+Where the hidden state comes from: `semsoft_eval.forward.Forward` `.hidden`,
 kept by the transformers backend during the decision step itself (no extra pass). A
-cache written before it was kept is extended when ``probe`` is asked for
-(``collect(hidden=True)``); an engine that gives none is refused by name.
+cache written before it was kept is extended when `probe` is asked for
+(`collect(hidden=True)`); an engine that gives none is refused by name.
 
 What vLLM can do (0.32, offline, read from its source, not built): its generate runner
-returns token log-probabilities only, no hidden states (the ``extract_hidden_states``
+returns token log-probabilities only, no hidden states (the `extract_hidden_states`
 speculative method feeds a drafter or a KV connector, not the output). A *second*
-engine of the same checkpoint can: ``LLM(model, runner="pooling", convert="embed",
-pooler_config=PoolerConfig(pooling_type="LAST", use_activation=False))`` then
-``llm.embed(prompts)`` (``LLM.encode(..., pooling_task="embed")``) returns the last
+engine of the same checkpoint can: `LLM(model, runner="pooling", convert="embed",
+pooler_config=PoolerConfig(pooling_type="LAST", use_activation=False))` then
+`llm.embed(prompts)` (`LLM.encode(..., pooling_task="embed")`) returns the last
 position's final hidden state (after the final norm, unnormalised with
-``use_activation=False``). That is one more model load and one more prompt pass per
+`use_activation=False`). That is one more model load and one more prompt pass per
 item beside the scoring engine.
 """
 
@@ -39,7 +39,7 @@ def cross_fit_probe(
     hidden: Any, targets: Any, fold_ids: np.ndarray, n_labels: int, *, seed: int = 0
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Out-of-fold probe probabilities (each fold scored by the probe fitted on the other
-    folds) and each fold's chosen ``C``. A training part with a single label gives that
+    folds) and each fold's chosen `C`. A training part with a single label gives that
     part's add-one label frequencies (no regression can be fitted)."""
     x = np.asarray(hidden, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)

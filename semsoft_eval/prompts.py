@@ -1,7 +1,7 @@
-"""Prompt templates for ``semsoft eval`` and ``semsoft tune``, one per task.
+"""Prompt templates for `semsoft eval` and `semsoft tune`, one per task.
 
-:class:`PromptTemplate`, the ``--prompt-file`` reader and :func:`build_inputs` live in
-the plugin (:mod:`semsoft_plugin.prompts`), so that ``semsoft classify`` reads the same
+`PromptTemplate`, the `--prompt-file` reader and `build_inputs` live in
+the plugin (`semsoft_plugin.prompts`), so that `semsoft classify` reads the same
 files without the evaluation package; they are re-exported here.
 """
 

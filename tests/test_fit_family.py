@@ -15,10 +15,12 @@ from typing import Literal
 import numpy as np
 import pytest
 
+from semsoft_plugin.app.fit_file import FitIdentity, run_identity
 from semsoft_plugin.app.probe import LinearProbe, fit_probe, probe_member
 from semsoft_plugin.core import fit_family, fitting, temperature_scaling
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.temperature_scaling import apply_temperature
+from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE
 
 MODEL = "smollm2-135m"
 NO_PROBE = ("grid", "temperature", "offset", "batch", "contextual")
@@ -226,11 +228,11 @@ def test_unknown_members_and_bad_families_are_refused_by_name() -> None:
 
 
 def test_the_default_family_is_what_the_inputs_allow() -> None:
-    from semsoft_plugin.app.classifier_fit import checked_family
+    from semsoft_plugin.app.classifier_settings import checked_family
 
     assert fit_family.default_family(None, {}) == ("grid", "temperature", "offset", "batch")
     assert fit_family.default_family(np.ones((3, 2)), {"probe": None}) == fitting.FAMILY
-    assert checked_family(None, "hf") == fitting.FAMILY
+    assert checked_family(None, "transformers") == fitting.FAMILY
     assert "probe" not in checked_family(None, "vllm")
     with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state.*vLLM"):
         checked_family(("grid", "probe"), "vllm")
@@ -244,7 +246,8 @@ def test_a_correction_round_trips_through_the_config_file(tmp_path) -> None:
 
     config = SemsoftConfig().replace(score_temperature=0.8)
     offset = FittedCorrection("offset", ("neg", "pos"), offset=(0.5, -0.5))
-    save_fitted(tmp_path / "a.json", config, offset)
+    made_on = FitIdentity(("neg", "pos"), DEFAULT_TEMPLATE.to_dict(), "0" * 64)
+    save_fitted(tmp_path / "a.json", config, offset, made_on)
     assert load_fitted(tmp_path / "a.json") == (config, offset)
     with pytest.raises(ValueError, match="fitted"):  # a plain load refuses, never drops it
         SemsoftConfig.load(tmp_path / "a.json")
@@ -259,9 +262,10 @@ def test_a_correction_round_trips_through_the_config_file(tmp_path) -> None:
     assert SemsoftConfig.load(tmp_path / "plain.json") == config
     x = np.random.default_rng(0).normal(size=(20, 3))
     probe = FittedCorrection("probe", ("neg", "pos"), probe=fit_probe(x, np.arange(20) % 2, 2))
-    save_fitted(tmp_path / "b.json", config, probe)
-    assert (tmp_path / "b.probe.safetensors").exists()
-    assert json.loads((tmp_path / "b.json").read_text())["fitted"]["probe"] == "b.probe.safetensors"
+    save_fitted(tmp_path / "b.json", config, probe, made_on)
+    assert (tmp_path / "b.json.probe.safetensors").exists()
+    saved = json.loads((tmp_path / "b.json").read_text())["fitted"]["probe"]
+    assert saved == "b.json.probe.safetensors"
     _, again = load_fitted(tmp_path / "b.json")
     assert again is not None
     np.testing.assert_array_equal(
@@ -308,10 +312,7 @@ def test_the_classifier_chooses_the_probe_where_the_hidden_state_separates_the_l
     assert clf.fitted_config_ == SemsoftConfig()  # the probe changes no setting
     assert (clf.predict(texts) == np.array(y)).mean() == 1.0
     # predict_proba is the probe on the hidden states of the decision step
-    setup = clf._setup()
-    from semsoft_plugin.app.classifier_fit import kept_passes
-
-    _, hidden = kept_passes(clf, setup, clf.inputs(texts[:6]), 8, hidden=True)
+    _, hidden = clf._scorer().kept(clf.inputs(texts[:6]), 8, hidden=True)
     want = clf.fitted_correction_.probe.probs(hidden.numpy())  # LABELS order = classes_
     np.testing.assert_allclose(clf.predict_proba(texts[:6]), want, atol=1e-6)
 
@@ -327,8 +328,8 @@ def test_a_fitted_row_scores_the_same_alone_and_in_a_batch(probed, tmp_path):
     for i in (0, 3, 6):
         np.testing.assert_allclose(clf.predict_proba([texts[i]])[0], batch[i], atol=1e-5)
     path = tmp_path / "offset.json"
-    save_fitted(path, SemsoftConfig(), FittedCorrection("batch", ("positive", "negative"),
-                                                         offset=(2.0, -2.0)))  # fmt: skip
+    save_fitted(path, SemsoftConfig(), FittedCorrection("batch", tuple(LABELS), offset=(-2.0, 2.0)),
+                run_identity(LABELS, DEFAULT_TEMPLATE, MODEL))  # fmt: skip
     other = clf.__sklearn_clone__().load_fit(path)
     assert other.fit_result_ is None and other.fitted_correction_.procedure == "batch"
     shifted = other.predict_proba(texts[:7])
@@ -345,7 +346,7 @@ def test_the_fit_saved_is_what_semsoft_classify_config_applies(probed, tmp_path,
     clf, texts, _ = probed
     path = tmp_path / "tuned.json"
     clf.save_fit(path)
-    assert (tmp_path / "tuned.probe.safetensors").exists()
+    assert (tmp_path / "tuned.json.probe.safetensors").exists()
     assert main(["classify", texts[1], "--labels", ",".join(LABELS), "--config", str(path),
                  "--json", "--model", MODEL, "--dtype", "float32"]) == 0  # fmt: skip
     shown = json.loads(capsys.readouterr().out)
@@ -357,7 +358,7 @@ def test_the_fit_saved_is_what_semsoft_classify_config_applies(probed, tmp_path,
     assert main([*base, "--labels", ",".join(LABELS), "--semantic-weight", "0.5"]) == 2
     assert "--semantic-weight cannot go with it" in capsys.readouterr().err
     assert main([*base, "--labels", "yes,no"]) == 2
-    assert "for the labels ['negative', 'positive']" in capsys.readouterr().err
+    assert "fitted for the labels 'negative' (U+006E" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -416,7 +417,7 @@ def test_tune_searches_the_family_and_writes_what_classify_reads(tmp_path, capsy
     adopted = not tuned["fit"]["kept_default"] and procedure != "temperature"
     assert (correction is not None) == adopted
     assert tuned["correction"] == (None if correction is None else correction.to_dict())
-    assert main([*argv[:6], "vector", *argv[7:]]) == 2
+    assert main([*argv[:6], "vector", *argv[7:], "--overwrite"]) == 2
     assert "unknown fit family member 'vector'" in capsys.readouterr().err
 
 
@@ -470,7 +471,7 @@ def test_an_outlines_generator_applies_the_probe_the_classifier_saved(outlines_p
     together = generator.batch([texts[i] for i in rows])  # padded rows: each its own
     for got, expected in zip(together, want, strict=True):
         np.testing.assert_allclose([got.probs[name] for name in LABELS], expected, atol=1e-6)
-    with pytest.raises(ValueError, match="for the labels"):
+    with pytest.raises(ValueError, match="fitted for the labels"):
         load_fit(model, Literal["yes", "no"], path)
 
 
@@ -482,9 +483,12 @@ def test_an_outlines_generator_applies_a_saved_offset(outlines_probed, tmp_path)
     from semsoft_plugin.engines.outlines import Generator
 
     _, model, _, texts = outlines_probed
+    from semsoft_plugin.app.outlines_fit import OUTLINES_PROMPT
+
     path = tmp_path / "offset.json"
-    save_fitted(path, SemsoftConfig(), FittedCorrection("batch", ("positive", "negative"),
-                                                         offset=(2.0, -2.0)))  # fmt: skip
+    made_on = run_identity(LABELS, OUTLINES_PROMPT, MODEL)
+    save_fitted(path, SemsoftConfig(), FittedCorrection("batch", tuple(LABELS), offset=(-2.0, 2.0)),
+                made_on)  # fmt: skip
     choice = Literal["negative", "positive"]
     shifted = load_fit(model, choice, path)(texts[0])
     plain = Generator(model, choice)(texts[0]).probs
@@ -515,11 +519,12 @@ def test_an_outlines_generator_on_vllm_refuses_a_correction_by_name(tmp_path):
     choice = Literal["negative", "positive"]
     hidden = np.random.default_rng(0).normal(size=(8, 3)) + np.repeat([[0.0], [3.0]], 4, 0)
     probe = fit_probe(hidden, np.repeat([0, 1], 4), 2)
+    made_on = FitIdentity(tuple(LABELS), DEFAULT_TEMPLATE.to_dict(), "0" * 64)
     save_fitted(tmp_path / "p.json", SemsoftConfig(), FittedCorrection("probe", tuple(LABELS),
-                                                                        probe=probe))  # fmt: skip
+                                                                        probe=probe), made_on)  # fmt: skip
     with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state.*vLLM"):
         load_fit(on_vllm, choice, tmp_path / "p.json")
     save_fitted(tmp_path / "o.json", SemsoftConfig(), FittedCorrection("offset", tuple(LABELS),
-                                                                        offset=(1.0, -1.0)))  # fmt: skip
+                                                                        offset=(1.0, -1.0)), made_on)  # fmt: skip
     with pytest.raises(ValueError, match=r"fitted_correction \(offset\) is not supported on vLLM"):
         load_fit(on_vllm, choice, tmp_path / "o.json")

@@ -205,5 +205,12 @@ def test_names_of_the_one_text_classify_output(capsys) -> None:
     assert not {"semantic", "constrained"} & set(report)
     assert set(report["probs"]) == set(report["constrained_probs"]) == {"joy", "anger"}
     assert main(argv) == 0
-    header = capsys.readouterr().out.splitlines()[1].split()
+    printed = capsys.readouterr().out
+    header = printed.splitlines()[1].split()
     assert header == ["probs", "constrained_probs"]
+    # "coverage" is shown only where votes are used (a pool, semantic_weight > 0).
+    assert report["coverage"] is None and "coverage" not in printed
+    assert main([*argv, "--preset", "pooled", "--json"]) == 0
+    assert 0 <= json.loads(capsys.readouterr().out)["coverage"] <= 1
+    assert main([*argv, "--preset", "pooled"]) == 0
+    assert "coverage of the top-50 mass" in capsys.readouterr().out

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from semsoft_plugin import Classifier
-from semsoft_plugin.app import classify_file as classify_file_module
+from semsoft_plugin.app import cli as cli_module
 from semsoft_plugin.app.cli import main
 from semsoft_plugin.app.file_settings import settings_path
 from semsoft_plugin.app.output_lock import OutputLock, lock_path
@@ -71,7 +71,7 @@ def no_model(monkeypatch):
     def refuse(*_, **__):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(classify_file_module, "classifier_from_args", refuse)
+    monkeypatch.setattr(cli_module, "classifier_from_args", refuse)
 
 
 def one_error(capsys) -> str:

@@ -145,20 +145,19 @@ def test_a_bom_file_scores_into_clean_columns(tmp_path, capsys):
 # ---------------------------------------------------------------------------
 
 
-def test_writer_turns_nan_into_null_and_names_an_unwritable_value(tmp_path):
+def test_writer_keeps_nan_in_csv_refuses_it_in_jsonl_and_names_an_unwritable_value(tmp_path):
+    """Issue 43: a passthrough NaN or infinity survives a CSV (``nan``/``inf``, nested as
+    Python's json writes it) and is never silently ``null`` in strict JSON lines."""
     record = {"text": "t", "a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}}
     jsonl, csv_ = tmp_path / "o.jsonl", tmp_path / "o.csv"
     with TableWriter(jsonl, list(record), append=False) as writer:
-        writer.write([record])
-    assert json.loads(jsonl.read_text()) == {
-        "text": "t",
-        "a": None,
-        "b": [1.0, None],
-        "c": {"d": None},
-    }
+        with pytest.raises(ValueError, match=r"record 1, column 'a': float value nan"):
+            writer.write([record])
     with TableWriter(csv_, list(record), append=False) as writer:
-        writer.write([record])
-    assert csv_.read_text().splitlines()[1] == 't,,"[1.0, null]","{""d"": null}"'
+        writer.write([record, {**record, "a": float("inf"), "b": None}])
+    lines = csv_.read_text().splitlines()
+    assert lines[1] == 't,nan,"[1.0, Infinity]","{""d"": -Infinity}"'
+    assert lines[2].startswith("t,inf,,")
     with TableWriter(jsonl, ["text", "when"], append=False) as writer:
         with pytest.raises(ValueError, match=r"input row 7, column 'when': object value"):
             writer.write(
@@ -169,8 +168,7 @@ def test_writer_turns_nan_into_null_and_names_an_unwritable_value(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
-def test_nan_in_a_passthrough_column_does_not_kill_the_run(tmp_path, suffix):
+def test_nan_in_a_passthrough_column_survives_a_csv_output(tmp_path):
     inp = tmp_path / "in.jsonl"
     inp.write_text(
         f'{{"text": "{GOOD}", "score": NaN, "extra": [Infinity, 1]}}\n'
@@ -178,16 +176,23 @@ def test_nan_in_a_passthrough_column_does_not_kill_the_run(tmp_path, suffix):
         '{"text": NaN, "score": 1}\n',  # a missing text, as pandas writes it: skipped
         encoding="utf-8",
     )
-    out = tmp_path / f"out{suffix}"
+    out = tmp_path / "out.csv"
     assert classify_file(inp, out) == 0
-    if suffix == ".jsonl":
-        rows = [json.loads(line) for line in out.read_text().splitlines()]
-        assert [r["score"] for r in rows] == [None, 0.5] and rows[0]["extra"] == [None, 1]
-    else:
-        rows = read_records(out)
-        assert [r["score"] for r in rows] == ["", "0.5"] and rows[0]["extra"] == "[null, 1]"
+    rows = read_records(out)
+    assert [r["score"] for r in rows] == ["nan", "0.5"] and rows[0]["extra"] == "[Infinity, 1]"
     assert [r["text"] for r in rows] == [GOOD, BAD]
     assert all(float(r["p_positive"]) + float(r["p_negative"]) == pytest.approx(1) for r in rows)
+
+
+def test_nan_for_a_jsonl_output_is_refused_before_scoring(tmp_path, capsys):
+    """Strict JSON has no NaN: refused naming the column and line, nothing scored."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(f'{{"text": "{GOOD}", "score": 1}}\n{{"text": "{BAD}", "score": -Infinity}}\n')
+    out = tmp_path / "out.jsonl"
+    assert classify_file(inp, out) == 2
+    err = capsys.readouterr().err
+    assert f"{inp}:2: column 'score' holds -inf" in err and "JSON-lines output" in err
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------------------

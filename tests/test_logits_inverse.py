@@ -87,3 +87,74 @@ def test_refusals_name_the_bad_value() -> None:
         inverse.read(torch.randn(2, 20), tolerance=float("nan"))
     with pytest.raises(ValueError, match=r"need \[L, 4\]"):
         inverse.fold(torch.randn(3, 5), torch.randn(3))
+
+
+TEXTS = ["I loved it.", "Awful.", "The plot was fine, I guess.", "Best film of the year!",
+         "Boring and long.", "A masterpiece.", "Never again.", "It was okay.",
+         "Wonderful acting.", "A waste of time.", "Not bad at all.", "Dull."]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hook_rows(default_checkpoint):
+    """SmolLM2-135M in float32 through transformers' classify: the decision step's hidden
+    states as the hook reads them, and the logits rows of the same pass."""
+    from semsoft_plugin.engines import hf, models
+    from semsoft_plugin.engines.hf_hidden import HiddenAtDecision
+
+    model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
+    prompts = [f"Review: {t}\nSentiment:" for t in TEXTS]
+    with HiddenAtDecision(model) as hook:
+        results = hf.classify(model, tokenizer, prompts, ["positive", "negative", "neutral"],
+                              batch_size=4, keep_logits=True, max_tokens=1)  # fmt: skip
+    hidden = hook.rows(tokenizer, prompts, 4)
+    logits = torch.stack([r.logits for r in results])
+    return hidden, logits, model.get_output_embeddings().weight.detach()
+
+
+def test_the_logits_row_probe_equals_the_hook_probe(hook_rows) -> None:
+    """The core's probe on the logits row gives the hook probe's rows within 1e-4
+    (float32, SmolLM2), with a label never seen in training (its add-one floor)."""
+    from semsoft_plugin.core.row_probe import probe_distribution
+
+    hidden, logits, weight = hook_rows
+    x = hidden.double().numpy()
+    targets = np.array([0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 1])  # label 2 never seen
+    probe = fit_probe(x, targets, 3)
+    rows = probe.on_logits(LogitsInverse(weight)).apply(logits)
+    assert rows.readable.all()
+    want = probe.probs(x)
+    np.testing.assert_allclose(rows.probs.numpy(), want, atol=1e-4)
+    np.testing.assert_allclose(want[:, 2], 1.0 / (12 + 3))
+    # One rule: LinearProbe's rows are the core function's on the same scores.
+    scores = ((x - probe.mean) / probe.scale) @ probe.weight.T + probe.bias
+    core = probe_distribution(torch.from_numpy(scores), probe.seen.tolist(), 3, 12).numpy()
+    np.testing.assert_array_equal(want, core)
+
+
+def test_the_logits_row_probe_refuses_a_row_it_cannot_read(hook_rows) -> None:
+    """An edited row is not scored (readable False, the uniform row, never NaN); the
+    other rows of the batch come out exactly as they do alone."""
+    hidden, logits, weight = hook_rows
+    x = hidden.double().numpy()
+    probe = fit_probe(x, np.arange(12) % 2, 2).on_logits(LogitsInverse(weight))
+    edited = logits[:4].clone()
+    edited[1, 99] += 3.0
+    edited[2, 10:] = float("-inf")
+    rows = probe.apply(edited)
+    assert rows.readable.tolist() == [True, False, False, True]
+    assert torch.isfinite(rows.probs).all()
+    torch.testing.assert_close(rows.probs[1], torch.full((2,), 0.5, dtype=torch.float64))
+    for i in (0, 3):
+        torch.testing.assert_close(rows.probs[i], probe.apply(logits[i]).probs[0])
+    assert probe.nbytes == (2 * weight.shape[1] + 2) * 8
+
+
+def test_probe_distribution_refuses_bad_shapes() -> None:
+    from semsoft_plugin.core.row_probe import probe_distribution
+
+    with pytest.raises(ValueError, match=r"need \[N, S\] and \[S\]"):
+        probe_distribution(torch.zeros(2, 3), [0, 1], 3, 5)
+    with pytest.raises(ValueError, match="must lie in"):
+        probe_distribution(torch.zeros(2, 2), [0, 3], 3, 5)
+    with pytest.raises(ValueError, match="distinct"):
+        probe_distribution(torch.zeros(2, 2), [1, 1], 3, 5)

@@ -96,20 +96,43 @@ GENERATED = {ROOT / "docs" / "reference" / "cli.md"}
 
 
 def markdown_files() -> list[Path]:
-    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+    return [README, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def repository_url() -> str:
+    """mkdocs.yaml's ``repo_url``: the docs link files outside docs/ by their address on it."""
+    found = re.search(r"^repo_url:\s*(\S+)", (ROOT / "mkdocs.yaml").read_text("utf-8"), re.M)
+    assert found is not None, "mkdocs.yaml names no repo_url"
+    return found.group(1).rstrip("/")
 
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_point_to_files(path):
     text = path.read_text(encoding="utf-8")
     missing = []
+    blob = repository_url() + "/blob/main/"
     for target in LINK.findall(text):
+        if target.startswith(blob):  # a file of this repository, by its absolute address
+            if not (ROOT / target.removeprefix(blob).split("#", 1)[0]).exists():
+                missing.append(target)
+            continue
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             continue  # a URL or an anchor in the same file
         file = target.split("#", 1)[0]
         if not (path.parent / file).exists() and (path.parent / file).resolve() not in GENERATED:
             missing.append(target)
     assert not missing, f"{path.relative_to(ROOT)} links to missing files: {missing}"
+
+
+def test_a_repository_link_to_a_missing_file_is_found() -> None:
+    """The check itself: an absolute repository link is checked like a relative one."""
+    page = ROOT / "docs" / "_probe_links.md"
+    try:
+        page.write_text(f"[a]({repository_url()}/blob/main/benchmarks/results/none.md)\n", "utf-8")
+        with pytest.raises(AssertionError, match="none.md"):
+            test_relative_links_point_to_files(page)
+    finally:
+        page.unlink()
 
 
 @pytest.mark.slow

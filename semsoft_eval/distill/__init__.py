@@ -1,18 +1,18 @@
-"""``semsoft distill``: distil self-consistency into a stated confidence (Cacioli, 2026).
+"""`semsoft distill`: distil self-consistency into a stated confidence (Cacioli, 2026).
 
 The recipe, one module per stage:
 
-* :mod:`~semsoft_eval.distill.data`: the questions (NQ-open, or a label set such as
+* [`data`][semsoft_eval.distill.data]: the questions (NQ-open, or a label set such as
   SST-2 asked as a free-answer question) and grading;
-* :mod:`~semsoft_eval.distill.targets`: sample ``n`` answers at ``T``, ``n_correct`` ->
+* [`targets`][semsoft_eval.distill.targets]: sample `n` answers at `T`, `n_correct` ->
   target, the modal filter, the label-entropy guard, the SFT examples (and the
   shuffled control);
-* :mod:`~semsoft_eval.distill.training`: LoRA SFT with TRL, the adapter as safetensors;
-* :mod:`~semsoft_eval.distill.evaluation`: verbal confidence, self-consistency, logit
+* [`training`][semsoft_eval.distill.training]: LoRA SFT with TRL, the adapter as safetensors;
+* [`evaluation`][semsoft_eval.distill.evaluation]: verbal confidence, self-consistency, logit
   entropy, constrained and Semantic Softmax top probability on held-out items;
-* :mod:`~semsoft_eval.distill.run`: the three arms end to end;
-* :mod:`~semsoft_eval.distill.tables`: the report's held-out figures as Markdown tables;
-* :mod:`~semsoft_eval.distill.cli`: the command line (``semsoft distill``).
+* [`run`][semsoft_eval.distill.run]: the three arms end to end;
+* [`tables`][semsoft_eval.distill.tables]: the report's held-out figures as Markdown tables;
+* [`cli`][semsoft_eval.distill.cli]: the command line (`semsoft distill`).
 
 Nothing here imports an engine at package import: torch, transformers, peft and TRL are
 imported by the functions that need them.

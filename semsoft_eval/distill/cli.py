@@ -1,7 +1,7 @@
-"""``semsoft distill`` on the command line: its flags, and the command that runs the recipe.
+"""`semsoft distill` on the command line: its flags, and the command that runs the recipe.
 
-The flags map one to one onto :class:`~semsoft_eval.distill.run.DistillConfig`
-(:func:`add_arguments`, :func:`config_from_args`), so ``benchmarks/distill_run.py``
+The flags map one to one onto [`DistillConfig`][semsoft_eval.distill.run.DistillConfig]
+([`add_arguments`][semsoft_eval.distill.cli.add_arguments], [`config_from_args`][semsoft_eval.distill.cli.config_from_args]), so `benchmarks/distill_run.py`
 reuses them with other defaults.
 """
 
@@ -20,7 +20,7 @@ __all__ = ["add_arguments", "add_parser", "config_from_args", "run"]
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``semsoft distill``."""
+    """Register `semsoft distill`."""
     parser = subparsers.add_parser(
         "distill",
         allow_abbrev=False,
@@ -36,7 +36,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The recipe's flags (shared by the command and ``benchmarks/distill_run.py``)."""
+    """The recipe's flags (shared by the command and `benchmarks/distill_run.py`)."""
     d = DistillConfig()
     parser.add_argument(
         "--model", default=d.model, help="'default' (= qwen2.5-coder-1.5b), 'qwen2.5-coder-0.5b', 'smollm2-135m' (small, for tests) or a checkpoint dir"
@@ -52,7 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-items", type=int, default=d.train_items)
     parser.add_argument("--eval-items", type=int, default=d.eval_items)
     parser.add_argument("--n", type=int, default=d.n, help="samples per item")
-    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=d.temperature,
+        help="the engine's sampling temperature of the teacher's sampled answers",
+    )
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument(
         "--match", choices=("contains", "exact"), default=d.match, help="open-QA matching rule"
@@ -97,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> DistillConfig:
-    """A :class:`DistillConfig` from the flags of :func:`add_arguments`."""
+    """A [`DistillConfig`][semsoft_eval.distill.DistillConfig] from the flags of [`add_arguments`][semsoft_eval.distill.cli.add_arguments]."""
     return DistillConfig(
         model=args.model, task=args.task, data=args.data, out=args.out,
         train_items=args.train_items, eval_items=args.eval_items, n=args.n,
@@ -116,7 +121,7 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``semsoft distill``: run the recipe and print the held-out tables."""
+    """`semsoft distill`: run the recipe and print the held-out tables."""
     config = config_from_args(args)
     report = run_distill(config)
     print(json.dumps(report, indent=2) if args.json else format_markdown(report))

@@ -1,4 +1,4 @@
-"""Questions for ``semsoft distill``: open QA (NQ-open) and label tasks asked as questions.
+"""Questions for `semsoft distill`: open QA (NQ-open) and label tasks asked as questions.
 
 The recipe needs a task on which the model is right on a fair share of items, or every
 target is 5% and the label-entropy guard refuses the set. SmolLM2-135M is right on about
@@ -9,8 +9,8 @@ a word that names no label is unreadable, counted as wrong and reported as the p
 rate, never guessed).
 
 The prompt (all steps, before and after training): the user message (the task's
-question, plus :data:`~semsoft_eval.selfconsistency.VERBAL_INSTRUCTION` where a
-confidence is asked for) and the pre-filled assistant prefix ``"Answer:"``.
+question, plus `semsoft_eval.selfconsistency.VERBAL_INSTRUCTION` where a
+confidence is asked for) and the pre-filled assistant prefix `"Answer:"`.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ SYNONYMS: Mapping[str, tuple[str, ...]] = {
 class QAItem:
     """One question and its gold answer(s).
 
-    ``labels`` is set for a label task asked as a question (the gold answer is one of
-    them); ``None`` for open QA, where ``aliases`` are the accepted answers.
+    `labels` is set for a label task asked as a question (the gold answer is one of
+    them); `None` for open QA, where `aliases` are the accepted answers.
     """
 
     question: str
@@ -68,8 +68,8 @@ class QAItem:
 
 
 def load_nq(path: str | Path | None = None) -> list[QAItem]:
-    """NQ-open (JSONL ``{question, answer: [aliases]}``); default: the built-in dev split
-    (``nq`` in :data:`~semsoft_eval.data.SOURCES`, refused in one line where it is absent)."""
+    """NQ-open (JSONL `{question, answer: [aliases]}`); default: the built-in dev split
+    (`nq` in `semsoft_eval.data.SOURCES`, refused in one line where it is absent)."""
     if path is None:
         from semsoft_eval.data import SOURCES, builtin_root
 
@@ -98,7 +98,7 @@ def load_nq(path: str | Path | None = None) -> list[QAItem]:
 
 
 def load_label_task(name: str = "sst2") -> list[QAItem]:
-    """A built-in label set asked as a free-answer question (only ``"sst2"`` so far)."""
+    """A built-in label set asked as a free-answer question (only `"sst2"` so far)."""
     if name != "sst2":
         raise ValueError(f"label task {name!r} is not supported; give one of {TASKS}")
     from semsoft_eval.data import load_builtin
@@ -112,7 +112,7 @@ def load_label_task(name: str = "sst2") -> list[QAItem]:
 
 
 def load_task(task: str, path: str | Path | None = None) -> list[QAItem]:
-    """``"nq"`` (``path``: an NQ-style JSONL) or ``"sst2"``."""
+    """`"nq"` (`path`: an NQ-style JSONL) or `"sst2"`."""
     if task == "nq":
         return load_nq(path)
     if path is not None:
@@ -135,7 +135,7 @@ def split_items_with_warmup(
 ) -> tuple[list[QAItem], list[QAItem], list[QAItem]]:
     """Disjoint random train, held-out and answer warm-up sets.
 
-    The train and held-out sets are the ones :func:`split_items` gives for the same
+    The train and held-out sets are the ones [`split_items`][semsoft_eval.distill.data.split_items] gives for the same
     seed (one permutation, cut in order), so adding a warm-up changes neither.
     """
     if n_train < 1 or n_eval < 1:
@@ -154,7 +154,7 @@ def split_items_with_warmup(
 
 
 def qa_prompt(tokenizer: Any, item: QAItem | str, *, verbal: bool = False) -> Any:
-    """Chat messages ending with the ``"Answer:"`` prefix (plain text without a template)."""
+    """Chat messages ending with the `"Answer:"` prefix (plain text without a template)."""
     user = item.question if isinstance(item, QAItem) else str(item)
     if verbal:
         user += f"\n\n{VERBAL_INSTRUCTION}"
@@ -164,7 +164,7 @@ def qa_prompt(tokenizer: Any, item: QAItem | str, *, verbal: bool = False) -> An
 
 
 def read_label(answer: str, labels: Sequence[str]) -> int | None:
-    """The label an answer names (its name, then :data:`SYNONYMS`), or ``None``."""
+    """The label an answer names (its name, then `SYNONYMS`), or `None`."""
     found = match_label(answer, labels)
     if found is not None:
         return found
@@ -174,10 +174,10 @@ def read_label(answer: str, labels: Sequence[str]) -> int | None:
 
 
 def grade(answer: str, item: QAItem, *, match: str = "contains") -> tuple[str | None, bool]:
-    """``(canonical answer or None when unreadable, correct)`` for one generated answer.
+    """`(canonical answer or None when unreadable, correct)` for one generated answer.
 
     Label tasks: the canonical answer is the label named; open QA: the normalised text
-    (``None`` when empty), correct when it matches a gold alias (``match``).
+    (`None` when empty), correct when it matches a gold alias (`match`).
     """
     text = split_answer_confidence(answer)[0]
     if item.labels is not None:

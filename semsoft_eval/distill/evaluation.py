@@ -4,21 +4,21 @@ Every signal gives, per item, a predicted answer, whether it is right, and a con
 each is scored by AUROC2 (telling right from wrong answers), ECE (10 equal bins, where
 the confidence is a probability) and the ceiling rate (share >= 90%):
 
-* **verbal** (:func:`verbal_signal`): the greedy answer and the "Confidence: NN%" stated
+* **verbal** ([`verbal_signal`][semsoft_eval.distill.evaluation.verbal_signal]): the greedy answer and the "Confidence: NN%" stated
   with it, before or after training. An answer that names no label / is empty counts as
   wrong; AUROC2, ECE and the ceiling rate are over items with a readable confidence, and
   the parse rate (readable answer and confidence) is reported;
 * **logit entropy**: minus the mean raw next-token entropy over that greedy answer line
   (the same pass, no extra cost; not a probability, so no ECE);
-* **self-consistency** (:func:`self_consistency_signal`): the modal answer of the ``n``
-  samples and the share that agree with it (the teacher; ``n`` times the cost);
-* **constrained / Semantic Softmax top probability** (:func:`label_signals`, label tasks
-  only): one forward pass over the label set through :func:`semsoft_plugin.engines.hf.classify`;
+* **self-consistency** ([`self_consistency_signal`][semsoft_eval.distill.evaluation.self_consistency_signal]): the modal answer of the `n`
+  samples and the share that agree with it (the teacher; `n` times the cost);
+* **constrained / Semantic Softmax top probability** ([`label_signals`][semsoft_eval.distill.evaluation.label_signals], label tasks
+  only): one forward pass over the label set through [`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify];
   the argmax label and its probability. For open QA there is no label set and these do
   not apply;
-* **verbal, expected stated value** (:func:`stated_value_signal`): after the same greedy
+* **verbal, expected stated value** ([`stated_value_signal`][semsoft_eval.distill.evaluation.stated_value_signal]): after the same greedy
   answer line, the model's probability of each statement it was taught
-  (``"Confidence: 5%"`` ... ``"95%"``, the paper's targets), normalised over them; the
+  (`"Confidence: 5%"` ... `"95%"`, the paper's targets), normalised over them; the
   confidence is their expectation. Greedy decoding states the mode of that distribution,
   which a lightly trained model makes the same for every item (ties give AUROC2 0.5); the
   expectation tells whether the ranking was learnt but hidden by the mode. One extra
@@ -65,7 +65,7 @@ __all__ = [
 
 @dataclass
 class Signal:
-    """Per-item correctness and confidence of one signal (``None``: not readable)."""
+    """Per-item correctness and confidence of one signal (`None`: not readable)."""
 
     name: str
     correct: list[bool]
@@ -164,7 +164,7 @@ def verbal_signal(
 
 
 def self_consistency_signal(sampled: Sequence[SampledItem], seconds: float | None) -> Signal:
-    """The teacher: modal answer's correctness and agreement of the ``n`` samples."""
+    """The teacher: modal answer's correctness and agreement of the `n` samples."""
     n = len(sampled[0].samples) if sampled else 0
     return Signal(
         name=f"self-consistency (n={n})",
@@ -221,7 +221,7 @@ def label_signals(
 
 
 def stated_values(signal: Signal) -> dict[str, int]:
-    """How often each confidence was stated (``"none"``: unreadable), most common first."""
+    """How often each confidence was stated (`"none"`: unreadable), most common first."""
     counts = Counter("none" if c is None else f"{round(c * 100)}%" for c in signal.confidence)
     return dict(counts.most_common())
 
@@ -237,14 +237,16 @@ def stated_value_signal(
 ) -> Signal:
     """The expectation of the taught confidence statements after each greedy answer.
 
-    For item ``i`` with greedy answer line ``a_i`` (``verbal.answers``) and the statements
-    ``s_v = "\\nConfidence: v%"`` + EOS for ``v`` in ``values``,
+    For item `i` with greedy answer line `a_i` (`verbal.answers`) and the statements
+    `s_v = "\\nConfidence: v%"` + EOS for `v` in `values`,
 
-    .. math:: c_i = \\sum_v v \\, \\frac{p(s_v \\mid x_i, a_i)}{\\sum_u p(s_u \\mid x_i, a_i)},
+    $$
+    c_i = \\sum_v v \\, \\frac{p(s_v \\mid x_i, a_i)}{\\sum_u p(s_u \\mid x_i, a_i)},
+    $$
 
-    with ``p`` the product of the model's next-token probabilities over the statement's
+    with `p` the product of the model's next-token probabilities over the statement's
     tokens, tokenised as in training (prompt, then the completion). Correctness is the
-    greedy answer's (``verbal.correct``), so only the confidence reading differs.
+    greedy answer's (`verbal.correct`), so only the confidence reading differs.
     """
     import torch
 
@@ -284,9 +286,9 @@ def stated_value_signal(
 
 
 def _continuation_log_probs(model: Any, rows: list[list[int]], pad: int, device: Any) -> Any:
-    """``log p(row[shared:] | row[:shared])`` for each row, ``shared`` their common prefix.
+    """`log p(row[shared:] | row[:shared])` for each row, `shared` their common prefix.
 
-    The common prefix (prompt, answer, ``"\\nConfidence: "``) is run once and its cache
+    The common prefix (prompt, answer, `"\\nConfidence: "`) is run once and its cache
     repeated for the rows' tails, so an item costs one prompt pass plus a few tokens per
     row. Its own probability is the same for every row and cancels in the normalisation
     over rows, so it is left out. At least one token per row is kept as tail.

@@ -1,24 +1,24 @@
-"""The whole recipe (``semsoft distill``): three arms and the signals side by side.
+"""The whole recipe (`semsoft distill`): three arms and the signals side by side.
 
-:func:`run_distill` samples train and held-out items once (cached), builds the targets,
+[`run_distill`][semsoft_eval.distill.run.run_distill] samples train and held-out items once (cached), builds the targets,
 and trains three arms as in Cacioli (2026):
 
-* ``all items`` (the rescue): every item with a readable modal answer;
-* ``shuffled`` (the control): the same targets permuted across items;
-* ``modal filter``: only items whose modal answer is right (the paper's failure: the
+* `all items` (the rescue): every item with a readable modal answer;
+* `shuffled` (the control): the same targets permuted across items;
+* `modal filter`: only items whose modal answer is right (the paper's failure: the
   targets collapse and the guard refuses it, reported, not raised).
 
-With ``warmup_items > 0`` a first LoRA teaches the answer alone (gold label, no
+With `warmup_items > 0` a first LoRA teaches the answer alone (gold label, no
 confidence) on items disjoint from the train and held-out sets, and is merged into the
 model before anything else: the teacher samples, every baseline and every arm then use
-that answer model (see :func:`~semsoft_eval.distill.targets.build_answer_examples`).
+that answer model (see [`build_answer_examples`][semsoft_eval.distill.targets.build_answer_examples]).
 
-The main set refused by the guard raises ``ValueError`` (nothing can be learnt). On the
+The main set refused by the guard raises `ValueError` (nothing can be learnt). On the
 held-out items it reports the verbal confidence before and after each arm and the
-one-pass signals of :mod:`semsoft_eval.distill.evaluation`, their cost (forward passes
-and seconds per item) and the training time, in ``report.json``;
-:func:`~semsoft_eval.distill.tables.format_markdown` turns it into tables, and
-:mod:`semsoft_eval.distill.cli` is the command line.
+one-pass signals of [`semsoft_eval.distill.evaluation`][semsoft_eval.distill.evaluation], their cost (forward passes
+and seconds per item) and the training time, in `report.json`;
+[`format_markdown`][semsoft_eval.distill.tables.format_markdown] turns it into tables, and
+[`semsoft_eval.distill.cli`][semsoft_eval.distill.cli] is the command line.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ __all__ = [
 
 @dataclass
 class DistillConfig:
-    """Settings of :func:`run_distill` (the command's flags)."""
+    """Settings of [`run_distill`][semsoft_eval.distill.run.run_distill] (the command's flags)."""
 
     model: str = "default"
     task: str = "sst2"
@@ -105,7 +105,7 @@ class DistillConfig:
 
 
 def load_student(config: DistillConfig, warmup: Path | None = None) -> tuple[Any, Any]:
-    """The model in float32 on its device; with ``warmup``, that adapter merged in."""
+    """The model in float32 on its device; with `warmup`, that adapter merged in."""
     from semsoft_plugin.engines import models
 
     model, tokenizer = models.load(config.model, dtype="float32")
@@ -116,7 +116,7 @@ def load_student(config: DistillConfig, warmup: Path | None = None) -> tuple[Any
 
 
 def _finite(value: float) -> float | None:
-    """Rounded for the report; ``None`` where undefined (AUROC2 of one class is NaN)."""
+    """Rounded for the report; `None` where undefined (AUROC2 of one class is NaN)."""
     return round(float(value), 4) if np.isfinite(value) else None
 
 
@@ -266,7 +266,7 @@ def read_arm(
 
 
 def run_distill(config: DistillConfig) -> dict[str, Any]:
-    """The whole recipe (see the module docstring); returns and writes ``report.json``."""
+    """The whole recipe (see the module docstring); returns and writes `report.json`."""
     from semsoft_plugin.engines import models
 
     if config.match not in ("exact", "contains"):

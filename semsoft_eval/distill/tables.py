@@ -1,8 +1,8 @@
-"""The held-out figures of a ``semsoft distill`` report as Markdown tables.
+"""The held-out figures of a `semsoft distill` report as Markdown tables.
 
-Kept apart from the recipe (:mod:`semsoft_eval.distill.run`): it reads only the
-``report.json`` dictionary, never the run's settings or models, so a report written
-earlier can be turned into tables again (``benchmarks/distill_readout.py`` does).
+Kept apart from the recipe ([`semsoft_eval.distill.run`][semsoft_eval.distill.run]): it reads only the
+`report.json` dictionary, never the run's settings or models, so a report written
+earlier can be turned into tables again (`benchmarks/distill_readout.py` does).
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
-"""Steps 1-3 of the recipe: sample answers, turn ``n_correct`` into targets, guard the set.
+"""Steps 1-3 of the recipe: sample answers, turn `n_correct` into targets, guard the set.
 
-* :func:`sample_items` samples ``n`` answers per question at ``T`` (paper: 10 at 0.7),
-  grades each (:func:`~semsoft_eval.distill.data.grade`), and keeps the modal answer,
-  its agreement (the self-consistency confidence), ``n_correct`` and the target of
-  :func:`~semsoft_eval.confidence.target_from_samples` (5% ... 95%);
-* :func:`sample_cached` does the same through a JSON cache (sampling is the slow step;
+* [`sample_items`][semsoft_eval.distill.targets.sample_items] samples `n` answers per question at `T` (paper: 10 at 0.7),
+  grades each ([`grade`][semsoft_eval.distill.data.grade]), and keeps the modal answer,
+  its agreement (the self-consistency confidence), `n_correct` and the target of
+  `semsoft_eval.confidence.target_from_samples` (5% ... 95%);
+* [`sample_cached`][semsoft_eval.distill.targets.sample_cached] does the same through a JSON cache (sampling is the slow step;
   never pickle), reused only when the model, questions and settings match;
-* :func:`modal_filter` is the paper's failing filter and :func:`guarded` the
-  label-entropy guard (:func:`~semsoft_eval.confidence.check_label_entropy`) as a
+* [`modal_filter`][semsoft_eval.distill.targets.modal_filter] is the paper's failing filter and [`guarded`][semsoft_eval.distill.targets.guarded] the
+  label-entropy guard (`semsoft_eval.confidence.check_label_entropy`) as a
   report entry instead of an exception;
-* :func:`build_examples` writes the SFT examples ``" <modal answer>\\nConfidence: NN%"``
-  (``shuffle_targets=True``: the control, same targets permuted across items).
+* [`build_examples`][semsoft_eval.distill.targets.build_examples] writes the SFT examples `" <modal answer>\\nConfidence: NN%"`
+  (`shuffle_targets=True`: the control, same targets permuted across items).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ __all__ = [
 class SampledItem:
     """A question with its sampled answers and the confidence target they give.
 
-    ``n_parsed`` counts the samples that were readable (a label named, or non-empty).
+    `n_parsed` counts the samples that were readable (a label named, or non-empty).
     """
 
     question: str
@@ -62,7 +62,7 @@ class SampledItem:
 
     @classmethod
     def from_json(cls, stored: dict[str, Any]) -> SampledItem:
-        """The item as :func:`sample_cached` stores it (``dataclasses.asdict``) read back."""
+        """The item as [`sample_cached`][semsoft_eval.distill.targets.sample_cached] stores it (`dataclasses.asdict`) read back."""
         return cls(
             **{**stored, "aliases": tuple(stored["aliases"]), "samples": tuple(stored["samples"])}
         )
@@ -72,7 +72,7 @@ class SampledItem:
 class Example:
     """One SFT example: a prompt (chat messages or text) and the completion taught.
 
-    ``target`` is the confidence taught; ``None`` for an answer warm-up example, which
+    `target` is the confidence taught; `None` for an answer warm-up example, which
     teaches the answer alone.
     """
 
@@ -82,7 +82,7 @@ class Example:
 
 
 def summarise(item: QAItem, texts: Sequence[str], *, match: str = "contains") -> SampledItem:
-    """Modal answer, agreement, ``n_correct`` and target of one item's sampled texts.
+    """Modal answer, agreement, `n_correct` and target of one item's sampled texts.
 
     Unreadable samples never vote and count as wrong; ties go to the first sampled.
     """
@@ -124,7 +124,7 @@ def sample_items(
     match: str = "contains",
     progress: bool | None = None,
 ) -> list[SampledItem]:
-    """Sample ``n`` answers per question and derive the modal answer and the target."""
+    """Sample `n` answers per question and derive the modal answer and the target."""
     prompts = [qa_prompt(tokenizer, item) for item in items]
     out = generate(
         model, tokenizer, prompts, n=n, temperature=temperature, seed=seed,
@@ -143,10 +143,10 @@ def sample_cached(
     resample: bool = False,
     **kwargs: Any,
 ) -> tuple[list[SampledItem], float | None]:
-    """:func:`sample_items` through a JSON cache; returns the items and the seconds spent.
+    """[`sample_items`][semsoft_eval.distill.targets.sample_items] through a JSON cache; returns the items and the seconds spent.
 
-    The cache is used only when its ``key`` (model, questions, settings) equals ``key``;
-    the seconds are ``None`` when it was (and stored ones are reported by the caller).
+    The cache is used only when its `key` (model, questions, settings) equals `key`;
+    the seconds are `None` when it was (and stored ones are reported by the caller).
     """
     cache = Path(cache)
     key = {**key, "questions": [i.question for i in items]}
@@ -189,7 +189,7 @@ def guarded(
     min_entropy_bits: float = 0.5,
     max_top_share: float = 0.9,
 ) -> dict[str, Any]:
-    """The guard's figures, or ``{"refused": message}`` (also for too few examples)."""
+    """The guard's figures, or `{"refused": message}` (also for too few examples)."""
     if len(targets) < min_examples:
         return {
             "refused": f"{what}: {len(targets)} examples, fewer than the "
@@ -211,10 +211,10 @@ def build_examples(
     shuffle_targets: bool = False,
     seed: int = 0,
 ) -> list[Example]:
-    """SFT examples: the verbal prompt, then ``" <modal answer>\\nConfidence: NN%"``.
+    """SFT examples: the verbal prompt, then `" <modal answer>\\nConfidence: NN%"`.
 
     Items without any readable sampled answer teach nothing and are left out.
-    ``shuffle_targets`` permutes the targets across the kept items (the control).
+    `shuffle_targets` permutes the targets across the kept items (the control).
     """
     kept = [s for s in sampled if s.modal]
     targets = [s.target for s in kept]
@@ -231,7 +231,7 @@ def build_examples(
 
 
 def build_answer_examples(tokenizer: Any, items: Sequence[QAItem]) -> list[Example]:
-    """Answer warm-up examples: the plain question prompt, then ``" <gold answer>"``.
+    """Answer warm-up examples: the plain question prompt, then `" <gold answer>"`.
 
     The paper starts from a model that already answers its task in the expected format
     (Gemma 3 4B on TriviaQA). A small model may not: SmolLM2-135M writes a label on

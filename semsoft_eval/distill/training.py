@@ -1,17 +1,17 @@
 """Steps 4-5 of the recipe: LoRA SFT with TRL and the adapter on disk.
 
-:func:`train_lora` runs TRL's ``SFTTrainer`` with a peft ``LoraConfig`` (paper: rank 16,
-alpha 32) on the examples of :func:`~semsoft_eval.distill.targets.build_examples`. The
-examples are tokenised here (the chat template with its pre-filled ``"Answer:"`` turn,
-then the completion and EOS) and handed over as ``input_ids`` + ``completion_mask``, so
+[`train_lora`][semsoft_eval.distill.training.train_lora] runs TRL's `SFTTrainer` with a peft `LoraConfig` (paper: rank 16,
+alpha 32) on the examples of [`build_examples`][semsoft_eval.distill.targets.build_examples]. The
+examples are tokenised here (the chat template with its pre-filled `"Answer:"` turn,
+then the completion and EOS) and handed over as `input_ids` + `completion_mask`, so
 TRL's completion-only loss covers exactly the answer and confidence tokens: TRL's own
 conversational tokenisation would re-render the assistant prefix as a generation
 prompt and split it from the completion. Training is float32 on CPU (bf16 is about 7x
 slower on this machine's CPU and loses small AdamW updates) and seeded.
 
-:func:`save_adapter` writes the standard peft layout (``adapter_config.json`` +
-``adapter_model.safetensors``, never pickle), loadable with ``PeftModel.from_pretrained``
-(:func:`load_adapter`) and by vLLM's LoRA support (``LoRARequest``).
+[`save_adapter`][semsoft_eval.distill.training.save_adapter] writes the standard peft layout (`adapter_config.json` +
+`adapter_model.safetensors`, never pickle), loadable with `PeftModel.from_pretrained`
+([`load_adapter`][semsoft_eval.distill.training.load_adapter]) and by vLLM's LoRA support (`LoRARequest`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def tokenize_example(tokenizer: Any, example: Example) -> dict[str, list[int]]:
-    """``input_ids`` (prompt, completion, EOS) and ``completion_mask`` (1 on what is taught)."""
+    """`input_ids` (prompt, completion, EOS) and `completion_mask` (1 on what is taught)."""
     text, special = format_prompt(tokenizer, example.prompt)
     prompt_ids = tokenizer.encode(text, add_special_tokens=not special)
     answer_ids = tokenizer.encode(example.completion, add_special_tokens=False)
@@ -72,10 +72,10 @@ def train_lora(
     seed: int = 0,
     progress: bool | None = None,
 ) -> tuple[Any, list[float]]:
-    """LoRA SFT of ``model`` on ``examples`` with TRL (loss on the completion tokens only).
+    """LoRA SFT of `model` on `examples` with TRL (loss on the completion tokens only).
 
     Returns the trained peft model (in eval mode) and the logged loss of each step.
-    Give a float32 model. ``max_steps`` caps the steps (the tests take one).
+    Give a float32 model. `max_steps` caps the steps (the tests take one).
     """
     from datasets import Dataset
     from peft import LoraConfig
@@ -143,7 +143,7 @@ def train_lora(
 
 
 def save_adapter(peft_model: Any, out_dir: str | Path, info: dict[str, Any] | None = None) -> Path:
-    """Save the adapter (peft layout, safetensors) and, beside it, ``distill.json``."""
+    """Save the adapter (peft layout, safetensors) and, beside it, `distill.json`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     peft_model.save_pretrained(str(out), safe_serialization=True)
@@ -153,7 +153,7 @@ def save_adapter(peft_model: Any, out_dir: str | Path, info: dict[str, Any] | No
 
 
 def load_adapter(base: Any, adapter_dir: str | Path, *, merge: bool = True) -> Any:
-    """``base`` with a saved adapter applied (merged: as fast as the base model)."""
+    """`base` with a saved adapter applied (merged: as fast as the base model)."""
     from peft import PeftModel
 
     model = PeftModel.from_pretrained(base, str(adapter_dir))

@@ -18,17 +18,16 @@ text), so no text is scored twice.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from semsoft_plugin.app import file_mode
-from semsoft_plugin.app.classify_args import classifier_from_args
 from semsoft_plugin.app.columns import row_list
-from semsoft_plugin.app.file_plan import FilePlan, check_output, make_plan
+from semsoft_plugin.app.file_plan import FileJob, FilePlan, check_output, make_plan
 from semsoft_plugin.app.file_settings import settings_path, write_settings
 from semsoft_plugin.app.output_lock import OutputLock
 
@@ -36,12 +35,7 @@ __all__ = ["run_classify_file"]
 
 
 def run_classify_file(
-    args: argparse.Namespace,
-    labels: list[str],
-    template: Any,
-    config: Any,
-    *,
-    fitted: bool = False,
+    job: FileJob, labels: list[str], make_classifier: Callable[[], Any]
 ) -> int:
     """Score every row of ``--input`` into ``--output``, a batch at a time.
 
@@ -59,24 +53,34 @@ def run_classify_file(
     ``--resume`` reuses the recorded one; a run stopped before it was recorded estimates
     it again).
 
-    Returns 0, or 1 when writing the output failed (a full disk, a file-size limit): one
-    line on stderr says so and that ``--resume`` continues.
+    Parameters
+    ----------
+    job : FileJob
+        The job's options, read once from the command line
+        ([file_job][semsoft_plugin.app.file_plan.file_job]).
+    labels : list of str
+        The labels in the user's order.
+    make_classifier : callable
+        Builds the classifier; called once the plan is checked, and only when rows are
+        left to score.
+
+    Returns
+    -------
+    int
+        0, or 1 when writing the output failed (a full disk, a file-size limit): one
+        line on stderr says so and that ``--resume`` continues.
     """
-    output = check_output(args)
+    output = check_output(job)
     with OutputLock(output):
-        plan = make_plan(args, labels, template, config, output)
+        plan = make_plan(job, labels)
         if plan.empty:
             print(
                 f"semsoft classify: skipped {len(plan.empty)} row(s) with an empty "
-                f"{args.text_column!r}: row {row_list(plan.empty)}",
+                f"{job.text_column!r}: row {row_list(plan.empty)}",
                 file=sys.stderr,
             )
         remaining = len(plan.done) < len(plan.todo)
-        classifier = (
-            classifier_from_args(args, labels, template, config, fitted=fitted)
-            if remaining
-            else None
-        )
+        classifier = make_classifier() if remaining else None
         return _score(plan, classifier, labels)
 
 
@@ -117,11 +121,18 @@ def _score(plan: FilePlan, classifier: Any, labels: list[str]) -> int:
     first: dict[str, dict[str, Any]] = {}  # --calibrate file: the first pass's raw rows
     pending = len(plan.done)  # the next position in plan.todo to write
     correction = plan.correction
+    whole, done = plan.fingerprint().to_dict(), plan.fingerprint(pending)
+
+    def record() -> None:
+        write_settings(plan.output, plan.settings, plan.made_with, correction,
+                       input_print=whole, done_print=done.to_dict())  # fmt: skip
+
     try:
         if not plan.resuming:
-            write_settings(plan.output, plan.settings, plan.made_with)
+            record()
         if plan.file_strength is not None and correction is None and classifier is not None:
             correction = _first_pass(plan, classifier, first, now)
+            record()
         writer = plan.open_writer()
         for chunk in plan.batches() if classifier is not None else []:
             if all(text in first for text in chunk):
@@ -139,6 +150,8 @@ def _score(plan: FilePlan, classifier: Any, labels: list[str]) -> int:
             rows = plan.todo[pending:end]
             added = [scores[plan.texts[i]] for i in rows]
             writer.write(plan.output_rows(rows, added), names=[f"input row {i + 1}" for i in rows])
+            done.add([plan.texts[i] for i in rows])
+            record()  # after the rows are durable: the record never counts a row not written
             now.add(plan, rows, added)
             bar.update(len(rows))
             pending = end
@@ -192,8 +205,8 @@ def _first_pass(
     plan: FilePlan, classifier: Any, first: dict[str, dict[str, Any]], now: _Tally
 ) -> Any:
     """``--calibrate file``: score every distinct text (in the write pass's batches, so
-    its numbers are the write pass's), estimate the correction from them (each text
-    once) and record it beside the output before any row is written."""
+    its numbers are the write pass's) and estimate the correction from them (each text
+    once); the caller records it beside the output before any row is written."""
     from tqdm.auto import tqdm
 
     distinct = plan.distinct
@@ -207,9 +220,7 @@ def _first_pass(
     # Only called in the file mode, where the plan holds the strength (0 is a strength:
     # `or 1.0` once applied --file-strength 0 at full strength).
     assert plan.file_strength is not None
-    correction = file_mode.estimate_rows(plan.result, rows, plan.file_strength)
-    write_settings(plan.output, plan.settings, plan.made_with, correction)
-    return correction
+    return file_mode.estimate_rows(plan.result, rows, plan.file_strength)
 
 
 def _close_quietly(writer: Any) -> None:

@@ -34,12 +34,16 @@ from semsoft_plugin.app.classify_args import (
     strength_arg,
 )
 from semsoft_plugin.app.classify_file import run_classify_file
+from semsoft_plugin.app.classify_modes import check_mode_flags, fill_defaults
 from semsoft_plugin.app.config_args import (
     add_config_arguments,
     check_one_base,
     config_from_args,
 )
-from semsoft_plugin.app.fitted import load_fitted
+from semsoft_plugin.app.file_plan import file_job
+from semsoft_plugin.app.fit_file import run_identity
+from semsoft_plugin.app.fitted import read_fit
+from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.core.labels import LABELS_SYNTAX
 
 __all__ = [
@@ -165,8 +169,8 @@ def _add_classify_parser(subparsers: Any) -> None:
     add_config_arguments(parser)
     parser.add_argument(
         "--backend",
-        choices=("hf", "vllm"),
-        default="hf",
+        choices=("transformers", "vllm"),
+        default="transformers",
         help="engine: transformers, or vLLM with the plugin (the forward path of 'semsoft eval')",
     )
     parser.add_argument(
@@ -191,13 +195,12 @@ def _add_classify_parser(subparsers: Any) -> None:
         "sure model's lean is the file's content) or the share applied, in [0, 1] (0 "
         "changes nothing)",
     )
-    parser.add_argument("--json", action="store_true", help="one text: print JSON")
+    parser.add_argument("--json", action="store_true", default=None, help="one text: print JSON")
     files = parser.add_argument_group("a file")
     files.add_argument("--input", help="CSV, TSV, JSONL or Parquet file with a text column")
-    files.add_argument("--text-column", default="text", help="the column to classify")
+    files.add_argument("--text-column", help="the column to classify (default text)")
     files.add_argument(
         "--encoding",
-        default="utf-8",
         help="the input file's text encoding (default utf-8, with or without a BOM), "
         "e.g. latin-1 or cp1252 for older exports",
     )
@@ -213,22 +216,26 @@ def _add_classify_parser(subparsers: Any) -> None:
         help="where the scored rows go: .csv, .tsv, .jsonl or .parquet (the only one that "
         "keeps every input column's type); one run at a time writes it",
     )
-    files.add_argument("--batch-size", type=int, default=8, help="rows per forward pass")
+    files.add_argument("--batch-size", type=int, help="rows per forward pass (default 8)")
     files.add_argument(
         "--review-below",
         type=float,
-        default=0.6,
         metavar="P",
         help="flag a row for review when its top probability is below P (default 0.6)",
     )
     files.add_argument(
-        "--resume", action="store_true", help="keep the rows already in --output, score the rest"
+        "--resume",
+        action="store_true",
+        default=None,
+        help="keep the rows already in --output, score the rest"
     )
-    files.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    files.add_argument(
+        "--overwrite", action="store_true", default=None, help="replace an existing --output"
+    )
     files.add_argument(
         "--column-prefix",
-        default="",
-        help="prefix of the added columns, when the input already has e.g. a 'label' column",
+        help="prefix of the added columns, when the input already has e.g. a 'label' column "
+        "(default none)",
     )
     _add_ray_options(parser)
     parser.set_defaults(func=_run_classify)
@@ -246,13 +253,12 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--ray-address", help="the cluster to join ('auto'); default: start a local one"
     )
-    group.add_argument("--concurrency", type=int, default=1, help="actors (models) at once")
+    group.add_argument("--concurrency", type=int, help="actors (models) at once (default 1)")
     group.add_argument("--num-cpus", type=float, help="CPUs per actor (torch threads)")
     group.add_argument("--num-gpus", type=float, help="GPUs per actor (e.g. 1 with vLLM)")
     group.add_argument(
         "--output-format",
         choices=("parquet", "csv", "jsonl"),
-        default="parquet",
         help="the files Ray writes into --output (default parquet)",
     )
     group.add_argument(
@@ -264,6 +270,8 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
 def _run_classify(args: argparse.Namespace) -> int:
     if (args.text is None) == (args.input is None):
         raise ValueError("give one text to classify or --input FILE, not both or neither")
+    check_mode_flags(args)  # a flag with no effect in this mode: refused, not ignored
+    fill_defaults(args)
     if args.engine_args and args.backend != "vllm":
         raise ValueError(
             f"--engine-args {json.dumps(args.engine_args)} apply only to --backend vllm"
@@ -284,29 +292,42 @@ def _run_classify(args: argparse.Namespace) -> int:
         )
     labels = parse_labels(args.labels)
     check_one_base(args)  # --preset beside --config: refused before the file is read
-    # The file is read once here: its config is the base, its correction (if any) is
-    # applied by the classifier (classify_args), row by row.
-    base, correction = load_fitted(args.config) if args.config else (None, None)
-    if correction is not None:
-        check_fitted_args(args, correction.procedure)
-    config = config_from_args(args, base=base)
-    fitted = correction is not None
+    _check_engine_installed(args.backend)
     template = prompt_template(args)
+    # The file is read and checked whole here, before any engine starts: its config is
+    # the base, its correction (if any) is applied by the classifier (classify_args), row
+    # by row, and only where it was fitted (labels, prompt, output layer).
+    fit = read_fit(args.config) if args.config else None
+    correction = None if fit is None else fit.correction
+    if fit is not None and correction is not None:
+        check_fitted_args(args, correction.procedure)
+        if correction.needs_hidden and args.backend == "vllm":
+            raise probe_refused(
+                f"--config {args.config} holds the probe: use --backend hf, or a fit without it"
+            )
+        fit.check_run(run_identity(labels, template, args.model, allow_download=True))
+    config = config_from_args(args, base=None if fit is None else fit.config)
+    fitted = correction is not None
     if args.input is not None and args.ray:
         from semsoft_plugin.app.ray import run_classify_cli
 
         return run_classify_cli(args, labels, template, config)
-    if args.ray:
-        raise ValueError("--ray goes with --input DIR_OR_FILE")
     if args.input is not None:
-        return run_classify_file(args, labels, template, config, fitted=fitted)
-    if args.output or args.resume:
-        raise ValueError("--output and --resume go with --input FILE")
+        fit_sha256 = fit.sha256 if fit is not None and fitted else None
+        job = file_job(args, labels, template, config, fit_sha256=fit_sha256)
+        return run_classify_file(
+            job,
+            labels,
+            lambda: classifier_from_args(args, labels, template, config, fitted=fitted),
+        )
     classifier = classifier_from_args(args, labels, template, config, fitted=fitted)
     details = classifier.predict_details([args.text])
     probs = _by_label(details.labels, details.probs[0], labels)
     constrained = _by_label(details.labels, details.constrained_probs[0], labels)
     fallback, coverage = bool(details.fallback[0]), float(details.coverage[0])
+    # The coverage measures the votes, which only a pool (semantic_weight > 0) counts: at
+    # the constrained softmax it says nothing, so it is not shown (JSON: null).
+    votes = config.semantic_weight > 0
     if args.json:
         print(
             json.dumps(
@@ -316,7 +337,7 @@ def _run_classify(args: argparse.Namespace) -> int:
                     "probs": probs,
                     "constrained_probs": constrained,
                     "fallback": fallback,
-                    "coverage": coverage,
+                    "coverage": coverage if votes else None,
                     "model": args.model,
                     "config": config.to_dict(),
                 }
@@ -328,8 +349,20 @@ def _run_classify(args: argparse.Namespace) -> int:
     print(f"{'':{width}}  {'probs':>8}  constrained_probs")
     for label in labels:
         print(f"{label:{width}}  {probs[label]:8.3f}  {constrained[label]:17.3f}")
-    print(f"coverage of the top-{config.k} mass by label neighbours: {coverage:.2f}")
+    if votes:
+        print(f"coverage of the top-{config.k} mass by label neighbours: {coverage:.2f}")
     return 0
+
+
+def _check_engine_installed(backend: str) -> None:
+    """``--backend vllm`` where vLLM is not installed: one line, before anything loads."""
+    from importlib.util import find_spec
+
+    if backend == "vllm" and find_spec("vllm") is None:
+        raise ValueError(
+            "--backend vllm needs vLLM, which is not installed: pip install "
+            "'semsoft-plugin[vllm]' (a GPU; on CPU see docs/vllm.md), or use --backend hf"
+        )
 
 
 def _by_label(columns: Sequence[str], row: Any, labels: Sequence[str]) -> dict[str, float]:

@@ -43,10 +43,14 @@ class ResultColumns:
     labels : label names in the order the user gave them (the column order)
     prefix : put before every added name (``--column-prefix``), for inputs that
         already hold e.g. a ``label`` column
+    votes : whether the scores count votes (a pool: ``semantic_weight > 0``); only then
+        is there a ``coverage`` column, the share of the top-K mass the votes claimed.
+        At the constrained softmax (the default) it would measure votes nobody counts.
     """
 
     labels: tuple[str, ...]
     prefix: str = ""
+    votes: bool = True
 
     @property
     def label(self) -> str:
@@ -72,7 +76,7 @@ class ResultColumns:
     def names(self) -> list[str]:
         """Every added column, in output order."""
         tail = [f"{self.prefix}{c}" for c in ("coverage", "fallback", "review", "truncated")]
-        return [self.label, *self.p, *self.constrained, *tail]
+        return [self.label, *self.p, *self.constrained, *tail[0 if self.votes else 1 :]]
 
     def check_clash(self, columns: Sequence[str], where: str) -> None:
         """``ValueError`` naming the input columns an added column would overwrite."""
@@ -98,7 +102,8 @@ class ResultColumns:
         row: dict[str, Any] = {self.label: label}
         row.update(zip(self.p, (float(v) for v in probs), strict=True))
         row.update(zip(self.constrained, (float(v) for v in constrained), strict=True))
-        row[f"{self.prefix}coverage"] = float(coverage)
+        if self.votes:
+            row[f"{self.prefix}coverage"] = float(coverage)
         row[f"{self.prefix}fallback"] = bool(fallback)
         row[self.review] = max(float(v) for v in probs) < review_below
         row[self.truncated] = int(truncated)
@@ -135,10 +140,11 @@ class ResultColumns:
         import pyarrow as pa
 
         floats = [(name, pa.float64()) for name in (*self.p, *self.constrained)]
+        coverage = [(f"{self.prefix}coverage", pa.float64())] if self.votes else []
         return [
             (self.label, pa.string()),
             *floats,
-            (f"{self.prefix}coverage", pa.float64()),
+            *coverage,
             (f"{self.prefix}fallback", pa.bool_()),
             (self.review, pa.bool_()),
             (self.truncated, pa.int64()),

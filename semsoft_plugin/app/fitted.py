@@ -18,13 +18,16 @@ The file is the config JSON ``semsoft tune`` always wrote, with one more key whe
 correction was adopted::
 
     {"k": 50, ..., "score_temperature": 0.8,
-     "fitted": {"procedure": "offset", "labels": ["negative", "positive"],
-                "offset": [0.31, -0.31]}}
+     "fitted": {"format": 2, "procedure": "offset",
+                "labels": ["negative", "positive"],
+                "prompt": {"user": "...", "answer_prefix": "Answer:", "system": null},
+                "output_layer": "<sha256>", "offset": [0.31, -0.31]}}
 
-and for the probe ``"probe": "<name>.probe.safetensors"``, its weights beside the JSON
-(safetensors, never pickle). A file without ``"fitted"`` is a plain config; a plain
-``SemsoftConfig.load`` refuses one with it by name (``unknown ... option(s): fitted``)
-rather than drop the correction.
+and for the probe ``"probe": "<file name>.probe.safetensors"``, its weights beside the
+JSON (safetensors, never pickle). The block's schema, and how a run is checked against
+it, is `semsoft_plugin.app.fit_file`'s. A file without ``"fitted"`` is a plain config; a
+plain ``SemsoftConfig.load`` refuses one with it by name (``unknown ... option(s):
+fitted``) rather than drop the correction.
 """
 
 from __future__ import annotations
@@ -34,14 +37,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from semsoft_plugin.core.config import SemsoftConfig, read_config_file
+from semsoft_plugin.app.fit_file import (
+    FIT_FORMAT,
+    FitIdentity,
+    checked_block_keys,
+    checked_identity,
+    checked_offset,
+    file_sha256,
+    probe_file_name,
+    probe_path,
+)
+from semsoft_plugin.core.config import SemsoftConfig, read_config_bytes
 
 if TYPE_CHECKING:
     import numpy as np
 
     from semsoft_plugin.app.probe import LinearProbe
 
-__all__ = ["FittedCorrection", "load_fitted", "save_fitted"]
+__all__ = ["FitFile", "FittedCorrection", "load_fitted", "read_fit", "save_fitted"]
 
 _KEY = "fitted"
 _OFFSET_MEMBERS = ("offset", "batch", "contextual")
@@ -117,46 +130,151 @@ class FittedCorrection:
         return out
 
 
+@dataclass(frozen=True)
+class FitFile:
+    """A config file as read and checked whole (`read_fit`).
+
+    Attributes
+    ----------
+    path : Path
+        The file.
+    config : SemsoftConfig
+        Its settings.
+    correction : FittedCorrection or None
+        Its correction; None for a plain config file.
+    identity : FitIdentity or None
+        What the fit was made on (labels, prompt, output layer); None for a plain
+        config file.
+    sha256 : str
+        The file's bytes' sha256 (what a settings record names the fit by).
+    """
+
+    path: Path
+    config: SemsoftConfig
+    correction: FittedCorrection | None
+    identity: FitIdentity | None
+    sha256: str
+
+    def check_run(self, run: FitIdentity | None) -> None:
+        """Refuse a run that does not match the fit (nothing to check for a plain
+        config, or without a run to check).
+
+        Parameters
+        ----------
+        run : FitIdentity or None
+            The run's labels, prompt and output layer.
+        """
+        if self.identity is not None and run is not None:
+            self.identity.check_run(run, f"fit file {self.path}")
+
+
 def save_fitted(
-    path: str | Path, config: SemsoftConfig, correction: FittedCorrection | None
+    path: str | Path,
+    config: SemsoftConfig,
+    correction: FittedCorrection | None,
+    identity: FitIdentity | None = None,
 ) -> None:
-    """Write ``config`` and, if given, ``correction`` (the probe's weights to
-    ``<stem>.probe.safetensors`` beside ``path``)."""
+    """Write ``config`` and, if given, ``correction`` with what it was fitted on.
+
+    Parameters
+    ----------
+    path : str or Path
+        The fit file (JSON). A probe's weights go beside it, to
+        ``probe_file_name(path)`` (``fit.json.probe.safetensors``).
+    config : SemsoftConfig
+        The fitted settings.
+    correction : FittedCorrection or None
+        The correction a bias member or the probe adds; None writes a plain config.
+    identity : FitIdentity or None
+        The labels, prompt and output layer the fit was made on; needed with a
+        correction.
+    """
     path = Path(path)
     data: dict[str, Any] = config.to_dict()
     if correction is not None:
+        if identity is None:
+            raise ValueError(
+                "a fitted correction is saved with the labels, prompt and model it was "
+                "fitted on (identity=FitIdentity(...))"
+            )
+        if tuple(identity.labels) != tuple(correction.labels):
+            raise ValueError(
+                f"the correction's labels {list(correction.labels)} are not the fit's "
+                f"{list(identity.labels)}"
+            )
         probe_file = None
         if correction.probe is not None:
-            probe_file = f"{path.stem}.probe.safetensors"
+            probe_file = probe_file_name(path)
             correction.probe.save(path.parent / probe_file, correction.labels)
-        data[_KEY] = correction.to_dict(probe_file)
+        block = {"format": FIT_FORMAT, "procedure": correction.procedure, **identity.to_dict()}
+        block.update(correction.to_dict(probe_file))
+        data[_KEY] = block
     path.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
 
 
-def load_fitted(path: str | Path) -> tuple[SemsoftConfig, FittedCorrection | None]:
-    """The config of a file written by :func:`save_fitted` (or any config file), and its
-    correction (None for a plain config)."""
+def read_fit(path: str | Path) -> FitFile:
+    """A config file, checked whole: its settings and, under ``"fitted"``, the
+    correction and what it was fitted on (`semsoft_plugin.app.fit_file`).
+
+    Parameters
+    ----------
+    path : str or Path
+        The file (``save_fit``'s, ``semsoft tune``'s, or a plain config file).
+
+    Returns
+    -------
+    FitFile
+        The checked file.
+
+    Raises
+    ------
+    ValueError
+        One line naming the file and the bad value: unreadable, not JSON, a file from
+        before this format, an unknown member or key, a number not finite, an array of
+        the wrong shape, a probe outside the fit's folder.
+    """
     path = Path(path)
-    data = read_config_file(path)
+    data, raw = read_config_bytes(path)
+    source = f"config file {path}"
     if not isinstance(data, dict) or _KEY not in data:
-        return SemsoftConfig.from_dict(data, f"config file {path}"), None
+        return FitFile(path, SemsoftConfig.from_dict(data, source), None, None, file_sha256(raw))
     fitted = data.pop(_KEY)
-    config = SemsoftConfig.from_dict(data, f"config file {path}")
-    if not isinstance(fitted, dict) or not isinstance(fitted.get("labels"), list):
-        raise ValueError(f"config file {path}: 'fitted' must be an object with 'labels'")
-    labels = tuple(str(name) for name in fitted["labels"])
-    probe = None
-    if fitted.get("probe") is not None:
+    config = SemsoftConfig.from_dict(data, source)
+    procedure = checked_block_keys(fitted, source)
+    identity = checked_identity(fitted, source)
+    labels = identity.labels
+    probe = offset = None
+    if procedure == "probe":
         from semsoft_plugin.app.probe import LinearProbe
 
-        probe, probe_labels = LinearProbe.load(path.parent / str(fitted["probe"]))
+        where = probe_path(path, fitted["probe"])
+        probe, probe_labels = LinearProbe.load(where)
         if tuple(probe_labels) != labels:
-            raise ValueError(
-                f"{fitted['probe']}: the probe's labels {probe_labels} are not {labels}"
-            )
-    offset = fitted.get("offset")
-    if offset is not None:
-        if not isinstance(offset, list) or not all(isinstance(v, int | float) for v in offset):
-            raise ValueError(f"config file {path}: 'fitted.offset' must be a list of numbers")
-        offset = tuple(float(v) for v in offset)
-    return config, FittedCorrection(str(fitted.get("procedure")), labels, offset, probe)
+            raise ValueError(f"{where}: the probe's labels {probe_labels} are not {list(labels)}")
+    else:
+        offset = checked_offset(fitted["offset"], len(labels), source)
+    correction = FittedCorrection(procedure, labels, offset, probe)
+    return FitFile(path, config, correction, identity, file_sha256(raw))
+
+
+def load_fitted(
+    path: str | Path, run: FitIdentity | None = None
+) -> tuple[SemsoftConfig, FittedCorrection | None]:
+    """The config and correction of a file (`read_fit`), checked against a run.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+    run : FitIdentity or None
+        The labels, prompt and output layer of the run that applies the fit; a
+        mismatch is refused naming both sides. None: the file alone is checked.
+
+    Returns
+    -------
+    tuple
+        The config and the correction (None for a plain config).
+    """
+    fit = read_fit(path)
+    fit.check_run(run)
+    return fit.config, fit.correction

@@ -22,10 +22,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.app.fitted import load_fitted
+from semsoft_plugin.app.fit_file import run_identity
+from semsoft_plugin.app.fitted import read_fit
 from semsoft_plugin.app.probe import probe_refused
+from semsoft_plugin.engines.prompting import PromptTemplate
 
-__all__ = ["load_fit"]
+__all__ = ["OUTLINES_PROMPT", "load_fit"]
+
+# The prompt as Outlines gives it to the model: the text alone as the user message, the
+# chat's generation prompt after it, no answer prefix (a fit must be made with it).
+OUTLINES_PROMPT = PromptTemplate("{text}", answer_prefix="")
 
 _ADVICE = (
     "use a transformers model (outlines.from_transformers), or leave 'probe' out of fit_family"
@@ -57,15 +63,25 @@ def load_fit(
     Raises
     ------
     ValueError
-        For a file whose labels are not the choices, and on a vLLM model for a file
-        holding a correction (the probe: :func:`~semsoft_plugin.app.probe.probe_refused`).
+        For a file whose labels are not the choices, fitted with another prompt than
+        `OUTLINES_PROMPT` or on another model's output layer, and on a vLLM model for a
+        file holding a correction (the probe: :func:`~semsoft_plugin.app.probe.probe_refused`).
     """
     from semsoft_plugin.engines.outlines import Generator
-    from semsoft_plugin.engines.outlines.base import model_engine
+    from semsoft_plugin.engines.outlines.base import ChoiceOptions, model_engine
+    from semsoft_plugin.engines.outlines.choices import choice_labels
 
-    config, correction = load_fitted(path)
+    fit = read_fit(path)
+    config, correction = fit.config, fit.correction
     if correction is not None and correction.needs_hidden and model_engine(model) == "vllm":
         raise probe_refused(_ADVICE)
-    sampling = {} if temperature is None else {"temperature": temperature}
-    return Generator(model, output_type, backend, config=config, variants=variants,
-                     fitted_correction=correction, **sampling)  # fmt: skip
+    if fit.identity is not None and model_engine(model) != "vllm":  # vLLM: refused below
+        choices = choice_labels(output_type)
+        # Outlines' prompt names no labels, so their order is the fit's when the set is.
+        same = sorted(choices) == sorted(fit.identity.labels)
+        fit.check_run(
+            run_identity(fit.identity.labels if same else choices, OUTLINES_PROMPT,
+                         getattr(model, "model", model))
+        )  # fmt: skip
+    options = ChoiceOptions(config, variants, correction, temperature)
+    return Generator(model, output_type, backend, options=options)

@@ -1,11 +1,11 @@
-"""What :meth:`Classifier.predict_details <semsoft_plugin.app.classifier.Classifier.predict_details>`
-returns for a batch: :class:`Predictions`, numpy arrays over N texts in the classifier's
-``classes_`` column order, and :func:`probability_rows`, which turns the engines'
+"""What [`Classifier.predict_details`][semsoft_plugin.app.classifier.Classifier.predict_details]
+returns for a batch: [`Predictions`][semsoft_plugin.app.predictions.Predictions], numpy arrays over N texts in the classifier's
+`classes_` column order, and [`probability_rows`][semsoft_plugin.app.predictions.probability_rows], which turns the engines'
 per-text label -> probability dicts into those rows.
 
 Apart from the classifier: these are the arrays the CLI and the table columns read, and
 they do not depend on how the texts were scored. numpy is imported only when rows are built:
-``import semsoft_plugin`` stays torch-only.
+`import semsoft_plugin` stays torch-only.
 """
 
 from __future__ import annotations
@@ -22,19 +22,40 @@ __all__ = ["Predictions", "probability_rows"]
 
 @dataclass(frozen=True)
 class Predictions:
-    """Everything scored for N texts, rows in input order, columns in ``labels`` order.
+    """Everything scored for N texts, rows in input order, columns in `labels` order.
 
     Attributes
     ----------
-    labels : the label names in column order: the classifier's ``classes_`` (sorted)
-    label : per text, the calibrated label (argmax of ``probs``)
-    probs : ``[N, L]`` float64 Semantic Softmax probabilities, rows summing to 1
-    constrained_probs : ``[N, L]`` float64 softmax over the label tokens only (the baseline)
-    coverage : ``[N]`` share of the top-K mass that voted for some label
-    fallback : ``[N]`` bool, True where no kept token voted for any label and
-        ``probs`` is the constrained softmax
-    truncated : ``[N]`` int, the number of tokens cut from the end of each text to fit
-        the model's context (or ``max_text_tokens``); 0 where the whole text was scored
+    labels : tuple[str, ...]
+        The label names in column order: the classifier's `classes_` (sorted)
+    label : list[str]
+        Per text, the calibrated label (argmax of `probs`)
+    probs : np.ndarray
+        `[N, L]` float64 Semantic Softmax probabilities, rows summing to 1
+    constrained_probs : np.ndarray
+        `[N, L]` float64 softmax over the label tokens only (the baseline)
+    coverage : np.ndarray
+        `[N]` share of the top-K mass that voted for some label
+    fallback : np.ndarray
+        `[N]` bool, True where no kept token voted for any label and
+        `probs` is the constrained softmax
+    truncated : np.ndarray
+        `[N]` int, the number of tokens cut from the end of each text to fit
+        the model's context (or `max_text_tokens`); 0 where the whole text was scored
+
+    Examples
+    --------
+    ```python
+    from semsoft_plugin import Classifier
+
+    clf = Classifier.from_pretrained("default", ["positive", "negative"])
+    d = clf.predict_details(["Funny, warm and beautifully shot.", "Flat and predictable."])
+    d.labels                 # ('negative', 'positive'): clf.classes_, the columns' order
+    d.label                  # one label per text, e.g. ['positive', 'negative']
+    d.probs.shape            # (2, 2) float64, rows sum to 1
+    d.constrained_probs      # the softmax over the label tokens (the default scores are these)
+    d.truncated              # array([0, 0]): no text was cut
+    ```
     """
 
     labels: tuple[str, ...]
@@ -49,13 +70,13 @@ class Predictions:
         return len(self.label)
 
     def with_probs(self, probs: np.ndarray) -> Predictions:
-        """The same predictions with ``probs`` replaced (a bias correction applied) and
-        ``label`` following them; ``constrained_probs`` stays the raw baseline."""
+        """The same predictions with `probs` replaced (a bias correction applied) and
+        `label` following them; `constrained_probs` stays the raw baseline."""
         return replace(self, probs=probs, label=[self.labels[i] for i in probs.argmax(axis=1)])
 
 
 def probability_rows(dicts: Sequence[Mapping[str, float]], names: Sequence[str]) -> np.ndarray:
-    """Label -> probability dicts as ``[N, L]`` float64 rows renormalised to sum to 1
+    """Label -> probability dicts as `[N, L]` float64 rows renormalised to sum to 1
     (the engines compute in float32; scikit-learn checks the sums)."""
     import numpy as np
 

@@ -1,30 +1,30 @@
 """Classify a data set on a Ray cluster (Ray Data).
 
 Two pieces, not a second scoring path (vLLM run by Ray's own LLM processor is read by
-:mod:`semsoft_plugin.app.ray_llm`):
+`semsoft_plugin.app.ray_llm`):
 
-* :func:`classify_dataset`: a ``ray.data.Dataset`` in, the same rows out with the
-  columns of ``semsoft classify --input`` added (:class:`~semsoft_plugin.app.columns.ResultColumns`).
-  ``Dataset.map_batches`` runs one :class:`~semsoft_plugin.app.classifier.Classifier` per
+* [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset]: a `ray.data.Dataset` in, the same rows out with the
+  columns of `semsoft classify --input` added (`semsoft_plugin.app.columns.ResultColumns`).
+  `Dataset.map_batches` runs one [`Classifier`][semsoft_plugin.app.classifier.Classifier] per
   actor (the model loaded once per actor, transformers or vLLM), so a row's numbers are
   those the CLI computes for it in a batch of the same rows.
-* :func:`run_classify_cli`: ``semsoft classify --input DIR_OR_FILE --output DIR --ray``.
+* [`run_classify_cli`][semsoft_plugin.app.ray.run_classify_cli]: `semsoft classify --input DIR_OR_FILE --output DIR --ray`.
 
 Faults: Ray Data restarts an actor that dies and resubmits its unfinished batch
-(``max_restarts``/``max_task_retries`` default to -1 for actor pools); a batch's output
+(`max_restarts`/`max_task_retries` default to -1 for actor pools); a batch's output
 reaches the driver only once, so no row is lost or scored twice. Each output row keeps
 every input column, so the row's id (or the row number the CLI adds) travels with it.
 A row the classifier cannot score is dropped from the output and named on stderr
 (Ray forwards actors' stderr to the driver); the rest of its batch is scored.
 
-The file mode (``calibrate="file"``, ``--calibrate file``) is the same two passes as the
-CLI's: the actors score every row (their ``p_<label>`` raw), the scored dataset is
+The file mode (`calibrate="file"`, `--calibrate file`) is the same two passes as the
+CLI's: the actors score every row (their `p_<label>` raw), the scored dataset is
 materialised, the correction is estimated on the driver from one row per distinct text
-(:mod:`semsoft_plugin.app.file_mode`), and a cheap model-free ``map_batches`` applies it
-to each row's ``p_<label>``, ``label`` and ``review`` alone.
+(`semsoft_plugin.app.file_mode`), and a cheap model-free `map_batches` applies it
+to each row's `p_<label>`, `label` and `review` alone.
 
-``import semsoft_plugin.app.ray`` does not import Ray: it is imported when used
-(``pip install 'semsoft-plugin[ray]'``).
+`import semsoft_plugin.app.ray` does not import Ray: it is imported when used
+(`pip install 'semsoft-plugin[ray]'`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ OUTPUT_FORMATS = ("parquet", "csv", "jsonl")
 
 
 class _ScoreBatch:
-    """The ``map_batches`` actor: builds one ``Classifier`` when Ray starts the actor
+    """The `map_batches` actor: builds one `Classifier` when Ray starts the actor
     (and again if Ray restarts it) and scores each pyarrow batch it is given."""
 
     def __init__(
@@ -128,7 +128,7 @@ def classify_dataset(
     model: str = "default",
     text_column: str = "text",
     id_column: str | None = None,
-    backend: str = "hf",
+    backend: str = "transformers",
     engine_args: Mapping[str, Any] | None = None,
     dtype: str = "auto",
     batch_size: int = 8,
@@ -139,45 +139,68 @@ def classify_dataset(
     column_prefix: str = "",
     **classifier_kwargs: Any,
 ) -> Any:
-    """Classify every row of a ``ray.data.Dataset``; lazy, like any Ray Data transform.
+    """Classify every row of a `ray.data.Dataset`; lazy, like any Ray Data transform.
 
     Parameters
     ----------
-    dataset : a ``ray.data.Dataset`` with a text column
-    labels : label names (at least two), as for :class:`~semsoft_plugin.app.classifier.Classifier`
-    model, backend, engine_args, dtype : as :meth:`Classifier.from_pretrained`; each
-        actor loads the model once (``backend="vllm"``: one ``vllm.LLM`` per actor, give
-        it ``num_gpus=1``)
-    text_column : the column to classify
-    id_column : a column naming rows in the messages about rows not scored (every
+    dataset : Any
+        A `ray.data.Dataset` with a text column
+    labels : Sequence[str]
+        Label names (at least two), as for [`Classifier`][semsoft_plugin.app.classifier.Classifier]
+    model : str
+        As [`Classifier.from_pretrained`][semsoft_plugin.app.classifier.Classifier.from_pretrained];
+        each actor loads the model once (`backend="vllm"`: one `vllm.LLM` per actor, give it
+        `num_gpus=1`)
+    backend : str
+        As [`Classifier.from_pretrained`][semsoft_plugin.app.classifier.Classifier.from_pretrained];
+        each actor loads the model once (`backend="vllm"`: one `vllm.LLM` per actor, give it
+        `num_gpus=1`)
+    engine_args : Mapping[str, Any] | None
+        As [`Classifier.from_pretrained`][semsoft_plugin.app.classifier.Classifier.from_pretrained];
+        each actor loads the model once (`backend="vllm"`: one `vllm.LLM` per actor, give it
+        `num_gpus=1`)
+    dtype : str
+        As [`Classifier.from_pretrained`][semsoft_plugin.app.classifier.Classifier.from_pretrained];
+        each actor loads the model once (`backend="vllm"`: one `vllm.LLM` per actor, give it
+        `num_gpus=1`)
+    text_column : str
+        The column to classify
+    id_column : str | None
+        A column naming rows in the messages about rows not scored (every
         input column is kept in the output in any case)
-    batch_size : rows per ``Classifier`` call, as ``--batch-size``; a row's scores are
-        the CLI's when its batch holds the same rows (blocks whose sizes are multiples
-        of ``batch_size`` keep the batches aligned; :func:`run_classify_cli` makes them so)
-    concurrency : actors (an int, or ``(min, max)`` for an autoscaling pool)
-    num_cpus, num_gpus : resources per actor, passed to ``map_batches``; torch in a CPU
-        actor uses ``num_cpus`` threads (default 1)
-    review_below : flag ``review`` when the top probability is below this
-    column_prefix : prefix of the added columns (``--column-prefix``)
-    **classifier_kwargs : the ``Classifier``'s other options (``prompt``, ``config``,
-        ``calibrate``, ``file_strength``, ``k``, ``semantic_weight``, ``score_temperature``,
-        ...). With ``calibrate="file"`` the scoring pass runs when this is called (it is
+    batch_size : int
+        Rows per `Classifier` call, as `--batch-size`; a row's scores are the CLI's when its batch
+        holds the same rows (blocks whose sizes are multiples of `batch_size` keep the batches
+        aligned; [`run_classify_cli`][semsoft_plugin.app.ray.run_classify_cli] makes them so)
+    concurrency : int | tuple[int, int]
+        Actors (an int, or `(min, max)` for an autoscaling pool)
+    num_cpus, num_gpus : float | None
+        Resources per actor, passed to `map_batches`; torch in a CPU
+        actor uses `num_cpus` threads (default 1)
+    review_below : float
+        Flag `review` when the top probability is below this
+    column_prefix : str
+        Prefix of the added columns (`--column-prefix`)
+    **classifier_kwargs : Any
+        The `Classifier`'s other options (`prompt`, `config`,
+        `calibrate`, `file_strength`, `k`, `semantic_weight`, `score_temperature`,
+        ...). With `calibrate="file"` the scoring pass runs when this is called (it is
         materialised: the correction needs every row), the correction is estimated from
-        one row per distinct text (at least 32; their texts and ``p_<label>`` are
+        one row per distinct text (at least 32; their texts and `p_<label>` are
         gathered on the driver), printed on stderr, and applied by a lazy model-free
-        ``map_batches``; ``file_strength`` is ``"auto"`` (the guard decides from those
-        rows) unless given, as in the ``Classifier``
+        `map_batches`; `file_strength` is `"auto"` (the guard decides from those
+        rows) unless given, as in the `Classifier`
 
     Returns
     -------
-    The dataset of the scored rows: every input column, then ``label``,
-    ``p_<label>``, ``constrained_<label>``, ``coverage``, ``fallback``, ``review``,
-    ``truncated``.
-    Rows with an empty text, or that the classifier refuses, are left out and named
-    on stderr. Bad options and labels fail here, before any actor starts.
+    Any
+        The dataset of the scored rows: every input column, then `label`,
+        `p_<label>`, `constrained_<label>`, `coverage`, `fallback`, `review`,
+        `truncated`.
+        Rows with an empty text, or that the classifier refuses, are left out and named
+        on stderr. Bad options and labels fail here, before any actor starts.
     """
     from semsoft_plugin.app.classifier import Classifier
-    from semsoft_plugin.app.classifier_settings import checked_settings
     from semsoft_plugin.core.labels import label_names
 
     names = label_names(labels)
@@ -195,7 +218,7 @@ def classify_dataset(
         "batch_size": batch_size,
         **classifier_kwargs,
     }
-    checked_settings(Classifier(model, None, names, **kwargs))  # an unknown option: TypeError
+    Classifier(model, None, names, **kwargs).check_params()  # an unknown option: TypeError
     strength = kwargs.pop("file_strength", "auto")
     file = kwargs.get("calibrate") == "file"
     if file:
@@ -232,7 +255,7 @@ def _file_pass(
     review_below: float,
 ) -> Any:
     """The file mode's second pass: the correction of one row per distinct text, applied
-    to every row alone by a model-free ``map_batches``."""
+    to every row alone by a model-free `map_batches`."""
     first: dict[str, dict[str, Any]] = {}
     for batch in scored.select_columns([text_column, *columns.p]).iter_batches(
         batch_format="pyarrow"
@@ -251,7 +274,7 @@ def _file_pass(
 def _apply_correction(
     batch: Any, columns: ResultColumns, correction: Any, review_below: float
 ) -> Any:
-    """One pyarrow batch with ``correction`` applied to each row's probability columns."""
+    """One pyarrow batch with `correction` applied to each row's probability columns."""
     import pyarrow as pa
 
     changed = [*columns.p, columns.label, columns.review]
@@ -266,7 +289,7 @@ def _apply_correction(
 
 
 def _actor_pool(concurrency: int | tuple[int, int]) -> Any:
-    """``concurrency`` as Ray's ``ActorPoolStrategy``: ``map_batches(concurrency=...)``
+    """`concurrency` as Ray's `ActorPoolStrategy`: `map_batches(concurrency=...)`
     is deprecated since Ray 2.51 and logs a warning a user would have to look up."""
     from ray.data import ActorPoolStrategy
 
@@ -285,8 +308,8 @@ def _actor_pool(concurrency: int | tuple[int, int]) -> Any:
 
 
 def aligned_blocks(table: Any, batch_size: int, *, max_blocks: int = 256) -> list[Any]:
-    """``table`` cut into blocks of a multiple of ``batch_size`` rows (at most about
-    ``max_blocks``), so Ray's batches hold the same rows as the CLI's batches."""
+    """`table` cut into blocks of a multiple of `batch_size` rows (at most about
+    `max_blocks`), so Ray's batches hold the same rows as the CLI's batches."""
     batches = max(1, math.ceil(table.num_rows / batch_size))
     rows = batch_size * max(1, math.ceil(batches / max_blocks))
     return [table.slice(start, rows) for start in range(0, table.num_rows, rows)]
@@ -308,14 +331,14 @@ def _read_output_dir(path: Path, kind: str, columns: Sequence[str]) -> Any:
 
 
 def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -> int:
-    """``semsoft classify --input DIR_OR_FILE --output DIR --ray``.
+    """`semsoft classify --input DIR_OR_FILE --output DIR --ray`.
 
     The input (a CSV/TSV/JSONL/Parquet file, or a directory of them read in name
     order) is read on this machine; every row gets its 1-based number in the column
-    ``row`` (``--id-column`` names an input column to use instead), rows with an empty
+    `row` (`--id-column` names an input column to use instead), rows with an empty
     text are named and skipped as in the CLI, and the rest go to the cluster in blocks
-    aligned to ``--batch-size``. The output directory holds Ray's files (Parquet by
-    default, ``--output-format``); afterwards its ``row``/``label``/``review`` columns
+    aligned to `--batch-size`. The output directory holds Ray's files (Parquet by
+    default, `--output-format`); afterwards its `row`/`label`/`review` columns
     are read back for the summary, which names any row missing from the output.
     """
     import pyarrow as pa

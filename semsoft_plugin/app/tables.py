@@ -122,12 +122,15 @@ def read_records(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]
     return [record for _, record in located_rows(path, encoding)]
 
 
-def located_rows(path: Path, encoding: str = "utf-8") -> list[tuple[int, dict[str, object]]]:
+def located_rows(
+    path: Path, encoding: str = "utf-8", *, kind: str | None = None
+) -> list[tuple[int, dict[str, object]]]:
     """``(line number, record)`` for each row of a CSV, TSV or JSONL file: the line
     names a bad value in a message (``file:line``); Parquet has no lines, see
-    :func:`read_parquet_table`."""
+    :func:`read_parquet_table`. ``kind``: the format when the caller already read it
+    from the suffix (``table_format``), else read here."""
     path = Path(path)
-    kind = table_format(path)
+    kind = kind or table_format(path)
     if kind == "parquet":
         raise ValueError(f"{path}: Parquet has no lines; read it with read_parquet_table")
     if not path.is_file():

@@ -55,6 +55,7 @@ __all__ = [
     "SemsoftConfig",
     "config_field_specs",
     "grid_entry",
+    "read_config_bytes",
     "read_config_file",
     "renamed_message",
 ]
@@ -340,15 +341,71 @@ class SemsoftConfig:
             raise ValueError(f"{source}: {error}") from None
 
 
-def read_config_file(path: str | Path) -> Any:
-    """A config file's JSON, with one error naming the file when it is missing or not
-    JSON (:meth:`SemsoftConfig.load`, :func:`semsoft_plugin.app.fitted.load_fitted`)."""
+def read_config_bytes(path: str | Path, what: str = "config file") -> tuple[Any, bytes]:
+    """A JSON file's value and its bytes, every way of failing one line naming the file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+    what : str
+        What the file is, for the messages.
+
+    Returns
+    -------
+    tuple
+        The parsed value and the raw bytes (hashed by the settings record).
+
+    Raises
+    ------
+    ValueError
+        For a missing file, a folder, a link loop or an unreadable file, bytes that are
+        not UTF-8, text that is not JSON, a ``NaN`` or ``Infinity`` constant, or nesting
+        too deep to read.
+    """
+    path = Path(path)
     try:
-        return json.loads(Path(path).read_text())
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise ValueError(f"config file not found: {path}") from None
+        raise ValueError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {path} is a folder, not a file") from None
+    except OSError as error:  # a link loop (ELOOP), no permission
+        raise ValueError(f"{what} {path} cannot be read ({error.strerror or error})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{what} {path} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
+            f"{error.start}): not a JSON file"
+        ) from None
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{what} {path} holds {name}, which is not a number JSON allows")
+
+    try:
+        value = json.loads(text, parse_constant=constant)
     except json.JSONDecodeError as error:
-        raise ValueError(f"config file {path} is not valid JSON: {error}") from None
+        raise ValueError(f"{what} {path} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError(f"{what} {path} is nested too deep to be a config") from None
+    return value, data
+
+
+def read_config_file(path: str | Path) -> Any:
+    """A config file's JSON value (`read_config_bytes`, without the bytes).
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+
+    Returns
+    -------
+    Any
+        The parsed value.
+    """
+    return read_config_bytes(path)[0]
 
 
 PRESETS: Mapping[str, Mapping[str, Any]] = {

@@ -41,9 +41,11 @@ The rule (decided here, measured: docs/results.md, docs/defaults.md):
   row (:func:`split_labels`: ``yes,"no, maybe"`` is two labels).
 * **What a label may hold** (:func:`~semsoft_plugin.core.text_rules.check_label`):
   not whitespace or invisible characters only, no lone surrogate, no control or
-  invisible character (``"yes\\x00"`` would print as ``yes``). Labels are compared
-  after NFC normalisation: ``"café"`` written with one code point and with a combining
-  accent is one label given twice, and refused.
+  invisible character (``"yes\\x00"`` would print as ``yes``). Labels that print alike
+  are one label given twice, and refused: compared after NFC normalisation (``"café"``
+  with one code point and with a combining accent), without default-ignorable code
+  points (``"ab"`` and ``"a\\u200db"``), and by their UTS #39 confusable skeleton (a
+  Latin and a Cyrillic ``a``): `semsoft_plugin.core.text_rules.label_identity`.
 * **Bound to its tokenizer.** Token ids mean nothing without the tokenizer that made
   them: a LabelSet used with another model would score unrelated tokens and return
   normal-looking probabilities. So it keeps its tokenizer's identity (vocabulary size,
@@ -67,7 +69,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from semsoft_plugin.core.text_rules import check_label, label_identity
+from semsoft_plugin.core.text_rules import check_label, code_points, label_identity
 from semsoft_plugin.core.tokens import LabelTokens
 
 __all__ = [
@@ -402,9 +404,9 @@ def label_names(labels: Any) -> list[str]:
             raise ValueError(f"label {label!r} appears twice")
         if key in seen:
             raise ValueError(
-                f"labels {seen[key]!r} and {label!r} ({ascii(seen[key])} and {ascii(label)}) "
-                "are one text in two Unicode spellings (equal after NFC normalisation): "
-                "they would be two columns that look the same; give it once"
+                f"labels {code_points(seen[key])} and {code_points(label)} print alike (equal "
+                "after NFC normalisation, without invisible code points, or as Unicode "
+                "confusables): they would be two columns that look the same; give one"
             )
         seen[key] = label
     return list(labels)

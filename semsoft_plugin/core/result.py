@@ -1,13 +1,20 @@
-"""One result type for one classified input, whatever engine produced it.
+"""The per-text result: one classified input, whatever engine produced it.
 
-``hf.classify``, ``classify_vllm``, the vLLM reader (``label_scores``) and the OpenAI
-reader (``openai_label_scores``) all return :class:`LabelResult` (one per input); the
-fields an engine cannot know, or was not asked for, are None (a reader of a server
-response has no generated ``text`` of its own to report; transformers has no top-k mass
-to report; only ``classify_vllm`` keeps log-probabilities by token id).
-(``Classifier.predict_details`` returns arrays over a batch,
-:mod:`semsoft_plugin.engines.outlines` returns :class:`ScoredLabel`, a ``str`` with these
-fields, because Outlines' interface returns strings.)
+The result types are one hierarchy (docs/glossary.md, "The result types"), each level
+holding the fields of the level above under the same names:
+
+* `SemanticSoftmaxResult` (`semsoft_plugin.core.softmax`): the core's tensors for a
+  batch of decision-step rows;
+* [`LabelResult`][semsoft_plugin.core.result.LabelResult]: **one text**, label -> probability
+  dicts in the order the labels were given, from `hf.classify`, `classify_vllm`, the vLLM
+  reader (`label_scores`) and the OpenAI reader (`openai_label_scores`); the fields an
+  engine cannot know, or was not asked for, are None (a reader of a server response has
+  no generated `text` of its own; transformers has no top-k mass; only `classify_vllm`
+  keeps log-probabilities by token id);
+* [`ScoredLabel`][semsoft_plugin.core.result.ScoredLabel]: the same label and scores on the
+  `str` Outlines returns (Outlines' interface returns strings);
+* `Predictions` (`semsoft_plugin.app.predictions`): N texts as numpy arrays, columns in
+  `classes_` (sorted) order, from `Classifier.predict_details`.
 """
 
 from __future__ import annotations
@@ -28,23 +35,34 @@ class LabelResult:
 
     Attributes
     ----------
-    label : the label the text spells (constrain mode) or the calibrated argmax;
+    label : str | None
+        The label the text spells (constrain mode) or the calibrated argmax;
         None only when a reader can know neither
-    probs : label -> calibrated probability (Semantic Softmax); None only in the 0/0
+    probs : dict[str, float] | None
+        Label -> calibrated probability (Semantic Softmax); None only in the 0/0
         case when the constrained softmax it falls back to cannot be read (label
         tokens outside a returned top-k)
-    constrained_probs : label -> softmax over the label tokens only (the baseline);
+    constrained_probs : dict[str, float] | None
+        Label -> softmax over the label tokens only (the baseline);
         None when a reader saw some label token outside the returned top-k
-    fallback : no kept token voted for any label (``probs`` is the constrained softmax)
-    coverage : share of the top-k mass that voted for some label
-    text : the generated text (transformers); None where the reader does not produce it
-    top_k_mass : total probability of the k kept tokens (readers of top-k outputs)
-    decision_step : index of the generated token that was the decision step (readers)
-    logits : raw decision-step scores, float32 ``[V]`` (``hf.classify(keep_logits=True)``)
-    top_logprobs : token id -> raw decision-step log-probability of the highest
-        ``keep_logprobs`` tokens (``classify_vllm(keep_logprobs=...)``)
-    token_logprobs : token id -> raw decision-step log-probability of each requested
-        token, inside the top-k or not (``classify_vllm(token_ids=...)``)
+    fallback : bool
+        No kept token voted for any label (`probs` is the constrained softmax)
+    coverage : float
+        Share of the top-k mass that voted for some label
+    text : str | None
+        The generated text (transformers); None where the reader does not produce it
+    top_k_mass : float | None
+        Total probability of the k kept tokens (readers of top-k outputs)
+    decision_step : int | None
+        Index of the generated token that was the decision step (readers)
+    logits : Tensor | None
+        Raw decision-step scores, float32 `[V]` (`hf.classify(keep_logits=True)`)
+    top_logprobs : dict[int, float] | None
+        Token id -> raw decision-step log-probability of the highest
+        `keep_logprobs` tokens (`classify_vllm(keep_logprobs=...)`)
+    token_logprobs : dict[int, float] | None
+        Token id -> raw decision-step log-probability of each requested
+        token, inside the top-k or not (`classify_vllm(token_ids=...)`)
     """
 
     label: str | None
@@ -61,7 +79,7 @@ class LabelResult:
 
 
 class ScoredLabel(str):
-    """The generated label, as the exact ``str`` Outlines returns, with its scores.
+    """The generated label, as the exact `str` Outlines returns, with its scores.
 
     Attributes
     ----------
@@ -70,7 +88,7 @@ class ScoredLabel(str):
     constrained_probs : dict
         label -> softmax over the labels' first tokens only (the baseline).
     fallback : bool
-        True when no kept token voted for any label and ``probs`` is the
+        True when no kept token voted for any label and `probs` is the
         constrained softmax.
     coverage : float
         Share of the top-K mass that voted for some label.
@@ -112,5 +130,5 @@ class ScoredLabel(str):
 
     @property
     def label(self) -> str:
-        """The label as a plain ``str``."""
+        """The label as a plain `str`."""
         return str(self)

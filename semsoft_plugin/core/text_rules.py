@@ -4,10 +4,12 @@ when two labels are the same label.
 Texts and labels reach the package from Python, the command line, files and HTTP bodies;
 each path asks these functions, so that a text empty on one path is empty on all of them.
 
-* **Blank.** A text of whitespace only (``str.isspace``: spaces, tabs, the no-break space)
-  or of invisible characters only (Unicode categories ``Cc`` control and ``Cf`` format:
-  the zero-width space, the byte-order mark, the word joiner, the soft hyphen) says
-  nothing to the model: it is empty, whichever of these it is made of.
+* **Blank.** A text of whitespace only (spaces, tabs, the no-break space) or of
+  characters that print as nothing (Unicode categories ``Cc`` control and ``Cf`` format,
+  and every ``Default_Ignorable_Code_Point``: the zero-width space, the byte-order mark,
+  the word joiner, the soft hyphen, the Hangul fillers, variation selectors) says nothing
+  to the model: it is empty, whichever of these it is made of. The property is read
+  from the ``regex`` library's Unicode tables (imported when a text is first checked).
 * **Lone surrogates.** JSON (``"\\ud800"``) and Python allow a surrogate code point on its
   own; it has no UTF-8 encoding, so no tokenizer takes it (vLLM's fails with a
   ``TypeError``, a file writer with ``UnicodeEncodeError``, both naming nothing). It is
@@ -17,27 +19,80 @@ each path asks these functions, so that a text empty on one path is empty on all
   another label (``yes``), so ``predict()`` would return a value that looks like a label
   it is not. Refused. The zero-width non-joiner and joiner (U+200C, U+200D) are kept:
   they are part of how Persian, Indic scripts and emoji sequences are written.
-* **Label identity.** Two spellings of one text in Unicode (NFC ``"café"``, one code point
-  for the é; NFD ``"café"``, an e and a combining accent) look the same and mean the same:
-  labels are compared after NFC normalisation, so such a pair is a repeated label.
+* **Label identity.** Two labels that print the same are one label given twice:
+  labels are compared after NFC normalisation (``"café"`` with one code point and with
+  a combining accent), with every default-ignorable code point removed (``"ab"`` and
+  ``"a\u200db"``, ``"yes"`` and ``"ye\u200cs"``), and by their Unicode confusable
+  skeleton (UTS #39, ICU's ``SpoofChecker``: a Latin ``a`` and a Cyrillic ``а``). A
+  refusal shows both labels' code points.
 """
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from typing import Any
 
-__all__ = ["check_label", "hidden_characters", "is_blank", "label_identity", "lone_surrogate"]
+__all__ = [
+    "check_label",
+    "code_points",
+    "confusable_skeleton",
+    "hidden_characters",
+    "is_blank",
+    "label_identity",
+    "lone_surrogate",
+    "without_ignorable",
+]
 
 _INVISIBLE = frozenset({"Cc", "Cf"})
 # Format characters that are part of writing, not hidden marks (see the module docstring).
 _JOINERS = frozenset({"\u200c", "\u200d"})
 
 
+@functools.cache
+def _patterns() -> tuple[Any, Any]:
+    """The compiled blank-text and default-ignorable patterns (``regex``'s tables)."""
+    import regex
+
+    ignorable = r"\p{Default_Ignorable_Code_Point}"
+    blank = regex.compile(rf"[\s\p{{White_Space}}\p{{Cc}}\p{{Cf}}{ignorable}]*")
+    return blank, regex.compile(rf"{ignorable}+")
+
+
 def is_blank(text: str) -> bool:
-    """True when ``text`` holds nothing but whitespace and invisible characters
-    (the empty string included): the model would be asked about nothing."""
-    return all(c.isspace() or unicodedata.category(c) in _INVISIBLE for c in text)
+    """True when ``text`` holds nothing but whitespace, control, format and
+    default-ignorable characters (the empty string included): the model would be asked
+    about nothing.
+
+    Parameters
+    ----------
+    text : str
+        The text.
+
+    Returns
+    -------
+    bool
+        Whether it is blank.
+    """
+    if all(c.isspace() or unicodedata.category(c) in _INVISIBLE for c in text):
+        return True
+    return _patterns()[0].fullmatch(text) is not None
+
+
+def without_ignorable(text: str) -> str:
+    """``text`` with every default-ignorable code point removed.
+
+    Parameters
+    ----------
+    text : str
+        The text.
+
+    Returns
+    -------
+    str
+        What prints the same.
+    """
+    return str(_patterns()[1].sub("", text))
 
 
 def lone_surrogate(text: str) -> int | None:
@@ -58,9 +113,66 @@ def hidden_characters(label: str) -> list[str]:
 
 
 def label_identity(label: str) -> str:
-    """What two labels are compared by: their NFC normalisation (so that one text in two
-    Unicode spellings is one label)."""
-    return unicodedata.normalize("NFC", label)
+    """What two labels are compared by: the UTS #39 confusable skeleton of their NFC
+    normalisation without default-ignorable code points (the rules above).
+
+    Parameters
+    ----------
+    label : str
+        A label.
+
+    Returns
+    -------
+    str
+        Equal for two labels that print alike.
+    """
+    return confusable_skeleton(without_ignorable(unicodedata.normalize("NFC", label)))
+
+
+@functools.cache
+def _spoof_checker() -> Any:
+    """ICU's spoof checker (PyICU), made once."""
+    try:
+        import icu
+    except ImportError:
+        raise ImportError(
+            "labels are compared by their Unicode confusable skeleton (UTS #39), which needs "
+            "PyICU: pip install pyicu"
+        ) from None
+    return icu.SpoofChecker()
+
+
+def confusable_skeleton(text: str) -> str:
+    """The UTS #39 skeleton of ``text``: equal for two strings a reader cannot tell apart
+    (a Latin ``a`` and a Cyrillic ``а``, ``rn`` and ``m``); ICU's ``SpoofChecker``.
+
+    Parameters
+    ----------
+    text : str
+        The text.
+
+    Returns
+    -------
+    str
+        Its skeleton.
+    """
+    return str(_spoof_checker().getSkeleton(0, text))
+
+
+def code_points(text: str) -> str:
+    """``text`` with its code points, for a message about texts that print alike.
+
+    Parameters
+    ----------
+    text : str
+        The text.
+
+    Returns
+    -------
+    str
+        E.g. ``'ab' (U+0061 U+0062)``.
+    """
+    return f"{text!r} ({' '.join(f'U+{ord(c):04X}' for c in text)})"
 
 
 def check_label(label: Any) -> None:

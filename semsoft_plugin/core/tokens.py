@@ -1,10 +1,10 @@
 """What the Semantic Softmax core is given: label tokens and output embeddings.
 
-:class:`LabelTokens` says which token ids stand for each label (answer token, own
-tokens, embedding anchor); :class:`OutputEmbeddings` wraps the lm_head matrix with what
+[`LabelTokens`][semsoft_plugin.core.tokens.LabelTokens] says which token ids stand for each label (answer token, own
+tokens, embedding anchor); [`OutputEmbeddings`][semsoft_plugin.core.tokens.OutputEmbeddings] wraps the lm_head matrix with what
 the cosines need once per matrix (the mean row for centring, a fixed vocabulary sample
-for ``tau_quantile``). Both are checked at construction so the math in
-:mod:`semsoft_plugin.core.softmax` can trust them. Torch only.
+for `tau_quantile`). Both are checked at construction so the math in
+[`semsoft_plugin.core.softmax`][semsoft_plugin.core.softmax] can trust them. Torch only.
 """
 
 from __future__ import annotations
@@ -32,15 +32,18 @@ class LabelTokens:
 
     Parameters
     ----------
-    answer_token_ids : tuple of int, length L
+    answer_token_ids : tuple[int, ...]
+        Tuple of int, length L
         The first answer token of each label as the model emits it. The constrained
-        softmax is taken over these, and ``E_l`` is their output embedding.
-    own_token_ids : tuple of tuple of int, length L
+        softmax is taken over these, and `E_l` is their output embedding.
+    own_token_ids : tuple[tuple[int, ...], ...]
+        Tuple of tuple of int, length L
         Per label, the tokens that are that label itself (its answer token and any
-        declared spelling variants such as " Joy" for " joy"). With ``own_vote`` they
-        vote for that label only. Must include ``answer_token_ids[l]``.
-    anchor_token_ids : tuple of int, length L, optional
-        The token whose output embedding is the label's :math:`E_l`. Default: the
+        declared spelling variants such as " Joy" for " joy"). With `own_vote` they
+        vote for that label only. Must include `answer_token_ids[l]`.
+    anchor_token_ids : tuple[int, ...] | None
+        Tuple of int, length L, optional
+        The token whose output embedding is the label's $E_l$. Default: the
         answer token (the paper's rule). A label written without a leading space can
         start with a word fragment ("s" of "sadness") whose embedding says nothing
         about the label; its leading-space whole word (" sadness") is then a better
@@ -103,7 +106,7 @@ class LabelTokens:
 
     @property
     def anchors(self) -> tuple[int, ...]:
-        """The token each label's embedding is read from (``anchor_token_ids`` or the answer)."""
+        """The token each label's embedding is read from (`anchor_token_ids` or the answer)."""
         return self.answer_token_ids if self.anchor_token_ids is None else self.anchor_token_ids
 
 
@@ -125,8 +128,8 @@ class OutputEmbeddings:
     """An output-embedding matrix with the statistics the method needs, computed once.
 
     Holds the matrix without copying it. The mean row (for centring) is computed on
-    first use and cached; per call only the ``K`` kept rows and the label rows are
-    gathered and normalised, so no ``V x d`` or ``V x L`` tensor is made per call.
+    first use and cached; per call only the `K` kept rows and the label rows are
+    gathered and normalised, so no `V x d` or `V x L` tensor is made per call.
 
     Parameters
     ----------
@@ -158,7 +161,7 @@ class OutputEmbeddings:
 
     @property
     def mean(self) -> Tensor:
-        """Mean output embedding over the real vocabulary, float32 ``[d]``."""
+        """Mean output embedding over the real vocabulary, float32 `[d]`."""
         if self._source is not None:
             return self._source.mean
         if self._mean is None:
@@ -170,10 +173,10 @@ class OutputEmbeddings:
         return self._mean
 
     def sample_rows(self, *, center: bool, size: int | None = None) -> Tensor:
-        """A fixed random sample of real vocabulary rows, as :meth:`unit_rows` gives them.
+        """A fixed random sample of real vocabulary rows, as [`unit_rows`][semsoft_plugin.core.tokens.OutputEmbeddings.unit_rows] gives them.
 
         The sample (seed 0) is the same in every process, so thresholds derived from it
-        (``tau_quantile``) agree between the transformers and vLLM adapters.
+        (`tau_quantile`) agree between the transformers and vLLM adapters.
         """
         if self._source is not None:
             return self._source.sample_rows(center=center, size=size)
@@ -183,7 +186,7 @@ class OutputEmbeddings:
         return self.unit_rows(ids.to(self.weight.device), center=center)
 
     def unit_rows(self, token_ids: Tensor, *, center: bool) -> Tensor:
-        """Gathered rows, optionally centred, L2-normalised, float32 ``[..., d]``."""
+        """Gathered rows, optionally centred, L2-normalised, float32 `[..., d]`."""
         rows = self.weight[token_ids].to(torch.float32)
         if center:
             rows = rows - self.mean.to(rows.device)
@@ -193,12 +196,12 @@ class OutputEmbeddings:
     _source: OutputEmbeddings | None = None
 
     def subset(self, token_ids: Tensor) -> OutputEmbeddings:
-        """The rows ``token_ids`` as a matrix of their own, with this matrix's statistics.
+        """The rows `token_ids` as a matrix of their own, with this matrix's statistics.
 
-        Row ``i`` of the result is token ``token_ids[i]``; the mean row (centring) and the
-        vocabulary sample (``tau_quantile``) stay the whole vocabulary's, so scoring logits
+        Row `i` of the result is token `token_ids[i]`; the mean row (centring) and the
+        vocabulary sample (`tau_quantile`) stay the whole vocabulary's, so scoring logits
         restricted to these columns (label ids remapped) equals scoring the full rows.
-        ``semsoft tune`` sweeps its grid this way over the kept and label tokens only.
+        `semsoft tune` sweeps its grid this way over the kept and label tokens only.
         """
         part = OutputEmbeddings(self.weight[token_ids])
         part._source = self._source or self
@@ -212,7 +215,7 @@ _WRAPPED: dict[int, tuple[weakref.ref[Tensor], OutputEmbeddings]] = {}
 
 
 def as_output_embeddings(embeddings: Tensor | OutputEmbeddings) -> OutputEmbeddings:
-    """``embeddings`` as an :class:`OutputEmbeddings` (a raw matrix is wrapped once, so
+    """`embeddings` as an [`OutputEmbeddings`][semsoft_plugin.core.tokens.OutputEmbeddings] (a raw matrix is wrapped once, so
     its mean row is computed once however often it is passed)."""
     if isinstance(embeddings, OutputEmbeddings):
         return embeddings

@@ -1,13 +1,15 @@
-"""transformers adapter: a ``LogitsProcessor`` that records calibrated label probabilities.
+"""transformers adapter: a `LogitsProcessor` that records calibrated label probabilities.
 
-Use it inside an ordinary ``model.generate`` call::
+Use it inside an ordinary `model.generate` call:
 
-    proc = SemanticSoftmaxLogitsProcessor(model, LabelSet(labels, tokenizer), mode="constrain",
-                                          eos_token_id=tokenizer.eos_token_id)
-    out = model.generate(**batch, logits_processor=LogitsProcessorList([proc]), max_new_tokens=5)
-    proc.results[0].probs      # calibrated label probabilities of batch row 0
+```python
+proc = SemanticSoftmaxLogitsProcessor(model, LabelSet(labels, tokenizer), mode="constrain",
+                                      eos_token_id=tokenizer.eos_token_id)
+out = model.generate(**batch, logits_processor=LogitsProcessorList([proc]), max_new_tokens=5)
+proc.results[0].probs      # calibrated label probabilities of batch row 0
+```
 
-or, for the common case, :func:`classify`.
+or, for the common case, [`classify`][semsoft_plugin.engines.hf.classify].
 
 Why a processor: it sees the logits of the decision step before sampling and can
 record a side output without changing generation ("observe"), or make the emitted
@@ -18,12 +20,12 @@ bad words, ...) before user processors and the sampling warpers (temperature, to
 top-p) after them. With a generation config that has no built-in penalties (the
 default of the models shipped here) the scores it sees are the model's raw logits.
 
-Concurrency: the per-generation state lives in a ``threading.local``: two ``generate``
+Concurrency: the per-generation state lives in a `threading.local`: two `generate`
 calls running in different threads with one processor keep separate state and
-results, and each thread reads its own ``results``. Within a thread, a call whose
-``input_ids`` do not continue the previous call's starts a new generation, so
-sequential ``generate`` calls need no reset (``reset()`` exists to be explicit).
-Beam search is refused (:mod:`semsoft_plugin.engines.hf_beam_search`): it reorders rows.
+results, and each thread reads its own `results`. Within a thread, a call whose
+`input_ids` do not continue the previous call's starts a new generation, so
+sequential `generate` calls need no reset (`reset()` exists to be explicit).
+Beam search is refused (`semsoft_plugin.engines.hf_beam_search`): it reorders rows.
 """
 
 from __future__ import annotations
@@ -78,34 +80,55 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
 
     Parameters
     ----------
-    embeddings : a transformers model, Tensor (V, d) or OutputEmbeddings
+    embeddings : Any
+        A transformers model, Tensor (V, d) or OutputEmbeddings
         Output embeddings; a model's lm_head weight is used without a copy.
     labels : LabelSet
-        Labels bound to the model's tokenizer. With ``tokenizer`` given, a LabelSet
-        built with another tokenizer is refused (``ValueError`` naming both); without
+        Labels bound to the model's tokenizer. With `tokenizer` given, a LabelSet
+        built with another tokenizer is refused (`ValueError` naming both); without
         it, one whose tokenizer is larger than the embedding matrix is.
     config : SemsoftConfig, optional
-        Method settings; keyword ``overrides`` change single fields.
+        Method settings; keyword `overrides` change single fields.
     mode : {"constrain", "observe"}
-        ``"constrain"`` (default, as on every engine: a classifier is asked for a label)
-        or ``"observe"``. ``"observe"`` leaves the scores untouched: generation is bit-identical to a
-        run without the processor. ``"constrain"`` replaces the decision-step scores
-        by ``log P_sem`` on the label answer tokens (``-inf`` elsewhere), so greedy
-        decoding emits the calibrated argmax and sampling draws from ``P_sem`` (then
+        `"constrain"` (default, as on every engine: a classifier is asked for a label)
+        or `"observe"`. `"observe"` leaves the scores untouched: generation is bit-identical to a
+        run without the processor. `"constrain"` replaces the decision-step scores
+        by `log P_sem` on the label answer tokens (`-inf` elsewhere), so greedy
+        decoding emits the calibrated argmax and sampling draws from `P_sem` (then
         shaped by the usual temperature/top-k/top-p warpers); the remaining tokens of
-        the chosen label are forced, then ``eos_token_id`` if given.
+        the chosen label are forced, then `eos_token_id` if given.
     trigger : str, optional
         Decide at the step right after the generated text ends with this string
-        (e.g. ``"Answer:"`` or ``"</think>"``) instead of at the first generated token.
-        Needs ``tokenizer``. The match must end in generated text (a trigger already
+        (e.g. `"Answer:"` or `"</think>"`) instead of at the first generated token.
+        Needs `tokenizer`. The match must end in generated text (a trigger already
         complete at the end of the prompt is not a decision step: use the default).
-    tokenizer : the model's tokenizer, needed for ``trigger``; when given, ``labels`` is
+    tokenizer : Any
+        The model's tokenizer, needed for `trigger`; when given, `labels` is
         checked against it
     eos_token_id : int, optional
         In constrain mode, forced after the label so generation ends there.
     keep_logits : bool
-        Also keep each row's decision-step scores (float32 ``[V]``), e.g. to score
+        Also keep each row's decision-step scores (float32 `[V]`), e.g. to score
         several configurations from one forward pass.
+
+    Examples
+    --------
+    Inside an ordinary `generate` call (constrain mode: the generated text is the label):
+
+    ```python
+    from transformers import LogitsProcessorList
+    from semsoft_plugin import LabelSet
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines.hf import SemanticSoftmaxLogitsProcessor
+
+    model, tokenizer = models.load("smollm2-135m")
+    labels = LabelSet(["positive", "negative"], tokenizer)
+    proc = SemanticSoftmaxLogitsProcessor(model, labels, tokenizer=tokenizer,
+                                          eos_token_id=tokenizer.eos_token_id)
+    batch = tokenizer(["Review: I loved it. Sentiment:"], return_tensors="pt")
+    model.generate(**batch, logits_processor=LogitsProcessorList([proc]), max_new_tokens=4)
+    proc.results[0].probs    # tensor([p_positive, p_negative]), in the label set's order
+    ```
     """
 
     def __init__(
@@ -167,7 +190,7 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
 
     @property
     def logits(self) -> list[Tensor | None]:
-        """Per batch row, the decision-step scores (``keep_logits=True`` only)."""
+        """Per batch row, the decision-step scores (`keep_logits=True` only)."""
         if not self.keep_logits:
             raise ValueError("logits are kept only with keep_logits=True")
         return list(self._run.logits)
@@ -277,8 +300,8 @@ def float32_head(model: Any) -> Iterator[None]:
     and a row moves with the batch it is in. The hidden state entering the head is
     kept as the model computed it; only the head's product is taken in float32
     (the bf16 weights are exact in float32), which is what vLLM's
-    ``hf_overrides={"head_dtype": "float32"}`` does. A float32 model is left as is.
-    The cost is one float32 product per generated step: about ``2 V d`` flops per row.
+    `hf_overrides={"head_dtype": "float32"}` does. A float32 model is left as is.
+    The cost is one float32 product per generated step: about `2 V d` flops per row.
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(head, "weight", None)
@@ -312,7 +335,7 @@ def float32_head(model: Any) -> Iterator[None]:
 
 def padding_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """Indices grouped into left-padded batches: sorted by length, at most
-    ``batch_size`` each, and a batch is cut early where padding would fill more than
+    `batch_size` each, and a batch is cut early where padding would fill more than
     half of it (rows x longest > 2 x the rows' own lengths), so one very long input
     runs with inputs of its own length instead of padding a whole batch to its size.
     Results keep input order; the grouping depends only on the lengths.
@@ -357,25 +380,40 @@ def classify(
 
     Parameters
     ----------
-    model, tokenizer : a transformers causal LM and its tokenizer
-    inputs : strings (used as is) or chat message lists (chat template applied), in
+    model, tokenizer : Any
+        A transformers causal LM and its tokenizer
+    inputs : Iterable[str | Sequence[Mapping[str, str]]]
+        Strings (used as is) or chat message lists (chat template applied), in
         any iterable (list, tuple, numpy array, pandas Series, generator)
-    labels : label names (scored as leading-space whole words, see
-        :class:`~semsoft_plugin.core.labels.LabelSet`) or a ready LabelSet
-    config, **overrides : Semantic Softmax settings
-    mode : ``"constrain"`` (default): the generated text is the label; ``"observe"``:
-        generation is free and ``label`` is the calibrated argmax
-    trigger : decide after this generated text (e.g. ``"</think>"``) instead of at the
-        first token; give ``max_tokens`` room to reach it
-    batch_size : inputs per generate call (left-padded)
-    progress : show a progress bar; default when there is more than one batch
-    keep_logits : keep each input's raw decision-step scores in ``.logits``
-    max_tokens : generation length in tokens (default: the longest answer's UTF-8 bytes
-        + 2, 256 with a trigger; :func:`~semsoft_plugin.core.request.default_max_tokens`)
-    generate_kwargs : extra ``model.generate`` arguments (default greedy)
-    exact_head : compute the logits with a float32 head when the model is bf16/fp16
-        (:func:`float32_head`): no ties from bf16 rounding, and scores that do not move
-        with the batch by more than the hidden states do. False keeps the model's head.
+    labels : Sequence[str] | LabelSet
+        Label names (scored as leading-space whole words, see
+        [`LabelSet`][semsoft_plugin.core.labels.LabelSet]) or a ready LabelSet
+    config : SemsoftConfig | None
+        Semantic Softmax settings
+    **overrides : Any
+        Semantic Softmax settings
+    mode : Mode
+        `"constrain"` (default): the generated text is the label; `"observe"`:
+        generation is free and `label` is the calibrated argmax
+    trigger : str | None
+        Decide after this generated text (e.g. `"</think>"`) instead of at the
+        first token; give `max_tokens` room to reach it
+    batch_size : int
+        Inputs per generate call (left-padded)
+    progress : bool | None
+        Show a progress bar; default when there is more than one batch
+    keep_logits : bool
+        Keep each input's raw decision-step scores in `.logits`
+    max_tokens : int | None
+        Generation length in tokens (default: the longest answer's UTF-8 bytes
+        + 2, 256 with a trigger; `semsoft_plugin.core.request.default_max_tokens`)
+    generate_kwargs : Mapping[str, Any] | None
+        Extra `model.generate` arguments (default greedy)
+    exact_head : bool
+        Compute the logits with a float32 head when the model is bf16/fp16
+        ([`float32_head`][semsoft_plugin.engines.hf.float32_head]): no ties from bf16 rounding, and
+        scores that do not move with the batch by more than the hidden states do. False keeps the
+        model's head.
     """
     from tqdm.auto import tqdm
 

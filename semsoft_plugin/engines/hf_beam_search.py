@@ -1,10 +1,10 @@
 """Beam search detection for the transformers adapter: why it is refused, and how it is seen.
 
 Beam search reorders (and duplicates) rows between steps, so the per-row record of
-:class:`~semsoft_plugin.engines.hf.SemanticSoftmaxLogitsProcessor` would end up under
+[`SemanticSoftmaxLogitsProcessor`][semsoft_plugin.engines.hf.SemanticSoftmaxLogitsProcessor] would end up under
 another input's row. transformers tells a processor nothing about beams, so the signs it
-leaves are read here, apart from the processor's scoring: :func:`refuse_beam_search` at the
-start of each generation, :func:`num_beams` before a ``generate`` call.
+leaves are read here, apart from the processor's scoring: `refuse_beam_search` at the
+start of each generation, `num_beams` before a `generate` call.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ _BEAM_LOOPS = frozenset({"_beam_search", "_group_beam_search", "_constrained_bea
 
 
 def refuse_beam_search(previous: Tensor | None, input_ids: Tensor) -> None:
-    """Raise ``ValueError`` if this call is part of a beam search.
+    """Raise `ValueError` if this call is part of a beam search.
 
     Beam search reorders (and duplicates) rows between steps, so a per-row record
     would end up under another input's row: the scores of one input returned for
     another, silently. transformers passes a processor no beam information, so two
     signs are checked at the start of each generation: transformers' beam-search loop
-    on the call stack (the first step already has ``batch * num_beams`` rows), and
+    on the call stack (the first step already has `batch * num_beams` rows), and
     rows that continue the previous step's rows in another order (any other loop that
     reorders).
     """
@@ -57,7 +57,7 @@ def refuse_beam_search(previous: Tensor | None, input_ids: Tensor) -> None:
 
 
 def num_beams(model: Any, kwargs: Mapping[str, Any]) -> int:
-    """The ``num_beams`` a ``generate(**kwargs)`` call would use."""
+    """The `num_beams` a `generate(**kwargs)` call would use."""
     if "num_beams" in kwargs and kwargs["num_beams"] is not None:
         return int(kwargs["num_beams"])
     config = kwargs.get("generation_config") or getattr(model, "generation_config", None)

@@ -1,8 +1,8 @@
 """The decision step's hidden state on transformers: the output layer's input at the
-last position, read by a forward pre-hook during the adapter's own ``generate`` call.
+last position, read by a forward pre-hook during the adapter's own `generate` call.
 
 A probe on it ("hidden calibration", Cho et al., NAACL 2025) separates labels the label
-logits confuse; reading it here costs no extra pass. It is ``output_hidden_states=True``'s
+logits confuse; reading it here costs no extra pass. It is `output_hidden_states=True`'s
 last entry at the last position (transformers applies the final norm before storing it).
 vLLM's generate runner returns no hidden states, so no vLLM adapter has this.
 """
@@ -20,7 +20,7 @@ __all__ = ["HiddenAtDecision"]
 
 class HiddenAtDecision:
     """Within the block, the output layer's input at the last position of each call
-    (with ``max_tokens=1``, one call per batch: the decision step)."""
+    (with `max_tokens=1`, one call per batch: the decision step)."""
 
     def __init__(self, model: Any) -> None:
         self.head = (
@@ -47,8 +47,8 @@ class HiddenAtDecision:
             self._handle.remove()
 
     def rows(self, tokenizer: Any, inputs: list[Any], batch_size: int) -> Tensor | None:
-        """``[N, H]`` in input order: ``classify`` batches by
-        :func:`~semsoft_plugin.engines.hf.padding_batches` of the formatted prompts, so the
+        """`[N, H]` in input order: `classify` batches by
+        [`padding_batches`][semsoft_plugin.engines.hf.padding_batches] of the formatted prompts, so the
         same call says which input each captured row is; a mismatch is refused."""
         from semsoft_plugin.engines.hf import padding_batches
         from semsoft_plugin.engines.prompting import format_prompt

@@ -1,11 +1,11 @@
 """Semantic Softmax through any OpenAI-compatible server: build the request, read the response.
 
-Usable without vLLM installed (only the ``openai`` client, or any HTTP client, and the
+Usable without vLLM installed (only the `openai` client, or any HTTP client, and the
 model's checkpoint for its tokenizer and output embeddings): with the plugin on a vLLM
-server the request's ``vllm_xargs`` also make the server constrain the answer to a
-label; on any other server (``plugin=False``) the scores are still read from the top
-log-probabilities. :func:`openai_request` returns an :class:`OpenAIRequest`, the
-``create`` keywords that also know their parsed options, so the reader takes that
+server the request's `vllm_xargs` also make the server constrain the answer to a
+label; on any other server (`plugin=False`) the scores are still read from the top
+log-probabilities. [`openai_request`][semsoft_plugin.engines.openai.openai_request] returns an [`OpenAIRequest`][semsoft_plugin.engines.openai.OpenAIRequest], the
+`create` keywords that also know their parsed options, so the reader takes that
 object and the labels are never passed twice.
 """
 
@@ -17,6 +17,7 @@ from typing import Any, Literal
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import label_names
 from semsoft_plugin.core.request import (
+    RESPONSE_FITTED,
     RESPONSE_LABEL_LOGPROBS,
     Mode,
     SemsoftRequest,
@@ -25,7 +26,7 @@ from semsoft_plugin.core.request import (
     parse_request,
 )
 from semsoft_plugin.core.result import LabelResult
-from semsoft_plugin.engines.reader_contract import read_scores
+from semsoft_plugin.engines.reader_contract import fitted_row, read_scores
 from semsoft_plugin.engines.scoring import ModelScorer, ReaderError, client_model, decision_step
 
 # vLLM's cap on logprob_token_ids per request (vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS;
@@ -42,11 +43,11 @@ __all__ = [
 
 
 class OpenAIRequest(dict[str, Any]):
-    """The keyword arguments of an ``openai`` ``create`` call, plus the request they encode.
+    """The keyword arguments of an `openai` `create` call, plus the request they encode.
 
-    A plain ``dict`` to the client (``create(..., **request)``); :attr:`semsoft` is the
-    parsed :class:`~semsoft_plugin.core.request.SemsoftRequest` the reader scores with, so
-    :func:`openai_label_scores` needs neither the labels nor the options again.
+    A plain `dict` to the client (`create(..., **request)`); `semsoft` is the
+    parsed `semsoft_plugin.core.request.SemsoftRequest` the reader scores with, so
+    [`openai_label_scores`][semsoft_plugin.engines.openai.openai_label_scores] needs neither the labels nor the options again.
     """
 
     semsoft: SemsoftRequest
@@ -66,17 +67,20 @@ def openai_request(
     leading_space: bool = True,
     plugin: bool = True,
     extra_body: Mapping[str, Any] | None = None,
+    fit: str | None = None,
     **method: Any,
 ) -> OpenAIRequest:
-    """Keyword arguments for the ``openai`` client's ``create`` call that opt in.
+    """Keyword arguments for the `openai` client's `create` call that opt in.
 
-    ``client.chat.completions.create(model=..., messages=..., **openai_request(labels))``.
-    With ``plugin=False`` (a server without the plugin) no ``vllm_xargs`` are sent:
+    `client.chat.completions.create(model=..., messages=..., **openai_request(labels))`.
+    With `plugin=False` (a server without the plugin) no `vllm_xargs` are sent:
     the scores are still read from the top log-probabilities, but nothing constrains
-    the generated text, and ``k`` must fit the server's top-logprobs cap (OpenAI: 20).
-    ``extra_body`` adds server options, e.g. ``{"continue_final_message": True,
-    "add_generation_prompt": False}`` to continue a pre-filled assistant answer
-    (``"Sentiment:"``) the way :func:`semsoft_plugin.engines.hf.classify` does.
+    the generated text, and `k` must fit the server's top-logprobs cap (OpenAI: 20).
+    `extra_body` adds server options, e.g. `{"continue_final_message": True,
+    "add_generation_prompt": False}` to continue a pre-filled assistant answer
+    (`"Sentiment:"`) the way [`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify] does.
+    `fit` names a fit the server serves (`semsoft_fit`): the choice's scores are then
+    the fit's, which the server returns in `semsoft_fitted`.
     """
     request = build_request(  # the same checks as the server's
         labels,
@@ -85,6 +89,7 @@ def openai_request(
         trigger=trigger,
         leading_space=leading_space,
         server=True,
+        fit=fit,
         **method,
     )
     cfg = request.config
@@ -128,7 +133,7 @@ def _openai_token(model: ModelScorer, token: str, api: str = "chat") -> int:
 
 
 def _gather_chunks(chunks: Iterable[Any]) -> dict[str, Any]:
-    """Streaming chunks (``stream=True``), gathered by the caller, as one response:
+    """Streaming chunks (`stream=True`), gathered by the caller, as one response:
     per choice index, the log-probability entries of every chunk in order."""
     choices: dict[int, dict[str, Any]] = {}
     for chunk in chunks:
@@ -155,7 +160,7 @@ def _gather_chunks(chunks: Iterable[Any]) -> dict[str, Any]:
 
 def _generated_start(picked: Any, token_logprobs: Sequence[Any]) -> int:
     """Where the generated tokens start in a completions choice: 0, or after the
-    prompt when the request echoed it (``echo: true``; the prompt's first token has no
+    prompt when the request echoed it (`echo: true`; the prompt's first token has no
     log-probability, which is how an echo is recognised)."""
     if not token_logprobs or token_logprobs[0] is not None:
         return 0
@@ -170,9 +175,9 @@ def _generated_start(picked: Any, token_logprobs: Sequence[Any]) -> int:
 
 
 def _semsoft_of(request: Any, options: Mapping[str, Any]) -> SemsoftRequest:
-    """The parsed options of what the reader was given: the :class:`OpenAIRequest`
-    that built the request, its ``create`` keywords as a plain dict (read from
-    ``extra_body.vllm_xargs``), a :class:`SemsoftRequest`, or the label list plus the
+    """The parsed options of what the reader was given: the [`OpenAIRequest`][semsoft_plugin.engines.openai.OpenAIRequest]
+    that built the request, its `create` keywords as a plain dict (read from
+    `extra_body.vllm_xargs`), a `SemsoftRequest`, or the label list plus the
     options it was sent with."""
     if isinstance(request, OpenAIRequest):
         return request.semsoft
@@ -202,42 +207,65 @@ def openai_label_scores(
     greedy: bool | None = None,
     **options: Any,
 ) -> LabelResult:
-    """Semantic Softmax scores of an ``openai`` chat or completion response.
+    """Semantic Softmax scores of an `openai` chat or completion response.
 
     Parameters
     ----------
-    response : ``ChatCompletion`` / ``Completion`` (or their dict form) from a request
-        built with :func:`openai_request`, or the list of chunks of a streaming one.
-        Completions with ``echo: true`` are read from the generated part only.
-    request : what :func:`openai_request` returned (it knows its labels and options);
-        also accepted: its keywords as a plain dict, or the label list with the same
-        ``**options`` the request was sent with
-    model : checkpoint directory or model name of the served model (the reader needs
+    response : Any
+        `ChatCompletion` / `Completion` (or their dict form) from a request built with
+        [`openai_request`][semsoft_plugin.engines.openai.openai_request], or the list of chunks of a
+        streaming one. Completions with `echo: true` are read from the generated part only.
+    request : OpenAIRequest | SemsoftRequest | Mapping[str, Any] | Sequence[str]
+        What [`openai_request`][semsoft_plugin.engines.openai.openai_request] returned (it knows its
+        labels and options); also accepted: its keywords as a plain dict, or the label list with the
+        same `**options` the request was sent with
+    model : Any
+        Checkpoint directory or model name of the served model (the reader needs
         its tokenizer and output embeddings); a name not on this machine yet is
-        refused unless ``allow_download=True`` (reading never downloads by itself)
-    choice : which choice (``n > 1`` gives ``n``; chunks are grouped by their index)
-    client : the ``openai.OpenAI`` client the request went through. Not needed with
-        semsoft's server middleware, which returns the answer tokens the scores need
-        that are outside the top-k in the same response (each choice's
-        ``semsoft_label_logprobs``; non-streaming requests). Given, whatever is still
-        missing (a streaming response, a server without the middleware) is fetched
-        exactly with one follow-up (:func:`openai_fetch`, vLLM servers); without it
-        such a response is refused with
-        :class:`~semsoft_plugin.engines.scoring.MissingLabelLogprobs`
-    greedy : whether the server picked greedily (default: from the ``create``
-        keywords' ``temperature`` when given them, else greedy); only a greedy pick
+        refused unless `allow_download=True` (reading never downloads by itself)
+    choice : int
+        Which choice (`n > 1` gives `n`; chunks are grouped by their index)
+    client : Any
+        The `openai.OpenAI` client the request went through. Not needed with semsoft's server
+        middleware, which returns the answer tokens the scores need that are outside the top-k in
+        the same response (each choice's `semsoft_label_logprobs`; non-streaming requests). Given,
+        whatever is still missing (a streaming response, a server without the middleware) is fetched
+        exactly with one follow-up ([`openai_fetch`][semsoft_plugin.engines.openai.openai_fetch],
+        vLLM servers); without it such a response is refused with
+        `semsoft_plugin.engines.scoring.MissingLabelLogprobs`
+    greedy : bool | None
+        Whether the server picked greedily (default: from the `create`
+        keywords' `temperature` when given them, else greedy); only a greedy pick
         must be the argmax of the scores
 
     Raises
     ------
     ValueError
-        The reader contract (:func:`semsoft_plugin.engines.reader_contract.read_scores`):
+        The reader contract (`semsoft_plugin.engines.reader_contract.read_scores`):
         exact scores or a named refusal. The choice carries no decision step (no
         generated token with log-probabilities, or a trigger never written) or its
         decision-step log-probabilities are NaN/inf; or one of its named subclasses:
-        ``MissingLabelLogprobs`` (needed label log-probs not returned, no ``client``),
-        ``EmittedLabelMismatch`` (the greedy constrained pick is not the argmax),
-        ``CutLabel`` (the text is only the start of a label).
+        `MissingLabelLogprobs` (needed label log-probs not returned, no `client`),
+        `EmittedLabelMismatch` (the greedy constrained pick is not the argmax),
+        `CutLabel` (the text is only the start of a label); `FitNotApplied` (the request
+        named a fit, `semsoft_fit`, and the server's `semsoft_fitted` says why the fit did
+        not score this choice, or is missing).
+
+    Examples
+    --------
+    Against a vLLM server started with the plugin (the guide "Behind the server"):
+
+    ```python
+    import openai
+    from semsoft_plugin.engines.openai import openai_label_scores, openai_request
+
+    client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
+    request = openai_request(["positive", "negative"])
+    response = client.completions.create(model="semsoft", prompt="Review: I loved it. Sentiment:",
+                                         **request)
+    result = openai_label_scores(response, request, "default", client=client)   # a LabelResult
+    result.label, result.probs
+    ```
     """
     semsoft = _semsoft_of(request, options)
     plugin, sent_greedy = _sent_with(request, options)
@@ -308,6 +336,7 @@ def openai_label_scores(
         fetch = openai_fetch(
             fetch_client, _get(response, "model"), prompt, generated[:step], model=reader
         )
+    fitted = None if semsoft.fit is None else fitted_row(semsoft, _get(picked, RESPONSE_FITTED))
     return read_scores(
         semsoft,
         tops[step],
@@ -317,14 +346,15 @@ def openai_label_scores(
         fetch=fetch,
         greedy=greedy,
         plugin=plugin,
+        fitted=fitted,
     )
 
 
 def _chat_top_k_cut(top: Mapping[int, float], chosen: int, k: int) -> bool:
-    """Whether a chat step's ``top_logprobs`` may lack the ``k``-th token: vLLM lists
-    the first ``k`` entries of a dict that starts with the sampled token, so a sampled
-    token outside the top-``k`` pushes the ``k``-th out. Seen as the sampled token
-    listed first and lowest in a list of ``k``."""
+    """Whether a chat step's `top_logprobs` may lack the `k`-th token: vLLM lists
+    the first `k` entries of a dict that starts with the sampled token, so a sampled
+    token outside the top-`k` pushes the `k`-th out. Seen as the sampled token
+    listed first and lowest in a list of `k`."""
     if len(top) < k or next(iter(top)) != chosen:
         return False
     return all(top[chosen] <= v for v in top.values())
@@ -332,9 +362,9 @@ def _chat_top_k_cut(top: Mapping[int, float], chosen: int, k: int) -> bool:
 
 def _sent_with(request: Any, options: Mapping[str, Any]) -> tuple[bool, bool]:
     """Whether the request ran with the plugin and greedily, as far as the reader can
-    tell: from the ``create`` keywords when given them; for a bare label list, the
-    plugin (unless ``plugin=False``) and a greedy pick (``greedy=`` says otherwise;
-    the method's temperature is ``score_temperature``, never ``temperature``)."""
+    tell: from the `create` keywords when given them; for a bare label list, the
+    plugin (unless `plugin=False`) and a greedy pick (`greedy=` says otherwise;
+    the method's temperature is `score_temperature`, never `temperature`)."""
     if isinstance(request, Mapping):
         plugin = "vllm_xargs" in (request.get("extra_body") or {})
         temperature = request.get("temperature", 1.0)  # the API's default
@@ -353,12 +383,12 @@ def openai_fetch(
     """A follow-up that asks a vLLM server for exact decision-step log-probs of tokens.
 
     One completions request on the prompt's token ids plus the tokens generated before
-    the decision step, ``max_tokens=1`` and ``logprob_token_ids`` (vLLM 0.32: exactly
+    the decision step, `max_tokens=1` and `logprob_token_ids` (vLLM 0.32: exactly
     those tokens' raw log-probs, at most 128 a request); it does not opt in, so the
     plugin leaves it untouched and the prefix cache serves the prompt. Used by
-    :func:`openai_label_scores` (``client=``) for answer tokens outside the returned
-    top-k. ``prompt_token_ids`` come back when the request asked for
-    ``return_token_ids`` (:func:`openai_request` does).
+    [`openai_label_scores`][semsoft_plugin.engines.openai.openai_label_scores] (`client=`) for answer tokens outside the returned
+    top-k. `prompt_token_ids` come back when the request asked for
+    `return_token_ids` ([`openai_request`][semsoft_plugin.engines.openai.openai_request] does).
     """
     from semsoft_plugin.engines.scoring import FetchUnavailable
 
@@ -401,8 +431,8 @@ def openai_label_probs(
     choice: int = 0,
     **options: Any,
 ) -> dict[str, float]:
-    """``{label: probability}`` of an ``openai`` response; see :func:`openai_label_scores`
-    (a model name not on this machine needs ``allow_download=True``)."""
+    """`{label: probability}` of an `openai` response; see [`openai_label_scores`][semsoft_plugin.engines.openai.openai_label_scores]
+    (a model name not on this machine needs `allow_download=True`)."""
     scores = openai_label_scores(response, request, model, choice=choice, **options)
     if scores.probs is None:
         raise ValueError(

@@ -1,7 +1,7 @@
-"""Batch classification on a ``vllm.LLM`` (what ``Classifier(backend="vllm")`` and the
-evaluation run): one ``generate`` call, the scores read back, and one-token follow-up
-requests for what the top-``k`` did not hold (the exact constrained softmax, and the
-evaluation's extra ``token_ids``).
+"""Batch classification on a `vllm.LLM` (what `Classifier(backend="vllm")` and the
+evaluation run): one `generate` call, the scores read back, and one-token follow-up
+requests for what the top-`k` did not hold (the exact constrained softmax, and the
+evaluation's extra `token_ids`).
 """
 
 from __future__ import annotations
@@ -41,45 +41,59 @@ def classify_vllm(
     progress: bool = False,
     **overrides: Any,
 ) -> list[LabelResult]:
-    """Classify prompts on a vLLM engine; one :class:`LabelResult` per prompt, in order.
+    """Classify prompts on a vLLM engine; one `LabelResult` per prompt, in order.
 
-    The engine must have the processor loaded (``logits_processors=[...]`` or the
-    installed entry point) for ``mode="constrain"``, and ``max_logprobs >= k``.
+    The engine must have the processor loaded (`logits_processors=[...]` or the
+    installed entry point) for `mode="constrain"`, and `max_logprobs >= k`.
 
     Parameters
     ----------
-    llm : ``vllm.LLM``
-    prompts : strings (used as is) or chat message lists (chat template applied,
+    llm : vllm.LLM
+    prompts : Sequence[str | Sequence[Mapping[str, str]]]
+        Strings (used as is) or chat message lists (chat template applied,
         continuing a final assistant message), tokenised exactly as
-        :func:`semsoft_plugin.engines.hf.classify` does
-    labels : label names (at least two; a ``str`` is refused), or a LabelSet built with
+        [`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify] does
+    labels : Sequence[str]
+        Label names (at least two; a `str` is refused), or a LabelSet built with
         the engine's tokenizer (another tokenizer's is refused by name; its
-        ``leading_space`` is used; verbalizers and variants do not travel to the engine
+        `leading_space` is used; verbalizers and variants do not travel to the engine
         and a set that has them is refused)
-    config, **overrides : Semantic Softmax settings
-    mode, trigger : see :func:`sampling_params`
-    constrained : also return the exact constrained softmax; prompts whose label
+    config : SemsoftConfig | None
+        Semantic Softmax settings
+    **overrides : Any
+        Semantic Softmax settings
+    mode : Mode
+        See [`sampling_params`][semsoft_plugin.engines.vllm.sampling_params]
+    trigger : str | None
+        See [`sampling_params`][semsoft_plugin.engines.vllm.sampling_params]
+    constrained : bool
+        Also return the exact constrained softmax; prompts whose label
         tokens were not all in the top-k get one extra one-token request
-        (``logprob_token_ids``), run after the main batch
-    keep_logprobs : also return the decision step's ``keep_logprobs`` highest raw
-        log-probabilities (``top_logprobs``: token id -> log-prob); the engine needs
-        ``max_logprobs >= max(k, keep_logprobs)``. ``semsoft eval --backend vllm``
+        (`logprob_token_ids`), run after the main batch
+    keep_logprobs : int
+        Also return the decision step's `keep_logprobs` highest raw
+        log-probabilities (`top_logprobs`: token id -> log-prob); the engine needs
+        `max_logprobs >= max(k, keep_logprobs)`. `semsoft eval --backend vllm`
         keeps them to score every method from one pass.
-    token_ids : also return these tokens' raw decision-step log-probabilities
-        (``token_logprobs``), read from the top-k where they are in it and otherwise
+    token_ids : Sequence[int]
+        Also return these tokens' raw decision-step log-probabilities
+        (`token_logprobs`), read from the top-k where they are in it and otherwise
         from the same one-token follow-up request
-    max_tokens : generation length in tokens (default: the longest label's UTF-8 bytes
+    max_tokens : int | None
+        Generation length in tokens (default: the longest label's UTF-8 bytes
         + 2, 256 with a trigger, as on every engine:
-        :func:`~semsoft_plugin.core.request.default_max_tokens`); 1 is enough when only
+        `semsoft_plugin.core.request.default_max_tokens`); 1 is enough when only
         the scores are wanted
-    progress : show vLLM's progress bar over the batch
+    progress : bool
+        Show vLLM's progress bar over the batch
 
     Returns
     -------
-    list of :class:`~semsoft_plugin.core.result.LabelResult` with ``label``, ``probs``
-    and ``constrained_probs`` (label -> p), ``fallback``, ``coverage``, ``top_k_mass``,
-    ``decision_step`` and ``text``; ``top_logprobs`` and ``token_logprobs`` when asked
-    for (None otherwise).
+    list[LabelResult]
+        List of [`LabelResult`][semsoft_plugin.core.result.LabelResult] with `label`, `probs`
+        and `constrained_probs` (label -> p), `fallback`, `coverage`, `top_k_mass`,
+        `decision_step` and `text`; `top_logprobs` and `token_logprobs` when asked
+        for (None otherwise).
     """
     from vllm.inputs import TokensPrompt
 
@@ -103,7 +117,7 @@ def classify_vllm(
         client.tokenizer, [format_prompt(client.tokenizer, p) for p in prompts]
     )
     token_prompts = [TokensPrompt(prompt_token_ids=ids) for ids in encoded]
-    length = {} if max_tokens is None else {"max_tokens": max_tokens}
+    length: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
     leading_space = True
     if isinstance(labels, LabelSet):
         labels.check_tokenizer(client.tokenizer, where="classify_vllm")

@@ -1,26 +1,31 @@
 """The server answers what its reader needs in the same HTTP request: every label's
 answer-token log-prob at the decision step.
 
-The default settings pool with the constrained softmax (``semantic_weight < 1``), so the
-reader needs the exact raw log-prob of *every* label's answer token; the top-``k`` holds
+The default settings pool with the constrained softmax (`semantic_weight < 1`), so the
+reader needs the exact raw log-prob of *every* label's answer token; the top-`k` holds
 the emitted label's, but the others are usually far outside it. vLLM 0.32 cannot return
-both in one engine request: ``logprob_token_ids`` *replaces* the top-``k``
-(``Sampler.forward``: "prefer logprob_token_ids as it's more specific"), and
-``prompt_logprob_token_ids`` needs Model Runner V2 and scores prompt positions only.
-So the admission middleware (:func:`semsoft_plugin.engines.vllm.admission`) finishes the
+both in one engine request: `logprob_token_ids` *replaces* the top-`k`
+(`Sampler.forward`: "prefer logprob_token_ids as it's more specific"), and
+`prompt_logprob_token_ids` needs Model Runner V2 and scores prompt positions only.
+So the admission middleware ([`semsoft_plugin.engines.vllm.admission`][semsoft_plugin.engines.vllm.admission]) finishes the
 job on the server: after an opted-in, non-streaming chat or completions request is
-answered, it asks the engine, in one internal ``/v1/completions`` call on the same app,
+answered, it asks the engine, in one internal `/v1/completions` call on the same app,
 for the raw log-probs of the label answer tokens that the choice's decision step did
-not return (``max_tokens=1``, ``logprob_token_ids``, prompt = the prompt ids plus the
+not return (`max_tokens=1`, `logprob_token_ids`, prompt = the prompt ids plus the
 tokens before the decision step, served from the prefix cache), and writes them into
-the choice as ``semsoft_label_logprobs`` (``{"token_id:N": raw log-prob}``), which
-:func:`semsoft_plugin.engines.openai.openai_label_scores` reads as known log-probs. The
+the choice as `semsoft_label_logprobs` (`{"token_id:N": raw log-prob}`), which
+[`semsoft_plugin.engines.openai.openai_label_scores`][semsoft_plugin.engines.openai.openai_label_scores] reads as known log-probs. The
 client sends one request and reads exact scores without a follow-up of its own.
 
 Nothing is filled (and the reader then refuses, naming the labels) for a streaming
-request, a response without its token ids (``return_token_ids``, which
-:func:`~semsoft_plugin.engines.openai.openai_request` sends) or a choice that never
-reached its decision step. The top-``k`` lists are left exactly as vLLM returned them.
+request, a response without its token ids (`return_token_ids`, which
+[`openai_request`][semsoft_plugin.engines.openai.openai_request] sends) or a choice that never
+reached its decision step. The top-`k` lists are left exactly as vLLM returned them.
+
+A request that names a fit (`semsoft_fit`) also gets, per choice, `semsoft_fitted`: the
+fit's row the engine kept (`{"probs": [...], "residual": r}` in the request's label order,
+or `{"reason": ...}`), read with one `collective_rpc` per response
+([reader_tables][semsoft_plugin.engines.vllm.reader_tables]).
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from semsoft_plugin.core.request import RESPONSE_LABEL_LOGPROBS, SemsoftRequest
+from semsoft_plugin.core.request import RESPONSE_FITTED, RESPONSE_LABEL_LOGPROBS, SemsoftRequest
 from semsoft_plugin.engines.scoring import trigger_position
 from semsoft_plugin.engines.vllm.params import check_label_set, load_tokenizer
+from semsoft_plugin.engines.vllm.reader_tables import RPC_METHOD, fitted_key
 
 __all__ = ["fill_label_logprobs"]
 
@@ -48,10 +54,10 @@ def _token(text: Any) -> int | None:
 
 
 def _chat_top_k_cut(choice: Mapping[str, Any], step: int, k: int) -> bool:
-    """Whether a chat choice's decision step may lack its ``k``-th token: vLLM's chat
-    ``top_logprobs`` are the first ``k`` entries of a dict that starts with the
-    sampled token, so a sampled token outside the top-``k`` (the constrained label,
-    often) pushes the ``k``-th out. Seen as the sampled token listed first and lowest."""
+    """Whether a chat choice's decision step may lack its `k`-th token: vLLM's chat
+    `top_logprobs` are the first `k` entries of a dict that starts with the
+    sampled token, so a sampled token outside the top-`k` (the constrained label,
+    often) pushes the `k`-th out. Seen as the sampled token listed first and lowest."""
     content = (choice.get("logprobs") or {}).get("content")
     if not isinstance(content, list) or step >= len(content):
         return False
@@ -63,7 +69,7 @@ def _chat_top_k_cut(choice: Mapping[str, Any], step: int, k: int) -> bool:
 
 def _returned(choice: Mapping[str, Any], step: int, prompt_length: int) -> set[int]:
     """The token ids whose log-probs the choice already carries at the decision step
-    (only ``"token_id:N"`` keys are recognised; others count as not returned, and are
+    (only `"token_id:N"` keys are recognised; others count as not returned, and are
     then fetched again, which costs nothing in exactness)."""
     logprobs = choice.get("logprobs")
     if not isinstance(logprobs, Mapping):
@@ -86,14 +92,13 @@ def _returned(choice: Mapping[str, Any], step: int, prompt_length: int) -> set[i
     return {t for t in found if t is not None}
 
 
-def _plan(
-    reply: Mapping[str, Any], request: SemsoftRequest, tokenizer: Any, answers: Sequence[int]
-) -> list[tuple[dict[str, Any], tuple[int, ...], set[int], bool]]:
-    """Per choice that needs it: the choice, its decision step's prefix (prompt ids
-    plus the tokens generated before it), the token ids it returned there, and whether
-    its top-k may lack the k-th token (:func:`_chat_top_k_cut`). ``answers``: the label
-    answer token ids."""
-    plan = []
+def _decisions(
+    reply: Mapping[str, Any], request: SemsoftRequest, tokenizer: Any
+) -> list[tuple[dict[str, Any], list[int], list[int], int]]:
+    """Each choice that reached its decision step: the choice, its prompt's token ids,
+    its generated token ids and the decision step's index (a choice without them is
+    left out: the reader says why)."""
+    found = []
     for choice in reply.get("choices") or []:
         if not isinstance(choice, dict):
             continue
@@ -104,8 +109,44 @@ def _plan(
         step = 0
         if request.trigger is not None:
             step = trigger_position(tokenizer, generated, request.trigger, 1)
-        if step < 0 or step >= len(generated):
-            continue  # no decision step: the reader says so
+        if 0 <= step < len(generated):
+            found.append((choice, prompt, generated, step))
+    return found
+
+
+async def _fill_fitted(
+    http_request: Any, reply: Mapping[str, Any], request: SemsoftRequest, tokenizer: Any
+) -> bool:
+    """Write each choice's fitted row (or why there is none) as `semsoft_fitted`, read
+    from the engine's workers with one `collective_rpc` (`reader_tables`); True when some
+    choice got one."""
+    decisions = _decisions(reply, request, tokenizer)
+    if request.fit is None or not decisions:
+        return False
+    keys = [
+        fitted_key(request.fit, prompt, generated[:step])
+        for _, prompt, generated, step in decisions
+    ]
+    engine: Any = getattr(http_request.app.state, "engine_client", None)
+    try:
+        rows = list((await engine.collective_rpc(RPC_METHOD, args=(keys,)))[0])
+    except Exception as error:  # an engine without the worker extension, a dead engine
+        reason = f"fit {request.fit!r}: the engine's fitted rows could not be read ({error})"
+        rows = [{"reason": reason}] * len(keys)
+    for (choice, *_), row in zip(decisions, rows, strict=True):
+        choice[RESPONSE_FITTED] = row
+    return True
+
+
+def _plan(
+    reply: Mapping[str, Any], request: SemsoftRequest, tokenizer: Any, answers: Sequence[int]
+) -> list[tuple[dict[str, Any], tuple[int, ...], set[int], bool]]:
+    """Per choice that needs it: the choice, its decision step's prefix (prompt ids
+    plus the tokens generated before it), the token ids it returned there, and whether
+    its top-k may lack the k-th token (`_chat_top_k_cut`). `answers`: the label
+    answer token ids."""
+    plan = []
+    for choice, prompt, generated, step in _decisions(reply, request, tokenizer):
         returned = _returned(choice, step, len(prompt))
         cut = _chat_top_k_cut(choice, step, request.config.k)
         if cut or any(t not in returned for t in answers):
@@ -121,11 +162,11 @@ async def _read_engine(
     token_ids: list[int] | None,
     k: int = 1,
 ) -> list[dict[int, float]]:
-    """One internal ``/v1/completions`` call on the same app: each prefix's next-token
-    raw log-probs of ``token_ids``, or with ``token_ids=None`` its top-``k`` (vLLM serves
+    """One internal `/v1/completions` call on the same app: each prefix's next-token
+    raw log-probs of `token_ids`, or with `token_ids=None` its top-`k` (vLLM serves
     it like any client's request, with the same model name, LoRA and credentials; it
     does not opt in, so the plugin leaves it alone). Two calls, never one: vLLM's
-    ``logprob_token_ids`` replaces the top-k."""
+    `logprob_token_ids` replaces the top-k."""
     import httpx
 
     headers = {
@@ -162,8 +203,8 @@ async def _read_engine(
 async def fill_label_logprobs(
     http_request: Any, response: Any, request: SemsoftRequest, vllm_config: Any
 ) -> Any:
-    """The server's ``response`` to an opted-in, non-streaming request, with every
-    choice's missing label answer-token log-probs added as ``semsoft_label_logprobs``
+    """The server's `response` to an opted-in, non-streaming request, with every
+    choice's missing label answer-token log-probs added as `semsoft_label_logprobs`
     (module docstring). Any other response is returned with its body unchanged."""
     from starlette.responses import Response
 
@@ -184,9 +225,11 @@ async def fill_label_logprobs(
         return answer(body)
     # The label set was tokenised when the request was admitted: read from that cache.
     answers = check_label_set(request, vllm_config.model_config).answer_ids
-    plan = _plan(reply, request, load_tokenizer(vllm_config.model_config), answers)
+    tokenizer = load_tokenizer(vllm_config.model_config)
+    fitted = await _fill_fitted(http_request, reply, request, tokenizer)
+    plan = _plan(reply, request, tokenizer, answers)
     if not plan:
-        return answer(body)
+        return answer(json.dumps(reply).encode() if fitted else body)
     model = reply.get("model")
     added: dict[int, dict[int, float]] = {id(choice): {} for choice, *_ in plan}
     cut = list(dict.fromkeys(prefix for _, prefix, _, is_cut in plan if is_cut))

@@ -1,7 +1,7 @@
 """The vLLM OpenAI server's middleware: semsoft's checks before any response starts.
 
-``--middleware semsoft_plugin.engines.vllm.admission`` (the package re-exports
-:func:`admission`; this module is not named after it so that the attribute and the
+`--middleware semsoft_plugin.engines.vllm.admission` (the package re-exports
+[`admission`][semsoft_plugin.engines.vllm.middleware.admission]; this module is not named after it so that the attribute and the
 module never shadow each other).
 """
 
@@ -29,30 +29,30 @@ __all__ = ["admission"]
 async def admission(request: Any, call_next: Any) -> Any:
     """vLLM OpenAI-server middleware: semsoft's checks before any response starts.
 
-    ``python -m vllm.entrypoints.openai.api_server ... --middleware
-    semsoft_plugin.engines.vllm.admission``. Why a middleware: vLLM admits a request (and calls
-    :meth:`SemanticSoftmaxLogitsProcessor.validate_params`) only when the serving layer
-    first reads the engine's result stream, and for ``stream: true`` that happens inside
+    `python -m vllm.entrypoints.openai.api_server ... --middleware
+    semsoft_plugin.engines.vllm.admission`. Why a middleware: vLLM admits a request (and calls
+    [`SemanticSoftmaxLogitsProcessor.validate_params`][semsoft_plugin.engines.vllm.processor.SemanticSoftmaxLogitsProcessor.validate_params]) only when the serving layer
+    first reads the engine's result stream, and for `stream: true` that happens inside
     an already-sent HTTP 200, so a refusal arrives as an error event (vLLM's own checks,
-    e.g. ``top_logprobs`` above ``--max-logprobs``, behave the same). Run on the request
+    e.g. `top_logprobs` above `--max-logprobs`, behave the same). Run on the request
     body first, the same checks give streaming requests the same HTTP 400 as the
-    others. The body also shows what never reaches ``validate_params``: vLLM's removed
-    ``guided_*`` fields (ignored by vLLM 0.32, so they would not constrain anything) and
-    a JSON ``true`` given as a number (``vllm_xargs`` turns it into 1). Every POST
-    route is looked at: semsoft options (or near misses such as ``SEMSOFT_LABELS``) on a
-    route other than :data:`SUPPORTED_ROUTES`, or outside ``vllm_xargs``, are refused
+    others. The body also shows what never reaches `validate_params`: vLLM's removed
+    `guided_*` fields (ignored by vLLM 0.32, so they would not constrain anything) and
+    a JSON `true` given as a number (`vllm_xargs` turns it into 1). Every POST
+    route is looked at: semsoft options (or near misses such as `SEMSOFT_LABELS`) on a
+    route other than `SUPPORTED_ROUTES`, or outside `vllm_xargs`, are refused
     with HTTP 400 naming the key. Requests that do not opt in pass untouched.
 
-    The ``SERVER_*`` limits of :mod:`semsoft_plugin.core.request` (64 labels, k <= 256,
+    The `SERVER_*` limits of `semsoft_plugin.core.request` (64 labels, k <= 256,
     ...) are applied here and only here: vLLM's admission call and the engine's
     processor cannot tell an HTTP request from an in-process one, and apply the method's
     own ranges, as every in-process engine does.
 
     An admitted, opted-in, non-streaming chat or completions request that asked for
-    its token ids (``return_token_ids``, as ``openai_request`` does) gets its answer
+    its token ids (`return_token_ids`, as `openai_request` does) gets its answer
     completed: the label answer tokens' raw log-probs its decision step's top-k lacks,
     read with one internal one-token request, in each choice's
-    ``semsoft_label_logprobs`` (:mod:`.label_logprobs`), so the client's reader is
+    `semsoft_label_logprobs` (`label_logprobs`), so the client's reader is
     exact without a follow-up of its own.
     """
     if request.method == "POST":
@@ -74,7 +74,7 @@ async def admission(request: Any, call_next: Any) -> Any:
 def _fillable(body: bytes, path: str) -> SemsoftRequest | None:
     """The options of an admitted, opted-in, non-streaming chat or completions request,
     whose answer the middleware completes with the label answer tokens' log-probs
-    (:mod:`.label_logprobs`); None for every other request."""
+    (`label_logprobs`); None for every other request."""
     if not path.endswith(SUPPORTED_ROUTES):
         return None
     try:
@@ -98,9 +98,9 @@ def _ours(key: Any) -> bool:
 
 
 def _option_places(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """Where a body can carry per-request options, on any vLLM route: ``vllm_xargs``,
-    ``sampling_params`` and its ``extra_args``, ``extra_args``, an ``extra_body`` sent
-    as a field (and its ``vllm_xargs``), and the top level."""
+    """Where a body can carry per-request options, on any vLLM route: `vllm_xargs`,
+    `sampling_params` and its `extra_args`, `extra_args`, an `extra_body` sent
+    as a field (and its `vllm_xargs`), and the top level."""
     places: list[tuple[str, dict[str, Any]]] = [("the request body", data)]
     for name in ("vllm_xargs", "extra_args", "sampling_params", "extra_body"):
         inner = data.get(name)
@@ -173,10 +173,10 @@ def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
 
 
 def _body_sampling_params(data: dict[str, Any], path: str) -> SamplingParams | None:
-    """The ``SamplingParams`` vLLM's serving layer will build from ``data`` (None if
+    """The `SamplingParams` vLLM's serving layer will build from `data` (None if
     vLLM's request model refuses the body's fields: it answers that itself). Values the
-    fields take but ``SamplingParams`` refuses (``top_p=0``, ``n=2`` when greedy) raise
-    vLLM's ``VLLMValidationError``, naming the field and the value."""
+    fields take but `SamplingParams` refuses (`top_p=0`, `n=2` when greedy) raise
+    vLLM's `VLLMValidationError`, naming the field and the value."""
     if path.endswith("/chat/completions"):
         from vllm.entrypoints.openai.chat_completion.protocol import (
             ChatCompletionRequest as Request,

@@ -1,7 +1,7 @@
 """The vLLM logits processor: Semantic Softmax inside the engine, for both model runners.
 
 How the scores come back, the decision step and async scheduling (placeholder output
-tokens) are explained in the package docstring (:mod:`semsoft_plugin.engines.vllm`).
+tokens) are explained in the package docstring ([`semsoft_plugin.engines.vllm`][semsoft_plugin.engines.vllm]).
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ from semsoft_plugin.engines.vllm.params import (
     unrepaired_output_tokens,
     validate_params,
 )
+from semsoft_plugin.engines.vllm.reader_tables import (
+    FitUse,
+    apply_fits,
+    keep_reason,
+    record_unscored,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -44,8 +50,8 @@ logger = logging.getLogger(__name__)
 
 
 def _known_length(tokens: Sequence[int], start: int) -> int:
-    """Length of the prefix of ``tokens`` free of async-scheduling placeholders
-    (``-1``), scanning from a little before ``start`` (earlier tokens were known)."""
+    """Length of the prefix of `tokens` free of async-scheduling placeholders
+    (`-1`), scanning from a little before `start` (earlier tokens were known)."""
     for i in range(max(0, start - 1), len(tokens)):
         if tokens[i] < 0:
             return i
@@ -53,10 +59,10 @@ def _known_length(tokens: Sequence[int], start: int) -> int:
 
 
 def _record_greedy_picks(logits: Tensor, rows: Tensor, group: list[tuple[int, Any]]) -> None:
-    """Remember, for greedy rows, the label the engine will sample from ``logits``.
+    """Remember, for greedy rows, the label the engine will sample from `logits`.
 
-    vLLM's greedy sampler takes ``argmax`` of the processed logits, and only this
-    processor's label scores are finite in these rows, so the same ``argmax`` here is
+    vLLM's greedy sampler takes `argmax` of the processed logits, and only this
+    processor's label scores are finite in these rows, so the same `argmax` here is
     the engine's pick (ties included). Used when async scheduling has not yet written
     the sampled token back (package docstring). Overwritten on every decision, so a
     discarded partial-prefill row never leaves a stale pick."""
@@ -83,49 +89,20 @@ _ENGINES_LOCK = threading.Lock()
 
 
 def _claim_engine(vllm_config: Any, runner: str, processor: Any) -> bool:
-    """Register ``processor`` as the one serving this engine; True if another already is."""
+    """Register `processor` as the one serving this engine; True if another already is
+    (a subclass of the one registered takes over, whichever vLLM built first)."""
     key = (id(vllm_config), runner)
     with _ENGINES_LOCK:
         held = _ENGINES.get(key)
-        if held is not None and held[0]() is vllm_config and held[1]() is not None:
+        holder = held[1]() if held is not None and held[0]() is vllm_config else None
+        if holder is not None and not (
+            isinstance(processor, type(holder)) and type(processor) is not type(holder)
+        ):
             return True
+        if holder is not None:  # a subclass (the one serving fits) takes the engine over
+            holder.inert = True
         _ENGINES[key] = (weakref.ref(vllm_config), weakref.ref(processor))
         return False
-
-
-# Requests the processor could not score, for the readers in this process: (prompt
-# token ids, output tokens before the decision step) -> the reason. Bounded like the
-# label-set cache. Only in-process readers see it (the engine process of a server
-# is another one); there a model-made NaN still shows in the raw log-probabilities.
-_UNSCORED: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], str] = OrderedDict()
-_UNSCORED_LOCK = threading.Lock()
-
-
-def _record_unscored(prompt: Sequence[int], before: Sequence[int], reason: str) -> None:
-    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in before))
-    with _UNSCORED_LOCK:
-        _UNSCORED[key] = reason
-        _UNSCORED.move_to_end(key)
-        while len(_UNSCORED) > CACHE_SIZE:
-            _UNSCORED.popitem(last=False)
-
-
-def unscored_reason(
-    model: ModelScorer,
-    request: SemsoftRequest,
-    prompt: Sequence[int] | None,
-    generated: Sequence[int],
-    step: int,
-) -> str | None:
-    """Why the engine left this output unconstrained, if it recorded one: only when
-    the decision-step token is not a label (a constrained row always emits one)."""
-    if not _UNSCORED or request.mode != "constrain" or prompt is None:
-        return None
-    if len(generated) > step and int(generated[step]) in model.scoring(request).answer_to_label:
-        return None
-    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in generated[:step]))
-    with _UNSCORED_LOCK:
-        return _UNSCORED.get(key)
 
 
 @dataclass
@@ -141,24 +118,42 @@ class _Active:
     label: int | None = None  # chosen label, once sampled
     greedy: bool = True  # the engine samples the argmax of the written logits
     predicted: int | None = None  # greedy: the label this processor's logits make it pick
-    prompt_ids: Sequence[int] | None = None  # V1: the runner's prompt list (for _UNSCORED)
+    prompt_ids: Sequence[int] | None = None  # the prompt's ids (for _UNSCORED, fitted rows)
+    fit: FitUse | str | None = None  # semsoft_fit: the fit, or why the engine cannot use it
 
 
 class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
     """Semantic Softmax label constraint for opted-in requests, for both vLLM runners.
 
-    Constructed by vLLM, never by hand: ``(vllm_config, device, is_pin_memory)`` by the
-    V1 model runner, ``(vllm_config, req_states)`` by Model Runner V2; the branch is
-    taken on those arguments. Requests without ``semsoft_labels`` in their
-    ``extra_args`` are never touched (their logits rows are not written).
+    Constructed by vLLM, never by hand: `(vllm_config, device, is_pin_memory)` by the
+    V1 model runner, `(vllm_config, req_states)` by Model Runner V2; the branch is
+    taken on those arguments. Requests without `semsoft_labels` in their
+    `extra_args` are never touched (their logits rows are not written).
 
     What it does for an opted-in request in constrain mode: at the decision step,
-    only the labels' answer tokens keep a finite logit, set to ``log P_sem``; the
+    only the labels' answer tokens keep a finite logit, set to `log P_sem`; the
     remaining tokens of the sampled label are then forced, then EOS. In observe mode
     it does nothing in the engine (the scores are read from the output).
 
     The embeddings and the tokenizer are loaded on the first opted-in request, so an
     engine that merely has the plugin installed (entry point) pays nothing.
+
+    Examples
+    --------
+    vLLM builds it; pass the class (or install the package: the entry point loads it)
+    and opt a request in with [`sampling_params`][semsoft_plugin.engines.vllm.sampling_params]:
+
+    ```python
+    from vllm import LLM
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines import vllm as semsoft
+
+    llm = LLM(str(models.resolve("default")), max_logprobs=50,
+              logits_processors=[semsoft.SemanticSoftmaxLogitsProcessor])
+    params = semsoft.sampling_params(["positive", "negative"])
+    out = llm.generate(["Review: I loved it. Sentiment:"], params)[0]
+    out.outputs[0].text                     # ' positive': a label, drawn from the scores
+    ```
     """
 
     def __init__(self, vllm_config: VllmConfig, *args: Any) -> None:
@@ -237,7 +232,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             request = parse_request(params.extra_args)
         except ValueError:
             return None  # refused at admission by validate_params; never reaches here
-        if request is None or request.mode != "constrain":
+        if request is None or (request.mode != "constrain" and request.fit is None):
             return None
         model = self._engine_model()
         eos = params.eos_token_id
@@ -253,10 +248,15 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             # raises the same error on its output.
             self._warn(str(error), f"semsoft: label set refused, request ended: {error}")
             return _Active(request, None, eos, greedy=greedy)
-        return _Active(request, scoring, eos, greedy=greedy)
+        fit = None if request.fit is None else self._fit_use(request)
+        return _Active(request, scoring, eos, greedy=greedy, fit=fit)
+
+    def _fit_use(self, request: SemsoftRequest) -> FitUse | str:
+        """The fit a request names, or why not (`app.vllm_fits` serves a fit folder)."""
+        return f"fit {request.fit!r} not applied: this engine's processor serves no fits"
 
     def _warn(self, key: str, message: str) -> None:
-        """Log ``message`` once per ``key`` among the last ``CACHE_SIZE`` distinct keys."""
+        """Log `message` once per `key` among the last `CACHE_SIZE` distinct keys."""
         if key in self._warned:
             self._warned.move_to_end(key)
             return
@@ -327,11 +327,11 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         return logits
 
     def _plan(self, state: _Active, generated: Any, j: int) -> str | int | None:
-        """What to do to the row that samples output token ``j``: decide, force a
+        """What to do to the row that samples output token `j`: decide, force a
         token (int) or nothing. Derived from the output tokens only, so rows whose
         sample is discarded (partial prefills) leave no trace.
 
-        A ``-1`` in the output tokens is an async-scheduling placeholder for a token
+        A `-1` in the output tokens is an async-scheduling placeholder for a token
         sampled but not yet copied to the host (package docstring): it is never read
         as a token. The trigger search stops before it and resumes there on a later
         step; a decision-step token that is still a placeholder is taken from the
@@ -360,7 +360,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         if m == 0:
             state.label = None
             return "decide"
-        if m < 0:
+        if m < 0 or state.request.mode != "constrain":  # observe: a fit's row only
             return None
         if state.label is None:
             tokens = generated(state.decided_at + 1) if callable(generated) else generated
@@ -389,12 +389,12 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         return None
 
     def _decide(self, logits: Tensor, group: list[tuple[int, _Active]]) -> None:
-        """Write ``log P_sem`` into the label tokens of rows at their decision step.
+        """Write `log P_sem` into the label tokens of rows at their decision step.
 
         A row it cannot score (NaN or +inf logits, every token masked), or every row of
         a label set whose scoring fails, is left exactly as the engine had it, and so is
         the rest of that request (no label is forced): one bad row must never fail the
-        batch, its neighbours go on. The request is recorded in ``_UNSCORED`` so that
+        batch, its neighbours go on. The request is recorded in `_UNSCORED` so that
         the reader reports why instead of returning scores for text it did not choose.
         """
         scoring = group[0][1].scoring
@@ -427,7 +427,13 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             for _, state in group:
                 self._leave_unscored(state, f"scoring failed: {error}")
             return
-        log_p = result.probs.clamp_min(1e-30).log().to(logits.device, logits.dtype)
+        decisions = [(st.fit, st.request.fit, st.prompt_ids, st.output_ids, st.decided_at)
+                     for _, st in group]  # fmt: skip
+        probs = apply_fits(decisions, picked, result.probs)
+        log_p = probs.clamp_min(1e-30).log().to(logits.device, logits.dtype)
+        write = [i for i, (_, state) in enumerate(group) if state.request.mode == "constrain"]
+        if len(write) < len(group):  # observe: the row was read, never written
+            group, rows, log_p = [group[i] for i in write], rows[write], log_p[write]
         answer = scoring.answer_ids.to(logits.device)
         logits[rows] = float("-inf")
         logits[rows.unsqueeze(1), answer.unsqueeze(0)] = log_p
@@ -450,7 +456,10 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             "raises with this reason",
         )
         if state.prompt_ids is not None and state.output_ids is not None:
-            _record_unscored(state.prompt_ids, state.output_ids[: state.decided_at or 0], reason)
+            before = state.output_ids[: state.decided_at or 0]
+            record_unscored(state.prompt_ids, before, reason)
+            if state.fit is not None:
+                keep_reason(state.request.fit or "", state.prompt_ids, before, reason)
 
     def _v2_rows(self, logits: Tensor, ctx: LogitsContext) -> list[tuple[int, _Active, Any, int]]:
         slots = ctx.idx_mapping_np
@@ -476,6 +485,10 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
             def generated(n: int, slot: int = slot, start: int = start) -> list[int]:
                 return all_tokens[slot, start : start + n].tolist()
+
+            if state.fit is not None and state.label is None:  # a fitted row's key
+                state.prompt_ids = all_tokens[slot, :start].tolist()
+                state.output_ids = all_tokens[slot, start : start + j].tolist()
 
             rows.append((row, state, generated, j))
         return rows

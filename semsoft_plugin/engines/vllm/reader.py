@@ -1,8 +1,8 @@
-"""Reading Semantic Softmax scores from an offline vLLM ``RequestOutput``.
+"""Reading Semantic Softmax scores from an offline vLLM `RequestOutput`.
 
-The output carries the decision step's top-``k`` raw log-probabilities (the request
-asked for ``logprobs=k``); :func:`label_scores` hands them to the reader contract,
-:func:`semsoft_plugin.engines.reader_contract.read_scores`, the same code the OpenAI reader uses.
+The output carries the decision step's top-`k` raw log-probabilities (the request
+asked for `logprobs=k`); [`label_scores`][semsoft_plugin.engines.vllm.reader.label_scores] hands them to the reader contract,
+`semsoft_plugin.engines.reader_contract.read_scores`, the same code the OpenAI reader uses.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from vllm import SamplingParams
 
 from semsoft_plugin.core.request import SemsoftRequest, parse_request
 from semsoft_plugin.core.result import LabelResult
-from semsoft_plugin.engines.reader_contract import read_scores
+from semsoft_plugin.engines.reader_contract import FitNotApplied, fitted_row, read_scores
 from semsoft_plugin.engines.scoring import client_model, decision_step
 from semsoft_plugin.engines.vllm.params import sampling_params
-from semsoft_plugin.engines.vllm.processor import unscored_reason
+from semsoft_plugin.engines.vllm.reader_tables import fitted_key, rpc_rows, unscored_reason
 
 __all__ = ["label_probs", "label_scores"]
 
@@ -52,24 +52,31 @@ def label_scores(
     check_text: bool = True,
     **options: Any,
 ) -> LabelResult:
-    """Semantic Softmax scores of an offline ``RequestOutput``.
+    """Semantic Softmax scores of an offline `RequestOutput`.
 
     Parameters
     ----------
-    request_output : what ``LLM.generate`` returned for the request
-    params : the request's ``SamplingParams`` (from :func:`sampling_params`), or its
-        label list plus the same ``options``
-    model : the ``vllm.LLM`` (or its checkpoint directory / model name): the reader
+    request_output : Any
+        What `LLM.generate` returned for the request
+    params : SamplingParams | Sequence[str]
+        The request's `SamplingParams` (from
+        [`sampling_params`][semsoft_plugin.engines.vllm.reader.sampling_params]), or its label list
+        plus the same `options`
+    model : Any
+        The `vllm.LLM` (or its checkpoint directory / model name): the reader
         needs the tokenizer and the output embeddings, loaded once per model. Given the
-        ``LLM``, answer tokens the scores need outside the returned top-k are fetched
-        with one ``max_tokens=1`` request, so the scores equal transformers'; given a
-        path or a name, such an output is refused (``MissingLabelLogprobs``): no bound
+        `LLM`, answer tokens the scores need outside the returned top-k are fetched
+        with one `max_tokens=1` request, so the scores equal transformers'; given a
+        path or a name, such an output is refused (`MissingLabelLogprobs`): no bound
         stands in for a missing log-probability
-    choice : which completion (``n > 1`` gives ``n``), in vLLM's order
-    check_text : refuse a text that is only the start of a label (``CutLabel``); False
-        where ``max_tokens`` was set short on purpose (only the scores are wanted)
-    allow_download : a model name not on this machine yet (a known name not cached, a
-        hub ``owner/name`` not in the hub cache) is refused unless True: reading scores
+    choice : int
+        Which completion (`n > 1` gives `n`), in vLLM's order
+    check_text : bool
+        Refuse a text that is only the start of a label (`CutLabel`); False
+        where `max_tokens` was set short on purpose (only the scores are wanted)
+    allow_download : bool
+        A model name not on this machine yet (a known name not cached, a
+        hub `owner/name` not in the hub cache) is refused unless True: reading scores
         never starts a download by itself
 
     Raises
@@ -77,9 +84,27 @@ def label_scores(
     ValueError
         For this request only, when it cannot be scored: it carries no decision step,
         its decision-step log-probabilities are NaN/inf, or the engine's processor could
-        not score its row and left it unconstrained (the reason is named); and, by the
-        reader contract (:func:`~semsoft_plugin.engines.reader_contract.read_scores`),
-        its subclasses ``MissingLabelLogprobs``, ``EmittedLabelMismatch`` or ``CutLabel``.
+        not score its row and left it unconstrained (the reason is named); a request that
+        names a fit (`semsoft_fit`) whose row the fit did not score raises `FitNotApplied`
+        with the reason (its scores are read from the engine through `model`, which must
+        be the `LLM`); and, by the
+        reader contract (`semsoft_plugin.engines.reader_contract.read_scores`),
+        its subclasses `MissingLabelLogprobs`, `EmittedLabelMismatch` or `CutLabel`.
+
+    Examples
+    --------
+    ```python
+    from vllm import LLM
+    from semsoft_plugin.engines import models
+    from semsoft_plugin.engines import vllm as semsoft
+
+    llm = LLM(str(models.resolve("default")), max_logprobs=50,
+              logits_processors=[semsoft.SemanticSoftmaxLogitsProcessor])
+    params = semsoft.sampling_params(["positive", "negative"])
+    out = llm.generate(["Review: I loved it. Sentiment:"], params)[0]
+    result = semsoft.label_scores(out, params, llm)    # a LabelResult
+    result.label, result.probs, result.constrained_probs
+    ```
     """
     request = request_of(params, options)
     client = client_model(model, allow_download=allow_download)
@@ -115,6 +140,15 @@ def label_scores(
             return fetch_logprobs(model, [follow], token_ids)[0]
 
     greedy = params.temperature == 0.0 if isinstance(params, SamplingParams) else True
+    fitted = None
+    if request.fit is not None:
+        if getattr(model, "collective_rpc", None) is None or prompt_ids is None:
+            raise FitNotApplied(
+                f"semsoft_fit={request.fit!r}: a fitted row is kept in the engine; read it "
+                "with the vllm.LLM that ran the request (model=llm)"
+            )
+        key = fitted_key(request.fit, list(prompt_ids), generated[:step])
+        fitted = fitted_row(request, rpc_rows(model, [key])[0])
     return read_scores(
         request,
         {int(t): float(lp.logprob) for t, lp in entries.items()},
@@ -123,11 +157,12 @@ def label_scores(
         emitted_ids=generated,
         fetch=fetch,
         greedy=greedy,
+        fitted=fitted,
     )
 
 
 def _top_k_logprobs(entries: Mapping[int, Any], k: int) -> dict[int, float]:
-    """token -> raw log-prob of a step's ``k`` most likely tokens (vLLM ranks from 1)."""
+    """token -> raw log-prob of a step's `k` most likely tokens (vLLM ranks from 1)."""
     return {
         int(t): float(lp.logprob)
         for t, lp in entries.items()
@@ -138,9 +173,9 @@ def _top_k_logprobs(entries: Mapping[int, Any], k: int) -> dict[int, float]:
 def fetch_logprobs(
     llm: Any, prompts: Sequence[Any], token_ids: Sequence[int], *, progress: bool = False
 ) -> list[dict[int, float]]:
-    """Each prompt's next-token raw log-probs of ``token_ids``: one-token follow-ups
-    (greedy, ``max_tokens=1``, the prefix cache serves the prompt), at most vLLM's
-    ``MAX_LOGPROB_TOKEN_IDS`` ids a request."""
+    """Each prompt's next-token raw log-probs of `token_ids`: one-token follow-ups
+    (greedy, `max_tokens=1`, the prefix cache serves the prompt), at most vLLM's
+    `MAX_LOGPROB_TOKEN_IDS` ids a request."""
     from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
 
     found: list[dict[int, float]] = [{} for _ in prompts]
@@ -163,11 +198,11 @@ def label_probs(
     choice: int = 0,
     **options: Any,
 ) -> dict[str, float]:
-    """``{label: probability}`` (Semantic Softmax) of an offline ``RequestOutput``.
+    """`{label: probability}` (Semantic Softmax) of an offline `RequestOutput`.
 
-    See :func:`label_scores` (``allow_download`` too). Raises ``ValueError`` in the rare 0/0 case whose
+    See [`label_scores`][semsoft_plugin.engines.vllm.reader.label_scores] (`allow_download` too). Raises `ValueError` in the rare 0/0 case whose
     fallback (the constrained softmax) cannot be read from the output because a label
-    token is outside the returned top-k; :func:`classify_vllm` handles that case.
+    token is outside the returned top-k; [`classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm] handles that case.
     """
     scores = label_scores(request_output, params, model, choice=choice, **options)
     if scores.probs is None:
