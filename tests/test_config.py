@@ -36,9 +36,11 @@ def test_presets_are_the_named_settings():
 
 def test_presets_give_different_scores():
     g = torch.Generator().manual_seed(3)
-    # Several rows: the silent-vote preset leaves a row with a small silent vote as the
-    # constrained softmax, and pools the others.
-    logits, emb = torch.randn(8, 64, generator=g) * 3, torch.randn(64, 8, generator=g)
+    logits, emb = torch.randn(64, generator=g) * 3, torch.randn(64, 8, generator=g)
+    # Tokens 4-6 mean labels 1-3 and hold the most mass: a silent vote the silent-vote
+    # preset pools (a row without one it leaves as the constrained softmax).
+    emb[4:7] = emb[1:4]
+    logits[4:7] += 6.0
     scores = {
         name: semantic_softmax(logits, emb, [1, 2, 3], SemsoftConfig.preset(name))
         for name in PRESETS

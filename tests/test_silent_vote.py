@@ -67,7 +67,7 @@ def test_rows_never_depend_on_the_batch():
     generator = torch.Generator().manual_seed(0)
     emb = torch.randn(64, 8, generator=generator)
     logits = torch.randn(12, 64, generator=generator) * 3
-    scorer = SemanticSoftmax(emb, [3, 9, 20], SemsoftConfig.preset("silent-vote"))
+    scorer = SemanticSoftmax(emb, [3, 9, 20], semantic_weight=1.0, silent_vote=0.1)
     batch = scorer(logits).probs
     weights = set()
     for i in range(logits.shape[0]):
