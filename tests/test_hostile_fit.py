@@ -536,3 +536,24 @@ def test_the_classifier_refuses_another_prompt_and_an_old_file(tmp_path, made_on
     edited(fit, lambda f: f.pop("format"))
     with pytest.raises(ValueError, match="older version.*fit again"):
         Classifier(MODEL, labels=list(LABELS)).load_fit(fit)
+
+
+def test_a_text_the_api_refuses_is_named_by_the_files_line(tmp_path, capsys, fake_model, monkeypatch):
+    """Whatever the API's text rule refuses is refused before scoring, by file and line
+    (here a rule the API might add: the check is the API's own, applied to each text)."""
+    import semsoft_plugin.app.texts as texts_module
+
+    real = texts_module.text_list
+
+    def stricter(values):
+        values = real(values)
+        if any("number 7" in value for value in values):
+            raise ValueError(f"texts[0] = {values[0]!r} is refused")
+        return values
+
+    monkeypatch.setattr(texts_module, "text_list", stricter)
+    inp = _write(tmp_path / "in.csv", _texts(20))
+    err = refusal(capsys, ["classify", "--input", str(inp), "--output", str(tmp_path / "o.csv"),
+                           "--labels", ",".join(LABELS)])  # fmt: skip
+    assert err.startswith(f"semsoft classify: error: {inp}:9: column 'text' = 'review number 7")
+    assert fake_model.scored == []
