@@ -557,3 +557,17 @@ def test_a_text_the_api_refuses_is_named_by_the_files_line(tmp_path, capsys, fak
                            "--labels", ",".join(LABELS)])  # fmt: skip
     assert err.startswith(f"semsoft classify: error: {inp}:9: column 'text' = 'review number 7")
     assert fake_model.scored == []
+
+
+def test_a_correction_saved_with_nfd_labels_applies_to_nfc_ones():
+    """Issue 43: it was refused by a message that printed the same list twice."""
+    import unicodedata
+
+    nfd = tuple(unicodedata.normalize("NFD", name) for name in ("café", "thé"))
+    nfc = [unicodedata.normalize("NFC", name) for name in nfd]
+    correction = FittedCorrection("offset", nfd, offset=(1.0, -1.0))
+    got = correction.apply(np.array([[0.5, 0.5]]), nfc[::-1])
+    want = np.exp([-1.0, 1.0]) / np.exp([-1.0, 1.0]).sum()
+    np.testing.assert_allclose(got[0], want)
+    with pytest.raises(ValueError, match=r"'caf.*U\+0301.*not 'tea' \(U\+0074"):
+        correction.check_labels(["tea", "coffee"])
