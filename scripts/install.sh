@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what semsoft needs, idempotently. Usage: scripts/install.sh [core|test]
-#   core: torch (CPU) + the package with its transformers extra (enough for `semsoft classify`)
+#   core: torch (CPU) + the package with its transformers extra (enough for `semsoft classify`
+#         and `Classifier`, a scikit-learn estimator: scikit-learn comes with it)
 #   test: also the test, eval, docs, Outlines, Ray Data and vLLM (CPU wheel) dependencies
 # Into the interpreter scripts/_python.sh picks (never the system one), with uv where it
 # installs (benchmarks/bench_install.sh, fresh venv, empty caches: the core in 11 s with
@@ -44,7 +45,7 @@ pip_install() {
 }
 
 if [ "$level" = "core" ]; then
-  if ! "$py" -c "import torch, transformers, gguf, accelerate, safetensors, tqdm" 2>/dev/null; then
+  if ! "$py" -c "import torch, transformers, gguf, accelerate, safetensors, tqdm, sklearn" 2>/dev/null; then
     pip_install "torch==2.13.0" -e ".[transformers]"
   fi
 else

@@ -17,7 +17,7 @@ import numpy as np
 from semsoft_eval.metrics import ece_numpy
 from semsoft_plugin.core import temperature_scaling
 from semsoft_plugin.core.calibration import debias
-from semsoft_plugin.core.fitting import stratified_folds
+from semsoft_plugin.core.folds import stratified_folds
 from semsoft_plugin.core.temperature_scaling import apply_temperature
 
 __all__ = [

@@ -37,6 +37,7 @@ from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.probe import fit_probe, probe_member, probe_refused
 from semsoft_plugin.core import fit_family, fitting, kept_scores
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.folds import check_fit_data, check_fit_settings
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.tokens import as_output_embeddings
 
@@ -121,6 +122,7 @@ def tune(
     targets = np.asarray(targets, dtype=np.int64)
     if len(targets) != forward.n:
         raise ValueError(f"{len(targets)} targets for {forward.n} items")
+    check_fit_data(targets, n_folds, margin)  # two labels, enough items: before the grid
     start = start or SemsoftConfig()
     grid = dict(DEFAULT_GRID if grid is None else grid)
     started = time.perf_counter()
@@ -261,6 +263,7 @@ def tune_dataset(
 
     ``backend``, ``engine_args`` and ``loaded`` as in :func:`semsoft_eval.preparation.prepare`.
     """
+    check_fit_settings(n_folds, margin)  # before the data or the model loads
     if family is not None:
         fitting.check_family(family)
         if "probe" in family and backend == "vllm":

@@ -27,8 +27,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -175,33 +173,10 @@ def hf_results(hf_model):
 def server(checkpoint, tmp_path_factory) -> Iterator[str]:
     """A vLLM OpenAI server subprocess with the plugin and its admission middleware;
     yields its ``/v1`` base URL."""
-    from _server import free_port, wait_until_healthy
-    from _vllm import ROOT
+    from _server import plugin_server
 
     from semsoft_plugin.core.request import ENTRY_POINT
 
-    port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(checkpoint), "--served-model-name", "smollm2",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--logits-processors", ENTRY_POINT,
-        "--max-logprobs", "50", "--max-model-len", "512", "--enforce-eager",
-        "--dtype", "float32", "--max-num-batched-tokens", "32",
-        "--middleware", "semsoft_plugin.engines.vllm.admission",
-    ]  # fmt: skip
-    with open(log, "w") as sink:
-        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        wait_until_healthy(process, port, log)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with plugin_server(checkpoint, log, ENTRY_POINT) as url:
+        yield url

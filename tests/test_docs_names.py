@@ -35,6 +35,7 @@ ELSEWHERE = {
     "--hf-overrides",
     "--no-async-scheduling",
     "--served-model-name",
+    "--worker-extension-cls",
     "--durations",
 }
 # The benchmark scripts' own flags, read from their argparse calls.
@@ -61,9 +62,7 @@ def _option_strings(parser) -> set[str]:
 PARSERS = command_parsers()
 OPTIONS = {name: _option_strings(parser) for name, parser in PARSERS.items()}
 ANY_OPTION = set().union(*OPTIONS.values())
-COMMAND = re.compile(
-    r"\bsemsoft(?:\.sh)?\s+(" + "|".join(sorted(n for n in OPTIONS if n)) + r")\b"
-)
+COMMAND = re.compile(r"\bsemsoft(?:\.sh)?\s+(" + "|".join(sorted(n for n in OPTIONS if n)) + r")\b")
 
 
 def _pieces(text: str):
@@ -118,7 +117,7 @@ def test_documented_flags_exist(path: Path) -> None:
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_documented_request_keys_exist(path: Path) -> None:
-    known = set(request.KNOWN_KEYS) | {request.RESPONSE_LABEL_LOGPROBS}
+    known = set(request.KNOWN_KEYS) | {request.RESPONSE_LABEL_LOGPROBS, request.RESPONSE_FITTED}
     stale = [
         f"{path.relative_to(ROOT)}:{number}: {key}"
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)

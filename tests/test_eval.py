@@ -432,7 +432,7 @@ def test_stratified_folds_keep_every_label_in_every_fold() -> None:
     with pytest.warns(UserWarning, match="a label has 1 items, fewer than the 3 folds"):
         fallback = calibrate.stratified_folds(rare, 3, seed=0)
     assert sorted(np.bincount(fallback).tolist()) == [3, 4, 4]
-    with pytest.raises(ValueError, match="need at least 5 items for 5 folds, got 4"):
+    with pytest.raises(ValueError, match="4 items cannot fill 5 folds"):
         calibrate.stratified_folds(np.array([0, 1, 0, 1]), 5)
 
 

@@ -151,7 +151,7 @@ def test_refusals_are_named(plain):
     with pytest.raises(ValueError, match=r"fit\(texts, y\) with calibrate='file'"):
         filemode().fit(BALANCED, y)
     # Searching nothing, fit(texts, y) reads the labels and estimates the correction.
-    fixed = filemode(fit_grid={}, fit_temperature=False).fit(BALANCED, y)
+    fixed = filemode(fit_family=()).fit(BALANCED, y)
     assert fixed.file_calibration_ == filemode().fit(BALANCED).file_calibration_
     # A parameter changed after fit is not silently ignored, "auto" included.
     with pytest.raises(

@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from semsoft_plugin.core import fitting, label_offsets  # noqa: E402
+from semsoft_plugin.core import fitting, folds, label_offsets  # noqa: E402
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
 from semsoft_plugin.core.kept_scores import grid_probs  # noqa: E402
 from semsoft_plugin.core.softmax import semantic_softmax_details  # noqa: E402
@@ -121,7 +121,7 @@ def test_stratified_folds_are_scikit_learns() -> None:
             want[held] = fold
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            got = fitting.stratified_folds(y, k, trial)
+            got = folds.stratified_folds(y, k, trial)
         assert (got == want).all(), trial
 
 
@@ -362,8 +362,6 @@ def fitted(default_checkpoint):
 
 @pytest.mark.slow
 def test_fit_on_a_small_real_set_picks_a_valid_config(fitted) -> None:
-    from semsoft_plugin.app.classifier_fit import kept_passes
-
     clf, texts, _ = fitted
     cfg = clf.fitted_config_
     assert isinstance(cfg, SemsoftConfig) and clf.config is None  # the parameter is kept
@@ -379,9 +377,9 @@ def test_fit_on_a_small_real_set_picks_a_valid_config(fitted) -> None:
     # The fit's own scores (compact grid over the kept pass) are what predict_proba gives.
     probs = clf.predict_proba(texts[:8])
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-9)
-    setup = clf._setup()
-    kept, _ = kept_passes(clf, setup, clf.inputs(texts[:8]), cfg.k)
-    mine, _ = grid_probs(kept, setup.loaded.embeddings(), setup.labels, [cfg])
+    scorer = clf._scorer()
+    kept, _ = scorer.kept(clf.inputs(texts[:8]), cfg.k)
+    mine, _ = grid_probs(kept, scorer.loaded.embeddings(), scorer.labels, [cfg])
     order = [list(clf.labels).index(c) for c in clf.classes_]
     if clf.fitted_correction_ is not None:  # a bias member's offset after the config
         assert clf.fitted_correction_.offset == tuple(result.offset)

@@ -228,11 +228,11 @@ def test_unknown_members_and_bad_families_are_refused_by_name() -> None:
 
 
 def test_the_default_family_is_what_the_inputs_allow() -> None:
-    from semsoft_plugin.app.classifier_fit import checked_family
+    from semsoft_plugin.app.classifier_settings import checked_family
 
     assert fit_family.default_family(None, {}) == ("grid", "temperature", "offset", "batch")
     assert fit_family.default_family(np.ones((3, 2)), {"probe": None}) == fitting.FAMILY
-    assert checked_family(None, "hf") == fitting.FAMILY
+    assert checked_family(None, "transformers") == fitting.FAMILY
     assert "probe" not in checked_family(None, "vllm")
     with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state.*vLLM"):
         checked_family(("grid", "probe"), "vllm")
@@ -312,10 +312,7 @@ def test_the_classifier_chooses_the_probe_where_the_hidden_state_separates_the_l
     assert clf.fitted_config_ == SemsoftConfig()  # the probe changes no setting
     assert (clf.predict(texts) == np.array(y)).mean() == 1.0
     # predict_proba is the probe on the hidden states of the decision step
-    setup = clf._setup()
-    from semsoft_plugin.app.classifier_fit import kept_passes
-
-    _, hidden = kept_passes(clf, setup, clf.inputs(texts[:6]), 8, hidden=True)
+    _, hidden = clf._scorer().kept(clf.inputs(texts[:6]), 8, hidden=True)
     want = clf.fitted_correction_.probe.probs(hidden.numpy())  # LABELS order = classes_
     np.testing.assert_allclose(clf.predict_proba(texts[:6]), want, atol=1e-6)
 

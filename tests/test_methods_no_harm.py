@@ -254,11 +254,12 @@ def test_contextual_classifier_divides_out_the_content_free_bias(model_and_token
     calibrated = Classifier(model, tokenizer, ["positive", "negative"], calibrate="contextual")
     base = plain.predict_details(texts)
     # The bias is the plain classifier's mean over the content-free inputs, by hand.
+    from semsoft_plugin.engines.hf import classify
     from semsoft_plugin.engines.prompting import build_inputs
 
-    setup = plain._setup()
-    inputs = build_inputs(setup.prompt, list(CONTENT_FREE), ["positive", "negative"], tokenizer)
-    cf = [r.probs for r in plain._classify(setup, inputs)]
+    scorer = plain._scorer()
+    inputs = build_inputs(scorer.prompt, list(CONTENT_FREE), ["positive", "negative"], tokenizer)
+    cf = [r.probs for r in classify(model, tokenizer, inputs, scorer.labels, mode="observe", max_tokens=1)]
     bias = np.array([[d[c] for c in plain.classes_] for d in cf]).mean(0)
     np.testing.assert_allclose(calibrated.content_free_bias(), bias, atol=1e-6)
     got = calibrated.predict_details(texts)

@@ -1,13 +1,14 @@
-"""``Classifier`` as a scikit-learn estimator: ``clone`` (sharing the weights), the
-parameters, ``Pipeline``, ``GridSearchCV`` with a scorer, scikit-learn's own estimator
-checks, and labels as any ordered sequence (issue 35 item 3, issue 34 item 10)."""
+"""``Classifier`` as a scikit-learn estimator (``BaseEstimator``, ``ClassifierMixin``):
+``clone`` (sharing the weights), the parameters, ``Pipeline``, ``GridSearchCV`` with a
+scorer, a named suite of scikit-learn's estimator checks on texts (clone invariance,
+``set_params`` round trip, fit idempotence, rows summing to 1, unseen labels refused,
+pickling), metadata routing, and labels as any ordered sequence."""
 
 from __future__ import annotations
 
 import pickle
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -19,7 +20,6 @@ from sklearn.metrics import accuracy_score, log_loss  # noqa: E402
 from sklearn.model_selection import GridSearchCV, StratifiedKFold  # noqa: E402
 from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import FunctionTransformer  # noqa: E402
-from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
 from semsoft_plugin.app import handles  # noqa: E402
 from semsoft_plugin.app.classifier import Classifier, NotFittedError  # noqa: E402
@@ -48,7 +48,7 @@ REVIEWS = [
 TEXTS = [text for text, _ in REVIEWS]
 Y = np.array([label for _, label in REVIEWS])
 # fit() that only reads the labels: the search below varies the classifier's own settings.
-FIXED = {"fit_grid": {}, "fit_temperature": False}
+FIXED = {"fit_family": ()}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def clf() -> Classifier:
 
 def _weights(classifier: Classifier) -> object:
     """The torch module that holds the classifier's weights."""
-    return classifier._setup().loaded.model
+    return classifier._scorer().loaded.model
 
 
 # -- clone and the parameters -----------------------------------------------------
@@ -79,7 +79,7 @@ def test_clone_shares_the_weights_of_a_named_model(clf):
 def test_clone_shares_a_loaded_model_by_reference(clf):
     """A loaded model given as the parameter: scikit-learn's own clone would deep-copy it
     (``clone(param, safe=False)``); ``__sklearn_clone__`` passes it by reference."""
-    loaded = clf._setup().loaded
+    loaded = clf._scorer().loaded
     given = Classifier(loaded.model, loaded.tokenizer, LABELS, semantic_weight=0.5)
     copy = clone(given)
     assert copy.model is loaded.model and copy.tokenizer is loaded.tokenizer
@@ -95,9 +95,9 @@ def test_get_params_set_params_round_trip(clf):
     other = clone(clf)
     assert other.set_params(semantic_weight=1.0, score_temperature=0.5) is other
     assert other.get_params()["semantic_weight"] == 1.0
-    assert other._setup().config.semantic_weight == 1.0
-    assert other._setup().config.score_temperature == 0.5
-    with pytest.raises(ValueError, match="'semantic_wieght' is not a parameter of Classifier"):
+    assert other._scorer().config.semantic_weight == 1.0
+    assert other._scorer().config.score_temperature == 0.5
+    with pytest.raises(ValueError, match="Invalid parameter 'semantic_wieght' for estimator Classifier"):
         other.set_params(semantic_wieght=0.5)
     # A parameter set after use takes effect: what was derived from the old one is dropped.
     other.set_params(labels=["good", "bad"])
@@ -140,7 +140,8 @@ def test_fit_keeps_the_parameters_and_sets_trailing_underscore_attributes(clf):
     assert est.fit(TEXTS, Y) is est
     assert {name: joblib.hash(value) for name, value in est.get_params().items()} == before
     added = set(vars(est)) - public - {"_runtime"}
-    assert added == {"labels_", "fitted_config_", "fit_result_", "fitted_correction_"}
+    assert added == {"_fitted"}  # the fitted state, one object the classifier asks
+    assert {"labels_", "fitted_config_", "fit_result_", "fitted_correction_"} <= set(dir(est))
     assert est.fitted_config_ == est.fit_result_.config
     assert est.fit_result_.fitted.semantic_weight in (0.0, 1.0)
     first = est.predict_proba(TEXTS)
@@ -215,78 +216,65 @@ def test_grid_search_over_the_pool_weight_with_a_scorer(clf):
     assert search.best_estimator_.fitted_config_.semantic_weight == best
 
 
-# -- scikit-learn's own estimator checks ------------------------------------------
-
-_NUMERIC = "feeds numeric X (random floats); the classifier takes texts and refuses numbers"
-_SPARSE = "feeds a sparse matrix of numbers; the classifier takes texts"
-# Every check scikit-learn yields that cannot apply to a text classifier, with the reason.
-# With xfail_strict each must fail; a check missing here must pass.
-NEEDS_NUMERIC_X = {
-    name: _NUMERIC
-    for name in (
-        "check_fit_score_takes_y",
-        "check_estimators_overwrite_params",
-        "check_dont_overwrite_parameters",
-        "check_estimators_fit_returns_self",
-        "check_readonly_memmap_input",
-        "check_n_features_in_after_fitting",
-        "check_positive_only_tag_during_fit",
-        "check_estimators_dtypes",
-        "check_complex_data",
-        "check_dtype_object",
-        "check_estimators_empty_data_messages",
-        "check_pipeline_consistency",
-        "check_estimators_nan_inf",
-        "check_estimators_pickle",
-        "check_f_contiguous_array_estimator",
-        "check_classifier_data_not_an_array",
-        "check_classifiers_one_label",
-        "check_classifiers_classes",
-        "check_classifiers_train",
-        "check_classifiers_regression_target",
-        "check_supervised_y_2d",
-        "check_methods_sample_order_invariance",
-        "check_methods_subset_invariance",
-        "check_fit2d_1sample",
-        "check_fit2d_1feature",
-        "check_dict_unchanged",
-        "check_fit_idempotent",
-        "check_fit_check_is_fitted",
-        "check_n_features_in",
-        "check_fit2d_predict1d",
-        "check_requires_y_none",
-    )
-} | {
-    "check_estimator_sparse_tag": _SPARSE,
-    "check_estimator_sparse_array": _SPARSE,
-    "check_estimator_sparse_matrix": _SPARSE,
-}
+# -- the estimator suite on texts ----------------------------------------------------
+# scikit-learn's check_estimator feeds numbers; these are its checks that apply to a text
+# classifier, on texts, by name.
 
 
-class _AsTabular(Classifier):
-    """The classifier with one tag changed, for the checks only: scikit-learn yields no
-    check at all for an estimator whose input is not a 2-D array (its own text
-    vectorizers get none), so the checks see 2-D input claimed and name what fails."""
+def test_it_is_a_scikit_learn_estimator(clf):
+    from sklearn.base import BaseEstimator, ClassifierMixin
 
-    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
-        tags = super().__sklearn_tags__()
-        tags.input_tags.one_d_array = False
-        tags.input_tags.two_d_array = True
-        return tags
+    assert isinstance(clf, BaseEstimator) and isinstance(clf, ClassifierMixin)
+    html = clf._repr_html_()
+    assert "Classifier" in html and "smollm2-135m" in html
+    assert set(clf.get_params(deep=True)) >= set(clf.get_params(deep=False))
 
 
-with warnings.catch_warnings():  # not a BaseEstimator subclass: the protocol is written out
-    warnings.filterwarnings("ignore", "Estimator _AsTabular does not inherit", UserWarning)
-    _CHECKS = parametrize_with_checks(
-        [_AsTabular(MODEL, labels=LABELS)],
-        expected_failed_checks=lambda _: NEEDS_NUMERIC_X,
-        xfail_strict=True,
-    )
+def test_clone_invariance(clf):
+    copy = clone(clf)
+    assert copy.get_params() == clf.get_params() and type(copy) is type(clf)
+    assert not hasattr(copy, "fitted_config_")  # an unfitted copy
+    np.testing.assert_array_equal(copy.predict_proba(TEXTS[:4]), clf.predict_proba(TEXTS[:4]))
 
 
-@_CHECKS
-def test_sklearn_estimator_checks(estimator, check):
-    check(estimator)
+def test_set_params_round_trip(clf):
+    est = clone(clf)
+    for name, value in (("semantic_weight", 0.3), ("k", 20), ("fit_family", ("offset",))):
+        assert est.set_params(**{name: value}) is est
+        assert est.get_params()[name] == value
+    assert clone(est).get_params() == est.get_params()
+    assert Classifier(**est.get_params()).get_params() == est.get_params()
+
+
+def test_fit_is_idempotent(clf):
+    est = clone(clf).set_params(fit_family=("temperature",), n_folds=3)
+    first = est.fit(TEXTS, Y).predict_proba(TEXTS)
+    config = est.fitted_config_
+    second = est.fit(TEXTS, Y).predict_proba(TEXTS)
+    assert est.fitted_config_ == config
+    np.testing.assert_array_equal(first, second)
+
+
+def test_predict_proba_rows_sum_to_one(clf):
+    for weight in (0.0, 0.3, 1.0):
+        probs = clone(clf).set_params(semantic_weight=weight).predict_proba(TEXTS)
+        assert probs.shape == (len(TEXTS), 2) and probs.dtype == np.float64
+        np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-12)
+        assert np.isfinite(probs).all() and (probs >= 0).all()
+
+
+def test_unseen_labels_are_refused(clf):
+    est = clone(clf)
+    with pytest.raises(ValueError, match="'neutral', which is not a label"):
+        est.fit(TEXTS[:4], ["positive", "negative", "neutral", "positive"])
+    assert not hasattr(est, "fitted_config_")  # refused before anything was fitted
+
+
+def test_pickling_round_trips_predictions(clf):
+    est = clone(clf).set_params(fit_family=("temperature",), n_folds=3).fit(TEXTS, Y)
+    back = pickle.loads(pickle.dumps(est))
+    assert back.fitted_config_ == est.fitted_config_ and back.get_params() == est.get_params()
+    np.testing.assert_array_equal(back.predict_proba(TEXTS), est.predict_proba(TEXTS))
 
 
 def test_the_real_tags_say_texts():
@@ -298,15 +286,36 @@ def test_the_real_tags_say_texts():
     assert get_tags(Classifier(MODEL)).requires_fit  # labels=None: they come from fit
 
 
-def test_import_needs_no_sklearn():
-    """The estimator protocol is written out: importing and cloning the classifier's
-    parameters never imports scikit-learn."""
+def test_import_of_the_package_needs_no_sklearn():
+    """``import semsoft_plugin`` is torch-only; ``Classifier`` is exported lazily and its
+    module imports scikit-learn."""
     code = (
-        "import sys; from semsoft_plugin import Classifier; "
-        "c = Classifier(labels=['a', 'b']).set_params(k=5); c.__sklearn_clone__(); repr(c); "
-        "assert 'sklearn' not in sys.modules, 'sklearn imported'"
+        "import sys, semsoft_plugin; assert 'sklearn' not in sys.modules, 'sklearn imported'; "
+        "from semsoft_plugin import Classifier; assert 'sklearn' in sys.modules; "
+        "assert Classifier.__module__ == 'semsoft_plugin.app.classifier'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_metadata_routing_passes_sample_weight(clf):
+    """With scikit-learn's metadata routing on, ``sample_weight`` given to a search reaches
+    ``fit`` once the estimator requests it."""
+    import sklearn
+    from sklearn.model_selection import cross_validate
+
+    seen = []
+
+    class Recording(Classifier):
+        def fit(self, texts, y=None, sample_weight=None):  # type: ignore[no-untyped-def]
+            seen.append(None if sample_weight is None else list(sample_weight))
+            return super().fit(texts, y, sample_weight=sample_weight)
+
+    weights = np.arange(1, len(TEXTS) + 1, dtype=float)
+    with sklearn.config_context(enable_metadata_routing=True):
+        est = Recording(MODEL, labels=LABELS, fit_family=(), **F32)
+        est.set_fit_request(sample_weight=True).set_score_request(sample_weight=False)
+        cross_validate(est, TEXTS, Y, cv=2, params={"sample_weight": weights})
+    assert len(seen) == 2 and all(s is not None and len(s) == len(TEXTS) // 2 for s in seen)
 
 
 # -- labels: any ordered sequence -------------------------------------------------
@@ -355,7 +364,7 @@ def test_a_vllm_classifier_clones_and_searches_on_one_engine(llm):
     (no second engine), and the rows match the transformers classifier's in float32."""
     base = Classifier(llm, None, LABELS, **FIXED)
     copy = clone(base)
-    assert copy.model is llm and copy._setup().loaded.backend == "vllm"
+    assert copy.model is llm and copy._scorer().loaded.backend == "vllm"
     search = GridSearchCV(base, {"semantic_weight": [0.0, 1.0]}, scoring="neg_log_loss", cv=2)
     search.fit(TEXTS[:8], Y[:8])
     assert search.best_estimator_.model is llm

@@ -1,7 +1,12 @@
 """The application on top of the adapters.
 
-* :mod:`.classifier`: :class:`~.classifier.Classifier`, scikit-learn style, on the
+* :mod:`.classifier`: :class:`~.classifier.Classifier`, a scikit-learn estimator, on the
   transformers or vLLM backend;
+* :mod:`.classifier_settings`: its parameters checked, and the fit they ask for;
+* :mod:`.scorer`: what the parameters resolve to, and the scoring through kept passes;
+* :mod:`.pass_cache`: the process-wide cache of kept forward passes (each text once);
+* :mod:`.classifier_fit`: the labelled fit;
+* :mod:`.fitted_state`: what a fit leaves, one object the classifier asks;
 * :mod:`.predictions`: :class:`~.predictions.Predictions`, the arrays it returns for a batch;
 * :mod:`.texts`: the checks on the texts it takes, and the cut of a text that is too long;
 * :mod:`.cli`: the ``semsoft`` command;

@@ -7,41 +7,53 @@ the order of ``classes_``, so scikit-learn's metrics take it unchanged::
     clf = Classifier("default", labels=["positive", "negative"])
     log_loss(y, clf.predict_proba(texts), labels=clf.classes_)
 
-A scikit-learn estimator (``clone``, ``Pipeline``, ``GridSearchCV``) without importing
-scikit-learn (:mod:`semsoft_plugin.app.estimator`); the model is a parameter that copies
-cheaply (:mod:`semsoft_plugin.app.handles`), so no copy of the classifier copies the weights.
+A scikit-learn estimator (``BaseEstimator``, ``ClassifierMixin``: ``clone``,
+``Pipeline``, ``GridSearchCV``, the HTML repr, metadata routing of ``sample_weight``).
+The model is a parameter that copies cheaply (:mod:`semsoft_plugin.app.handles`), so no
+copy of the classifier copies the weights, and every copy scores a text once: the kept
+forward passes are shared by the process (:mod:`semsoft_plugin.app.pass_cache`).
 
-The one way the project scores texts (``semsoft classify`` goes through it), through the
-adapters' batch functions (:func:`semsoft_plugin.engines.hf.classify`,
-:func:`semsoft_plugin.engines.vllm.classify_vllm`): ``semsoft eval``'s forward pass, the
-decision step only. No engine is imported until a method needs it, nor numpy:
-``import semsoft_plugin`` stays torch-only.
+The parts, each its own module: the parameters checked
+(:mod:`~semsoft_plugin.app.classifier_settings`), what they resolve to and the scoring
+(:class:`~semsoft_plugin.app.scorer.Scorer`), the labelled fit
+(:mod:`~semsoft_plugin.app.classifier_fit`) and the fitted state it leaves
+(:class:`~semsoft_plugin.app.fitted_state.FittedState`). This module imports
+scikit-learn; ``import semsoft_plugin`` does not import it (the package exports
+``Classifier`` lazily).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils import ClassifierTags, InputTags, Tags, TargetTags
 
 from semsoft_plugin.app import file_mode, handles
-from semsoft_plugin.app.classifier_fit import corrected_rows
-from semsoft_plugin.app.classifier_settings import checked_settings
-from semsoft_plugin.app.estimator import EstimatorProtocol
-from semsoft_plugin.app.predictions import Predictions, probability_rows
+from semsoft_plugin.app.classifier_fit import fit_labelled, fit_targets
+from semsoft_plugin.app.classifier_settings import checked_settings, fit_plan
+from semsoft_plugin.app.fit_file import FitIdentity, run_identity
+from semsoft_plugin.app.fitted import FittedCorrection
+from semsoft_plugin.app.fitted_state import FittedState
+from semsoft_plugin.app.predictions import Predictions
+from semsoft_plugin.app.scorer import Scorer
 from semsoft_plugin.app.texts import TextFitter, text_list
 from semsoft_plugin.core.calibration import CONTENT_FREE, FileCalibration, debias
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.fit_family import FitResult
+from semsoft_plugin.core.folds import check_fit_data
 from semsoft_plugin.core.labels import LabelSet, label_names
-from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.engines.prompting import PromptTemplate, build_inputs
 
-if TYPE_CHECKING:
-    import numpy as np
-
-__all__ = ["BACKENDS", "Classifier", "NotFittedError"]
+__all__ = ["BACKENDS", "RENAMED_PARAMS", "Classifier", "NotFittedError"]
 
 BACKENDS = handles.BACKENDS
+# Parameters renamed: the old spelling is refused naming the new one.
+RENAMED_PARAMS = {"fit_temperature": "fit_score_temperature"}
+_REPR_WIDTH = 60  # a longer parameter repr (a loaded model) is shown as <its type>
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -50,19 +62,7 @@ class NotFittedError(ValueError, AttributeError):
     ``AttributeError``, as scikit-learn's own ``NotFittedError``."""
 
 
-@dataclass(frozen=True)
-class _Setup:
-    """What the parameters resolve to for one label list, checked; rebuilt when a
-    parameter is assigned (:meth:`EstimatorProtocol._cache`)."""
-
-    loaded: handles.Loaded
-    labels: LabelSet
-    prompt: PromptTemplate
-    config: SemsoftConfig
-    fitter: TextFitter
-
-
-class Classifier(EstimatorProtocol):
+class Classifier(ClassifierMixin, BaseEstimator):
     """Calibrated zero-shot classification of texts by an LLM, a scikit-learn estimator.
 
     Parameters are stored as given and checked where they are used (``fit``,
@@ -92,9 +92,10 @@ class Classifier(EstimatorProtocol):
         ``"Answer:"``; default: the prompt of ``semsoft classify``
     config : Semantic Softmax settings (e.g. ``SemsoftConfig.load`` of a ``semsoft
         tune`` file); default ``SemsoftConfig()``
-    k, semantic_weight, score_temperature : override these fields of ``config`` (``None``: the
-        config's): the settings a search varies (``GridSearchCV`` over
-        ``semantic_weight``)
+    k, semantic_weight, score_temperature : fix these fields of ``config`` (``None``: the
+        config's, which :meth:`fit` may fit): the settings a search varies. A value given
+        here is kept by :meth:`fit`, which fits only the rest, so a ``GridSearchCV``
+        value of ``semantic_weight`` is the value scored
     batch_size : texts per forward pass (transformers; vLLM schedules its own)
     progress : show the adapter's progress bar (default: when there is more than one
         batch)
@@ -120,33 +121,40 @@ class Classifier(EstimatorProtocol):
         index and length). A text is never scored at positions the model was not
         trained for: the context is ``max_position_embeddings`` (transformers) or the
         engine's ``max_model_len`` (vLLM), less the one decision token.
-    backend : a named model's engine, ``"hf"`` (transformers, the default) or ``"vllm"``
-        (a ``vllm.LLM`` built with the plugin and ``max_logprobs = k``); a loaded model's
-        is its own
+    backend : a named model's engine, ``"transformers"`` (the default) or ``"vllm"`` (a
+        ``vllm.LLM`` built with the plugin and ``max_logprobs = k``); a loaded model's is
+        its own. The old spelling ``"hf"`` is refused, naming ``"transformers"``
     dtype : a named transformers model's weights (``"auto"``: bf16 where the CPU has
         native bf16, else float32: ``models.default_dtype()``)
     engine_args : a named vLLM model's ``vllm.LLM`` arguments, e.g.
         ``{"tensor_parallel_size": 4}``; the head runs in float32 unless ``hf_overrides``
         sets another ``head_dtype``
-    fit_grid : what :meth:`fit` searches: config field -> values (default:
-        ``semantic_weight`` over 0, 0.1, ..., 1; ``{}``: nothing)
-    fit_temperature : whether :meth:`fit` also fits a final temperature. With
-        ``fit_grid={}`` and ``fit_temperature=False`` (or ``fit_family=()``) fit only
-        reads the labels, as a search over this classifier's own settings wants
-        (``GridSearchCV`` over ``semantic_weight`` or ``score_temperature``)
+    fit_grid : what the member ``"grid"`` of :meth:`fit` searches: config field ->
+        values (default: ``semantic_weight`` over 0, 0.1, ..., 1, unless
+        ``semantic_weight`` is fixed; ``{}``: no field). Refused where ``fit_family``
+        leaves ``"grid"`` out, or where it searches a field fixed above
+    fit_score_temperature : whether :meth:`fit` also fits a final score temperature
+        (``score_temperature`` given: fixed, not fitted). ``fit_family=()``: fit only
+        reads the labels. (Was ``fit_temperature``, refused naming this one.)
     fit_family : the members :meth:`fit` may choose (:data:`~semsoft_plugin.core.fitting.FAMILY`:
         ``"grid"``, ``"temperature"``, ``"offset"``, ``"batch"``, ``"contextual"``,
-        ``"probe"``, the last refused on vLLM); ``None``: all the engine supports
+        ``"probe"``, the last refused on vLLM); ``None``: all the engine supports and the
+        parameters leave something to fit; ``()``: none (fit only reads the labels). A
+        family that can fit nothing, or a member named with nothing to fit, is refused
+        before any text is scored
     n_folds, margin, random_state : :meth:`fit`'s rule: the start is kept unless the fit
         beats it by ``margin`` standard errors of out-of-fold NLL over ``n_folds``
-        stratified folds (fold seed ``random_state``; :mod:`semsoft_plugin.core.fitting`)
+        stratified folds (fold seed ``random_state``; :mod:`semsoft_plugin.core.fitting`);
+        ``n_folds`` an integer >= 2 (lowered to half the items where there are fewer),
+        ``margin`` a finite number >= 0
 
     Attributes
     ----------
     classes_ : the label names sorted (available before ``fit`` when ``labels`` is given)
     labels_ : after ``fit``: the label names, in prompt order
     fitted_config_ : after ``fit``: the :class:`SemsoftConfig` every prediction uses
-    fit_result_ : after ``fit``: what the fit chose and why (``None`` if it searched
+    fit_result_ : after ``fit``: what the fit chose and why
+        (:class:`~semsoft_plugin.core.fit_family.FitResult`; ``None`` if it searched
         nothing or the fit was loaded by :meth:`load_fit`)
     fitted_correction_ : after ``fit``: what a bias member or the probe adds after
         ``fitted_config_``, row by row (:class:`~semsoft_plugin.app.fitted.FittedCorrection`),
@@ -156,6 +164,7 @@ class Classifier(EstimatorProtocol):
         (its bias in ``classes_`` order)
     """
 
+    # Parameters passed by reference to a clone instead of deep-copied (loaded models).
     _shared_params = ("model", "tokenizer")
 
     def __init__(
@@ -180,12 +189,17 @@ class Classifier(EstimatorProtocol):
         dtype: str = "auto",
         engine_args: Mapping[str, Any] | None = None,
         fit_grid: Mapping[str, Sequence[Any]] | None = None,
-        fit_temperature: bool = True,
+        fit_score_temperature: bool = True,
         fit_family: Sequence[str] | None = None,
         n_folds: int = 5,
         margin: float = 1.0,
         random_state: int = 0,
+        **renamed: Any,
     ) -> None:
+        for old in renamed:
+            new = RENAMED_PARAMS.get(old)
+            hint = f": it was renamed {new!r}" if new else ""
+            raise TypeError(f"Classifier got an unexpected keyword argument {old!r}{hint}")
         self.model = model
         self.tokenizer = tokenizer
         self.labels = labels
@@ -205,7 +219,7 @@ class Classifier(EstimatorProtocol):
         self.dtype = dtype
         self.engine_args = engine_args
         self.fit_grid = fit_grid
-        self.fit_temperature = fit_temperature
+        self.fit_score_temperature = fit_score_temperature
         self.fit_family = fit_family
         self.n_folds = n_folds
         self.margin = margin
@@ -215,185 +229,407 @@ class Classifier(EstimatorProtocol):
     def from_pretrained(
         cls, model: str = "default", labels: Sequence[str] | None = None, **kwargs: Any
     ) -> Classifier:
-        """A classifier on a model by name or checkpoint directory (``model``, ``labels``
-        and ``**kwargs`` as the constructor's), its settings checked and the model loaded
-        now (so a bad option or label fails before any text)."""
+        """A classifier on a model by name or checkpoint directory, its settings checked
+        and the model loaded now (so a bad option or label fails before any text).
+
+        Parameters
+        ----------
+        model : str
+            A model name or checkpoint directory.
+        labels : Sequence[str] | None
+            The label names (``None``: from :meth:`fit`).
+        **kwargs : Any
+            The constructor's other parameters.
+
+        Returns
+        -------
+        Classifier
+            The classifier, its model loaded.
+        """
         classifier = cls(model, None, labels, **kwargs)
         if labels is not None:
-            classifier._setup()
+            classifier._scorer()
         return classifier
 
-    def __sklearn_tags__(self) -> Any:
-        """scikit-learn's tags (scikit-learn >= 1.6): a classifier of texts (1-D strings),
-        multiclass, usable before ``fit`` when the labels are given but not in file mode."""
-        from sklearn.utils import ClassifierTags, InputTags, Tags, TargetTags
+    # -- the scikit-learn protocol -------------------------------------------------
+    def __sklearn_tags__(self) -> Tags:
+        """scikit-learn's tags: a classifier of texts (1-D strings), multiclass, usable
+        before ``fit`` when the labels are given but not in file mode."""
+        tags: Tags = super().__sklearn_tags__()
+        tags.target_tags = TargetTags(required=self.calibrate != "file")
+        tags.classifier_tags = ClassifierTags()
+        tags.input_tags = InputTags(one_d_array=True, two_d_array=False, string=True)
+        tags.requires_fit = self.labels is None or self.calibrate == "file"
+        return tags
 
-        return Tags(
-            estimator_type="classifier",
-            target_tags=TargetTags(required=self.calibrate != "file"),
-            classifier_tags=ClassifierTags(),
-            input_tags=InputTags(one_d_array=True, two_d_array=False, string=True),
-            requires_fit=self.labels is None or self.calibrate == "file",
-        )
+    def __sklearn_is_fitted__(self) -> bool:
+        """Whether :meth:`fit` or :meth:`load_fit` ran (scikit-learn's ``check_is_fitted``)."""
+        return self.__dict__.get("_fitted") is not None
 
-    # -- scikit-learn surface -------------------------------------------------
+    def __sklearn_clone__(self) -> Classifier:
+        """A new unfitted estimator with a copy of each parameter; ``_shared_params`` (the
+        loaded model) are the same objects, so a clone costs no copy of the weights
+        (scikit-learn's ``clone`` would deep-copy a parameter that is not an estimator)."""
+        params = self.get_params(deep=False)
+        shared = {name: params.pop(name) for name in self._shared_params}
+        return type(self)(**shared, **copy.deepcopy(params))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if not name.startswith("_") and not name.endswith("_"):
+            # a parameter changed: what was derived from the parameters is stale
+            self.__dict__.pop("_runtime", None)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().__getstate__()
+        state.pop("_runtime", None)  # a loaded model is rebuilt from its name, not pickled
+        return state
+
+    def __repr__(self, N_CHAR_MAX: int = 700) -> str:  # noqa: N803 (scikit-learn's name)
+        """``Name(param=value, ...)`` for the parameters that differ from the defaults, a
+        loaded model shown as ``<its type>``."""
+        shown = []
+        for name, value in self.get_params(deep=False).items():
+            default = _DEFAULTS.get(name, _NO_DEFAULT)
+            if _same(value, default):
+                continue
+            text = repr(value)
+            if len(text) > _REPR_WIDTH or "\n" in text:
+                text = f"<{type(value).__name__}>"
+            shown.append(f"{name}={text}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    # -- fitted state ---------------------------------------------------------------
+    def _state(self) -> FittedState:
+        fitted: FittedState | None = self.__dict__.get("_fitted")
+        if fitted is None:
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet: call fit (or load_fit)"
+            )
+        return fitted
+
+    @property
+    def labels_(self) -> tuple[str, ...]:
+        """After ``fit``: the label names, in prompt order."""
+        return self._state().labels
+
+    @property
+    def fitted_config_(self) -> SemsoftConfig:
+        """After ``fit``: the settings every prediction uses."""
+        return self._state().config
+
+    @property
+    def fitted_correction_(self) -> FittedCorrection | None:
+        """After ``fit``: what a bias member or the probe adds after ``fitted_config_``."""
+        return self._state().correction
+
+    @property
+    def fit_result_(self) -> FitResult | None:
+        """After ``fit``: what the fit chose and why (``None``: nothing was searched)."""
+        return self._state().result
+
+    @property
+    def file_calibration_(self) -> FileCalibration:
+        """After ``fit`` with ``calibrate="file"``: the file correction every prediction
+        applies."""
+        found = self._state().file_calibration
+        if found is None:
+            raise NotFittedError("file_calibration_ is fitted by fit(texts) with calibrate='file'")
+        return found
+
     @property
     def classes_(self) -> np.ndarray:
         """The label names sorted (as ``np.unique`` sorts them): the column order of
         :meth:`predict_proba`, as scikit-learn expects."""
-        import numpy as np
-
         return np.array(sorted(self._names()))
 
+    # -- predictions -------------------------------------------------------------------
     def predict_proba(self, texts: Iterable[str]) -> np.ndarray:
-        """``[N, L]`` float64 calibrated probabilities (Semantic Softmax), rows sum to 1."""
+        """Calibrated probabilities (Semantic Softmax), rows summing to 1.
+
+        Parameters
+        ----------
+        texts : Iterable[str]
+            A list, tuple, 1-D numpy array or pandas Series of strings.
+
+        Returns
+        -------
+        np.ndarray
+            ``[N, L]`` float64, columns in ``classes_`` order.
+        """
         return self.predict_details(texts).probs
 
     def predict(self, texts: Iterable[str]) -> np.ndarray:
-        """The calibrated label of each text (an element of ``classes_``)."""
-        import numpy as np
+        """The calibrated label of each text.
 
+        Parameters
+        ----------
+        texts : Iterable[str]
+            A list, tuple, 1-D numpy array or pandas Series of strings.
+
+        Returns
+        -------
+        np.ndarray
+            ``[N]`` elements of ``classes_``.
+        """
         return np.array(self.predict_details(texts).label)
 
-    def score(self, texts: Iterable[str], y: Iterable[str], sample_weight: Any = None) -> float:
-        """Accuracy of :meth:`predict` against ``y`` (scikit-learn's ``accuracy_score``,
-        what a classifier's ``score`` is; ``GridSearchCV`` uses it without a scorer)."""
-        from sklearn.metrics import accuracy_score
+    def predict_details(self, texts: Iterable[str]) -> Predictions:
+        """Labels, calibrated and constrained probabilities, coverage, fallback flags and
+        the tokens cut from each text (see ``max_text_tokens``). With a ``calibrate``
+        correction, ``probs`` and ``label`` are corrected, ``constrained_probs`` is not.
+        Each distinct text runs one forward pass, and none that an earlier call (of this
+        classifier or a copy) already ran (:mod:`semsoft_plugin.app.pass_cache`).
 
-        return float(accuracy_score(y, self.predict(texts), sample_weight=sample_weight))
+        Parameters
+        ----------
+        texts : Iterable[str]
+            A list, tuple, 1-D numpy array or pandas Series of strings.
 
-    def fit(self, texts: Iterable[str], y: Iterable[str] | None = None) -> Classifier:
+        Returns
+        -------
+        Predictions
+            The arrays, columns in ``classes_`` order.
+        """
+        values = text_list(texts)
+        scorer = self._scorer()
+        correction = self._file_calibration(scorer) if self.calibrate == "file" else None
+        raw = self._raw_details(scorer, values)  # scored after the check above
+        if correction is not None:
+            return raw.with_probs(correction.apply(raw.probs))
+        if self.calibrate == "contextual":
+            return raw.with_probs(debias(raw.probs, self._content_free_bias(scorer)))
+        return raw
+
+    def content_free_bias(self) -> np.ndarray:
+        """The mean Semantic Softmax distribution of the content-free inputs ("N/A", "",
+        "[MASK]") in this prompt, the label bias ``calibrate="contextual"`` divides out.
+        Three forward passes, computed once.
+
+        Returns
+        -------
+        np.ndarray
+            ``[L]`` in ``classes_`` order.
+        """
+        return self._content_free_bias(self._scorer())
+
+    def inputs(self, texts: Iterable[str]) -> list[Any]:
+        """The prompts (chat message lists, or strings without a chat template), each
+        text cut to the length bound (see ``max_text_tokens``).
+
+        Parameters
+        ----------
+        texts : Iterable[str]
+            The texts.
+
+        Returns
+        -------
+        list[Any]
+            One prompt per text.
+        """
+        return self._scorer().fitter.prompts(text_list(texts))[0]
+
+    def context_length(self) -> int | None:
+        """Tokens the model attends to (``handles.Loaded.context_length``).
+
+        Returns
+        -------
+        int | None
+            The context, or ``None`` where the model does not say.
+        """
+        return self._scorer().loaded.context_length()
+
+    # -- fit -------------------------------------------------------------------------
+    def fit(
+        self, texts: Iterable[str], y: Iterable[str] | None = None, sample_weight: Any = None
+    ) -> Classifier:
         """Fit the settings to a few labelled texts (50-200 are enough), or, with
         ``calibrate="file"`` and no ``y``, estimate the file correction from the texts to
-        classify; returns ``self``.
+        classify.
 
-        One forward pass per text; then :func:`semsoft_plugin.core.fit_family.fit_config` on
-        the kept decision-step scores (the fit ``semsoft tune`` runs): from the
-        classifier's settings (``config`` with ``k``, ``semantic_weight``,
-        ``score_temperature``), each member of ``fit_family`` is checked out of fold (the
-        fields of ``fit_grid`` with a final temperature if ``fit_temperature``, a
-        temperature alone, the bias corrections, the probe), and the start is *kept*
-        unless one beats it by ``margin`` standard errors of out-of-fold NLL (stratified
-        ``n_folds`` folds), so a few uninformative labels leave the classifier as it
-        was. With nothing to search, no text is scored.
+        One kept forward pass per distinct text (none for a text an earlier call already
+        ran); then :func:`semsoft_plugin.core.fit_family.fit_config` on the kept
+        decision-step scores (the fit ``semsoft tune`` runs): from the classifier's
+        settings (``config`` with ``k``, ``semantic_weight``, ``score_temperature``),
+        each member of ``fit_family`` is checked out of fold (the fields of ``fit_grid``
+        with a final temperature if ``fit_score_temperature``, a temperature alone, the
+        bias corrections, the probe), and the start is *kept* unless one beats it by
+        ``margin`` standard errors of out-of-fold NLL (stratified ``n_folds`` folds), so
+        a few uninformative labels leave the classifier as it was.
+
+        **What the user fixed is kept.** ``k``, ``semantic_weight`` and
+        ``score_temperature`` given (not ``None``) are fixed: the fit searches only the
+        rest (a fixed ``semantic_weight`` leaves the default grid empty; a fixed
+        ``score_temperature`` is not fitted), so a ``GridSearchCV`` value of
+        ``semantic_weight`` is the value scored.
+
+        **Refused before any text is scored**, each naming the value: fewer than 4
+        items or one label only among them (the check ``semsoft tune`` runs too,
+        :func:`semsoft_plugin.core.folds.check_fit_data`), ``n_folds`` below 2, a
+        ``margin`` that is not a finite number >= 0, a fit that can fit nothing, a
+        member named with nothing to fit, ``fit_grid`` without the member ``"grid"``.
 
         Afterwards the predictions use ``fitted_config_`` and, where a bias member or the
-        probe won, ``fitted_correction_`` after it, each row alone (its score never
-        depends on its batch). ``save_fit(path)`` writes both to the file ``semsoft
-        classify --config`` and :meth:`load_fit` read; without a correction it is a plain
-        :class:`SemsoftConfig` file, which the vLLM per-request options also take.
+        probe won, ``fitted_correction_`` after it, each row alone. ``save_fit(path)``
+        writes both to the file ``semsoft classify --config`` and :meth:`load_fit` read.
         ``fit_result_`` says what was chosen and why. The parameters are not changed.
 
         With ``calibrate="file"``, ``fit(texts)`` scores each distinct text once (at
         least 32) and keeps their mean label distribution as ``file_calibration_``. The
         labelled search scores uncorrected probabilities, so ``fit(texts, y)`` with
-        ``calibrate="file"`` is refused unless it searches nothing (``fit_grid={}``,
-        ``fit_temperature=False``: it reads the labels and estimates the correction on
-        ``texts``, as a ``GridSearchCV`` over ``file_strength`` wants).
+        ``calibrate="file"`` is refused unless ``fit_family=()`` (it reads the labels and
+        estimates the correction on ``texts``, as a ``GridSearchCV`` over
+        ``file_strength`` wants).
 
         Parameters
         ----------
-        texts : the labelled texts; with ``calibrate="file"``, the texts to classify
-        y : their labels, elements of ``classes_`` (with ``labels=None``: any strings,
-            which become the labels); ``None`` only with ``calibrate="file"``
-        """
-        from semsoft_plugin.app.classifier_fit import checked_family, fit_labelled, fit_targets
-        from semsoft_plugin.core import fitting
+        texts : Iterable[str]
+            The labelled texts (with ``calibrate="file"``, the texts to classify): a list,
+            tuple, 1-D numpy array or pandas Series of strings.
+        y : Iterable[str] | None
+            Their labels, elements of ``classes_`` (with ``labels=None``: any strings,
+            which become the labels); ``None`` only with ``calibrate="file"``.
+        sample_weight : Any
+            ``[N]`` finite non-negative weights (``None``: 1 each): each item's NLL counts
+            with its weight in the fit, in the out-of-fold rule and in the probe. An item of
+            weight 0 is dropped (it is not scored); integer weights fit as the items
+            repeated would.
 
+        Returns
+        -------
+        Classifier
+            ``self``.
+        """
         values = text_list(texts)
-        names, targets = fit_targets(self, values, y)
-        unlabelled = targets is None
-        searched = bool(checked_family(self.fit_family, handles.engine_of(self)))
-        setup = self._setup(names)
-        self._forget_fit()
-        default = {"semantic_weight": fitting.DEFAULT_WEIGHTS}
-        axes = default if self.fit_grid is None else dict(self.fit_grid)
-        searched = searched and bool(axes or self.fit_temperature)
-        if self.calibrate == "file" and (unlabelled or not searched):
-            self._fit_file(setup, names, values)
+        unlabelled = y is None and self.calibrate == "file"
+        given = self._names() if self.labels is not None else None
+        names, targets = fit_targets(values, y, given, unlabelled=unlabelled)
+        params = self.get_params(deep=False)
+        engine = handles.engine_of(self)
+        plan = fit_plan(params, engine)
+        weights = _checked_weights(sample_weight, len(values))
+        if self.calibrate == "file" and (unlabelled or not plan.family):
+            if weights is not None:
+                raise ValueError("sample_weight applies to the labelled fit, not calibrate='file'")
+            scorer = self._scorer(names)
+            self._fitted = None
+            self._fit_file(scorer, names, values)
             return self
         if self.calibrate is not None:
             raise ValueError(
                 f"fit(texts, y) with calibrate={self.calibrate!r}: the fit scores uncorrected "
                 "probabilities, so its choice would not hold once corrected; fit with "
-                "calibrate=None (calibrate='file': fit(texts) without y, or fit_grid={} and "
-                "fit_temperature=False to only read the labels)"
+                "calibrate=None (calibrate='file': fit(texts) without y, or fit_family=() "
+                "to only read the labels)"
             )
-        result, correction = None, None
-        if searched and targets is not None:
-            result, correction = fit_labelled(self, setup, values, targets, axes)
-        self.labels_ = tuple(names)
-        self.fit_result_ = result
-        self.fitted_config_ = setup.config if result is None else result.config
-        self.fitted_correction_ = correction
+        assert targets is not None
+        if weights is not None:
+            keep = np.flatnonzero(weights > 0)  # weight 0: as if the item were not given
+            values, targets = [values[i] for i in keep], [targets[i] for i in keep]
+            weights = None if (weights[keep] == 1.0).all() else weights[keep]  # 1 each: unweighted
+        if plan.family:
+            check_fit_data([names[t] for t in targets], self.n_folds, self.margin)
+        scorer = self._scorer(names)
+        self._fitted = None  # a refit starts afresh
+        if not plan.family:
+            self._fitted = FittedState(tuple(names), scorer.config)
+            return self
+        self._fitted = fit_labelled(
+            scorer, values, targets, plan, n_folds=self.n_folds, margin=self.margin,
+            seed=self.random_state, sample_weight=weights,
+        )  # fmt: skip
         return self
 
     def save_fit(self, path: Any) -> None:
         """Write ``fitted_config_`` and ``fitted_correction_`` to a config file (JSON; a
-        probe's weights beside it with safetensors: :mod:`semsoft_plugin.app.fitted`)."""
-        from semsoft_plugin.app.classifier_fit import fit_identity
-        from semsoft_plugin.app.fitted import save_fitted
+        probe's weights beside it with safetensors: :mod:`semsoft_plugin.app.fitted`).
 
-        if "fitted_config_" not in self.__dict__:
+        Parameters
+        ----------
+        path : Any
+            The file to write.
+        """
+        if self.__dict__.get("_fitted") is None:
             raise NotFittedError("save_fit needs a fitted classifier: call fit first")
-        correction = self.__dict__.get("fitted_correction_")
-        identity = None if correction is None else fit_identity(self, correction.labels)
-        save_fitted(path, self.fitted_config_, correction, identity)
+        state = self._state()
+        correction = state.correction
+        identity = None if correction is None else self._identity(list(correction.labels))
+        state.save(path, identity)
 
     def load_fit(self, path: Any) -> Classifier:
         """Take the fit a config file holds (``semsoft tune``'s or :meth:`save_fit`'s) as
         this classifier's ``fitted_config_`` and ``fitted_correction_`` (its labels must
-        be this classifier's); returns ``self``."""
-        from semsoft_plugin.app.classifier_fit import loaded_fit
+        be this classifier's).
 
-        config, correction = loaded_fit(self, path)
-        self._forget_fit()
-        self.labels_, self.fit_result_ = tuple(self._names()), None
-        self.fitted_config_, self.fitted_correction_ = config, correction
+        Parameters
+        ----------
+        path : Any
+            The config file.
+
+        Returns
+        -------
+        Classifier
+            ``self``.
+        """
+        engine, names = handles.engine_of(self), self._names()
+        self._fitted = FittedState.load(
+            path, names, calibrate=self.calibrate, engine=engine, identity=self._identity(names)
+        )
         return self
 
-    def _forget_fit(self) -> None:
-        fitted = ("labels_", "fit_result_", "fitted_config_", "fitted_correction_")
-        for name in (*fitted, "file_calibration_"):
-            self.__dict__.pop(name, None)  # a refit starts afresh
+    def _identity(self, labels: list[str]) -> FitIdentity:
+        """What this classifier applies a fit with: ``labels`` (prompt order), its prompt
+        and its model's output layer, found without loading the model."""
+        prompt, _ = checked_settings(self.get_params(deep=False))
+        return run_identity(labels, prompt, self.model, allow_download=True)
 
-    def _fit_file(self, setup: _Setup, names: list[str], values: list[str]) -> None:
+    def _fit_file(self, scorer: Scorer, names: list[str], values: list[str]) -> None:
         """The file mode's fit: the correction of the distinct ``values``, no search."""
-        raw = self._raw_details(setup, list(dict.fromkeys(values)))
-        self.file_calibration_ = FileCalibration.estimate(raw.probs, strength=self.file_strength)
-        self.labels_, self.fit_result_, self.fitted_config_ = tuple(names), None, setup.config
+        raw = self._raw_details(scorer, list(dict.fromkeys(values)), fitted=None)
+        estimated = FileCalibration.estimate(raw.probs, strength=self.file_strength)
+        self._fitted = FittedState(tuple(names), scorer.config, file_calibration=estimated)
 
-    def _file_calibration(self, setup: _Setup) -> FileCalibration:
+    def _file_calibration(self, scorer: Scorer) -> FileCalibration:
         """The fitted file correction, checked against the parameters now."""
-        fitted, fit_labels = self.__dict__.get("file_calibration_"), self.__dict__.get("labels_")
-        names = setup.labels.names
-        return file_mode.checked_fit(fitted, self.file_strength, fit_labels, names, NotFittedError)
+        fitted: FittedState | None = self.__dict__.get("_fitted")
+        found = None if fitted is None else fitted.file_calibration
+        labels = None if fitted is None else fitted.labels
+        names = scorer.labels.names
+        return file_mode.checked_fit(found, self.file_strength, labels, names, NotFittedError)
 
-    # -- the parameters, resolved --------------------------------------------
+    # -- the parameters, resolved ------------------------------------------------------
+    def check_params(self) -> None:
+        """Check every parameter that needs no model (each bad value refused by name):
+        what a caller runs before loading anything (``classify_dataset`` before its
+        actors start)."""
+        checked_settings(self.get_params(deep=False))
+        handles.check_backend(self.backend)
+
     def _names(self) -> list[str]:
         """The label names in prompt order: the ``labels`` parameter's, else fit's."""
         if self.labels is not None:
             return label_names(self.labels)
-        if "labels_" not in self.__dict__:
+        fitted: FittedState | None = self.__dict__.get("_fitted")
+        if fitted is None:
             raise NotFittedError(
                 "labels=None: the labels come from fit(texts, y); fit the classifier or "
                 "give labels=[...]"
             )
-        return list(self.labels_)
+        return list(fitted.labels)
 
-    def _setup(self, names: list[str] | None = None) -> _Setup:
+    def _scorer(self, names: list[str] | None = None) -> Scorer:
         """The loaded model, label set, prompt and settings, checked; cached per label
         list until a parameter is assigned."""
         names = self._names() if names is None else names
-        cache = self._cache()
-        key = ("setup", tuple(names))
+        cache = self.__dict__.setdefault("_runtime", {})
+        key = ("scorer", tuple(names))
         if key not in cache:
-            cache[key] = self._build_setup(names)
-        setup: _Setup = cache[key]
-        return setup
+            cache[key] = self._build_scorer(names)
+        scorer: Scorer = cache[key]
+        return scorer
 
-    def _build_setup(self, names: list[str]) -> _Setup:
-        prompt, config = checked_settings(self)
+    def _build_scorer(self, names: list[str]) -> Scorer:
+        prompt, config = checked_settings(self.get_params(deep=False))
         loaded = handles.loaded(
             self.model, self.tokenizer, backend=self.backend, dtype=self.dtype,
             engine_args=self.engine_args, k=config.k,
@@ -408,96 +644,102 @@ class Classifier(EstimatorProtocol):
             loaded.tokenizer, prompt, names, context=loaded.context_length(),
             max_text_tokens=self.max_text_tokens, truncate=bool(self.truncate),
         )  # fmt: skip
-        return _Setup(loaded, label_set, prompt, config, fitter)
+        return Scorer(
+            loaded, label_set, prompt, config, fitter, self.batch_size, self.progress,
+            bool(self.exact_head),
+        )  # fmt: skip
 
-    def _config(self, setup: _Setup) -> SemsoftConfig:
-        """The settings predictions use: fit's, else the parameters'."""
-        fitted: SemsoftConfig | None = self.__dict__.get("fitted_config_")
-        return setup.config if fitted is None else fitted
-
-    # -- scoring ----------------------------------------------------------------
-    def inputs(self, texts: Iterable[str]) -> list[Any]:
-        """The prompts (chat message lists, or strings without a chat template), each
-        text cut to the length bound (see ``max_text_tokens``)."""
-        values = text_list(texts)
-        return self._setup().fitter.prompts(values)[0]
-
-    def context_length(self) -> int | None:
-        """Tokens the model attends to (:meth:`handles.Loaded.context_length`)."""
-        return self._setup().loaded.context_length()
-
-    def predict_details(self, texts: Iterable[str]) -> Predictions:
-        """Labels, calibrated and constrained probabilities, coverage, fallback flags and
-        the tokens cut from each text (see ``max_text_tokens``). With a ``calibrate``
-        correction, ``probs`` and ``label`` are corrected, ``constrained_probs`` is not."""
-        values = text_list(texts)
-        setup = self._setup()
-        correction = self._file_calibration(setup) if self.calibrate == "file" else None
-        raw = self._raw_details(setup, values)  # scored after the check above
-        if correction is not None:
-            return raw.with_probs(correction.apply(raw.probs))
-        if self.calibrate == "contextual":
-            return raw.with_probs(debias(raw.probs, self._content_free_bias(setup)))
-        return raw
-
-    def _raw_details(self, setup: _Setup, values: list[str]) -> Predictions:
-        """:meth:`predict_details` before any ``calibrate`` correction."""
-        import numpy as np
-
-        inputs, cut = setup.fitter.prompts(values)
-        classes = tuple(sorted(setup.labels.names))
-        if not inputs:
-            empty = np.zeros((0, len(classes)))
-            return Predictions(
-                classes, [], empty, empty.copy(), np.zeros(0), np.zeros(0, bool), np.zeros(0, int)
-            )
-        results, p = corrected_rows(self, setup, inputs, classes)  # with the fit's correction
-        constrained: list[Any] = [r.constrained_probs for r in results]
+    # -- scoring -------------------------------------------------------------------------
+    def _raw_details(
+        self, scorer: Scorer, values: list[str], fitted: FittedState | None | bool = True
+    ) -> Predictions:
+        """:meth:`predict_details` before any ``calibrate`` correction, with the fit's
+        settings and correction (``fitted=None``: the parameters' settings alone)."""
+        state = self.__dict__.get("_fitted") if fitted is True else fitted
+        assert state is None or isinstance(state, FittedState)
+        inputs, cut = scorer.fitter.prompts(values)
+        names = list(scorer.labels.names)
+        classes = tuple(sorted(names))
+        order = [names.index(c) for c in classes]
+        config = scorer.config if state is None else state.config
+        hidden = state is not None and state.needs_hidden
+        result, states = scorer.results(inputs, config, hidden=hidden)
+        probs = _rows(result.probs, order)
+        if state is not None:
+            probs = state.correct(probs, classes, None if states is None else states.numpy())
         return Predictions(
             labels=classes,
-            label=[classes[i] for i in p.argmax(axis=1)],
-            probs=p,
-            constrained_probs=probability_rows(constrained, classes),
-            coverage=np.array([r.coverage for r in results], dtype=np.float64),
-            fallback=np.array([r.fallback for r in results], dtype=bool),
+            label=[classes[i] for i in probs.argmax(axis=1)] if len(probs) else [],
+            probs=probs,
+            constrained_probs=_rows(result.constrained_probs, order),
+            coverage=result.coverage.double().numpy(),
+            fallback=result.fallback.numpy().astype(bool),
             truncated=np.array(cut, dtype=np.int64),
         )
 
-    def content_free_bias(self) -> np.ndarray:
-        """``[L]`` (``classes_`` order): the mean Semantic Softmax distribution of the
-        content-free inputs ("N/A", "", "[MASK]") in this prompt, the label bias that
-        ``calibrate="contextual"`` divides out. Three forward passes, computed once."""
-        return self._content_free_bias(self._setup())
-
-    def _content_free_bias(self, setup: _Setup) -> np.ndarray:
-        cache = self._cache()
-        key = ("bias", tuple(setup.labels.names), self._config(setup))
+    def _content_free_bias(self, scorer: Scorer) -> np.ndarray:
+        cache = self.__dict__.setdefault("_runtime", {})
+        fitted: FittedState | None = self.__dict__.get("_fitted")
+        config = scorer.config if fitted is None else fitted.config
+        key = ("bias", tuple(scorer.labels.names), config)
         if key not in cache:
-            names = list(setup.labels.names)
-            inputs = build_inputs(setup.prompt, list(CONTENT_FREE), names, setup.loaded.tokenizer)
-            probs: list[Any] = [r.probs for r in self._classify(setup, inputs)]
-            cache[key] = probability_rows(probs, sorted(names)).mean(axis=0)
+            names = list(scorer.labels.names)
+            inputs = build_inputs(scorer.prompt, list(CONTENT_FREE), names, scorer.loaded.tokenizer)
+            result, _ = scorer.results(inputs, config)
+            order = [names.index(c) for c in sorted(names)]
+            cache[key] = _rows(result.probs, order).mean(axis=0)
         bias: np.ndarray = cache[key]
         return bias
 
-    def _classify(self, setup: _Setup, inputs: list[Any], **options: Any) -> list[LabelResult]:
-        """One observe-mode decision step per input (only that step decides the
-        calibrated label) on this classifier's engine, through the adapter's batch
-        function; ``options`` go to it, over the classifier's own settings."""
-        names = list(setup.labels.names)
-        config = self._config(setup)
-        model = setup.loaded.model
-        if setup.loaded.backend == "vllm":
-            from semsoft_plugin.engines.vllm import classify_vllm
 
-            own = {"mode": "observe", "max_tokens": 1, "progress": bool(self.progress)}
-            return classify_vllm(model, inputs, names, config, **{**own, **options})
-        from semsoft_plugin.engines.hf import classify
+_NO_DEFAULT = object()
 
-        own = {
-            "config": config, "mode": "observe", "max_tokens": 1,
-            "batch_size": self.batch_size, "progress": self.progress,
-            "exact_head": self.exact_head,
-        }  # fmt: skip
-        tokenizer = setup.loaded.tokenizer
-        return classify(model, tokenizer, inputs, setup.labels, **{**own, **options})
+
+def _defaults() -> dict[str, Any]:
+    import inspect
+
+    parameters = inspect.signature(Classifier.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+
+
+_DEFAULTS = _defaults()
+
+
+def _same(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    if type(value) is not type(default):
+        return False
+    try:
+        return bool(value == default)
+    except (TypeError, ValueError):  # an array compares elementwise
+        return False
+
+
+def _rows(probs: Any, order: list[int]) -> np.ndarray:
+    """``[N, L]`` float64 rows in ``order``'s columns, renormalised to sum to 1 (the core
+    computes in float32; scikit-learn checks the sums)."""
+    rows = probs.double().numpy()[:, order] if len(probs) else np.zeros((0, len(order)))
+    total = rows.sum(axis=1, keepdims=True)
+    out: np.ndarray = rows / np.where(total > 0, total, 1.0)
+    return out
+
+
+def _checked_weights(sample_weight: Any, n: int) -> np.ndarray | None:
+    """``sample_weight`` as ``[n]`` float64, each finite and >= 0 with a positive sum;
+    ``None`` stays ``None``."""
+    if sample_weight is None:
+        return None
+    weights = np.asarray(sample_weight, dtype=np.float64)
+    if weights.shape != (n,):
+        raise ValueError(
+            f"sample_weight must hold one weight per text ({n}), got shape {weights.shape}"
+        )
+    bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
+    if len(bad):
+        raise ValueError(
+            f"sample_weight[{bad[0]}] = {float(weights[bad[0]])!r} must be a finite number >= 0"
+        )
+    if weights.sum() <= 0:
+        raise ValueError("sample_weight sums to 0: no item would count")
+    return weights

@@ -169,8 +169,8 @@ def _add_classify_parser(subparsers: Any) -> None:
     add_config_arguments(parser)
     parser.add_argument(
         "--backend",
-        choices=("hf", "vllm"),
-        default="hf",
+        choices=("transformers", "vllm"),
+        default="transformers",
         help="engine: transformers, or vLLM with the plugin (the forward path of 'semsoft eval')",
     )
     parser.add_argument(

@@ -26,9 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BACKENDS", "Loaded", "engine_of", "forget", "is_vllm", "loaded"]
+__all__ = ["BACKENDS", "Loaded", "check_backend", "engine_of", "forget", "is_vllm", "loaded"]
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("transformers", "vllm")
+# Old spellings of an engine, refused naming the new one.
+_RENAMED_BACKENDS = {"hf": "transformers"}
 
 _LOCK = threading.Lock()  # one load at a time; a second caller waits and shares it
 _LOADED: dict[tuple[str, str, str], Loaded] = {}
@@ -66,10 +68,30 @@ def is_vllm(model: Any) -> bool:
     return type(model).__module__.split(".")[0] == "vllm" and hasattr(model, "llm_engine")
 
 
+def check_backend(backend: Any) -> None:
+    """``ValueError`` unless ``backend`` is ``None`` or one of :data:`BACKENDS`; an old
+    spelling (``"hf"``) is refused naming the new one (``"transformers"``).
+
+    Parameters
+    ----------
+    backend : Any
+        The ``backend`` parameter.
+    """
+    if backend in _RENAMED_BACKENDS:
+        raise ValueError(
+            f"backend={backend!r} is now spelled {_RENAMED_BACKENDS[backend]!r} (the "
+            "transformers engine has one name)"
+        )
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} must be one of {BACKENDS} or None")
+
+
 def engine_of(clf: Any) -> str:
-    """``"vllm"`` or ``"hf"``: the engine a classifier's ``model`` and ``backend`` name,
-    told without loading anything (so a setting the engine cannot honour fails first)."""
-    return "vllm" if clf.backend == "vllm" or is_vllm(clf.model) else "hf"
+    """``"vllm"`` or ``"transformers"``: the engine a classifier's ``model`` and
+    ``backend`` name, told without loading anything (so a setting the engine cannot
+    honour fails first)."""
+    check_backend(clf.backend)
+    return "vllm" if clf.backend == "vllm" or is_vllm(clf.model) else "transformers"
 
 
 def loaded(
@@ -88,26 +110,26 @@ def loaded(
     model : a name or path (``str`` / ``os.PathLike``), or a loaded transformers model
         or ``vllm.LLM``
     tokenizer : the loaded model's tokenizer; ``None`` for a name or a ``vllm.LLM``
-    backend : ``"hf"``, ``"vllm"``, or ``None``: the loaded model's own, ``"hf"`` for a name
+    backend : ``"transformers"``, ``"vllm"``, or ``None``: the loaded model's own,
+        ``"transformers"`` for a name
     dtype : transformers weights of a named model (``"auto"``: ``models.default_dtype()``)
     engine_args : a named model's ``vllm.LLM`` arguments
     k : the kept top-k: a vLLM engine built here gets ``max_logprobs = k``
     """
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} must be one of {BACKENDS} or None")
+    check_backend(backend)
     if isinstance(model, str | os.PathLike):
         if tokenizer is not None:
             raise ValueError(
                 f"tokenizer={type(tokenizer).__name__} is given with the model named "
                 f"{str(model)!r}, which loads its own: give a loaded model with it, or no tokenizer"
             )
-        backend = backend or "hf"
+        backend = backend or "transformers"
         if engine_args and backend != "vllm":
             raise ValueError(f"engine_args {dict(engine_args)!r} apply only to backend='vllm'")
         if backend == "vllm" and dtype != "auto":
             raise ValueError(f"dtype={dtype!r}: give a vLLM engine's dtype in engine_args")
         return _by_name(str(model), backend, dtype, dict(engine_args or {}), k)
-    found = "vllm" if is_vllm(model) else "hf"
+    found = "vllm" if is_vllm(model) else "transformers"
     if backend is not None and backend != found:
         raise ValueError(
             f"backend={backend!r}, but the model is a {type(model).__name__} ({found})"
@@ -128,7 +150,7 @@ def _by_name(name: str, backend: str, dtype: str, engine_args: dict[str, Any], k
     from semsoft_plugin.engines import models
 
     path = str(models.resolve(name))
-    if backend == "hf":
+    if backend == "transformers":
         setting = models.default_dtype() if dtype == "auto" else dtype
     else:
         engine_args = {"max_logprobs": k, **engine_args}
@@ -145,11 +167,11 @@ def _by_name(name: str, backend: str, dtype: str, engine_args: dict[str, Any], k
 
 
 def _load(path: str, backend: str, dtype: str, engine_args: dict[str, Any]) -> Loaded:
-    if backend == "hf":
+    if backend == "transformers":
         from semsoft_plugin.engines import models
 
         model, tokenizer = models.load(path, dtype=dtype)
-        return Loaded(model, tokenizer, "hf")
+        return Loaded(model, tokenizer, "transformers")
     from vllm import LLM
 
     from semsoft_plugin.core.request import ENTRY_POINT

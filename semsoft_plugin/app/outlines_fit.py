@@ -68,7 +68,7 @@ def load_fit(
         file holding a correction (the probe: :func:`~semsoft_plugin.app.probe.probe_refused`).
     """
     from semsoft_plugin.engines.outlines import Generator
-    from semsoft_plugin.engines.outlines.base import model_engine
+    from semsoft_plugin.engines.outlines.base import ChoiceOptions, model_engine
     from semsoft_plugin.engines.outlines.choices import choice_labels
 
     fit = read_fit(path)
@@ -83,6 +83,5 @@ def load_fit(
             run_identity(fit.identity.labels if same else choices, OUTLINES_PROMPT,
                          getattr(model, "model", model))
         )  # fmt: skip
-    sampling = {} if temperature is None else {"temperature": temperature}
-    return Generator(model, output_type, backend, config=config, variants=variants,
-                     fitted_correction=correction, **sampling)  # fmt: skip
+    options = ChoiceOptions(config, variants, correction, temperature)
+    return Generator(model, output_type, backend, options=options)

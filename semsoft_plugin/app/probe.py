@@ -88,9 +88,19 @@ class LinearProbe:
         return np.asarray(probs.numpy(), dtype=np.float64)
 
     def on_logits(self, inverse: LogitsInverse) -> LogitsProbe:
-        """This probe applied to the decision step's logits row of the model it was
-        fitted on (`inverse` is that model's output layer inverse): the same scores,
-        read through ``h = W⁺ (z - b)``, each row judged by its residual."""
+        """This probe applied to the decision step's logits row of its model.
+
+        Parameters
+        ----------
+        inverse : LogitsInverse
+            The output layer's inverse of the model the probe was fitted on.
+
+        Returns
+        -------
+        LogitsProbe
+            The same scores, read through `h = W⁺ (z - b)`, each row judged by its
+            residual.
+        """
         import torch
 
         from semsoft_plugin.core.row_probe import LogitsProbe
@@ -187,11 +197,19 @@ _ARRAYS = ("mean", "scale", "weight", "bias", "seen")
 
 
 def fit_probe(
-    hidden: Any, targets: Any, n_labels: int, *, inner_folds: int = 5, seed: int = 0
+    hidden: Any,
+    targets: Any,
+    n_labels: int,
+    *,
+    inner_folds: int = 5,
+    seed: int = 0,
+    sample_weight: Any = None,
 ) -> LinearProbe:
     """The probe on ``[N, H]`` hidden states and ``[N]`` label indices (``< n_labels``):
     ``StandardScaler`` + ``LogisticRegressionCV`` (L2, ``C`` over :data:`CS` chosen by
-    inner stratified folds on log-loss). Needs two labels among the targets."""
+    inner stratified folds on log-loss). Needs two labels among the targets.
+    ``sample_weight``: ``[N]`` weights of the rows in the scaler and the regression's
+    NLL (``None``: 1 each)."""
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
     from sklearn.preprocessing import StandardScaler
@@ -203,14 +221,14 @@ def fit_probe(
     if len(np.unique(y)) < 2:
         raise ValueError(f"the probe needs two labels among the targets, got {np.unique(y)}")
     folds = max(2, min(inner_folds, int(np.bincount(y).max()), len(y) // 2))
-    scaler = StandardScaler().fit(x)
+    scaler = StandardScaler().fit(x, sample_weight=sample_weight)
     model = LogisticRegressionCV(
         Cs=list(CS), l1_ratios=(0.0,), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
         scoring="neg_log_loss", max_iter=1000, use_legacy_attributes=False,
     )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a rare label: fewer members than folds
-        model.fit(scaler.transform(x), y)
+        model.fit(scaler.transform(x), y, sample_weight=sample_weight)
     weight, bias = model.coef_, model.intercept_
     if len(model.classes_) == 2:  # sigmoid(z) = softmax([0, z])
         weight, bias = np.vstack([np.zeros_like(weight), weight]), np.r_[0.0, bias]
@@ -225,7 +243,7 @@ def fit_probe(
 
 def held_probs(
     hidden: np.ndarray, targets: np.ndarray, train: np.ndarray, held: np.ndarray, n_labels: int,
-    *, seed: int = 0,
+    *, seed: int = 0, sample_weight: np.ndarray | None = None,
 ) -> tuple[np.ndarray, LinearProbe | None]:  # fmt: skip
     """The ``held`` rows' probabilities from the probe fitted on the ``train`` rows, and
     that probe. A training part with a single label gives its add-one label frequencies
@@ -233,19 +251,22 @@ def held_probs(
     if len(np.unique(targets[train])) < 2:
         counts = np.bincount(targets[train], minlength=n_labels) + 1.0
         return np.tile(counts / counts.sum(), (len(held), 1)), None
-    probe = fit_probe(hidden[train], targets[train], n_labels, seed=seed)
+    weights = None if sample_weight is None else sample_weight[train]
+    probe = fit_probe(hidden[train], targets[train], n_labels, seed=seed, sample_weight=weights)
     return probe.probs(hidden[held]), probe
 
 
 def probe_member(
-    hidden: Any, targets: Any, n_labels: int, *, seed: int = 0
+    hidden: Any, targets: Any, n_labels: int, *, seed: int = 0, sample_weight: Any = None
 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """The probe as a member of the few-label fit (``fit_probs(external=...)``):
     ``(train, held)`` row indices -> the held rows' ``[len(held), n_labels]``
     probabilities (:func:`held_probs`)."""
     x = np.asarray(hidden, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
-    return lambda train, held: held_probs(x, y, train, held, n_labels, seed=seed)[0]
+    w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    return lambda train, held: held_probs(x, y, train, held, n_labels, seed=seed,
+                                          sample_weight=w)[0]  # fmt: skip
 
 
 def probe_refused(advice: str) -> ValueError:

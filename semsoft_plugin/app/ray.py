@@ -128,7 +128,7 @@ def classify_dataset(
     model: str = "default",
     text_column: str = "text",
     id_column: str | None = None,
-    backend: str = "hf",
+    backend: str = "transformers",
     engine_args: Mapping[str, Any] | None = None,
     dtype: str = "auto",
     batch_size: int = 8,
@@ -201,7 +201,6 @@ def classify_dataset(
         on stderr. Bad options and labels fail here, before any actor starts.
     """
     from semsoft_plugin.app.classifier import Classifier
-    from semsoft_plugin.app.classifier_settings import checked_settings
     from semsoft_plugin.core.labels import label_names
 
     names = label_names(labels)
@@ -219,7 +218,7 @@ def classify_dataset(
         "batch_size": batch_size,
         **classifier_kwargs,
     }
-    checked_settings(Classifier(model, None, names, **kwargs))  # an unknown option: TypeError
+    Classifier(model, None, names, **kwargs).check_params()  # an unknown option: TypeError
     strength = kwargs.pop("file_strength", "auto")
     file = kwargs.get("calibrate") == "file"
     if file:

@@ -9,7 +9,7 @@ Apart from the classifier because they concern the input text and the prompt aro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Set
 from typing import Any
 
 from semsoft_plugin.core.text_rules import is_blank, lone_surrogate
@@ -27,13 +27,26 @@ __all__ = ["TextFitter", "target_list", "text_list", "token_prefixes"]
 def text_list(texts: Iterable[str]) -> list[str]:
     """``texts`` as a list of non-empty strings; ``ValueError`` naming the bad element.
 
-    Any iterable is taken, as scikit-learn users pass them: a list, tuple, numpy array,
-    pandas Series (its values, not its index), generator. A single string is refused
-    (iterating it would classify its characters), and so is an element that is not a
+    Taken as scikit-learn users pass them: a list, tuple, 1-D numpy array or pandas
+    Series (its values, not its index). Anything else is refused naming its type: a dict
+    (its keys would be scored), a set (no order: rows would come back shuffled), a
+    generator, a single string (iterating it would classify its characters); and so is an element that is not a
     string (a NaN from a pandas column, a number, ``None``), by index and type; an
     empty one (whitespace or invisible characters only, ``is_blank``) and one that is not
     valid Unicode (a lone surrogate: no UTF-8 encoding, no tokenizer takes it), by index.
     """
+    ordered = isinstance(texts, list | tuple) or (
+        getattr(texts, "ndim", None) == 1 and hasattr(texts, "tolist")
+    )
+    if not ordered and not isinstance(texts, str | bytes):
+        raise ValueError(
+            f"texts must be a list, tuple, 1-D numpy array or pandas Series of strings, not "
+            f"a {type(texts).__name__}"
+            + (" (a dict's keys are not the texts: pass list(d.values()) or list(d))"
+               if isinstance(texts, Mapping) else "")
+            + (" (a set has no order: the rows would come back in an arbitrary order)"
+               if isinstance(texts, Set) else "")
+        )  # fmt: skip
     values = item_list(texts, "texts", "strings")
     for index, text in enumerate(values):
         if not isinstance(text, str):

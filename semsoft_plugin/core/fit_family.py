@@ -140,6 +140,7 @@ def fit_config(
     family: Sequence[str] | None = None,
     content_free: Kept | None = None,
     external: Mapping[str, External] | None = None,
+    sample_weight: Any = None,
 ) -> FitResult:
     """Fit Semantic Softmax's settings on labelled kept forward passes.
 
@@ -162,6 +163,8 @@ def fit_config(
         contextual one needs ``content_free``, the probe ``external["probe"]``)
     content_free : the content-free inputs' kept scores (``"contextual"``)
     external : name -> a member the caller fits (:func:`~semsoft_plugin.core.fitting.fit_probs`)
+    sample_weight : ``[N]`` weights counting the items in every fit and in the rule
+        (``None``: 1 each; :func:`~semsoft_plugin.core.fitting.fit_probs`)
     """
     start = start or SemsoftConfig()
     grid = {"semantic_weight": DEFAULT_WEIGHTS} if grid is None else dict(grid)
@@ -174,7 +177,7 @@ def fit_config(
     return fit_from_grid(
         probs, configs, start, targets, axes=list(grid), temperature=temperature,
         n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=cf,
-        external=external, grid_size=grid_size,
+        external=external, grid_size=grid_size, sample_weight=sample_weight,
     )  # fmt: skip
 
 
@@ -201,16 +204,19 @@ def fit_from_grid(
     content_free: np.ndarray | None = None,
     external: Mapping[str, External] | None = None,
     grid_size: int | None = None,
+    sample_weight: Any = None,
 ) -> FitResult:
     """:func:`fit_config` on probabilities already scored: ``probs`` ``[C + 1, N, L]``,
     one per config of ``configs`` (:func:`configs_with_start`, ``grid_size`` of them the
     grid's) and last ``start``'s (``axes``: the fields the grid varies, for the report;
-    ``content_free``: ``[C, L]`` the start at ``T = 1`` on the content-free inputs)."""
+    ``content_free``: ``[C, L]`` the start at ``T = 1`` on the content-free inputs;
+    ``sample_weight``: the items' weights)."""
     family = default_family(content_free, external) if family is None else check_family(family)
     best, t, kept_default, stats = fit_probs(
         probs[:-1], probs[-1], targets, single=single_entries(configs, start),
         temperature=temperature, n_folds=n_folds, margin=margin, seed=seed, family=family,
         content_free=content_free, external=external, grid_size=grid_size,
+        sample_weight=sample_weight,
     )  # fmt: skip
     return _result(configs, axes, best, t, kept_default, stats, start, margin)
 

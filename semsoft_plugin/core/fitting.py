@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from semsoft_plugin.core.config import SemsoftConfig, grid_entry
+from semsoft_plugin.core.folds import MIN_ITEMS, check_fit_data, fold_count, stratified_folds
 from semsoft_plugin.core.label_offsets import (
     MEMBERS,
     apply_offset,
@@ -70,7 +70,6 @@ __all__ = [
     "fitted_probs",
     "grid_configs",
     "single_entries",
-    "stratified_folds",
 ]
 
 # The fit's family, in the order it reports them: the grid (pool weight, each entry with
@@ -96,7 +95,7 @@ F1_GUARD = True
 F1_TOLERANCE = 0.01
 
 
-# -- the grid and the folds ---------------------------------------------------------
+# -- the grid ---------------------------------------------------------
 
 
 def grid_configs(
@@ -116,48 +115,6 @@ def grid_configs(
     ]
 
 
-def stratified_folds(targets: Any, n_folds: int, seed: int = 0) -> np.ndarray:
-    """A fold id per item with each label's share kept in every fold.
-
-    The same ids as scikit-learn's ``StratifiedKFold(n_folds, shuffle=True,
-    random_state=seed)`` (written out here so the plugin does not need scikit-learn).
-    With an imbalanced label set a plain split can leave a rare label out of a training
-    part altogether. When some label has fewer items than folds no split can hold it in
-    every fold: ``KFold(shuffle=True)``'s ids are used instead, with a warning naming
-    the count.
-    """
-    targets = np.asarray(targets)
-    n = len(targets)
-    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or n_folds < 2 or n < n_folds:
-        raise ValueError(f"need at least {n_folds} items for {n_folds} folds, got {n}")
-    rng = np.random.RandomState(seed)
-    _, first, inverse = np.unique(targets, return_index=True, return_inverse=True)
-    encoded = np.unique(first, return_inverse=True)[1][inverse]  # by order of appearance
-    counts = np.bincount(encoded)
-    ids = np.empty(n, dtype=np.int64)
-    if counts.min() < n_folds:
-        warnings.warn(
-            f"a label has {counts.min()} items, fewer than the {n_folds} folds: "
-            "the folds are not stratified (KFold)",
-            stacklevel=2,
-        )
-        order = np.arange(n)
-        rng.shuffle(order)
-        sizes = np.full(n_folds, n // n_folds)
-        sizes[: n % n_folds] += 1
-        ids[order] = np.repeat(np.arange(n_folds), sizes)
-        return ids
-    ordered = np.sort(encoded)
-    allocation = np.array(
-        [np.bincount(ordered[i::n_folds], minlength=len(counts)) for i in range(n_folds)]
-    )
-    for label in range(len(counts)):
-        folds = np.arange(n_folds).repeat(allocation[:, label])
-        rng.shuffle(folds)
-        ids[encoded == label] = folds
-    return ids
-
-
 def _log(probs: np.ndarray) -> np.ndarray:
     return np.log(np.clip(probs, _FLOOR, 1.0))
 
@@ -165,19 +122,43 @@ def _log(probs: np.ndarray) -> np.ndarray:
 # -- the fit -------------------------------------------------------------------------
 
 
+def _mean(values: np.ndarray, weights: np.ndarray | None) -> float:
+    """The mean of per-item ``values``, weighted by ``weights`` where given."""
+    if weights is None:
+        return float(values.mean())
+    return float((weights * values).sum() / weights.sum())
+
+
+def _mean_se(diff: np.ndarray, weights: np.ndarray | None) -> tuple[float, float]:
+    """The mean of a paired per-item difference and its standard error; with ``weights``
+    as counts (an item of weight 2 is that item twice: the same figures as the items
+    repeated)."""
+    if weights is None:
+        return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(len(diff)))
+    total = float(weights.sum())
+    mean = float((weights * diff).sum() / total)
+    variance = float((weights * (diff - mean) ** 2).sum() / max(total - 1.0, 1e-12))
+    return mean, math.sqrt(variance / total)
+
+
 def _choose(
-    log_grid: np.ndarray, targets: np.ndarray, temperature: bool
+    log_grid: np.ndarray,
+    targets: np.ndarray,
+    temperature: bool,
+    weights: np.ndarray | None = None,
 ) -> tuple[int, float, np.ndarray, np.ndarray]:
     """(entry, temperature) with the least training loss (the cross-entropy to the fit's
-    targets, :func:`~semsoft_plugin.core.temperature_scaling.succession_targets`); each entry's
-    loss and T."""
+    targets, :func:`~semsoft_plugin.core.temperature_scaling.succession_targets`, weighted
+    by ``weights`` where given); each entry's loss and T."""
     scores = np.empty(len(log_grid))
     temps = np.ones(len(log_grid))
-    rows = succession_targets(targets, log_grid.shape[2])
+    count = None if weights is None else float(weights.sum())
+    rows = succession_targets(targets, log_grid.shape[2], count=count)
     for c, log_p in enumerate(log_grid):
         if temperature:
-            temps[c] = fit_temperature(log_p, rows)
-        scores[c] = -(rows * _log(apply_temperature(log_p, temps[c]))).sum(1).mean()
+            temps[c] = fit_temperature(log_p, rows, sample_weight=weights)
+        losses = -(rows * _log(apply_temperature(log_p, temps[c]))).sum(1)
+        scores[c] = _mean(losses, weights)
     best = int(np.argmin(scores))  # the first of equal scores: the grid's order decides
     return best, float(temps[best]), scores, temps
 
@@ -192,7 +173,11 @@ def _check_targets(targets: Any, n: int, n_labels: int) -> np.ndarray:
 
 
 def _out_of_fold(
-    log_grid: np.ndarray, y: np.ndarray, fold_ids: np.ndarray, temperature: bool
+    log_grid: np.ndarray,
+    y: np.ndarray,
+    fold_ids: np.ndarray,
+    temperature: bool,
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Per-item probabilities ``[N, L]`` of the procedure "choose the entry and T on the
     other folds"."""
@@ -200,19 +185,28 @@ def _out_of_fold(
     choices = []
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
-        c, t, _, _ = _choose(log_grid[:, ~held], y[~held], temperature)
+        train_w = None if weights is None else weights[~held]
+        c, t, _, _ = _choose(log_grid[:, ~held], y[~held], temperature, train_w)
         out[held] = apply_temperature(log_grid[c, held], t)
         choices.append({"entry": c, "temperature": t})
     return out, choices
 
 
-def macro_f1(targets: np.ndarray, predicted: np.ndarray, n_labels: int) -> float:
+def macro_f1(
+    targets: np.ndarray,
+    predicted: np.ndarray,
+    n_labels: int,
+    weights: np.ndarray | None = None,
+) -> float:
     """scikit-learn's macro F1 (over the labels in ``targets`` or ``predicted``,
-    ``zero_division=0``) in closed form: the core has no scikit-learn, and a bootstrap
-    calls it a thousand times."""
-    tp = np.bincount(targets[targets == predicted], minlength=n_labels)
-    support = np.bincount(targets, minlength=n_labels)
-    chosen = np.bincount(predicted, minlength=n_labels)
+    ``zero_division=0``, items counted by ``weights`` where given) in closed form: the
+    core has no scikit-learn, and a bootstrap calls it a thousand times."""
+    right = targets == predicted
+    tp = np.bincount(
+        targets[right], weights=None if weights is None else weights[right], minlength=n_labels
+    )
+    support = np.bincount(targets, weights=weights, minlength=n_labels)
+    chosen = np.bincount(predicted, weights=weights, minlength=n_labels)
     present = (support + chosen) > 0
     return float((2 * tp[present] / (support[present] + chosen[present])).mean())
 
@@ -233,6 +227,7 @@ def fit_probs(
     external: Mapping[str, External] | None = None,
     rows: np.ndarray | None = None,
     grid_size: int | None = None,
+    sample_weight: Any = None,
 ) -> tuple[int, float, bool, dict[str, Any]]:
     """The fit on precomputed probabilities: ``grid`` ``[C, N, L]`` per grid entry,
     ``start`` ``[N, L]`` of the starting setting (scored as is). Returns ``(entry,
@@ -262,24 +257,33 @@ def fit_probs(
     held rows fitted on the train rows, so the same rule judges it out of fold.
     ``grid_size``: the ``"grid"`` member searches the first entries only (the rest are
     there for the other members: the start at ``T = 1``); default all.
+    ``sample_weight``: ``[N]`` non-negative weights counting the items (each item's NLL
+    counts with its weight in every fit and in the rule's mean and standard error: integer
+    weights give the figures of the items repeated); ``None``: 1 each. An external member
+    weighs its own fit.
     """
     y = _check_targets(targets, grid.shape[1], grid.shape[2])
     n = len(y)
-    if n < 4:
-        raise ValueError(f"fit needs at least 4 labelled items, got {n}")
-    if isinstance(margin, bool) or not isinstance(margin, int | float) or not margin >= 0:
-        raise ValueError(f"margin={margin!r} must be a number >= 0")
-    folds = min(n_folds, n // 2)
+    check_fit_data(y, n_folds, margin)
+    w = _checked_weights(sample_weight, n)
+    folds = fold_count(n, n_folds)
     log_grid = _log(grid)
     start_nll = nll(start, y)
     n_labels = grid.shape[2]
-    start_f1 = macro_f1(y, start.argmax(1), n_labels)
+    start_f1 = macro_f1(y, start.argmax(1), n_labels, w)
     fold_ids = stratified_folds(y, folds, seed)
     subsets = {"grid": np.arange(len(grid) if grid_size is None else grid_size)}
-    if temperature and len(grid) > 1:
+    # A one-entry grid's own member is the temperature on it: "temperature" is checked apart
+    # only where the grid has more entries, or where the family leaves the grid out.
+    if temperature and (len(grid) > 1 or (family is not None and "grid" not in family)):
         subsets.update({name: np.array([entry]) for name, entry in (single or {}).items()})
     external = dict(external or {})
     names, bias = _procedures(family, bias, subsets, external)
+    if not names:
+        raise ValueError(
+            f"the fit family {list(family or ())} fits nothing here: 'temperature' needs "
+            "temperature=True and the start at T = 1 in the grid (single['temperature'])"
+        )
     subsets = {k: v for k, v in subsets.items() if k in names}
     base_entry = check_members(bias, single, content_free)
     base = log_grid[base_entry]
@@ -294,18 +298,18 @@ def fit_probs(
                 oof[held] = external[name](rows[~held], rows[held])
                 choices.append({"entry": base_entry, "temperature": 1.0})
         elif name in subsets:
-            oof, choices = _out_of_fold(log_grid[subsets[name]], y, fold_ids, temperature)
+            oof, choices = _out_of_fold(log_grid[subsets[name]], y, fold_ids, temperature, w)
             for choice in choices:
                 choice["entry"] = int(subsets[name][choice["entry"]])
         else:
             oof, choices = member_out_of_fold(
                 name, base, y, fold_ids, content_free=content_free, temperature=temperature,
-                seed=seed, entry=base_entry,
+                seed=seed, entry=base_entry, sample_weight=w,
             )  # fmt: skip
         fitted_nll = nll(oof, y)
         diff = start_nll - fitted_nll
-        gain, se = float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(n))
-        f1 = macro_f1(y, oof.argmax(1), n_labels)
+        gain, se = _mean_se(diff, w)
+        f1 = macro_f1(y, oof.argmax(1), n_labels, w)
         checked[name] = {
             "gain": gain,
             "gain_se": se,
@@ -313,7 +317,7 @@ def fit_probs(
             "passes": gain > 0
             and gain > margin * se
             and (not F1_GUARD or f1 - start_f1 >= -F1_TOLERANCE),
-            "nll": float(fitted_nll.mean()),
+            "nll": _mean(fitted_nll, w),
             "fold_choices": choices,
             "per_item": fitted_nll,
         }
@@ -322,23 +326,23 @@ def fit_probs(
     chosen = _simplest(passing, checked, margin) if passing else fallback
     offset = None
     if chosen in subsets:
-        best, t, scores_all, temps_all = _choose(log_grid[subsets[chosen]], y, temperature)
+        best, t, scores_all, temps_all = _choose(log_grid[subsets[chosen]], y, temperature, w)
         best = int(subsets[chosen][best])
     elif chosen in external:  # the caller fits it on all rows
         best, t = base_entry, 1.0
     else:
         t, b = fit_member(chosen, base, y, content_free=content_free, temperature=temperature,
-                          seed=seed)  # fmt: skip
+                          seed=seed, sample_weight=w)  # fmt: skip
         best, offset = base_entry, b.tolist()
     if chosen != "grid" or len(subsets["grid"]) != len(grid):  # the report lists every entry
-        _, _, scores_all, temps_all = _choose(log_grid, y, temperature)
+        _, _, scores_all, temps_all = _choose(log_grid, y, temperature, w)
     stats = {
         "n": n,
         "n_folds": folds,
         "procedure": chosen,
         "gain": checked[chosen]["gain"],
         "gain_se": checked[chosen]["gain_se"],
-        "nll_start": float(start_nll.mean()),
+        "nll_start": _mean(start_nll, w),
         "nll_fitted": checked[chosen]["nll"],
         "procedures": {
             k: {x: v[x] for x in ("gain", "gain_se", "f1_change", "passes", "nll")}
@@ -350,6 +354,25 @@ def fit_probs(
         "offset": offset,
     }
     return best, t, not passing, stats
+
+
+def _checked_weights(sample_weight: Any, n: int) -> np.ndarray | None:
+    """``sample_weight`` as ``[n]`` float64 counts: finite, >= 0, summing to at least the
+    items a fit needs; ``None`` stays ``None``."""
+    if sample_weight is None:
+        return None
+    w = np.asarray(sample_weight, dtype=np.float64)
+    if w.shape != (n,):
+        raise ValueError(f"sample_weight must hold one weight per item ({n}), got shape {w.shape}")
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+    if len(bad):
+        raise ValueError(f"sample_weight[{bad[0]}] = {float(w[bad[0]])!r} must be a finite number >= 0")
+    if w.sum() < MIN_ITEMS:
+        raise ValueError(
+            f"sample_weight sums to {w.sum():g}: the weights count items (an item of weight 2 "
+            f"is that item twice), and a fit needs the weight of at least {MIN_ITEMS} items"
+        )
+    return w
 
 
 def _simplest(passing: list[str], checked: dict[str, dict[str, Any]], margin: float) -> str:
@@ -424,14 +447,14 @@ def cross_fit(
     """Out-of-fold probabilities of the whole fit (rule included): each fold scored with
     what :func:`fit_probs` chose on the other folds (``options`` go to it). For honest
     figures, as ``semsoft eval`` cross-fits temperature scaling. A fold whose other
-    folds hold fewer than the 4 items a fit needs keeps ``start``: no evidence is what
+    folds hold fewer than the 4 items or the two labels a fit needs keeps ``start``: no evidence is what
     the rule answers with the default, so a tiny evaluation still runs."""
     y = np.asarray(targets)
     out = np.empty_like(start)
     choices = []
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
-        if int((~held).sum()) < 4:
+        if int((~held).sum()) < MIN_ITEMS or len(np.unique(y[~held])) < 2:
             out[held] = start[held]
             choices.append({"entry": None, "temperature": 1.0, "kept_default": True})
             continue

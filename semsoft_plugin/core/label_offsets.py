@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from semsoft_plugin.core.folds import stratified_folds
 from semsoft_plugin.core.temperature_scaling import (
     LOG_T_BOUNDS,
     apply_temperature,
@@ -73,11 +74,26 @@ def apply_offset(log_probs: Any, temperature: float, offset: Any) -> np.ndarray:
     return apply_temperature(z, 1.0)
 
 
-def _loss(x: np.ndarray, q: np.ndarray, a: float, b: np.ndarray, strength: float) -> float:
+def _loss(
+    x: np.ndarray, q: np.ndarray, a: float, b: np.ndarray, strength: float, u: np.ndarray
+) -> float:
     z = a * x + b
     top = z.max(1)
     lse = top + np.log(np.exp(z - top[:, None]).sum(1))
-    return float((lse - (q * z).sum(1)).mean() + 0.5 * strength * b @ b)
+    return float(u @ (lse - (q * z).sum(1)) + 0.5 * strength * b @ b)
+
+
+def _shares(weights: Any, n: int) -> np.ndarray:
+    """Each row's share of a weighted mean: ``weights / sum(weights)``, or ``1 / n``."""
+    if weights is None:
+        return np.full(n, 1.0 / n)
+    w = np.asarray(weights, dtype=np.float64)
+    return w / w.sum()
+
+
+def _count(weights: Any) -> float | None:
+    """The items the weights count (their sum), for the succession targets."""
+    return None if weights is None else float(np.sum(weights))
 
 
 def fit_offset(
@@ -88,6 +104,7 @@ def fit_offset(
     temperature: bool = True,
     max_iter: int = 100,
     tol: float = 1e-10,
+    sample_weight: Any = None,
 ) -> tuple[float, np.ndarray]:
     """``(T, b)`` minimising mean NLL of ``softmax(log_probs / T + b)`` plus
     ``strength / 2 * |b|^2``; ``temperature=False`` keeps ``T = 1``. ``targets``:
@@ -97,6 +114,7 @@ def fit_offset(
     linear one, plus a ridge), so a Newton step with backtracking converges to the
     optimum; ``1/T`` stays inside the temperature search's bounds ``[0.05, 20]``. The
     ridge also fixes the constant a softmax ignores: ``b`` sums to zero.
+    ``sample_weight``: ``[N]`` weights of the rows' losses (the weighted mean).
     """
     x = np.asarray(log_probs, dtype=np.float64)
     if x.ndim != 2 or len(x) == 0:
@@ -107,19 +125,21 @@ def fit_offset(
     q = q / q.sum(1, keepdims=True)
     x = x - x.max(1, keepdims=True)
     n, width = x.shape
+    u = _shares(sample_weight, n)
     a, b = 1.0, np.zeros(width)
-    current = _loss(x, q, a, b, strength)
+    current = _loss(x, q, a, b, strength, u)
     for _ in range(max_iter):
         p = apply_temperature(a * x + b, 1.0)
         r = p - q
-        grad_b = r.mean(0) + strength * b
-        hess_bb = (np.diag(p.sum(0)) - p.T @ p) / n + strength * np.eye(width)
+        up = u[:, None] * p
+        grad_b = u @ r + strength * b
+        hess_bb = np.diag(up.sum(0)) - up.T @ p + strength * np.eye(width)
         if temperature:
             px = (p * x).sum(1)
-            grad = np.concatenate([[(r * x).sum() / n], grad_b])
+            grad = np.concatenate([[u @ (r * x).sum(1)], grad_b])
             hess = np.empty((width + 1, width + 1))
-            hess[0, 0] = float((p * x * x).sum(1) @ np.ones(n) - px @ px) / n
-            cross = ((p * x) - p * px[:, None]).mean(0)
+            hess[0, 0] = float(u @ ((p * x * x).sum(1) - px * px))
+            cross = u @ ((p * x) - p * px[:, None])
             hess[0, 1:] = hess[1:, 0] = cross
             hess[1:, 1:] = hess_bb
         else:
@@ -135,7 +155,7 @@ def fit_offset(
                 b_new = b - size * step[1:]
             else:
                 a_new, b_new = a, b - size * step
-            trial = _loss(x, q, a_new, b_new, strength)
+            trial = _loss(x, q, a_new, b_new, strength, u)
             if trial <= current - 1e-4 * size * decrement:
                 break
             size /= 2
@@ -146,8 +166,6 @@ def fit_offset(
 
 
 def _inner_folds(y: np.ndarray, seed: int, n_folds: int) -> np.ndarray:
-    from semsoft_plugin.core.fitting import stratified_folds
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # rare labels: unstratified inner folds
         return stratified_folds(y, min(n_folds, len(y) // 2), seed)
@@ -161,30 +179,41 @@ def fit_offset_cv(
     temperature: bool = True,
     n_folds: int = 5,
     seed: int = 0,
+    sample_weight: Any = None,
 ) -> tuple[float, np.ndarray, float]:
     """``(T, b, strength)``: the strength with the least mean NLL over inner stratified
-    folds (ties: the stronger), then :func:`fit_offset` with it on all rows."""
+    folds (ties: the stronger), then :func:`fit_offset` with it on all rows
+    (``sample_weight``: the rows' weights in every loss)."""
     x = np.asarray(log_probs, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
+    w = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, np.float64)
+    given = sample_weight is not None
     fold_ids = _inner_folds(y, seed, n_folds)
     losses = np.zeros(len(strengths))
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
-        train = succession_targets(y[~held], x.shape[1])
+        train_w = w[~held] if given else None
+        train = succession_targets(y[~held], x.shape[1], count=_count(train_w))
         for s, strength in enumerate(strengths):
-            t, b = fit_offset(x[~held], train, strength, temperature=temperature)
-            losses[s] += nll(apply_offset(x[held], t, b), y[held]).sum()
+            t, b = fit_offset(
+                x[~held], train, strength, temperature=temperature, sample_weight=train_w
+            )
+            losses[s] += (w[held] * nll(apply_offset(x[held], t, b), y[held])).sum()
     best = int(np.flatnonzero(losses <= losses.min() + 1e-12)[-1])
+    targets_all = succession_targets(y, x.shape[1], count=_count(sample_weight))
     t, b = fit_offset(
-        x, succession_targets(y, x.shape[1]), strengths[best], temperature=temperature
+        x, targets_all, strengths[best], temperature=temperature, sample_weight=sample_weight
     )
     return t, b, float(strengths[best])
 
 
-def _fixed(bias: np.ndarray, x: np.ndarray, y: np.ndarray, temperature: bool) -> tuple[float, Any]:
+def _fixed(
+    bias: np.ndarray, x: np.ndarray, y: np.ndarray, temperature: bool, sample_weight: Any
+) -> tuple[float, Any]:
     """A label-free offset ``-log bias``, then a temperature on the corrected scores."""
     corrected = x - np.log(np.clip(bias, _FLOOR, None))
-    t = fit_temperature(corrected, succession_targets(y, x.shape[1])) if temperature else 1.0
+    rows = succession_targets(y, x.shape[1], count=_count(sample_weight))
+    t = fit_temperature(corrected, rows, sample_weight=sample_weight) if temperature else 1.0
     return t, -np.log(np.clip(bias, _FLOOR, None)) / t
 
 
@@ -196,18 +225,24 @@ def fit_member(
     content_free: np.ndarray | None = None,
     temperature: bool = True,
     seed: int = 0,
+    sample_weight: Any = None,
 ) -> tuple[float, np.ndarray]:
     """``(T, b)`` of bias member ``name`` (:data:`MEMBERS`) fitted on these rows.
 
     ``content_free``: ``[C, L]`` the base probabilities of the content-free inputs
-    (needed by ``"contextual"``).
+    (needed by ``"contextual"``). ``sample_weight``: the rows' weights (the batch's mean
+    distribution and every loss weighted by them).
     """
     x = np.asarray(log_probs, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
+    w = sample_weight
+    batch_mean = _shares(w, len(x)) @ apply_temperature(x, 1.0)
     fitters: dict[str, Callable[[], tuple[float, Any]]] = {
-        "offset": lambda: fit_offset_cv(x, y, temperature=temperature, seed=seed)[:2],
-        "batch": lambda: _fixed(apply_temperature(x, 1.0).mean(0), x, y, temperature),
-        "contextual": lambda: _fixed(_content_free_bias(content_free), x, y, temperature),
+        "offset": lambda: fit_offset_cv(
+            x, y, temperature=temperature, seed=seed, sample_weight=w
+        )[:2],
+        "batch": lambda: _fixed(batch_mean, x, y, temperature, w),
+        "contextual": lambda: _fixed(_content_free_bias(content_free), x, y, temperature, w),
     }
     if name not in fitters:
         raise ValueError(f"unknown bias member {name!r}; members are {', '.join(MEMBERS)}")
@@ -262,6 +297,7 @@ def member_out_of_fold(
     temperature: bool,
     seed: int,
     entry: int,
+    sample_weight: Any = None,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Per-item probabilities ``[N, L]`` of bias member ``name`` fitted on the other
     folds (the offset's strength chosen by inner folds inside each), and each fold's
@@ -270,8 +306,9 @@ def member_out_of_fold(
     choices = []
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
+        train_w = None if sample_weight is None else np.asarray(sample_weight)[~held]
         t, b = fit_member(name, base[~held], y[~held], content_free=content_free,
-                          temperature=temperature, seed=seed)  # fmt: skip
+                          temperature=temperature, seed=seed, sample_weight=train_w)  # fmt: skip
         out[held] = apply_offset(base[held], t, b)
         choices.append({"entry": entry, "temperature": t, "offset": b.tolist()})
     return out, choices

@@ -62,12 +62,20 @@ KEY_TRIGGER = "semsoft_trigger"
 KEY_LEADING_SPACE = "semsoft_leading_space"
 # A named SemsoftConfig.preset as the base; the other semsoft_<field> keys override it.
 KEY_PRESET = "semsoft_preset"
+# The name of a fit the engine loaded at start (never a path: engines/vllm/fits.py).
+KEY_FIT = "semsoft_fit"
+# The response field in which the server's admission middleware returns each choice's
+# fitted label probabilities, or why the fit was not applied to it.
+RESPONSE_FITTED = "semsoft_fitted"
+# A fit name: letters, digits, '.', '_' and '-', at most MAX_FIT_NAME characters, not
+# starting with '.' (a file stem in the operator's fit folder, never a path).
+MAX_FIT_NAME = 64
 # The response field in which the server's admission middleware returns the label
 # answer tokens' raw log-probs that the decision step's top-k lacks ({"token_id:N": lp}).
 RESPONSE_LABEL_LOGPROBS = "semsoft_label_logprobs"
 # One key per SemsoftConfig field, generated from its table (config.config_field_specs).
 _CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftConfig)}
-_KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, KEY_PRESET, *_CONFIG_KEYS}
+_KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, KEY_PRESET, KEY_FIT, *_CONFIG_KEYS}
 
 # Server clients are untrusted: these bound the work and memory one request can ask
 # for. Named SERVER_* because they are tighter than the method's own ranges
@@ -92,6 +100,8 @@ class SemsoftRequest:
         ``"observe"`` (generation untouched; scores only)
     trigger : decide after this generated text instead of at the first token
     leading_space : labels are scored as whole words after a space
+    fit : the name of a fit the engine loaded at start (`semsoft_fit`): its
+        probabilities replace the scores, and in constrain mode the label follows them
     """
 
     labels: tuple[str, ...]
@@ -99,6 +109,7 @@ class SemsoftRequest:
     mode: Mode = "constrain"
     trigger: str | None = None
     leading_space: bool = True
+    fit: str | None = None
 
     def to_extra_args(self) -> dict[str, Any]:
         """Flat ``extra_args`` / ``vllm_xargs`` (str, int, float or lists of str)."""
@@ -111,6 +122,8 @@ class SemsoftRequest:
         args[KEY_LEADING_SPACE] = int(self.leading_space)
         if self.trigger is not None:
             args[KEY_TRIGGER] = self.trigger
+        if self.fit is not None:
+            args[KEY_FIT] = self.fit
         return args
 
     @property
@@ -361,7 +374,29 @@ def _parse(extra_args: Mapping[str, Any], present: set[str], server: bool) -> Se
         if size is None or (server and size > SERVER_MAX_TRIGGER_BYTES):
             raise _refuse(KEY_TRIGGER, trigger, rule)
     leading_space = _flag(KEY_LEADING_SPACE, extra_args.get(KEY_LEADING_SPACE, True))
-    return SemsoftRequest(tuple(labels), config, cast(Mode, mode), trigger, leading_space)
+    fit = extra_args.get(KEY_FIT)
+    if fit is not None:
+        fit = fit_name(fit)
+    return SemsoftRequest(tuple(labels), config, cast(Mode, mode), trigger, leading_space, fit)
+
+
+def fit_name(value: Any) -> str:
+    """`value` if it is a fit name (letters, digits, `.`, `_`, `-`; at most
+    `MAX_FIT_NAME` characters; not starting with `.`), else `ValueError` naming it: a
+    request names a fit the engine loaded, never a path."""
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_FIT_NAME
+        or value.startswith(".")
+        or not all(c.isascii() and (c.isalnum() or c in "._-") for c in value)
+    ):
+        raise _refuse(
+            KEY_FIT,
+            value,
+            f"the name of a fit the server loaded (letters, digits, '.', '_', '-'; at most "
+            f"{MAX_FIT_NAME} characters; never a path)",
+        )
+    return value
 
 
 def build_request(
@@ -372,6 +407,7 @@ def build_request(
     trigger: str | None = None,
     leading_space: bool = True,
     server: bool = False,
+    fit: str | None = None,
     **method: Any,
 ) -> SemsoftRequest:
     """A checked :class:`SemsoftRequest` from Python arguments (not from a request body).
@@ -382,7 +418,7 @@ def build_request(
         its names)
     config : Semantic Softmax settings; ``method`` keywords (``k``, ``tau``, ...)
         override it
-    mode, trigger, leading_space : see :class:`SemsoftRequest`
+    mode, trigger, leading_space, fit : see :class:`SemsoftRequest`
     server : the request is for a server (the ``SERVER_*`` limits apply, see
         :func:`parse_request`); False for an in-process engine
 
@@ -392,7 +428,7 @@ def build_request(
     what comes back is what it parses.
     """
     cfg = (config or SemsoftConfig()).replace(**method)
-    request = SemsoftRequest(tuple(label_names(labels)), cfg, mode, trigger, leading_space)
+    request = SemsoftRequest(tuple(label_names(labels)), cfg, mode, trigger, leading_space, fit)
     parsed = parse_request(request.to_extra_args(), server=server)
     assert parsed is not None  # it carries semsoft_labels
     return parsed

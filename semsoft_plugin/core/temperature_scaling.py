@@ -45,7 +45,7 @@ def nll(probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return -np.log(np.clip(probs[np.arange(len(targets)), targets], _EPS, 1.0))
 
 
-def succession_targets(targets: Any, n_labels: int) -> np.ndarray:
+def succession_targets(targets: Any, n_labels: int, *, count: float | None = None) -> np.ndarray:
     """The targets the few-label fit fits to: ``[N, L]`` rows that give each item's
     label ``(N + 1) / (N + 2)`` and share ``1 / (N + 2)`` evenly among the other labels.
 
@@ -57,7 +57,9 @@ def succession_targets(targets: Any, n_labels: int) -> np.ndarray:
     ``1 / (N + 2)``: the fit may not make an answer surer than its labels show. The
     targets fade to the hard ones as labels grow (Platt, 1999, smooths binary targets
     the same way, per class; per class was worse here, as it pushes rare labels down).
-    The out-of-fold checks still score hard labels.
+    The out-of-fold checks still score hard labels. ``count``: the ``N`` of the rule
+    where items are weighted (the sum of their weights; default ``len(targets)``), so
+    that integer weights give the targets of the items repeated.
 
     >>> succession_targets([0, 0, 1], 2).round(3).tolist()
     [[0.8, 0.2], [0.8, 0.2], [0.2, 0.8]]
@@ -67,7 +69,7 @@ def succession_targets(targets: Any, n_labels: int) -> np.ndarray:
         raise ValueError(f"targets must be [N] label indices in [0, {n_labels}), got {y[:8]}")
     if not SUCCESSION_TARGETS:  # the hard targets, for benchmarks/fit_rule_ablation.py
         return target_rows(y, len(y), n_labels)
-    rest = 1.0 / (len(y) + 2.0)
+    rest = 1.0 / ((len(y) if count is None else float(count)) + 2.0)
     out = np.full((len(y), n_labels), rest / (n_labels - 1))
     out[np.arange(len(y)), y] = 1.0 - rest
     return out
@@ -88,11 +90,15 @@ def target_rows(targets: Any, n: int, n_labels: int) -> np.ndarray:
     return onehot
 
 
-def fit_temperature(log_probs: Any, targets: Any, *, tol: float = 1e-7) -> float:
+def fit_temperature(
+    log_probs: Any, targets: Any, *, tol: float = 1e-7, sample_weight: Any = None
+) -> float:
     """The temperature minimising the mean NLL of ``softmax(log_probs / T)``.
 
     ``targets``: ``[N]`` label indices, or ``[N, L]`` target rows (e.g.
     :func:`succession_targets`; the loss is then the cross-entropy to them).
+    ``sample_weight``: ``[N]`` weights of the items' losses (the weighted mean; ``None``:
+    the plain mean).
 
     The NLL is convex in ``1/T`` (a log-sum-exp of linear functions minus a linear
     function), hence unimodal in ``log T``: a golden-section search on ``log T`` over
@@ -106,11 +112,16 @@ def fit_temperature(log_probs: Any, targets: Any, *, tol: float = 1e-7) -> float
     z = z - z.max(1, keepdims=True)
     picked = (q * z).sum(1) / q.sum(1)
 
+    weights = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+
     def loss(log_t: float) -> float:
         scaled = z / math.exp(log_t)
         top = scaled.max(1)
         lse = top + np.log(np.exp(scaled - top[:, None]).sum(1))
-        return float((lse - picked / math.exp(log_t)).mean())
+        per_item = lse - picked / math.exp(log_t)
+        if weights is None:
+            return float(per_item.mean())
+        return float((weights * per_item).sum() / weights.sum())
 
     lo, hi = LOG_T_BOUNDS
     ratio = (math.sqrt(5.0) - 1.0) / 2.0

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import label_names
 from semsoft_plugin.core.request import (
+    RESPONSE_FITTED,
     RESPONSE_LABEL_LOGPROBS,
     Mode,
     SemsoftRequest,
@@ -25,7 +26,7 @@ from semsoft_plugin.core.request import (
     parse_request,
 )
 from semsoft_plugin.core.result import LabelResult
-from semsoft_plugin.engines.reader_contract import read_scores
+from semsoft_plugin.engines.reader_contract import fitted_row, read_scores
 from semsoft_plugin.engines.scoring import ModelScorer, ReaderError, client_model, decision_step
 
 # vLLM's cap on logprob_token_ids per request (vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS;
@@ -66,6 +67,7 @@ def openai_request(
     leading_space: bool = True,
     plugin: bool = True,
     extra_body: Mapping[str, Any] | None = None,
+    fit: str | None = None,
     **method: Any,
 ) -> OpenAIRequest:
     """Keyword arguments for the `openai` client's `create` call that opt in.
@@ -77,6 +79,8 @@ def openai_request(
     `extra_body` adds server options, e.g. `{"continue_final_message": True,
     "add_generation_prompt": False}` to continue a pre-filled assistant answer
     (`"Sentiment:"`) the way [`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify] does.
+    `fit` names a fit the server serves (`semsoft_fit`): the choice's scores are then
+    the fit's, which the server returns in `semsoft_fitted`.
     """
     request = build_request(  # the same checks as the server's
         labels,
@@ -85,6 +89,7 @@ def openai_request(
         trigger=trigger,
         leading_space=leading_space,
         server=True,
+        fit=fit,
         **method,
     )
     cfg = request.config
@@ -242,7 +247,9 @@ def openai_label_scores(
         decision-step log-probabilities are NaN/inf; or one of its named subclasses:
         `MissingLabelLogprobs` (needed label log-probs not returned, no `client`),
         `EmittedLabelMismatch` (the greedy constrained pick is not the argmax),
-        `CutLabel` (the text is only the start of a label).
+        `CutLabel` (the text is only the start of a label); `FitNotApplied` (the request
+        named a fit, `semsoft_fit`, and the server's `semsoft_fitted` says why the fit did
+        not score this choice, or is missing).
 
     Examples
     --------
@@ -329,6 +336,7 @@ def openai_label_scores(
         fetch = openai_fetch(
             fetch_client, _get(response, "model"), prompt, generated[:step], model=reader
         )
+    fitted = None if semsoft.fit is None else fitted_row(semsoft, _get(picked, RESPONSE_FITTED))
     return read_scores(
         semsoft,
         tops[step],
@@ -338,6 +346,7 @@ def openai_label_scores(
         fetch=fetch,
         greedy=greedy,
         plugin=plugin,
+        fitted=fitted,
     )
 
 

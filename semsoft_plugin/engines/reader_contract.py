@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.request import SemsoftRequest
+from semsoft_plugin.core.request import SemsoftRequest, show_value
 from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.engines.scoring import (
     Fetch,
@@ -29,7 +29,15 @@ from semsoft_plugin.engines.scoring import (
     scores_from_top_k,
 )
 
-__all__ = ["ARGMAX_TIE", "CutLabel", "EmittedLabelMismatch", "Logprobs", "read_scores"]
+__all__ = [
+    "ARGMAX_TIE",
+    "CutLabel",
+    "EmittedLabelMismatch",
+    "FitNotApplied",
+    "Logprobs",
+    "fitted_row",
+    "read_scores",
+]
 
 # Probabilities closer than this are a tie at the float precision an engine and a reader
 # share: a greedy constrained pick and the reader's argmax may fall either way of it.
@@ -65,6 +73,34 @@ class CutLabel(ReaderError):
 Logprobs = Mapping[Any, float]
 
 
+class FitNotApplied(ReaderError):
+    """The request named a fit (`semsoft_fit`), but its row was not scored with it; the
+    message says why (a row that is not `W h + b`, an engine that serves no fits, a row
+    no longer kept)."""
+
+
+def fitted_row(request: SemsoftRequest, found: Mapping[str, Any] | None) -> list[float]:
+    """The probabilities, in the request's label order, of the fitted row the engine
+    kept for `request` (`{"probs": [...]}`), or `FitNotApplied` naming why there are
+    none (`{"reason": ...}`, or no row: `found` None)."""
+    if found is None:
+        raise FitNotApplied(
+            f"semsoft_fit={request.fit!r}: the engine kept no fitted row for this request "
+            "(an engine without the worker extension semsoft_plugin.app.vllm_fits.FittedRows, "
+            "a request that never reached its decision step, or one read after many later "
+            "decisions)"
+        )
+    if "reason" in found:
+        raise FitNotApplied(str(found["reason"]))
+    probs = found.get("probs")
+    if not isinstance(probs, list) or len(probs) != len(request.labels):
+        raise FitNotApplied(
+            f"semsoft_fit={request.fit!r}: the fitted row {show_value(probs)} does not hold "
+            f"one probability per label ({len(request.labels)})"
+        )
+    return [float(p) for p in probs]
+
+
 def read_scores(
     labels: SemsoftRequest | Sequence[str],
     top_logprobs: Logprobs | Sequence[Logprobs | None],
@@ -78,6 +114,7 @@ def read_scores(
     greedy: bool = True,
     plugin: bool = True,
     allow_download: bool = False,
+    fitted: Sequence[float] | None = None,
 ) -> LabelResult:
     """Scores of one output from its returned log-probabilities: the reader contract.
 
@@ -117,6 +154,9 @@ def read_scores(
         needed answer tokens outside the top-k (e.g. :func:`semsoft_plugin.engines.openai.openai_fetch`)
     greedy : the engine picked the argmax (temperature 0); a sampled pick may be any label
     plugin : the plugin constrained the generation (False: a server without it)
+    fitted : the probabilities a fit gave this row inside the engine, in the request's
+        label order (`semsoft_fit`): they are the result's `probs` (and its label in
+        observe mode), and rule 2 holds against them
     """
     client = client_model(model, allow_download=allow_download)
     if isinstance(labels, SemsoftRequest):
@@ -153,6 +193,11 @@ def read_scores(
     extra = {t: ids[t] for t in ranked[k:]}
     extra.update({_token_key(client, t): float(v) for t, v in (known or {}).items()})
     result = scores_from_top_k(client, request, top, extra, generated, step, fetch=fetch)
+    if fitted is not None:
+        names = client.scoring(request).labels.names
+        probs = dict(zip(names, (float(p) for p in fitted), strict=True))
+        best = max(probs, key=probs.__getitem__)
+        result = dataclasses.replace(result, probs=probs, label=best, fallback=False)
     return _check_emitted(
         client, request, result, emitted, generated, step, greedy=greedy, plugin=plugin
     )

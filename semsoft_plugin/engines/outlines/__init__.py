@@ -31,12 +31,11 @@ One class per engine, chosen from the model (:func:`.base.model_engine`):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet, label_names
-from semsoft_plugin.engines.outlines.base import ChoiceGenerator, Correction, model_engine
+from semsoft_plugin.engines.outlines.base import ChoiceGenerator, ChoiceOptions, model_engine
 from semsoft_plugin.engines.outlines.choices import choice_labels
 from semsoft_plugin.engines.outlines.transformers import (
     ChoiceLogitsProcessor,
@@ -52,10 +51,8 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
     output_type: Any,
     backend: str | None = None,
     *,
-    config: SemsoftConfig | None = None,
-    variants: Mapping[str, Iterable[str]] | None = None,
-    fitted_correction: Correction | None = None,
-    **overrides: Any,
+    options: ChoiceOptions | None = None,
+    **keywords: Any,
 ) -> ChoiceGenerator:
     """Drop-in for ``outlines.Generator`` when the output type is a choice.
 
@@ -69,20 +66,21 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
     backend : {"outlines_core", "xgrammar", "llguidance"}, optional
         Outlines' structured-generation backend for the regex mask (default
         outlines_core); transformers models only.
-    config, **overrides : Semantic Softmax settings (``k``, ``tau``, ...), the same on
-        every engine; the method's final temperature is ``score_temperature``. A
-        ``temperature=`` keyword is the sampling temperature, on every engine (the
-        calls' default; ``> 0`` samples from the calibrated distribution, ``0`` is
-        greedy; default: greedy)
-    variants : mapping label -> spellings that count as the label (see
-        :class:`~semsoft_plugin.core.labels.LabelSet`); transformers models only
-        (``ValueError`` naming it on a vLLM model, whose request options carry label
-        names only)
-    fitted_correction : a fit's correction (a bias member's offset or the probe,
-        :class:`~.base.Correction`), applied at the decision step after ``config``, to
-        each row alone; transformers models only (refused by name on a vLLM model). To
-        take both from the file ``Classifier.save_fit`` / ``semsoft tune --output``
-        wrote, use :func:`semsoft_plugin.app.outlines_fit.load_fit`
+    options : the generator's options as one object (:class:`~.base.ChoiceOptions`),
+        passed down whole to the engine's class; or, instead, its keywords:
+    **keywords : ``config`` and any of its fields (``k``, ``tau``, ...): the Semantic
+        Softmax settings, the same on every engine (the method's final temperature is
+        ``score_temperature``); ``temperature``: the sampling temperature, on every
+        engine (the calls' default; ``> 0`` samples from the calibrated distribution,
+        ``0`` is greedy; default: greedy); ``variants``: mapping label -> spellings that
+        count as the label (:class:`~semsoft_plugin.core.labels.LabelSet`; transformers
+        models only, refused by name on a vLLM model, whose request options carry label
+        names only); ``fitted_correction``: a fit's correction (a bias member's offset or
+        the probe, :class:`~.base.Correction`), applied at the decision step after
+        ``config``, to each row alone (transformers models only; refused by name on a
+        vLLM model). To take the config and the correction from the file
+        ``Classifier.save_fit`` / ``semsoft tune --output`` wrote, use
+        :func:`semsoft_plugin.app.outlines_fit.load_fit`
 
     Returns
     -------
@@ -99,6 +97,7 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
         vLLM offline model.
     """
     choices = choice_labels(output_type)
+    options = ChoiceOptions.of(options, **keywords)
     if model_engine(model) == "vllm":
         from semsoft_plugin.engines.outlines.vllm import VLLMChoiceGenerator
 
@@ -106,35 +105,18 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
             raise ValueError(f"backend={backend!r} applies to transformers models only")
         # Outlines would send the regex to vLLM's structured outputs, which mask the
         # logits before any logits processor: the silent vote would be gone.
-        return VLLMChoiceGenerator(
-            model,
-            choices,
-            config=config,
-            variants=variants,
-            fitted_correction=fitted_correction,
-            **overrides,
-        )
+        return VLLMChoiceGenerator(model, choices, options)
     # Built exactly as outlines.Generator builds it: the mask is Outlines' own.
     mask = outlines_mask(model, output_type, backend)
-    return TransformersChoiceGenerator(
-        model,
-        choices,
-        mask,
-        config=config,
-        variants=variants,
-        fitted_correction=fitted_correction,
-        **overrides,
-    )
+    return TransformersChoiceGenerator(model, choices, mask, options)
 
 
 def wrap(
     generator: Any,
     labels: Any,
     *,
-    config: SemsoftConfig | None = None,
-    variants: Mapping[str, Iterable[str]] | None = None,
-    fitted_correction: Correction | None = None,
-    **overrides: Any,
+    options: ChoiceOptions | None = None,
+    **keywords: Any,
 ) -> ChoiceGenerator:
     """Add calibrated probabilities to an existing Outlines choice generator.
 
@@ -149,8 +131,7 @@ def wrap(
         its names, and must have been built with the generator's model's tokenizer
         (``ValueError`` naming both otherwise). A ``str`` is refused, as everywhere
         (:func:`~semsoft_plugin.core.labels.label_names`).
-    config, variants, fitted_correction, **overrides : as in :func:`Generator`
-        (``temperature=`` the sampling one)
+    options, **keywords : as in :func:`Generator` (``temperature=`` the sampling one)
     """
     from outlines.generator import BlackBoxGenerator, SteerableGenerator
 
@@ -170,35 +151,21 @@ def wrap(
             raise ValueError(f"labels {labels!r} must be strings")
     else:
         choices = choice_labels(labels)
+    options = ChoiceOptions.of(options, **keywords)
     if isinstance(generator, SteerableGenerator):
         mask = generator.logits_processor
         if mask is None:
             raise ValueError("the generator has no output type: there is no choice to score")
         if isinstance(mask, ChoiceLogitsProcessor):
             raise ValueError("the generator is already wrapped")
-        return TransformersChoiceGenerator(
-            generator.model,
-            choices,
-            mask,
-            config=config,
-            variants=variants,
-            fitted_correction=fitted_correction,
-            **overrides,
-        )
+        return TransformersChoiceGenerator(generator.model, choices, mask, options)
     if isinstance(generator, BlackBoxGenerator) and model_engine(generator.model) == "vllm":
         from semsoft_plugin.engines.outlines.vllm import VLLMChoiceGenerator
 
         own = choice_labels(generator.output_type)
         if set(own) != set(choices):
             raise ValueError(f"labels {choices!r} differ from the generator's choices {own!r}")
-        return VLLMChoiceGenerator(
-            generator.model,
-            choices,
-            config=config,
-            variants=variants,
-            fitted_correction=fitted_correction,
-            **overrides,
-        )
+        return VLLMChoiceGenerator(generator.model, choices, options)
     raise ValueError(
         f"cannot wrap {type(generator).__name__}: give an outlines.Generator built on a "
         "transformers or vLLM-offline model"

@@ -9,14 +9,22 @@ implement, so a caller holds one type whatever the engine.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.result import ScoredLabel
 
-__all__ = ["ChoiceGenerator", "Correction", "Engine", "method_config", "model_engine"]
+__all__ = [
+    "ChoiceGenerator",
+    "ChoiceOptions",
+    "Correction",
+    "Engine",
+    "method_config",
+    "model_engine",
+]
 
 Engine = Literal["transformers", "vllm"]
 
@@ -64,6 +72,80 @@ def method_config(config: SemsoftConfig | None, overrides: dict[str, Any]) -> Se
     engine); anything that is not a setting, or an old name (``method_temperature``), is
     refused by name (:meth:`SemsoftConfig.replace`)."""
     return (config or SemsoftConfig()).replace(**overrides)
+
+
+@dataclass(frozen=True)
+class ChoiceOptions:
+    """What a choice generator is asked to do besides its choices, made once from the
+    keywords of :func:`~semsoft_plugin.engines.outlines.Generator` /
+    :func:`~semsoft_plugin.engines.outlines.wrap` and passed down whole to the engine's
+    class, as vLLM passes ``SamplingParams`` (the request's options travel as one object,
+    never as a keyword block each layer repeats).
+
+    Attributes
+    ----------
+    config : SemsoftConfig
+        The Semantic Softmax settings (with the keyword overrides applied).
+    variants : Mapping[str, Iterable[str]] | None
+        Label -> spellings that count as the label (transformers models only).
+    fitted_correction : Correction | None
+        A fit's correction applied at the decision step (transformers models only).
+    temperature : float | None
+        The sampling temperature, the calls' default (``None``: greedy).
+
+    Examples
+    --------
+    >>> from semsoft_plugin.engines.outlines.base import ChoiceOptions
+    >>> ChoiceOptions.of(k=20, temperature=0.7).config.k
+    20
+    """
+
+    config: SemsoftConfig = field(default_factory=SemsoftConfig)
+    variants: Mapping[str, Iterable[str]] | None = None
+    fitted_correction: Correction | None = None
+    temperature: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        options: ChoiceOptions | None = None,
+        /,
+        *,
+        config: SemsoftConfig | None = None,
+        variants: Mapping[str, Iterable[str]] | None = None,
+        fitted_correction: Correction | None = None,
+        temperature: float | None = None,
+        **overrides: Any,
+    ) -> ChoiceOptions:
+        """``options`` as given, or the options the keywords name (not both).
+
+        Parameters
+        ----------
+        options : ChoiceOptions | None
+            Options made earlier.
+        config : SemsoftConfig | None
+            The settings (default ``SemsoftConfig()``).
+        variants : Mapping[str, Iterable[str]] | None
+            Label spellings.
+        fitted_correction : Correction | None
+            A fit's correction.
+        temperature : float | None
+            The sampling temperature.
+        **overrides : Any
+            Any :class:`~semsoft_plugin.core.config.SemsoftConfig` field; an unknown name
+            or an old one is refused by name (:func:`method_config`).
+
+        Returns
+        -------
+        ChoiceOptions
+            The options.
+        """
+        keywords = (config, variants, fitted_correction, temperature)
+        if options is not None:
+            if any(v is not None for v in keywords) or overrides:
+                raise ValueError("give options= or the option keywords, not both")
+            return options
+        return cls(method_config(config, overrides), variants, fitted_correction, temperature)
 
 
 class ChoiceGenerator(ABC):

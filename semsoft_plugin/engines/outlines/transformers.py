@@ -54,23 +54,17 @@ How it plugs in (checked against Outlines 1.3.3):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.result import ScoredLabel
 from semsoft_plugin.core.softmax import SemanticSoftmaxResult
 from semsoft_plugin.engines.hf import SemanticSoftmaxLogitsProcessor, float32_head
 from semsoft_plugin.engines.hf_hidden import HiddenAtDecision
-from semsoft_plugin.engines.outlines.base import (
-    ChoiceGenerator,
-    Correction,
-    Engine,
-    method_config,
-)
+from semsoft_plugin.engines.outlines.base import ChoiceGenerator, ChoiceOptions, Correction, Engine
 from semsoft_plugin.engines.outlines.choices import choice_label_set
 
 __all__ = [
@@ -215,10 +209,10 @@ class TransformersChoiceGenerator(ChoiceGenerator):
     choices : the label strings, as Outlines writes them
     outlines_processor : the Outlines mask for the choices (:func:`outlines_mask`, or
         a wrapped generator's own); it runs after the label constraint
-    config, variants, score_temperature, temperature, **overrides : as in
-        :func:`semsoft_plugin.engines.outlines.Generator`
-    fitted_correction : a fit's correction (:class:`~.base.Correction`), applied at the
-        decision step after ``config``; its labels must be the choices
+    options : ChoiceOptions
+        The settings, label variants, a fit's correction (applied at the decision step
+        after the settings; its labels must be the choices) and the sampling
+        temperature (:class:`~.base.ChoiceOptions`)
 
     Attributes
     ----------
@@ -235,25 +229,20 @@ class TransformersChoiceGenerator(ChoiceGenerator):
         model: Any,
         choices: Sequence[str],
         outlines_processor: Any,
-        *,
-        config: SemsoftConfig | None = None,
-        variants: Mapping[str, Iterable[str]] | None = None,
-        temperature: float | None = None,
-        fitted_correction: Correction | None = None,
-        **overrides: Any,
+        options: ChoiceOptions,
     ) -> None:
         super().__init__(model)
         from outlines.generator import SteerableGenerator
 
-        config = method_config(config, overrides)
+        temperature, fitted_correction = options.temperature, options.fitted_correction
         self._sampling = {} if temperature is None else sampling_kwargs(temperature)
 
         tokenizer = model.hf_tokenizer
-        self.labels = choice_label_set(choices, tokenizer, variants)
+        self.labels = choice_label_set(choices, tokenizer, options.variants)
         self.semsoft = SemanticSoftmaxLogitsProcessor(
             model.model,
             self.labels,
-            config,
+            options.config,
             mode="constrain",
             tokenizer=tokenizer,  # the label set is checked against the model's tokenizer
             eos_token_id=tokenizer.eos_token_id,

@@ -23,17 +23,11 @@ option carries one) for the emitted label to be the corrected argmax.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.result import ScoredLabel
-from semsoft_plugin.engines.outlines.base import (
-    ChoiceGenerator,
-    Correction,
-    Engine,
-    method_config,
-)
+from semsoft_plugin.engines.outlines.base import ChoiceGenerator, ChoiceOptions, Engine
 from semsoft_plugin.engines.outlines.choices import choice_label_set
 from semsoft_plugin.engines.vllm.params import check_engine_logprobs, sampling_params
 from semsoft_plugin.engines.vllm.reader import label_scores
@@ -48,11 +42,11 @@ class VLLMChoiceGenerator(ChoiceGenerator):
     ----------
     model : an Outlines vLLM offline model
     choices : the label strings, as Outlines writes them
-    config, score_temperature, temperature, **overrides : as in
-        :func:`semsoft_plugin.engines.outlines.Generator`
-    variants : not supported (``ValueError`` naming it): vLLM's request options carry
-        label names only
-    fitted_correction : not supported (``ValueError`` naming it; module docstring)
+    options : ChoiceOptions
+        The settings and the sampling temperature (:class:`~.base.ChoiceOptions`); its
+        ``variants`` and ``fitted_correction`` are not supported (``ValueError`` naming
+        each): vLLM's request options carry label names only, and no option carries an
+        offset or returns the hidden state (module docstring)
 
     Attributes
     ----------
@@ -67,14 +61,12 @@ class VLLMChoiceGenerator(ChoiceGenerator):
         self,
         model: Any,
         choices: Sequence[str],
-        *,
-        config: SemsoftConfig | None = None,
-        variants: Mapping[str, Iterable[str]] | None = None,
-        temperature: float | None = None,
-        fitted_correction: Correction | None = None,
-        **overrides: Any,
+        options: ChoiceOptions,
     ) -> None:
         super().__init__(model)
+        fitted_correction, variants, temperature = (
+            options.fitted_correction, options.variants, options.temperature
+        )  # fmt: skip
         if fitted_correction is not None:
             raise ValueError(
                 f"fitted_correction ({fitted_correction.procedure}) is not supported on vLLM "
@@ -91,7 +83,7 @@ class VLLMChoiceGenerator(ChoiceGenerator):
         # Checks the choices on the engine's tokenizer exactly as for transformers.
         self.labels = choice_label_set(choices, model.model.get_tokenizer(), None)
         self.processor = None
-        cfg = method_config(config, overrides)
+        cfg = options.config
         check_engine_logprobs(model.model.llm_engine.model_config, cfg.k, "k")
         self._options: dict[str, Any] = {"config": cfg, "leading_space": self.labels.leading_space}
         if temperature is not None:

@@ -117,7 +117,7 @@ def classify_vllm(
         client.tokenizer, [format_prompt(client.tokenizer, p) for p in prompts]
     )
     token_prompts = [TokensPrompt(prompt_token_ids=ids) for ids in encoded]
-    length = {} if max_tokens is None else {"max_tokens": max_tokens}
+    length: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
     leading_space = True
     if isinstance(labels, LabelSet):
         labels.check_tokenizer(client.tokenizer, where="classify_vllm")

@@ -21,6 +21,11 @@ Nothing is filled (and the reader then refuses, naming the labels) for a streami
 request, a response without its token ids (`return_token_ids`, which
 [`openai_request`][semsoft_plugin.engines.openai.openai_request] sends) or a choice that never
 reached its decision step. The top-`k` lists are left exactly as vLLM returned them.
+
+A request that names a fit (`semsoft_fit`) also gets, per choice, `semsoft_fitted`: the
+fit's row the engine kept (`{"probs": [...], "residual": r}` in the request's label order,
+or `{"reason": ...}`), read with one `collective_rpc` per response
+([reader_tables][semsoft_plugin.engines.vllm.reader_tables]).
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from semsoft_plugin.core.request import RESPONSE_LABEL_LOGPROBS, SemsoftRequest
+from semsoft_plugin.core.request import RESPONSE_FITTED, RESPONSE_LABEL_LOGPROBS, SemsoftRequest
 from semsoft_plugin.engines.scoring import trigger_position
 from semsoft_plugin.engines.vllm.params import check_label_set, load_tokenizer
+from semsoft_plugin.engines.vllm.reader_tables import RPC_METHOD, fitted_key
 
 __all__ = ["fill_label_logprobs"]
 
@@ -86,14 +92,13 @@ def _returned(choice: Mapping[str, Any], step: int, prompt_length: int) -> set[i
     return {t for t in found if t is not None}
 
 
-def _plan(
-    reply: Mapping[str, Any], request: SemsoftRequest, tokenizer: Any, answers: Sequence[int]
-) -> list[tuple[dict[str, Any], tuple[int, ...], set[int], bool]]:
-    """Per choice that needs it: the choice, its decision step's prefix (prompt ids
-    plus the tokens generated before it), the token ids it returned there, and whether
-    its top-k may lack the k-th token (`_chat_top_k_cut`). `answers`: the label
-    answer token ids."""
-    plan = []
+def _decisions(
+    reply: Mapping[str, Any], request: SemsoftRequest, tokenizer: Any
+) -> list[tuple[dict[str, Any], list[int], list[int], int]]:
+    """Each choice that reached its decision step: the choice, its prompt's token ids,
+    its generated token ids and the decision step's index (a choice without them is
+    left out: the reader says why)."""
+    found = []
     for choice in reply.get("choices") or []:
         if not isinstance(choice, dict):
             continue
@@ -104,8 +109,44 @@ def _plan(
         step = 0
         if request.trigger is not None:
             step = trigger_position(tokenizer, generated, request.trigger, 1)
-        if step < 0 or step >= len(generated):
-            continue  # no decision step: the reader says so
+        if 0 <= step < len(generated):
+            found.append((choice, prompt, generated, step))
+    return found
+
+
+async def _fill_fitted(
+    http_request: Any, reply: Mapping[str, Any], request: SemsoftRequest, tokenizer: Any
+) -> bool:
+    """Write each choice's fitted row (or why there is none) as `semsoft_fitted`, read
+    from the engine's workers with one `collective_rpc` (`reader_tables`); True when some
+    choice got one."""
+    decisions = _decisions(reply, request, tokenizer)
+    if request.fit is None or not decisions:
+        return False
+    keys = [
+        fitted_key(request.fit, prompt, generated[:step])
+        for _, prompt, generated, step in decisions
+    ]
+    engine: Any = getattr(http_request.app.state, "engine_client", None)
+    try:
+        rows = list((await engine.collective_rpc(RPC_METHOD, args=(keys,)))[0])
+    except Exception as error:  # an engine without the worker extension, a dead engine
+        reason = f"fit {request.fit!r}: the engine's fitted rows could not be read ({error})"
+        rows = [{"reason": reason}] * len(keys)
+    for (choice, *_), row in zip(decisions, rows, strict=True):
+        choice[RESPONSE_FITTED] = row
+    return True
+
+
+def _plan(
+    reply: Mapping[str, Any], request: SemsoftRequest, tokenizer: Any, answers: Sequence[int]
+) -> list[tuple[dict[str, Any], tuple[int, ...], set[int], bool]]:
+    """Per choice that needs it: the choice, its decision step's prefix (prompt ids
+    plus the tokens generated before it), the token ids it returned there, and whether
+    its top-k may lack the k-th token (`_chat_top_k_cut`). `answers`: the label
+    answer token ids."""
+    plan = []
+    for choice, prompt, generated, step in _decisions(reply, request, tokenizer):
         returned = _returned(choice, step, len(prompt))
         cut = _chat_top_k_cut(choice, step, request.config.k)
         if cut or any(t not in returned for t in answers):
@@ -184,9 +225,11 @@ async def fill_label_logprobs(
         return answer(body)
     # The label set was tokenised when the request was admitted: read from that cache.
     answers = check_label_set(request, vllm_config.model_config).answer_ids
-    plan = _plan(reply, request, load_tokenizer(vllm_config.model_config), answers)
+    tokenizer = load_tokenizer(vllm_config.model_config)
+    fitted = await _fill_fitted(http_request, reply, request, tokenizer)
+    plan = _plan(reply, request, tokenizer, answers)
     if not plan:
-        return answer(body)
+        return answer(json.dumps(reply).encode() if fitted else body)
     model = reply.get("model")
     added: dict[int, dict[int, float]] = {id(choice): {} for choice, *_ in plan}
     cut = list(dict.fromkeys(prefix for _, prefix, _, is_cut in plan if is_cut))

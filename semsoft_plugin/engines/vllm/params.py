@@ -34,6 +34,7 @@ from semsoft_plugin.core.request import (
     parse_request,
 )
 from semsoft_plugin.engines.scoring import CACHE_SIZE
+from semsoft_plugin.engines.vllm.reader_tables import fit_refusal
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -60,7 +61,7 @@ def validate_params(
     requests are not affected.
 
     With the engine's ``vllm_config`` (given, or found from vLLM's admission call, see
-    :func:`_admission_config`) it also resolves the labels with the engine's tokenizer
+    :func:`admission_config`) it also resolves the labels with the engine's tokenizer
     and refuses a label set the decision step cannot tell apart (two labels sharing a
     first token), naming both labels, instead of letting it reach the engine.
 
@@ -76,7 +77,7 @@ def validate_params(
     if request is None:
         return None
     k = request.config.k
-    config = vllm_config if vllm_config is not None else _admission_config()
+    config = vllm_config if vllm_config is not None else admission_config()
     if config is not None:
         check_engine_logprobs(config.model_config, k)
     if params.logprobs is None or (params.logprobs != -1 and params.logprobs < k):
@@ -111,6 +112,10 @@ def validate_params(
                 f"(use {KEY_MODE}='observe' to keep them)"
             )
     _check_stops(request, params)
+    if config is not None and request.fit is not None:
+        refusal = fit_refusal(config.model_config, config.parallel_config)
+        if refusal is not None:
+            raise ValueError(refusal)
     if config is not None:
         admitted = check_label_set(request, config.model_config)
         _check_servable(request, params, config, admitted.multi_token)
@@ -181,7 +186,7 @@ def _check_servable(
         )
 
 
-def _admission_config() -> Any | None:
+def admission_config() -> Any | None:
     """The engine's ``VllmConfig`` when called from vLLM's request admission, else None.
 
     vLLM hands ``validate_params`` the ``SamplingParams`` only, but it calls it from
@@ -286,6 +291,7 @@ def sampling_params(
     mode: Mode = "constrain",
     trigger: str | None = None,
     leading_space: bool = True,
+    fit: str | None = None,
     **kwargs: Any,
 ) -> SamplingParams:
     """Ordinary ``SamplingParams`` for a request that opts in to Semantic Softmax.
@@ -301,6 +307,8 @@ def sampling_params(
     mode : ``"constrain"`` (default) or ``"observe"``
     trigger : decide after this generated text (e.g. ``"</think>"``)
     leading_space : score labels as whole words after a space
+    fit : the name of a fit the engine serves (`semsoft_plugin.app.vllm_fits`): its
+        probabilities replace the scores and, in constrain mode, choose the label
     **kwargs : any other ``SamplingParams`` argument. Defaults: greedy
         (``temperature=0``), ``logprobs=k``, ``max_tokens`` = the longest label's
         UTF-8 bytes + 2 without a trigger (EOS ends it earlier), 256 with one, as on
@@ -312,8 +320,9 @@ def sampling_params(
             raise ValueError(renamed)
     method = {name: kwargs.pop(name) for name in _METHOD_KWARGS if name in kwargs}
     request = build_request(
-        labels, config=config, mode=mode, trigger=trigger, leading_space=leading_space, **method
-    )
+        labels, config=config, mode=mode, trigger=trigger, leading_space=leading_space, fit=fit,
+        **method,
+    )  # fmt: skip
     extra = dict(kwargs.pop("extra_args", None) or {})
     extra.update(request.to_extra_args())
     kwargs.setdefault("temperature", 0.0)

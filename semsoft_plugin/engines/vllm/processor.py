@@ -36,6 +36,12 @@ from semsoft_plugin.engines.vllm.params import (
     unrepaired_output_tokens,
     validate_params,
 )
+from semsoft_plugin.engines.vllm.reader_tables import (
+    FitUse,
+    apply_fits,
+    keep_reason,
+    record_unscored,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -83,49 +89,20 @@ _ENGINES_LOCK = threading.Lock()
 
 
 def _claim_engine(vllm_config: Any, runner: str, processor: Any) -> bool:
-    """Register `processor` as the one serving this engine; True if another already is."""
+    """Register `processor` as the one serving this engine; True if another already is
+    (a subclass of the one registered takes over, whichever vLLM built first)."""
     key = (id(vllm_config), runner)
     with _ENGINES_LOCK:
         held = _ENGINES.get(key)
-        if held is not None and held[0]() is vllm_config and held[1]() is not None:
+        holder = held[1]() if held is not None and held[0]() is vllm_config else None
+        if holder is not None and not (
+            isinstance(processor, type(holder)) and type(processor) is not type(holder)
+        ):
             return True
+        if holder is not None:  # a subclass (the one serving fits) takes the engine over
+            holder.inert = True
         _ENGINES[key] = (weakref.ref(vllm_config), weakref.ref(processor))
         return False
-
-
-# Requests the processor could not score, for the readers in this process: (prompt
-# token ids, output tokens before the decision step) -> the reason. Bounded like the
-# label-set cache. Only in-process readers see it (the engine process of a server
-# is another one); there a model-made NaN still shows in the raw log-probabilities.
-_UNSCORED: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], str] = OrderedDict()
-_UNSCORED_LOCK = threading.Lock()
-
-
-def _record_unscored(prompt: Sequence[int], before: Sequence[int], reason: str) -> None:
-    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in before))
-    with _UNSCORED_LOCK:
-        _UNSCORED[key] = reason
-        _UNSCORED.move_to_end(key)
-        while len(_UNSCORED) > CACHE_SIZE:
-            _UNSCORED.popitem(last=False)
-
-
-def unscored_reason(
-    model: ModelScorer,
-    request: SemsoftRequest,
-    prompt: Sequence[int] | None,
-    generated: Sequence[int],
-    step: int,
-) -> str | None:
-    """Why the engine left this output unconstrained, if it recorded one: only when
-    the decision-step token is not a label (a constrained row always emits one)."""
-    if not _UNSCORED or request.mode != "constrain" or prompt is None:
-        return None
-    if len(generated) > step and int(generated[step]) in model.scoring(request).answer_to_label:
-        return None
-    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in generated[:step]))
-    with _UNSCORED_LOCK:
-        return _UNSCORED.get(key)
 
 
 @dataclass
@@ -141,7 +118,8 @@ class _Active:
     label: int | None = None  # chosen label, once sampled
     greedy: bool = True  # the engine samples the argmax of the written logits
     predicted: int | None = None  # greedy: the label this processor's logits make it pick
-    prompt_ids: Sequence[int] | None = None  # V1: the runner's prompt list (for _UNSCORED)
+    prompt_ids: Sequence[int] | None = None  # the prompt's ids (for _UNSCORED, fitted rows)
+    fit: FitUse | str | None = None  # semsoft_fit: the fit, or why the engine cannot use it
 
 
 class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
@@ -254,7 +232,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             request = parse_request(params.extra_args)
         except ValueError:
             return None  # refused at admission by validate_params; never reaches here
-        if request is None or request.mode != "constrain":
+        if request is None or (request.mode != "constrain" and request.fit is None):
             return None
         model = self._engine_model()
         eos = params.eos_token_id
@@ -270,7 +248,12 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             # raises the same error on its output.
             self._warn(str(error), f"semsoft: label set refused, request ended: {error}")
             return _Active(request, None, eos, greedy=greedy)
-        return _Active(request, scoring, eos, greedy=greedy)
+        fit = None if request.fit is None else self._fit_use(request)
+        return _Active(request, scoring, eos, greedy=greedy, fit=fit)
+
+    def _fit_use(self, request: SemsoftRequest) -> FitUse | str:
+        """The fit a request names, or why not (`app.vllm_fits` serves a fit folder)."""
+        return f"fit {request.fit!r} not applied: this engine's processor serves no fits"
 
     def _warn(self, key: str, message: str) -> None:
         """Log `message` once per `key` among the last `CACHE_SIZE` distinct keys."""
@@ -377,7 +360,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         if m == 0:
             state.label = None
             return "decide"
-        if m < 0:
+        if m < 0 or state.request.mode != "constrain":  # observe: a fit's row only
             return None
         if state.label is None:
             tokens = generated(state.decided_at + 1) if callable(generated) else generated
@@ -444,7 +427,13 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             for _, state in group:
                 self._leave_unscored(state, f"scoring failed: {error}")
             return
-        log_p = result.probs.clamp_min(1e-30).log().to(logits.device, logits.dtype)
+        decisions = [(st.fit, st.request.fit, st.prompt_ids, st.output_ids, st.decided_at)
+                     for _, st in group]  # fmt: skip
+        probs = apply_fits(decisions, picked, result.probs)
+        log_p = probs.clamp_min(1e-30).log().to(logits.device, logits.dtype)
+        write = [i for i, (_, state) in enumerate(group) if state.request.mode == "constrain"]
+        if len(write) < len(group):  # observe: the row was read, never written
+            group, rows, log_p = [group[i] for i in write], rows[write], log_p[write]
         answer = scoring.answer_ids.to(logits.device)
         logits[rows] = float("-inf")
         logits[rows.unsqueeze(1), answer.unsqueeze(0)] = log_p
@@ -467,7 +456,10 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             "raises with this reason",
         )
         if state.prompt_ids is not None and state.output_ids is not None:
-            _record_unscored(state.prompt_ids, state.output_ids[: state.decided_at or 0], reason)
+            before = state.output_ids[: state.decided_at or 0]
+            record_unscored(state.prompt_ids, before, reason)
+            if state.fit is not None:
+                keep_reason(state.request.fit or "", state.prompt_ids, before, reason)
 
     def _v2_rows(self, logits: Tensor, ctx: LogitsContext) -> list[tuple[int, _Active, Any, int]]:
         slots = ctx.idx_mapping_np
@@ -493,6 +485,10 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
             def generated(n: int, slot: int = slot, start: int = start) -> list[int]:
                 return all_tokens[slot, start : start + n].tolist()
+
+            if state.fit is not None and state.label is None:  # a fitted row's key
+                state.prompt_ids = all_tokens[slot, :start].tolist()
+                state.output_ids = all_tokens[slot, start : start + j].tolist()
 
             rows.append((row, state, generated, j))
         return rows

@@ -14,10 +14,10 @@ from vllm import SamplingParams
 
 from semsoft_plugin.core.request import SemsoftRequest, parse_request
 from semsoft_plugin.core.result import LabelResult
-from semsoft_plugin.engines.reader_contract import read_scores
+from semsoft_plugin.engines.reader_contract import FitNotApplied, fitted_row, read_scores
 from semsoft_plugin.engines.scoring import client_model, decision_step
 from semsoft_plugin.engines.vllm.params import sampling_params
-from semsoft_plugin.engines.vllm.processor import unscored_reason
+from semsoft_plugin.engines.vllm.reader_tables import fitted_key, rpc_rows, unscored_reason
 
 __all__ = ["label_probs", "label_scores"]
 
@@ -84,7 +84,10 @@ def label_scores(
     ValueError
         For this request only, when it cannot be scored: it carries no decision step,
         its decision-step log-probabilities are NaN/inf, or the engine's processor could
-        not score its row and left it unconstrained (the reason is named); and, by the
+        not score its row and left it unconstrained (the reason is named); a request that
+        names a fit (`semsoft_fit`) whose row the fit did not score raises `FitNotApplied`
+        with the reason (its scores are read from the engine through `model`, which must
+        be the `LLM`); and, by the
         reader contract (`semsoft_plugin.engines.reader_contract.read_scores`),
         its subclasses `MissingLabelLogprobs`, `EmittedLabelMismatch` or `CutLabel`.
 
@@ -137,6 +140,15 @@ def label_scores(
             return fetch_logprobs(model, [follow], token_ids)[0]
 
     greedy = params.temperature == 0.0 if isinstance(params, SamplingParams) else True
+    fitted = None
+    if request.fit is not None:
+        if getattr(model, "collective_rpc", None) is None or prompt_ids is None:
+            raise FitNotApplied(
+                f"semsoft_fit={request.fit!r}: a fitted row is kept in the engine; read it "
+                "with the vllm.LLM that ran the request (model=llm)"
+            )
+        key = fitted_key(request.fit, list(prompt_ids), generated[:step])
+        fitted = fitted_row(request, rpc_rows(model, [key])[0])
     return read_scores(
         request,
         {int(t): float(lp.logprob) for t, lp in entries.items()},
@@ -145,6 +157,7 @@ def label_scores(
         emitted_ids=generated,
         fetch=fetch,
         greedy=greedy,
+        fitted=fitted,
     )
 
 

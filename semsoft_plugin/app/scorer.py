@@ -1,0 +1,190 @@
+"""What a :class:`~semsoft_plugin.app.classifier.Classifier`'s parameters resolve to for
+one label list, and the one way it scores texts: kept forward passes.
+
+A :class:`Scorer` is the loaded model, the label set, the prompt, the settings and the
+length bound, checked. :meth:`Scorer.kept` runs the decision step of each text that
+:data:`~semsoft_plugin.app.pass_cache.PASSES` does not already hold (one forward pass per
+distinct text, through the adapters' batch functions
+:func:`semsoft_plugin.engines.hf.classify` and
+:func:`semsoft_plugin.engines.vllm.classify_vllm`) and keeps what Semantic Softmax and the
+fit read; :meth:`Scorer.results` scores the kept passes under one config
+(:func:`~semsoft_plugin.core.kept_scores.kept_result`). Predictions, the fit and the
+content-free bias all go through it, so a text is scored once whatever is asked of it.
+
+Which members an engine supports: transformers gives the decision step's hidden state
+(:class:`~semsoft_plugin.engines.hf_hidden.HiddenAtDecision`, read during the same pass),
+so every member; vLLM's generate runner returns token log-probabilities only, so every
+member but the probe, and a probe asked for on vLLM is refused by name, never dropped
+(what vLLM could do: a second engine of the same checkpoint with ``runner="pooling"`` and
+last-token pooling returns the final hidden state from ``llm.embed``, one more model load
+and prompt pass per item; not built).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from semsoft_plugin.app.handles import Loaded
+from semsoft_plugin.app.pass_cache import PASSES, KeptPass, pass_key
+from semsoft_plugin.app.probe import probe_refused
+from semsoft_plugin.app.texts import TextFitter
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.kept_scores import (
+    KeptScores,
+    compress,
+    kept_from_top_logprobs,
+    kept_result,
+    label_token_ids,
+)
+from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.core.softmax import SemanticSoftmaxResult
+from semsoft_plugin.engines.prompting import PromptTemplate
+
+__all__ = ["PROBE_ADVICE", "Scorer"]
+
+PROBE_ADVICE = "use backend='transformers', or leave 'probe' out of fit_family"
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """A classifier's parameters for one label list, checked and loaded.
+
+    Attributes
+    ----------
+    loaded : Loaded
+        The model, its tokenizer and its engine.
+    labels : LabelSet
+        The labels, in prompt order.
+    prompt : PromptTemplate
+        The prompt.
+    config : SemsoftConfig
+        The settings the parameters name (before any fit).
+    fitter : TextFitter
+        The prompts for texts within the length bound.
+    batch_size : int
+        Texts per forward pass (transformers).
+    progress : bool | None
+        Show the adapter's progress bar.
+    exact_head : bool
+        Transformers: the decision step's logits from a float32 head.
+    """
+
+    loaded: Loaded
+    labels: LabelSet
+    prompt: PromptTemplate
+    config: SemsoftConfig
+    fitter: TextFitter
+    batch_size: int
+    progress: bool | None
+    exact_head: bool
+
+    def engine(self) -> tuple[Hashable, ...]:
+        """The engine settings a pass depends on: the engine, the weights' dtype and the
+        head's (a vLLM engine is its own object, in the key by identity)."""
+        if self.loaded.backend == "vllm":
+            return ("vllm",)
+        weights = next(iter(self.loaded.model.parameters()), None)
+        dtype = str(weights.dtype) if weights is not None else "none"
+        return ("transformers", dtype, bool(self.exact_head))
+
+    def kept(
+        self, inputs: list[Any], store_k: int, *, hidden: bool = False
+    ) -> tuple[KeptScores, Tensor | None]:
+        """The decision step's top ``store_k`` raw scores and every label token's for
+        ``inputs`` (prompts from :attr:`fitter`), each distinct input run once and only if
+        :data:`~semsoft_plugin.app.pass_cache.PASSES` lacks it; with ``hidden`` also the
+        ``[N, H]`` hidden states there (transformers; refused on vLLM)."""
+        if hidden and self.loaded.backend == "vllm":
+            raise probe_refused(PROBE_ADVICE)
+        token_ids = label_token_ids(self.labels)
+        base = pass_key(
+            self.loaded.model, self.loaded.tokenizer, self.engine(), tuple(token_ids), store_k
+        )
+        keys = [(*base, json.dumps(item, sort_keys=True, ensure_ascii=False)) for item in inputs]
+        found: dict[Hashable, KeptPass] = {}
+        todo: dict[Hashable, Any] = {}
+        for key, item in zip(keys, inputs, strict=True):
+            if key in found or key in todo:
+                continue
+            got = PASSES.get(key, hidden=hidden)
+            if got is None:
+                todo[key] = item
+            else:
+                found[key] = got
+        if todo:
+            # transformers: the hidden state is kept with every pass (a few KB), so a later
+            # fit with the probe reads it back instead of running the text again
+            keep_hidden = hidden or self.loaded.backend != "vllm"
+            run = self._run(list(todo.values()), store_k, token_ids, hidden=keep_hidden)
+            for todo_key, kept in zip(todo, run, strict=True):
+                PASSES.put(todo_key, kept)
+                found[todo_key] = kept
+        rows = [found[key] for key in keys]
+        width = len(token_ids)
+        kept_scores = KeptScores(
+            torch.stack([r.top_ids for r in rows])
+            if rows
+            else torch.zeros((0, store_k), dtype=torch.long),
+            torch.stack([r.top_logits for r in rows]) if rows else torch.zeros((0, store_k)),
+            torch.tensor(token_ids),
+            torch.stack([r.label_logits for r in rows]) if rows else torch.zeros((0, width)),
+        )
+        states = (
+            torch.stack([r.hidden for r in rows if r.hidden is not None])
+            if hidden and rows
+            else None
+        )
+        return kept_scores, states
+
+    def results(
+        self, inputs: list[Any], config: SemsoftConfig, *, hidden: bool = False
+    ) -> tuple[SemanticSoftmaxResult, Tensor | None]:
+        """Semantic Softmax under ``config`` of each input's kept pass (label columns in
+        :attr:`labels` order), and with ``hidden`` the hidden states."""
+        kept, states = self.kept(inputs, config.k, hidden=hidden)
+        return kept_result(kept, self.loaded.embeddings(), self.labels, config), states
+
+    def _run(
+        self, inputs: list[Any], store_k: int, token_ids: list[int], *, hidden: bool
+    ) -> list[KeptPass]:
+        """One observe-mode decision step per input on this scorer's engine."""
+        model, tokenizer = self.loaded.model, self.loaded.tokenizer
+        if self.loaded.backend == "vllm":
+            from semsoft_plugin.engines.vllm import classify_vllm
+
+            results = classify_vllm(
+                model, inputs, list(self.labels.names), self.config, mode="observe",
+                max_tokens=1, progress=bool(self.progress), keep_logprobs=store_k,
+                token_ids=token_ids,
+            )  # fmt: skip
+            kept = kept_from_top_logprobs(results, token_ids)
+            states = None
+        else:
+            from semsoft_plugin.engines.hf import classify
+            from semsoft_plugin.engines.hf_hidden import HiddenAtDecision
+
+            with HiddenAtDecision(model if hidden else None) as hook:
+                classified = classify(
+                    model, tokenizer, inputs, self.labels, config=self.config,
+                    mode="observe", max_tokens=1, batch_size=self.batch_size,
+                    progress=self.progress, exact_head=self.exact_head, keep_logits=True,
+                )  # fmt: skip
+            rows = torch.stack([c.logits for c in classified if c.logits is not None])
+            top_ids, top_logits, label_logits = compress(rows, store_k, torch.tensor(token_ids))
+            kept = KeptScores(top_ids, top_logits, torch.tensor(token_ids), label_logits)
+            states = hook.rows(tokenizer, inputs, self.batch_size) if hidden else None
+        return [
+            KeptPass(
+                kept.top_ids[i].clone(),
+                kept.top_logits[i].clone(),
+                kept.label_logits[i].clone(),
+                None if states is None else states[i].clone(),
+            )
+            for i in range(len(inputs))
+        ]

@@ -1,0 +1,290 @@
+"""What the engine's processor keeps for the readers: why a row went unscored, and the
+rows a fit scored inside the engine, with the channel that carries them out.
+
+**Unscored rows** (a NaN row, every token masked, a failed scoring) are recorded with the
+reason for the readers in the same process (`unscored_reason`).
+
+**Fitted rows.** A request that names a fit (`semsoft_fit`) is scored by the fit's probe on the decision
+step's logits row, in the engine's processor
+([LogitsProbe][semsoft_plugin.core.row_probe.LogitsProbe]: `h = W⁺ (z - b)`, each row
+judged by its residual). The label answer tokens then carry `log P_fit` (constrain
+mode), so the emitted label is the fit's argmax.
+
+**The channel.** vLLM returns no side data from a processor, and the log-probabilities it
+returns are taken before any processor runs (`raw_logprobs`), so neither the top-`k`
+nor any token's log-probability can carry `P_fit` or `h`. The processor therefore keeps
+each fitted row in a bounded table in the engine's worker process, under a key made of
+the fit's name, the prompt's token ids and the tokens generated before the decision
+step (`fitted_key`), which the reader can rebuild from the ordinary output. vLLM's
+`collective_rpc` reads it across the process boundary: the worker extension
+`semsoft_plugin.app.vllm_fits.FittedRows` (`LLM(worker_extension_cls=...)`,
+`--worker-extension-cls`) gives the worker the method `RPC_METHOD`. The offline reader
+(`label_scores` given the `LLM`) calls it itself; on the server the admission
+middleware calls it once per response and writes each choice's row into the response as
+`semsoft_fitted` (`RESPONSE_FITTED`), which `openai_label_scores` reads.
+
+A row the fit cannot score is recorded with the reason (a residual above the tolerance:
+`logit_bias`, `min_tokens`, allowed-token or bad-word masks, structured outputs, an
+earlier processor; NaN or masked logits); the reader raises `FitNotApplied` with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from semsoft_plugin.core.logits_inverse import DEFAULT_TOLERANCE
+from semsoft_plugin.core.request import KEY_FIT, SemsoftRequest
+from semsoft_plugin.core.row_probe import LogitsProbe
+from semsoft_plugin.engines.reader_contract import FitNotApplied
+from semsoft_plugin.engines.scoring import CACHE_SIZE, ModelScorer
+
+__all__ = [
+    "EXTENSION",
+    "FIT_PROCESSOR",
+    "RPC_METHOD",
+    "FitUse",
+    "apply_fits",
+    "keep",
+    "keep_reason",
+    "fitted_key",
+    "fitted_rows",
+    "record_fits",
+    "record_unscored",
+    "unscored_reason",
+]
+
+# The worker extension and the processor subclass that serve fits (app layer), and the
+# worker method the readers call through collective_rpc.
+EXTENSION = "semsoft_plugin.app.vllm_fits.FittedRows"
+FIT_PROCESSOR = "semsoft_plugin.app.vllm_fits:FittedSemanticSoftmax"
+RPC_METHOD = "semsoft_fitted_rows"
+# Fitted rows kept per worker process: a reader reads its row when the request ends, so
+# only a reader slower than this many later decisions finds its row gone (and is told).
+TABLE_SIZE = 65536
+
+
+# Requests the processor could not score, for the readers in this process: (prompt
+# token ids, output tokens before the decision step) -> the reason. Bounded like the
+# label-set cache. Only in-process readers see it (the engine process of a server
+# is another one); there a model-made NaN still shows in the raw log-probabilities.
+_UNSCORED: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], str] = OrderedDict()
+_UNSCORED_LOCK = threading.Lock()
+
+
+def record_unscored(prompt: Sequence[int], before: Sequence[int], reason: str) -> None:
+    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in before))
+    with _UNSCORED_LOCK:
+        _UNSCORED[key] = reason
+        _UNSCORED.move_to_end(key)
+        while len(_UNSCORED) > CACHE_SIZE:
+            _UNSCORED.popitem(last=False)
+
+
+def unscored_reason(
+    model: ModelScorer,
+    request: SemsoftRequest,
+    prompt: Sequence[int] | None,
+    generated: Sequence[int],
+    step: int,
+) -> str | None:
+    """Why the engine left this output unconstrained, if it recorded one: only when
+    the decision-step token is not a label (a constrained row always emits one)."""
+    if not _UNSCORED or request.mode != "constrain" or prompt is None:
+        return None
+    if len(generated) > step and int(generated[step]) in model.scoring(request).answer_to_label:
+        return None
+    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in generated[:step]))
+    with _UNSCORED_LOCK:
+        return _UNSCORED.get(key)
+
+
+@dataclass(frozen=True)
+class FitUse:
+    """A fit as one request uses it in the engine.
+
+    Attributes
+    ----------
+    name : str
+        The fit's name (`semsoft_fit`).
+    probe : LogitsProbe
+        The probe on the logits row.
+    order : tuple of int
+        For each of the request's labels, its column among the fit's labels.
+    tolerance : float
+        The largest residual of a row still scored.
+    """
+
+    name: str
+    probe: LogitsProbe
+    order: tuple[int, ...]
+    tolerance: float = DEFAULT_TOLERANCE
+
+
+_TABLE: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def fitted_key(fit: str, prompt: Sequence[int], before: Sequence[int]) -> str:
+    """The table key of a request's decision step: its fit's name, its prompt's token
+    ids and the tokens generated before the decision step (hex, 32 characters)."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(fit.encode("utf-8") + b"\0")
+    digest.update(
+        torch.tensor([len(prompt), *prompt, *before], dtype=torch.int64).numpy().tobytes()
+    )
+    return digest.hexdigest()
+
+
+def record_fits(uses: Sequence[tuple[FitUse, str | None]], picked: Tensor) -> list[Tensor | None]:
+    """Score each row of `picked` (`[N, V]` decision-step logits) with its fit, keep the
+    row in the table under its key, and return its probabilities in the request's
+    label order (None where the row has no fit or could not be scored with it).
+
+    Parameters
+    ----------
+    uses : sequence of (FitUse, str or None)
+        Per row, its fit and its `fitted_key` (None: no prompt ids to key it by; it is
+        scored, but no reader can find it).
+    picked : Tensor
+        The rows, as the processor got them.
+
+    Returns
+    -------
+    list of Tensor or None
+        Per row, `[L]` float64 probabilities to constrain the label with, or None.
+    """
+    out: list[Tensor | None] = []
+    for i, (use, key) in enumerate(uses):
+        rows = use.probe.apply(picked[i], use.tolerance)
+        residual = float(rows.residual[0])
+        if bool(rows.readable[0]):
+            probs = rows.probs[0, list(use.order)]
+            entry: dict[str, Any] = {"probs": probs.tolist(), "residual": residual}
+            out.append(probs)
+        else:
+            why = (
+                "its logits hold NaN, inf or a masked token"
+                if residual == float("inf")
+                else f"its reconstruction residual {residual:.3g} exceeds {use.tolerance}"
+            )
+            entry = {
+                "reason": f"fit {use.name!r} not applied: the decision-step row is not the "
+                f"output layer's W h + b ({why}); logit_bias, min_tokens, allowed or bad "
+                "tokens, structured outputs or an earlier processor change the row before "
+                "this processor reads it"
+            }
+            out.append(None)
+        if key is not None:
+            keep(key, entry)
+    return out
+
+
+def apply_fits(
+    decisions: Sequence[
+        tuple[Any, str | None, Sequence[int] | None, Sequence[int] | None, int | None]
+    ],
+    picked: Tensor,
+    probs: Tensor,
+) -> Tensor:
+    """`probs` (`[N, L]`, the rows' Semantic Softmax) with each row that names a fit and
+    can be read replaced by the fit's probabilities; every fitted row, or why it was not
+    fitted, is kept for the readers.
+
+    Parameters
+    ----------
+    decisions : sequence of tuples
+        Per row of `picked`: its `FitUse` (or why the engine cannot apply the fit it
+        names, or None: no fit), the fit's name, the prompt's token ids, the output token
+        ids and the index of the decision step among them.
+    picked : Tensor
+        `[N, V]` the decision-step logits rows, as the processor got them.
+    probs : Tensor
+        `[N, L]` the rows' scores without the fit.
+
+    Returns
+    -------
+    Tensor
+        `probs`, with the fitted rows replaced (a copy when any is).
+    """
+    uses: list[tuple[int, FitUse, str | None]] = []
+    for i, (fit, name, prompt, output, step) in enumerate(decisions):
+        if fit is None:
+            continue
+        before = list(output or [])[: step or 0]
+        key = None if prompt is None else fitted_key(name or "", prompt, before)
+        if isinstance(fit, str):
+            if key is not None:
+                keep(key, {"reason": fit})
+            continue
+        uses.append((i, fit, key))
+    if not uses:
+        return probs
+    fitted = record_fits([(use, key) for _, use, key in uses], picked[[i for i, *_ in uses]])
+    probs = probs.clone()
+    for (i, *_), row in zip(uses, fitted, strict=True):
+        if row is not None:
+            probs[i] = row.to(probs.dtype)
+    return probs
+
+
+def keep_reason(fit: str, prompt: Sequence[int], before: Sequence[int], reason: str) -> None:
+    """Keep why the processor left a fitted request's row unscored (`reason`)."""
+    keep(fitted_key(fit, prompt, before), {"reason": f"fit {fit!r} not applied: {reason}"})
+
+
+def keep(key: str, entry: dict[str, Any]) -> None:
+    """Put one row (`{"probs", "residual"}` or `{"reason"}`) in the table."""
+    with _LOCK:
+        _TABLE[key] = entry
+        _TABLE.move_to_end(key)
+        while len(_TABLE) > TABLE_SIZE:
+            _TABLE.popitem(last=False)
+
+
+def fitted_rows(keys: Sequence[str]) -> list[dict[str, Any] | None]:
+    """The rows kept under `keys` in this process (None: none kept), for the worker
+    extension's `RPC_METHOD`."""
+    with _LOCK:
+        return [None if (row := _TABLE.get(str(k))) is None else dict(row) for k in keys]
+
+
+def rpc_rows(llm: Any, keys: Sequence[str]) -> list[dict[str, Any] | None]:
+    """The fitted rows of `keys` from an offline `vllm.LLM`'s workers (the first
+    worker's answer: every tensor-parallel rank computes the same rows)."""
+    try:
+        answers = llm.collective_rpc(RPC_METHOD, args=(list(keys),))
+    except NotImplementedError:
+        raise FitNotApplied(
+            f"this engine cannot return fitted rows: create it with "
+            f"LLM(..., worker_extension_cls={EXTENSION!r}, logits_processors="
+            f"[{FIT_PROCESSOR!r}])"
+        ) from None
+    return list(answers[0])
+
+
+def fit_refusal(model_config: Any, parallel_config: Any) -> str | None:
+    """Why an engine with these configs cannot serve a `semsoft_fit` request (its
+    processor and worker extension not loaded), or None."""
+    processors = [
+        p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}"
+        for p in getattr(model_config, "logits_processors", None) or ()
+    ]
+    missing = []
+    if FIT_PROCESSOR not in processors:
+        missing.append(f"--logits-processors {FIT_PROCESSOR}")
+    if getattr(parallel_config, "worker_extension_cls", "") != EXTENSION:
+        missing.append(f"--worker-extension-cls {EXTENSION}")
+    if not missing:
+        return None
+    return (
+        f"{KEY_FIT}: this engine serves no fits; start it with {' and '.join(missing)} and "
+        "SEMSOFT_FIT_DIR naming the fit folder"
+    )

@@ -1,0 +1,206 @@
+"""What ``Classifier.fit`` does and refuses (issues 42 and 43 on the Python side): a fit
+that can fit nothing, a member with nothing to fit and an inert ``fit_grid`` are refused;
+a parameter the user fixed is kept; two labels and enough items per fold are checked
+(in the core, so ``semsoft tune`` has the same check) before any scoring; texts are an
+ordered sequence; one name per concept (``backend="transformers"``,
+``fit_score_temperature``); ``sample_weight`` is a weighted NLL."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+
+from sklearn.model_selection import GridSearchCV  # noqa: E402
+
+from semsoft_plugin.app.classifier import Classifier  # noqa: E402
+from semsoft_plugin.app.pass_cache import PASSES  # noqa: E402
+from semsoft_plugin.core import fit_family, fitting, folds  # noqa: E402
+from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
+from semsoft_plugin.engines import hf  # noqa: E402
+
+MODEL = "smollm2-135m"
+LABELS = ["positive", "negative"]
+F32 = {"dtype": "float32"}
+REVIEWS = [
+    ("A warm, funny film that I would happily watch again.", "positive"),
+    ("The soup was cold and the waiter ignored us all night.", "negative"),
+    ("Brilliant acting and a score that gave me chills.", "positive"),
+    ("It broke after two days and support never answered.", "negative"),
+    ("Lovely little hotel, spotless rooms and kind staff.", "positive"),
+    ("Dull plot, wooden dialogue, I left at the interval.", "negative"),
+    ("Fast delivery and the shoes fit perfectly.", "positive"),
+    ("The battery dies before lunch; a waste of money.", "negative"),
+    ("My kids loved every page of this book.", "positive"),
+    ("Rude staff and a two-hour wait for a table.", "negative"),
+    ("Great value, sturdy build, works exactly as described.", "positive"),
+    ("The sequel is a boring, noisy mess.", "negative"),
+]
+TEXTS = [text for text, _ in REVIEWS]
+Y = [label for _, label in REVIEWS]
+
+
+@pytest.fixture
+def no_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any forward pass fails the test: each refusal comes before the work."""
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("a text was scored before the refusal")
+
+    monkeypatch.setattr(hf, "classify", refuse)
+    PASSES.clear()
+
+
+def _clf(**params: object) -> Classifier:
+    return Classifier(MODEL, labels=LABELS, **F32, **params)  # type: ignore[arg-type]
+
+
+# -- refused before any scoring ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"fit_family": ("offset",), "fit_grid": {}, "fit_score_temperature": False},
+         r"fit_grid=\{\} is what the member 'grid' searches, which fit_family=\('offset',\) "
+         "leaves out"),
+        ({"fit_family": ("temperature",), "fit_score_temperature": False},
+         "names 'temperature', but fit_score_temperature=False: there is no temperature to fit"),
+        ({"fit_family": ("temperature",), "score_temperature": 2.0},
+         "names 'temperature', but score_temperature=2.0 is fixed"),
+        ({"fit_family": ("grid",), "fit_grid": {}, "fit_score_temperature": False},
+         "names 'grid', but the grid is empty and fit_score_temperature=False"),
+        ({"semantic_weight": 0.3, "fit_grid": {"semantic_weight": [0.0, 1.0]}},
+         "fit_grid searches 'semantic_weight', which the parameter semantic_weight=0.3 fixes"),
+        ({"fit_grid": {"score_temperature": [1.0, 2.0]}}, "fit_grid cannot search score_temperature"),
+        ({"n_folds": 0}, "n_folds=0 must be an integer >= 2"),
+        ({"n_folds": 1}, "n_folds=1 must be an integer >= 2"),
+        ({"margin": float("nan")}, "margin=nan must be a finite number >= 0"),
+        ({"margin": -1.0}, "margin=-1.0 must be a finite number >= 0"),
+    ],
+)  # fmt: skip
+def test_a_fit_that_cannot_fit_is_refused_before_scoring(no_scoring, params, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        _clf(**params).fit(TEXTS, Y)
+
+
+def test_one_label_and_too_few_items_are_refused_before_scoring(no_scoring) -> None:
+    with pytest.raises(ValueError, match="at least two labels among its items; all 10 are 'positive'"):
+        _clf().fit(TEXTS[:10], ["positive"] * 10)
+    with pytest.raises(ValueError, match=r"at least 4 labelled items \(2 folds of 2\), got 3"):
+        _clf().fit(TEXTS[:3], Y[:3])
+    with pytest.raises(ValueError, match="sample_weight.2. = -1.0 must be a finite number >= 0"):
+        _clf().fit(TEXTS[:4], Y[:4], sample_weight=[1, 1, -1, 1])
+    with pytest.raises(ValueError, match="all 4 are .positive."):  # zero weights drop items
+        _clf().fit(TEXTS[:8], Y[:8], sample_weight=[1, 0, 1, 0, 1, 0, 1, 0])
+
+
+def test_the_core_fit_refuses_the_same_so_semsoft_tune_does() -> None:
+    """``semsoft tune`` fits through ``fit_family.fit_from_grid`` -> ``fitting.fit_probs``,
+    which run the same check on their targets."""
+    probs = np.full((2, 10, 2), 0.5)
+    configs = [SemsoftConfig(), SemsoftConfig(semantic_weight=1.0)]
+    with pytest.raises(ValueError, match="all 10 are 0"):
+        fit_family.fit_from_grid(probs, configs[:1], configs[0], np.zeros(10, dtype=int))
+    with pytest.raises(ValueError, match="n_folds=1 must be an integer >= 2"):
+        fitting.fit_probs(probs[:1], probs[1], np.arange(10) % 2, n_folds=1)
+    with pytest.raises(ValueError, match="10 items cannot fill 20 folds: give at least 20"):
+        folds.stratified_folds(np.arange(10) % 2, 20)
+    with pytest.raises(ValueError, match="n_folds=0 must be an integer >= 2"):
+        folds.stratified_folds(np.arange(10) % 2, 0)  # not "need at least 0 items for 0 folds"
+
+
+@pytest.mark.parametrize(
+    ("texts", "name"),
+    [({"a": "A fine film.", "b": "A dull film."}, "dict"), ({"A fine film.", "A dull film."}, "set"),
+     ((t for t in TEXTS), "generator")],
+)  # fmt: skip
+def test_texts_must_be_an_ordered_sequence(no_scoring, texts, name) -> None:
+    for method in ("predict_proba", "predict"):
+        with pytest.raises(ValueError, match=f"1-D numpy array or pandas Series of strings, not a {name}"):
+            getattr(_clf(), method)(texts)
+    with pytest.raises(ValueError, match=f"not a {name}"):
+        _clf().fit(texts, ["positive", "negative"])
+
+
+def test_one_name_per_concept() -> None:
+    with pytest.raises(ValueError, match="backend='hf' is now spelled 'transformers'"):
+        Classifier(MODEL, labels=LABELS, backend="hf").predict(TEXTS[:1])
+    with pytest.raises(TypeError, match="'fit_temperature': it was renamed 'fit_score_temperature'"):
+        Classifier(MODEL, labels=LABELS, fit_temperature=False)
+    assert "fit_score_temperature" in Classifier().get_params()
+
+
+# -- what the user fixed is kept ---------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_fixed_pool_weight_is_kept_by_fit_and_by_a_search() -> None:
+    pytest.importorskip("pandas")
+    import pandas as pd
+
+    clf = _clf(semantic_weight=0.3, n_folds=3).fit(pd.Series(TEXTS, index=range(100, 112)), Y)
+    assert clf.fitted_config_.semantic_weight == 0.3
+    assert all("semantic_weight" not in e for e in clf.fit_result_.in_sample)  # not searched
+    assert clf.fit_result_.fitted.semantic_weight == 0.3
+    search = GridSearchCV(_clf(n_folds=3, fit_family=("grid", "temperature", "offset")),
+                          {"semantic_weight": [0.0, 1.0]}, cv=2)  # fmt: skip
+    search.fit(np.array(TEXTS), Y)
+    for weight in (0.0, 1.0):
+        fitted = _clf(n_folds=3, semantic_weight=weight).fit(TEXTS, Y)
+        assert fitted.fitted_config_.semantic_weight == weight
+    assert search.best_estimator_.fitted_config_.semantic_weight == search.best_params_[
+        "semantic_weight"
+    ]
+
+
+# -- sample_weight: a weighted NLL ---------------------------------------------------------
+
+
+def _grid_probs(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % 3
+    logits = rng.normal(size=(n, 3)) + 2.5 * np.eye(3)[y]
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    return p[None], y
+
+
+def test_core_integer_weights_fit_as_the_items_repeated() -> None:
+    probs, y = _grid_probs(0, 30)
+    weights = (np.arange(30) % 3) + 1
+    repeat = np.repeat(np.arange(30), weights)
+    options = {"family": ("temperature",), "single": {"temperature": 0}, "n_folds": 3}
+    _, t_w, _, stats_w = fitting.fit_probs(probs, probs[0], y, sample_weight=weights, **options)
+    _, t_r, _, stats_r = fitting.fit_probs(probs[:, repeat], probs[0][repeat], y[repeat], **options)
+    assert t_w == pytest.approx(t_r, abs=1e-6) and t_w != pytest.approx(1.0, abs=1e-3)
+    assert stats_w["scores"] == pytest.approx(stats_r["scores"], abs=1e-9)
+    assert stats_w["nll_start"] == pytest.approx(stats_r["nll_start"], abs=1e-12)
+    unweighted = fitting.fit_probs(probs, probs[0], y, **options)[1]
+    assert abs(unweighted - t_w) > 1e-4  # the weights mattered
+
+
+@pytest.mark.slow
+def test_integer_weights_give_the_repeated_datas_fit() -> None:
+    weights = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]
+    repeat = np.repeat(np.arange(len(TEXTS)), weights)
+    est = {"fit_family": ("temperature",), "n_folds": 3, "margin": 0.0}
+    weighted = _clf(**est).fit(TEXTS, Y, sample_weight=weights)
+    repeated = _clf(**est).fit([TEXTS[i] for i in repeat], [Y[i] for i in repeat])
+    t_w = weighted.fit_result_.fitted.score_temperature
+    t_r = repeated.fit_result_.fitted.score_temperature
+    assert t_w == pytest.approx(t_r, abs=1e-6)
+    plain = _clf(**est).fit(TEXTS, Y).fit_result_.fitted.score_temperature
+    assert abs(plain - t_w) > 1e-4  # the weights mattered
+
+
+@pytest.mark.slow
+def test_zero_weights_equal_dropping_the_items() -> None:
+    weights = [1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0]
+    keep = [i for i, w in enumerate(weights) if w]
+    est = {"fit_family": ("temperature",), "n_folds": 3}
+    weighted = _clf(**est).fit(TEXTS, Y, sample_weight=weights)
+    dropped = _clf(**est).fit([TEXTS[i] for i in keep], [Y[i] for i in keep])
+    assert weighted.fitted_config_ == dropped.fitted_config_
+    assert weighted.fit_result_.to_dict() == dropped.fit_result_.to_dict()
+    np.testing.assert_array_equal(weighted.predict_proba(TEXTS), dropped.predict_proba(TEXTS))

@@ -1,0 +1,244 @@
+"""A fitted probe applied inside the vLLM engine (issue 41): the engine serves the fits of
+``SEMSOFT_FIT_DIR``, a request names one with ``semsoft_fit``, its processor scores the
+decision step's logits row with the probe (h read back from the row), and the reader gets
+the fitted row from the engine's worker through ``collective_rpc``.
+
+Checked on SmolLM2-135M in float32 against the hook probe on transformers (the same
+probe on the hidden state ``output_hidden_states`` gives): rows equal within 1e-3; a bad
+fit, a fit for other labels or another model and an unknown name refused at admission,
+before any text is scored; a row edited before the processor not scored, with the
+reason. The probe is fitted on transformers before any engine starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from _vllm import ENGINE_ARGS, SENTIMENT, chat, token_prompt
+
+vllm = pytest.importorskip("vllm")
+
+from vllm import SamplingParams  # noqa: E402
+
+from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256  # noqa: E402
+from semsoft_plugin.app.fitted import FittedCorrection, save_fitted  # noqa: E402
+from semsoft_plugin.app.probe import fit_probe  # noqa: E402
+from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
+from semsoft_plugin.engines import vllm as sv  # noqa: E402
+from semsoft_plugin.engines.reader_contract import FitNotApplied  # noqa: E402
+from semsoft_plugin.engines.vllm.reader_tables import EXTENSION, FIT_PROCESSOR  # noqa: E402
+
+pytestmark = [pytest.mark.slow]
+
+REVIEWS = [
+    ("I loved this movie, the acting was wonderful.", 0),
+    ("A dull, lifeless film. I walked out.", 1),
+    ("Best thing I have seen all year!", 0),
+    ("The plot made no sense and the jokes fell flat.", 1),
+    ("Charming, funny and warm.", 0),
+    ("Two hours of my life I will not get back.", 1),
+    ("A masterpiece of quiet storytelling.", 0),
+    ("Boring, loud and far too long.", 1),
+    ("It was fine, I guess, nothing special.", 1),
+    ("The cast is superb and the music unforgettable.", 0),
+    ("I fell asleep halfway through.", 1),
+    ("A delight from start to finish.", 0),
+]
+PROMPTS = [
+    chat(
+        f"Classify the sentiment of this review: '{text}' Answer positive or negative.",
+        "Sentiment:",
+    )  # fmt: skip
+    for text, _ in REVIEWS
+]
+
+
+@pytest.fixture(scope="module")
+def fits(hf_model, checkpoint, tmp_path_factory) -> dict[str, Any]:
+    """A probe fitted on the hook's hidden states (transformers, float32) and a fit
+    folder: the good fit and the bad ones, each under its name."""
+    from safetensors.numpy import save_file
+
+    from semsoft_plugin.engines import hf
+    from semsoft_plugin.engines.hf_hidden import HiddenAtDecision
+
+    model, tokenizer = hf_model
+    with HiddenAtDecision(model) as hook:
+        hf.classify(model, tokenizer, PROMPTS, SENTIMENT, batch_size=4, max_tokens=1)
+    hidden = hook.rows(tokenizer, PROMPTS, 4).double().numpy()
+    targets = np.array([y for _, y in REVIEWS])
+    probe = fit_probe(hidden, targets, 2)
+    folder = tmp_path_factory.mktemp("fits")
+    labels = tuple(SENTIMENT)
+    layer = output_layer_sha256(checkpoint)
+    prompt = {"user": "Classify the sentiment of this review: '{text}' Answer positive or "
+              "negative.", "answer_prefix": "Sentiment:", "system": None}  # fmt: skip
+
+    def save(name: str, correction: FittedCorrection, output_layer: str = layer) -> None:
+        identity = FitIdentity(correction.labels, prompt, output_layer)
+        save_fitted(folder / f"{name}.json", SemsoftConfig(), correction, identity)
+
+    save("sentiment", FittedCorrection("probe", labels, probe=probe))
+    # The same data fitted with the labels the other way round: the request's order is kept.
+    swapped = fit_probe(hidden, 1 - targets, 2)
+    save("swapped", FittedCorrection("probe", labels[::-1], probe=swapped))
+    save("topics", FittedCorrection("probe", ("sports", "politics"), probe=probe))
+    save("other_model", FittedCorrection("probe", labels, probe=probe), "0" * 64)
+    small = fit_probe(hidden[:, :7], targets, 2)  # a probe of another hidden size
+    save("wrong_size", FittedCorrection("probe", labels, probe=small))
+    save("offset", FittedCorrection("offset", labels, offset=(0.5, -0.5)))
+    save("truncated", FittedCorrection("probe", labels, probe=probe))
+    weights = folder / "truncated.json.probe.safetensors"
+    weights.write_bytes(weights.read_bytes()[:300])
+    save("tampered", FittedCorrection("probe", labels, probe=probe))
+    save_file({"x": np.zeros(2)}, str(folder / "tampered.json.probe.safetensors"))
+    return {"folder": folder, "probe": probe, "hidden": hidden, "swapped": swapped}
+
+
+@pytest.fixture(scope="module")
+def fit_llm(checkpoint, fits) -> Any:
+    """An in-process engine serving the fit folder (the processor and worker extension
+    of ``semsoft_plugin.app.vllm_fits``)."""
+    from vllm import LLM
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEMSOFT_FIT_DIR", str(fits["folder"]))
+        engine = LLM(str(checkpoint), logits_processors=[FIT_PROCESSOR],
+                     worker_extension_cls=EXTENSION, **ENGINE_ARGS)  # fmt: skip
+        yield engine
+    del engine
+
+
+def _prompts(llm: Any) -> list[Any]:
+    tokenizer = llm.get_tokenizer()
+    return [token_prompt(tokenizer, p) for p in PROMPTS]
+
+
+@pytest.mark.vllm
+def test_vllm_rows_equal_the_hook_probe(fit_llm, fits) -> None:
+    """Constrain and observe mode, a fit whose columns are in the other order: each row
+    is the hook probe's within 1e-3 (float32), and the emitted label is its argmax."""
+    want = fits["probe"].probs(fits["hidden"])
+    prompts = _prompts(fit_llm)
+    constrain = sv.sampling_params(SENTIMENT, fit="sentiment")
+    observe = sv.sampling_params(SENTIMENT, fit="sentiment", mode="observe", max_tokens=3)
+    swapped = sv.sampling_params(SENTIMENT, fit="swapped")
+    outputs = fit_llm.generate(prompts * 3, [constrain] * 12 + [observe] * 12 + [swapped] * 12,
+                               use_tqdm=False)  # fmt: skip
+    swapped_want = fits["swapped"].probs(fits["hidden"])[:, ::-1]
+    for i, out in enumerate(outputs):
+        params = [constrain, observe, swapped][i // 12]
+        result = sv.label_scores(out, params, fit_llm)
+        got = np.array([result.probs[label] for label in SENTIMENT])
+        expected = swapped_want[i % 12] if i >= 24 else want[i % 12]
+        np.testing.assert_allclose(got, expected, atol=1e-3)
+        assert result.label == SENTIMENT[int(np.argmax(expected))]
+        if params is not observe:
+            assert out.outputs[0].text.strip() == result.label
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("name", "refused"),
+    [
+        ("nowhere", r"semsoft_fit='nowhere' is not a fit this engine serves"),
+        ("topics", r"fitted for the labels \['sports', 'politics'\]"),
+        ("other_model", r"other_model.*output layer has sha256 0000000000000000"),
+        ("wrong_size", r"wrong_size.*hidden states of size 7, this model's are 576"),
+        ("offset", r"offset.*only a probe fit is applied inside the engine"),
+        ("truncated", r"truncated.*refused at load"),
+        ("tampered", r"tampered.*refused at load"),
+        ("../sentiment", r"semsoft_fit='../sentiment' must be the name of a fit"),
+    ],
+)
+def test_a_bad_fit_is_refused_before_any_text_is_scored(fit_llm, name, refused) -> None:
+    from vllm.exceptions import VLLMValidationError
+
+    prompt = _prompts(fit_llm)[:1]
+    extra = {**sv.sampling_params(SENTIMENT).extra_args, "semsoft_fit": name}
+    params = SamplingParams(max_tokens=3, temperature=0, logprobs=50, extra_args=extra)
+    with pytest.raises((VLLMValidationError, ValueError), match=refused):
+        fit_llm.generate(prompt, params, use_tqdm=False)
+    # The engine goes on serving.
+    assert fit_llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)
+
+
+@pytest.mark.vllm
+def test_a_row_edited_before_the_processor_is_not_scored_with_the_fit(fit_llm) -> None:
+    """Observe mode keeps logit_bias (constrain mode refuses it): the biased row is not
+    W h + b, so the reader names why instead of returning fitted scores."""
+    prompt = _prompts(fit_llm)[:1]
+    params = sv.sampling_params(SENTIMENT, fit="sentiment", mode="observe", max_tokens=2,
+                                logit_bias={11: 3.0})  # fmt: skip
+    out = fit_llm.generate(prompt, params, use_tqdm=False)[0]
+    with pytest.raises(FitNotApplied, match=r"not applied.*residual .* exceeds 0.25.*logit_bias"):
+        sv.label_scores(out, params, fit_llm)
+
+
+@pytest.mark.vllm
+def test_an_engine_without_the_fit_processor_refuses_a_fit(llm) -> None:
+    """The plain processor's engine names what it needs to serve fits."""
+    from vllm.exceptions import VLLMValidationError
+
+    tokenizer = llm.get_tokenizer()
+    params = sv.sampling_params(SENTIMENT, fit="sentiment")
+    with pytest.raises((VLLMValidationError, ValueError), match=FIT_PROCESSOR):
+        llm.generate([token_prompt(tokenizer, PROMPTS[0])], params, use_tqdm=False)
+
+
+def test_fit_names_are_names_never_paths() -> None:
+    from semsoft_plugin.core.request import KEY_FIT, parse_request
+
+    base = {"semsoft_labels": SENTIMENT}
+    assert parse_request({**base, KEY_FIT: "sst2-qwen_v1.2"}).fit == "sst2-qwen_v1.2"
+    for bad in ("", "/etc/passwd", "..", ".hidden", "a b", "x" * 65, 3, ["a"]):
+        with pytest.raises(ValueError, match="must be the name of a fit"):
+            parse_request({**base, KEY_FIT: bad})
+
+
+@pytest.fixture(scope="module")
+def fit_server(checkpoint, fits, tmp_path_factory) -> Any:
+    """The OpenAI server (its engine in its own process) serving the fit folder."""
+    from _server import plugin_server
+
+    log = tmp_path_factory.mktemp("fit_server") / "server.log"
+    extra = ["--worker-extension-cls", EXTENSION]
+    env = {"SEMSOFT_FIT_DIR": str(fits["folder"])}
+    with plugin_server(checkpoint, log, FIT_PROCESSOR, extra, env) as url:
+        yield url
+
+
+@pytest.mark.vllm
+def test_server_rows_equal_the_hook_probe_and_bad_fits_are_400(fit_server, fits, checkpoint):
+    """Over HTTP the fitted rows come back in each choice's semsoft_fitted, which
+    openai_label_probs reads as it reads any scores (within 1e-3 of the hook probe); a
+    bad fit, a fit for other labels or another model, an unknown name are a 400 naming
+    it, and the kept-alive connection goes on serving."""
+    import openai
+    from _vllm import CONTINUE
+
+    from semsoft_plugin.engines import openai as sopenai
+
+    client = openai.OpenAI(base_url=fit_server, api_key="none", max_retries=0)
+    want = fits["probe"].probs(fits["hidden"])
+    request = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, fit="sentiment")
+    for i, messages in enumerate(PROMPTS):
+        response = client.chat.completions.create(model="smollm2", messages=messages, **request)
+        probs = sopenai.openai_label_probs(response, request, checkpoint)
+        np.testing.assert_allclose([probs[label] for label in SENTIMENT], want[i], atol=1e-3)
+        assert response.choices[0].message.content.strip() == max(probs, key=probs.__getitem__)
+    refused = {
+        "nowhere": "is not a fit this engine serves",
+        "topics": "fitted for the labels",
+        "other_model": "output layer has sha256",
+        "truncated": "refused at load",
+    }
+    for name, message in refused.items():
+        bad = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE)
+        bad["extra_body"]["vllm_xargs"]["semsoft_fit"] = name
+        with pytest.raises(openai.BadRequestError, match=message):
+            client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **bad)
+        again = client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **request)
+        assert sopenai.openai_label_probs(again, request, checkpoint)
