@@ -33,14 +33,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+from _cli import write_results  # benchmarks/ is on sys.path
 
 from semsoft_eval import calibrate, metrics
 from semsoft_eval.backend_transformers import STORE_K
@@ -67,9 +67,7 @@ CANDIDATES: dict[str, tuple[SemsoftConfig, bool]] = {
     "shared": (SemsoftConfig.preset("shared").replace(k=K), True),  # the first default
     **{
         f"residual {'nearest' if n else 'share'} tau={t} a={a}{' +variants' if v else ''}": (
-            SemsoftConfig(
-                k=K, tau=t, vote="nearest" if n else "residual", semantic_weight=a
-            ),
+            SemsoftConfig(k=K, tau=t, vote="nearest" if n else "residual", semantic_weight=a),
             v,
         )
         for n in (False, True)
@@ -249,32 +247,45 @@ def passes(pair: dict[str, Any], row: dict[str, Any]) -> dict[str, bool]:
     return checks
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def left_out_checks(pair: dict[str, Any], left_out: str) -> dict[str, Any]:
+    """The pair's kind and size, the method chosen without its kind, and that method's
+    do-no-harm checks on it (:func:`passes`; ``pair["rows"]`` holds its report row)."""
+    checks = passes(pair, pair["rows"][left_out])
+    return {
+        "kind": pair["kind"],
+        "n": len(pair["data"].targets),
+        "chosen_without_this_kind": left_out,
+        "checks_left_out": checks,
+        "passes_left_out": all(checks.values()),
+    }
+
+
+def add_pair_arguments(
+    parser: argparse.ArgumentParser, out: str, sets_for: tuple[str, ...] = ()
+) -> None:
+    """The options of a leave-one-kind-out benchmark over the dev pairs (``--out``
+    defaults to ``out``, ``--sets-for`` to ``sets_for``)."""
     parser.add_argument("--models", default="smollm2-135m,qwen2.5-coder-1.5b")
     parser.add_argument("--sets", default=SETS)
     parser.add_argument(
         "--sets-for",
         action="append",
-        default=[],
+        default=list(sets_for),
         metavar="MODEL=SETS",
         help="other --sets for one model (e.g. fewer items on a slow model)",
     )
     parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
     parser.add_argument("--collect", action="store_true", help="run missing forward passes")
     parser.add_argument("--bootstrap", type=int, default=1000)
-    parser.add_argument("--out", default="benchmarks/results/defaults-loko.json")
-    parser.add_argument(
-        "--file-mode",
-        action="store_true",
-        help="add the file mode and 'constrained' itself to the candidates",
-    )
-    args = parser.parse_args()
+    parser.add_argument("--out", default=out)
 
+
+def load_pairs(
+    args: argparse.Namespace, score: Callable[[dict[str, Any]], None]
+) -> dict[str, dict[str, Any]]:
+    """Every pair of ``--models`` x ``--sets`` with kept passes (a missing one is printed
+    and skipped), ``kind`` set and scored in place by ``score``; keys ``model/data``."""
     sets_for = dict(item.split("=", 1) for item in args.sets_for)
-    names = list(CANDIDATES)
-    if args.file_mode:
-        names += ["constrained", *FILE_CANDIDATES]
     pairs: dict[str, dict[str, Any]] = {}
     for model in args.models.split(","):
         for spec in sets_for.get(model, args.sets).split(","):
@@ -286,21 +297,49 @@ def main() -> int:
                 continue
             start = time.perf_counter()
             pair["kind"] = dataset
-            pair["probs"] = candidate_probs(pair)
-            pair["probs"]["temperature (fitted)"] = temperature_cross_fitted(pair, 1)
-            pair["base_scores"] = _scores(pair["probs"]["constrained"], pair["data"].targets)
-            pair["diffs"] = {n: _differences(pair, n) for n in names}
+            score(pair)
             pairs[f"{model}/{dataset}"] = pair
             print(f"{model}/{dataset}: scored in {time.perf_counter() - start:.0f} s", flush=True)
     if not pairs:
         raise SystemExit("no pairs to measure")
+    return pairs
 
+
+def leave_one_kind_out(
+    pairs: dict[str, dict[str, Any]], names: list[str]
+) -> tuple[str, dict[str, str]]:
+    """:func:`pick` on all pairs, and for each kind on the pairs of the other kinds."""
     kinds = list(dict.fromkeys(p["kind"] for p in pairs.values()))
     chosen_all = pick(pairs, names)
     folds: dict[str, str] = {}
     for kind in kinds:
         seen = {k: p for k, p in pairs.items() if p["kind"] != kind}
         folds[kind] = pick(seen, names) if seen else chosen_all
+    return chosen_all, folds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_pair_arguments(parser, "benchmarks/results/defaults-loko.json")
+    parser.add_argument(
+        "--file-mode",
+        action="store_true",
+        help="add the file mode and 'constrained' itself to the candidates",
+    )
+    args = parser.parse_args()
+
+    names = list(CANDIDATES)
+    if args.file_mode:
+        names += ["constrained", *FILE_CANDIDATES]
+
+    def score(pair: dict[str, Any]) -> None:
+        pair["probs"] = candidate_probs(pair)
+        pair["probs"]["temperature (fitted)"] = temperature_cross_fitted(pair, 1)
+        pair["base_scores"] = _scores(pair["probs"]["constrained"], pair["data"].targets)
+        pair["diffs"] = {n: _differences(pair, n) for n in names}
+
+    pairs = load_pairs(args, score)
+    chosen_all, folds = leave_one_kind_out(pairs, names)
 
     per_pair: dict[str, Any] = {}
     for key, pair in pairs.items():
@@ -311,14 +350,8 @@ def main() -> int:
         pair["rows"] = {}
         for name in shown:
             pair["rows"][name] = report_row(pair, name, args.bootstrap)
-        left_out = folds[pair["kind"]]
-        checks = passes(pair, pair["rows"][left_out])
         per_pair[key] = {
-            "kind": pair["kind"],
-            "n": len(pair["data"].targets),
-            "chosen_without_this_kind": left_out,
-            "checks_left_out": checks,
-            "passes_left_out": all(checks.values()),
+            **left_out_checks(pair, folds[pair["kind"]]),
             "checks_chosen_on_all": passes(pair, pair["rows"][chosen_all]),
             "methods": pair["rows"],
             "mechanism": mechanism(pair),
@@ -334,12 +367,7 @@ def main() -> int:
         "command": " ".join(["python", "benchmarks/choose_defaults.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
-    text = markdown(result)
-    out.with_suffix(".md").write_text(text + "\n")
-    print(text)
+    write_results(result, args.out, markdown(result))
     return 0
 
 

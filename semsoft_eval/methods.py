@@ -225,6 +225,15 @@ def _pooled(m: MethodInputs) -> MethodResult:
     return m.score(SemsoftConfig.preset("pooled").replace(k=m.config.k))
 
 
+@method(
+    "silent-vote",
+    "the per-row pool, label-free: SemsoftConfig.preset('silent-vote') (each row's pool weight "
+    "from its own silent vote)",
+)
+def _silent_vote(m: MethodInputs) -> MethodResult:
+    return m.score(SemsoftConfig.preset("silent-vote").replace(k=m.config.k))
+
+
 def _file_mode(m: MethodInputs, base: MethodResult) -> MethodResult:
     """The file mode as shipped: the bias of the evaluated items as one file, applied
     row by row at the strength its guard chooses (the default ``strength="auto"``)."""

@@ -9,7 +9,14 @@ import json
 import pytest
 import torch
 
-from semsoft_plugin.core.config import PRESETS, RENAMED, VOTES, SemsoftConfig
+from semsoft_plugin.core.config import (
+    PRESETS,
+    RENAMED,
+    SILENT_VOTE_THRESHOLD,
+    SILENT_VOTE_WEIGHT,
+    VOTES,
+    SemsoftConfig,
+)
 from semsoft_plugin.core.softmax import semantic_softmax
 
 
@@ -20,13 +27,18 @@ def test_presets_are_the_named_settings():
         center=False, own_vote=False, vote="per_label", semantic_weight=1.0
     )
     assert SemsoftConfig.preset("shared") == SemsoftConfig(vote="shared", semantic_weight=1.0)
-    assert set(PRESETS) == {"constrained", "pooled", "paper", "shared"}
+    assert SemsoftConfig.preset("silent-vote") == SemsoftConfig(
+        semantic_weight=SILENT_VOTE_WEIGHT, silent_vote=SILENT_VOTE_THRESHOLD
+    )
+    assert set(PRESETS) == {"constrained", "pooled", "paper", "shared", "silent-vote"}
     assert not hasattr(SemsoftConfig, "paper") and not hasattr(SemsoftConfig, "pooled")
 
 
 def test_presets_give_different_scores():
     g = torch.Generator().manual_seed(3)
-    logits, emb = torch.randn(64, generator=g) * 3, torch.randn(64, 8, generator=g)
+    # Several rows: the silent-vote preset leaves a row with a small silent vote as the
+    # constrained softmax, and pools the others.
+    logits, emb = torch.randn(8, 64, generator=g) * 3, torch.randn(64, 8, generator=g)
     scores = {
         name: semantic_softmax(logits, emb, [1, 2, 3], SemsoftConfig.preset(name))
         for name in PRESETS
@@ -176,6 +188,7 @@ _EFFECTIVE_CHANGES = [
     ("score_temperature", 2.0),
     ("semantic_weight", 1.0),
     ("tau_quantile", 0.9),
+    ("silent_vote", 0.0),
 ]
 
 

@@ -58,7 +58,8 @@ def test_http_keys_and_the_config_file_are_the_config_fields():
             assert rules[name] == spec["rule"]
     # Every field is sent and parsed back over HTTP (the values of a non-default config).
     config = SemsoftConfig(k=9, tau=0.1, center=False, own_vote=False, vote="per_label",
-                           score_temperature=2.0, semantic_weight=0.5)  # fmt: skip
+                           score_temperature=2.0, semantic_weight=0.5,
+                           silent_vote=0.2)  # fmt: skip
     extra = sreq.SemsoftRequest(("a", "b"), config).to_extra_args()
     assert {k for k in extra if k.startswith("semsoft_")} >= set(sreq._CONFIG_KEYS) - {
         "semsoft_tau_quantile"  # None: not sent

@@ -9,7 +9,8 @@ A config is a small JSON file (:meth:`SemsoftConfig.save` and ``semsoft tune`` w
 ``--config`` reads it; fields left out keep their defaults). The defaults::
 
     {"k": 50, "tau": 0.0, "center": true, "own_vote": true, "vote": "residual",
-     "score_temperature": 1.0, "tau_quantile": null, "semantic_weight": 0.0}
+     "score_temperature": 1.0, "tau_quantile": null, "semantic_weight": 0.0,
+     "silent_vote": null}
 
 Settings that would be ignored are refused, not dropped: ``tau`` beside
 ``tau_quantile``, and at ``semantic_weight = 0`` (the default: the scores are the
@@ -71,10 +72,15 @@ DEFAULT_TAU_QUANTILE: float | None = None
 # (docs/defaults.md); the pool is SemsoftConfig.preset("pooled"), one name away.
 DEFAULT_SEMANTIC_WEIGHT = 0.0
 POOLED_SEMANTIC_WEIGHT = 0.3
+# preset("silent-vote"): the per-row pool (core/silent_vote.py), its two parameters chosen
+# leaving one kind of data out (benchmarks/silent_vote.py): the choice on SmolLM2's seven
+# dev kinds, the same without each kind.
+SILENT_VOTE_WEIGHT = 0.5
+SILENT_VOTE_THRESHOLD = 0.0
 
 MAX_K = 4096
 # The settings that only shape the semantic votes: no effect at semantic_weight = 0.
-VOTE_SETTINGS = ("vote", "tau", "tau_quantile", "center", "own_vote")
+VOTE_SETTINGS = ("vote", "tau", "tau_quantile", "center", "own_vote", "silent_vote")
 
 # The vote rules. "residual" and "nearest" send the mass no label neighbour claims to
 # the constrained softmax; "shared" and "per_label" renormalise the votes (the paper).
@@ -185,6 +191,15 @@ class SemsoftConfig:
         ``preset("pooled")`` (``a = 0.3``) helps the over-confident kinds (emotions,
         question types) and costs a little on accurate ones (news topics, abuse). At
         ``0`` the vote settings have no effect and must keep their defaults.
+    silent_vote : float in [0, 1), optional
+        Decide the pool weight per row from the row's own silent vote `m_out` (the
+        share of its top-K mass on label neighbours outside the label tokens,
+        [silent_vote_mass][semsoft_plugin.core.silent_vote.silent_vote_mass]): the weight is
+        `semantic_weight * clamp((m_out - silent_vote) / (1 - silent_vote), 0, 1)`, so
+        a row whose kept mass is on the label tokens is the constrained softmax and a
+        row whose mass is on their neighbours is pooled up to `semantic_weight`.
+        `None` (default): one weight, `semantic_weight`, for every row.
+        `preset("silent-vote")` holds the measured setting (docs/defaults.md).
 
     Notes
     -----
@@ -238,6 +253,13 @@ class SemsoftConfig:
         "pool weight toward the semantic distribution: 0 (default) is the constrained "
         "softmax, 0.3 the semantic pool (preset pooled), 1 the semantic votes alone",
     )  # fmt: skip
+    silent_vote: float | None = _spec(
+        None, float, "None or a finite number in [0, 1)",
+        lambda v: v is None or (_finite(v) and 0.0 <= v < 1.0),
+        "per-row pool: a row's weight is semantic_weight * clamp((m - t) / (1 - t), 0, 1), "
+        "m its silent vote (top-K mass on label neighbours), t this value; none: one weight",
+        nullable=True,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
@@ -276,7 +298,9 @@ class SemsoftConfig:
         which kinds of data it helps); ``"paper"`` the paper's exact formula (raw
         cosines, no own-vote rule, per-label votes, the semantic distribution alone);
         ``"shared"`` the project's first default (until 0.2: centred cosines at
-        ``tau = 0``, own votes, every kept token's whole mass shared out).
+        ``tau = 0``, own votes, every kept token's whole mass shared out);
+        `"silent-vote"` the per-row pool, each row's weight decided by its own silent
+        vote (the `silent_vote` field; docs/defaults.md says where it helps).
         """
         if not isinstance(name, str) or name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
@@ -389,6 +413,7 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
     "pooled": {"semantic_weight": POOLED_SEMANTIC_WEIGHT},
     "paper": {"center": False, "own_vote": False, "vote": "per_label", "semantic_weight": 1.0},
     "shared": {"vote": "shared", "semantic_weight": 1.0},
+    "silent-vote": {"semantic_weight": SILENT_VOTE_WEIGHT, "silent_vote": SILENT_VOTE_THRESHOLD},
 }
 
 

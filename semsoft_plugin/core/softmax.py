@@ -64,6 +64,7 @@ import torch
 from torch import Tensor
 
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.silent_vote import silent_vote_mass, silent_vote_weight
 from semsoft_plugin.core.tokens import (
     LabelTokens,
     OutputEmbeddings,
@@ -315,14 +316,25 @@ class SemanticSoftmax:
             fallback = torch.zeros(probs.shape[0], dtype=torch.bool, device=device)
         else:
             semantic, fallback = _VOTE_RULES[cfg.vote](claims)
-            if cfg.semantic_weight != 1.0:
+            weight = self._pool_weight(claims)
+            if not isinstance(weight, float) or weight != 1.0:
                 pool_with = _pool_constrained(log_p, top_log_p, self._answer_ids.to(log_p.device))
-                semantic = _pooled(pool_with.to(device), semantic, cfg.semantic_weight)
+                semantic = _pooled(pool_with.to(device), semantic, weight)
             probs = torch.where(fallback.unsqueeze(-1), constrained, semantic)
         if cfg.score_temperature != 1.0:
             # The last step, on every row (a fallback row too): what Classifier.fit fits.
             probs = _tempered(probs, cfg.score_temperature)
         return SemanticSoftmaxResult(probs, constrained, fallback, coverage, top_p.sum(-1))
+
+    def _pool_weight(self, claims: _Claims) -> float | Tensor:
+        """`semantic_weight` for every row, or with `silent_vote` each row's own weight
+        from its silent vote (`[B, 1]`, [semsoft_plugin.core.silent_vote][])."""
+        cfg = self.config
+        if cfg.silent_vote is None:
+            return cfg.semantic_weight
+        own = torch.isin(claims.top_ids, self._own_ids)
+        m_out = silent_vote_mass(claims.top_p, _closeness(claims), own)
+        return silent_vote_weight(m_out, cfg.semantic_weight, cfg.silent_vote)
 
     def _claims(self, top_ids: Tensor, top_p: Tensor) -> _Claims:
         """What each kept token claims of each label, before any vote rule."""
@@ -392,8 +404,13 @@ def _shared(claims: _Claims) -> tuple[Tensor, Tensor]:
 def _residual(claims: _Claims) -> tuple[Tensor, Tensor]:
     """``vote="residual"``: a token claims its share of the top-K mass by its closeness to
     its nearest label (1 for a label's own token), shared out among the labels it is near."""
-    closeness = (claims.weights / (1.0 - claims.tau).clamp_min(1e-6)).amax(-1).clamp(0.0, 1.0)
-    return _with_residual(claims, _per_token(claims.weights), closeness)
+    return _with_residual(claims, _per_token(claims.weights), _closeness(claims))
+
+
+def _closeness(claims: _Claims) -> Tensor:
+    """`[B, K]` each kept token's closeness to its nearest label, `max_l w(v, l) / (1 - tau_l)`
+    in [0, 1] (1 for a label's own token under `own_vote`)."""
+    return (claims.weights / (1.0 - claims.tau).clamp_min(1e-6)).amax(-1).clamp(0.0, 1.0)
 
 
 def _nearest(claims: _Claims) -> tuple[Tensor, Tensor]:
@@ -468,8 +485,9 @@ def _pool_constrained(log_p: Tensor, top_log_p: Tensor, answer_ids: Tensor) -> T
     return torch.softmax(log_c, dim=-1)
 
 
-def _pooled(constrained: Tensor, semantic: Tensor, weight: float) -> Tensor:
-    """Log-linear pool ``softmax((1 - a) log P_con + a log P_sem)``, never NaN.
+def _pooled(constrained: Tensor, semantic: Tensor, weight: float | Tensor) -> Tensor:
+    """Log-linear pool ``softmax((1 - a) log P_con + a log P_sem)``, never NaN; ``a`` one
+    weight, or one per row (``[B, 1]``).
 
     In float64 with the row maximum subtracted. A label the semantic votes gave exactly
     0 (no kept token near it, its answer token outside the top-K) has no semantic

@@ -233,9 +233,10 @@ Fetch = Callable[[list[int]], Mapping[int, float]]
 
 def _needed(request: SemsoftRequest, fallback: bool) -> bool:
     """Whether every answer token's exact log-prob is read: the pool with the
-    constrained softmax (``semantic_weight < 1``) and the 0/0 fallback read them all;
-    otherwise the top-k is all there is to read."""
-    return request.config.semantic_weight != 1.0 or fallback
+    constrained softmax (``semantic_weight < 1``, or a per-row weight: `silent_vote`)
+    and the 0/0 fallback read them all; otherwise the top-k is all there is to read."""
+    config = request.config
+    return config.semantic_weight != 1.0 or config.silent_vote is not None or fallback
 
 
 def scores_from_top_k(
