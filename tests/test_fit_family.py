@@ -256,7 +256,7 @@ def test_a_correction_round_trips_through_the_config_file(tmp_path) -> None:
     want = _softmax(np.log(probs) + [-0.5, 0.5])
     np.testing.assert_allclose(got, want)
     np.testing.assert_allclose(offset.apply(probs[1:], ("pos", "neg")), want[1:])  # row alone
-    with pytest.raises(ValueError, match=r"for the labels \['neg', 'pos'\]"):
+    with pytest.raises(ValueError, match=r"for the labels 'neg' \(U\+006E U\+0065 U\+0067\)"):
         offset.apply(probs, ("pos", "other"))
     save_fitted(tmp_path / "plain.json", config, None)
     assert SemsoftConfig.load(tmp_path / "plain.json") == config

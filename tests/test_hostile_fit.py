@@ -536,3 +536,38 @@ def test_the_classifier_refuses_another_prompt_and_an_old_file(tmp_path, made_on
     edited(fit, lambda f: f.pop("format"))
     with pytest.raises(ValueError, match="older version.*fit again"):
         Classifier(MODEL, labels=list(LABELS)).load_fit(fit)
+
+
+def test_a_text_the_api_refuses_is_named_by_the_files_line(tmp_path, capsys, fake_model, monkeypatch):
+    """Whatever the API's text rule refuses is refused before scoring, by file and line
+    (here a rule the API might add: the check is the API's own, applied to each text)."""
+    import semsoft_plugin.app.texts as texts_module
+
+    real = texts_module.text_list
+
+    def stricter(values):
+        values = real(values)
+        if any("number 7" in value for value in values):
+            raise ValueError(f"texts[0] = {values[0]!r} is refused")
+        return values
+
+    monkeypatch.setattr(texts_module, "text_list", stricter)
+    inp = _write(tmp_path / "in.csv", _texts(20))
+    err = refusal(capsys, ["classify", "--input", str(inp), "--output", str(tmp_path / "o.csv"),
+                           "--labels", ",".join(LABELS)])  # fmt: skip
+    assert err.startswith(f"semsoft classify: error: {inp}:9: column 'text' = 'review number 7")
+    assert fake_model.scored == []
+
+
+def test_a_correction_saved_with_nfd_labels_applies_to_nfc_ones():
+    """Issue 43: it was refused by a message that printed the same list twice."""
+    import unicodedata
+
+    nfd = tuple(unicodedata.normalize("NFD", name) for name in ("café", "thé"))
+    nfc = [unicodedata.normalize("NFC", name) for name in nfd]
+    correction = FittedCorrection("offset", nfd, offset=(1.0, -1.0))
+    got = correction.apply(np.array([[0.5, 0.5]]), nfc[::-1])
+    want = np.exp([-1.0, 1.0]) / np.exp([-1.0, 1.0]).sum()
+    np.testing.assert_allclose(got[0], want)
+    with pytest.raises(ValueError, match=r"'caf.*U\+0301.*not 'tea' \(U\+0074"):
+        correction.check_labels(["tea", "coffee"])

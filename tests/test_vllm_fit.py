@@ -12,10 +12,12 @@ reason. The probe is fitted on transformers before any engine starts.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from _vllm import ENGINE_ARGS, SENTIMENT, chat, token_prompt
 
 vllm = pytest.importorskip("vllm")
@@ -66,7 +68,8 @@ def fits(hf_model, checkpoint, tmp_path_factory) -> dict[str, Any]:
 
     model, tokenizer = hf_model
     with HiddenAtDecision(model) as hook:
-        hf.classify(model, tokenizer, PROMPTS, SENTIMENT, batch_size=4, max_tokens=1)
+        results = hf.classify(model, tokenizer, PROMPTS, SENTIMENT, batch_size=4, max_tokens=1,
+                              keep_logits=True)  # fmt: skip
     hidden = hook.rows(tokenizer, PROMPTS, 4).double().numpy()
     targets = np.array([y for _, y in REVIEWS])
     probe = fit_probe(hidden, targets, 2)
@@ -94,7 +97,9 @@ def fits(hf_model, checkpoint, tmp_path_factory) -> dict[str, Any]:
     weights.write_bytes(weights.read_bytes()[:300])
     save("tampered", FittedCorrection("probe", labels, probe=probe))
     save_file({"x": np.zeros(2)}, str(folder / "tampered.json.probe.safetensors"))
-    return {"folder": folder, "probe": probe, "hidden": hidden, "swapped": swapped}
+    logits = torch.stack([r.logits for r in results])
+    return {"folder": folder, "probe": probe, "hidden": hidden, "swapped": swapped,
+            "logits": logits}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +191,54 @@ def test_an_engine_without_the_fit_processor_refuses_a_fit(llm) -> None:
     params = sv.sampling_params(SENTIMENT, fit="sentiment")
     with pytest.raises((VLLMValidationError, ValueError), match=FIT_PROCESSOR):
         llm.generate([token_prompt(tokenizer, PROMPTS[0])], params, use_tqdm=False)
+
+
+@pytest.mark.vllm
+def test_model_runner_v2_applies_a_fit(fit_llm, fits) -> None:
+    """Model Runner V2 cannot run on this CPU (no Triton): its interface is driven
+    directly. A constrain row gets log P_fit on its label tokens, an observe row is left
+    as it was, and both rows are kept for the readers, equal to the hook probe's."""
+    from _vllm import FreshConfig
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcRequestState
+
+    from semsoft_plugin.app.vllm_fits import FittedSemanticSoftmax
+    from semsoft_plugin.core.labels import LabelSet
+    from semsoft_plugin.engines.vllm.reader_tables import fitted_key, fitted_rows
+
+    config = fit_llm.llm_engine.vllm_config.model_config
+    slots, vocab = 2, config.get_vocab_size()
+    all_tokens = torch.zeros((slots, 32), dtype=torch.int64)
+    prompt_len = np.array([5, 5], dtype=np.int32)
+    all_tokens[0, :5], all_tokens[1, :5] = torch.arange(1, 6), torch.arange(6, 11)
+    state = LogitsProcRequestState(
+        device=torch.device("cpu"), max_num_reqs=slots, vocab_size=vocab,
+        all_token_ids=SimpleNamespace(gpu=all_tokens), prompt_len=SimpleNamespace(np=prompt_len),
+        prefill_len=SimpleNamespace(np=prompt_len.copy()),
+        total_len=SimpleNamespace(gpu=torch.zeros(slots, dtype=torch.int32)),
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEMSOFT_FIT_DIR", str(fits["folder"]))
+        proc = FittedSemanticSoftmax(FreshConfig(config), state)
+    assert proc.add_request(0, sv.sampling_params(SENTIMENT, fit="sentiment")) is True
+    observe = sv.sampling_params(SENTIMENT, fit="sentiment", mode="observe", max_tokens=3)
+    assert proc.add_request(1, observe) is True
+    original = fits["logits"][:2, :vocab].clone()
+    idx = np.array([0, 1])
+    ctx = LogitsContext(
+        expanded_idx_mapping=torch.tensor(idx), idx_mapping=torch.tensor(idx), idx_mapping_np=idx,
+        expanded_local_pos=torch.zeros(2, dtype=torch.int64), input_ids=torch.zeros(2, dtype=torch.int64),
+        pos=torch.tensor([4, 4]), seq_lens_upper_bound_np=np.array([5, 5]),
+    )  # fmt: skip
+    out = proc.apply(original.clone(), ctx)
+    want = fits["probe"].probs(fits["hidden"][:2])
+    rows = fitted_rows([fitted_key("sentiment", list(range(1, 6)), []),
+                        fitted_key("sentiment", list(range(6, 11)), [])])  # fmt: skip
+    for i in range(2):
+        np.testing.assert_allclose(rows[i]["probs"], want[i], atol=1e-4)
+    answers = list(LabelSet(SENTIMENT, fit_llm.get_tokenizer()).answer_token_ids)
+    assert sorted(torch.isfinite(out[0]).nonzero().flatten().tolist()) == sorted(answers)
+    np.testing.assert_allclose(out[0, answers].exp().numpy(), want[0], atol=1e-4)
+    assert torch.equal(out[1], original[1])
 
 
 def test_fit_names_are_names_never_paths() -> None:

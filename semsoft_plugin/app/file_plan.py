@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.app.columns import ResultColumns, text_of
+from semsoft_plugin.app.columns import ResultColumns, counts_votes, text_of
 from semsoft_plugin.app.file_settings import (
     TextFingerprint,
     check_fingerprints,
@@ -375,7 +375,8 @@ def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
         The rows to read, score and write.
     """
     source, output, kind = job.input, job.output, job.output_kind
-    result = ResultColumns(tuple(labels), job.column_prefix)
+    votes = counts_votes(semantic_weight=job.settings["config.semantic_weight"])
+    result = ResultColumns(tuple(labels), job.column_prefix, votes=votes)
     column = job.text_column
     arrow = schema = None
     records: list[dict[str, Any]] = []
@@ -384,6 +385,7 @@ def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
         columns = list(arrow.column_names)
         _need_column(source, column, columns)
         texts = _parquet_texts(source, arrow, column)
+        places = [f"{source}, row {n}" for n in range(1, len(texts) + 1)]
         result.check_clash(columns, str(source))
         if kind == "parquet":
             schema = _with_added(arrow.schema, result)
@@ -398,6 +400,7 @@ def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
         columns = list(dict.fromkeys(key for record in records for key in record))
         _need_column(source, column, columns)
         texts = [_text(r.get(column), f"{source}:{n}", column) for n, r in located]
+        places = [f"{source}:{n}" for n, _ in located]
         result.check_clash(columns, str(source))
         if kind == "jsonl":
             _check_finite(source, located, output)
@@ -407,6 +410,7 @@ def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
     # zero-width and other invisible characters alike are skipped before scoring.
     blank = [is_blank(text) for text in texts]
     todo = [i for i, empty in enumerate(blank) if not empty]
+    _check_texts(texts, todo, places, column)
     resuming = job.resume and _has_rows(output)
     out_columns = columns + result.names
     done = read_output(output, out_columns, required=result.names, kind=kind) if resuming else []
@@ -506,6 +510,21 @@ def _parquet_texts(source: Path, table: Any, column: str) -> list[str]:
     except (UnicodeDecodeError, pa.ArrowInvalid) as error:
         raise ValueError(f"{source}: column {column!r} holds invalid UTF-8 ({error})") from None
     return [value or "" for value in values]
+
+
+def _check_texts(texts: list[str], todo: list[int], places: list[str], column: str) -> None:
+    """Each text to score checked by the Python API's rule (`text_list`) before any
+    scoring, a refusal naming the file's line (or a Parquet row), never a position in
+    a batch."""
+    from semsoft_plugin.app.texts import text_list
+
+    first = {texts[i]: i for i in reversed(todo)}  # each distinct text at its first row
+    for i in sorted(first.values()):
+        try:
+            text_list([texts[i]])
+        except ValueError as error:
+            message = str(error).removeprefix("texts[0] ")
+            raise ValueError(f"{places[i]}: column {column!r} {message}") from None
 
 
 def _non_finite(value: Any) -> bool:

@@ -33,6 +33,7 @@ fitted``) rather than drop the correction.
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ from semsoft_plugin.app.fit_file import (
     probe_path,
 )
 from semsoft_plugin.core.config import SemsoftConfig, read_config_bytes
+from semsoft_plugin.core.text_rules import code_points
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,6 +60,10 @@ __all__ = ["FitFile", "FittedCorrection", "load_fitted", "read_fit", "save_fitte
 
 _KEY = "fitted"
 _OFFSET_MEMBERS = ("offset", "batch", "contextual")
+
+
+def _nfc(name: str) -> str:
+    return unicodedata.normalize("NFC", name)
 
 
 @dataclass(frozen=True)
@@ -97,11 +103,14 @@ class FittedCorrection:
         return self.probe is not None
 
     def check_labels(self, names: Any) -> None:
-        """``ValueError`` unless ``names`` are the fitted labels (any order)."""
-        if sorted(names) != sorted(self.labels):
+        """``ValueError`` unless ``names`` are the fitted labels (any order; compared
+        after NFC, as labels are, so a fit saved with NFD labels serves NFC ones)."""
+        if sorted(map(_nfc, names)) != sorted(map(_nfc, self.labels)):
+            theirs = ", ".join(code_points(name) for name in self.labels)
+            ours = ", ".join(code_points(name) for name in names)
             raise ValueError(
-                f"the fitted correction ({self.procedure}) is for the labels "
-                f"{list(self.labels)}, not {list(names)}: fit again for these labels"
+                f"the fitted correction ({self.procedure}) is for the labels {theirs}, not "
+                f"{ours}: fit again for these labels"
             )
 
     def apply(self, probs: np.ndarray, classes: Any, hidden: Any = None) -> np.ndarray:
@@ -110,7 +119,8 @@ class FittedCorrection:
         import numpy as np
 
         self.check_labels(classes)
-        order = [self.labels.index(c) for c in classes]
+        fitted = [_nfc(name) for name in self.labels]
+        order = [fitted.index(_nfc(c)) for c in classes]
         if self.probe is not None:
             if hidden is None:
                 raise ValueError("the probe needs the decision step's hidden states")

@@ -217,6 +217,22 @@ class LogitsProbe:
         """Bytes this fit keeps beside its model's shared inverse (`A` and `c`)."""
         return int(self.weight.numel() + self.bias.numel()) * self.weight.element_size()
 
+    def hidden_probs(self, hidden: Tensor) -> Tensor:
+        """The probe's label probabilities of hidden states already read back.
+
+        Parameters
+        ----------
+        hidden : Tensor
+            `[N, d]` hidden states (`ReadBack.hidden` of this probe's inverse).
+
+        Returns
+        -------
+        Tensor
+            `[N, n_labels]` float64.
+        """
+        scores = hidden.to(torch.float64) @ self.weight.T + self.bias
+        return probe_distribution(scores, self.seen, self.n_labels, self.n_train)
+
     def apply(self, logits: Tensor, tolerance: float = DEFAULT_TOLERANCE) -> ProbeRows:
         """The probe's label probabilities of `[N, V]` (or `[V]`) decision-step logits rows.
 
@@ -235,8 +251,7 @@ class LogitsProbe:
             on its own.
         """
         back = self.inverse.read(logits, tolerance)
-        scores = back.hidden.to(torch.float64) @ self.weight.T + self.bias
-        probs = probe_distribution(scores, self.seen, self.n_labels, self.n_train)
+        probs = self.hidden_probs(back.hidden)
         uniform = torch.full_like(probs, 1.0 / self.n_labels)
         probs = torch.where(back.readable.unsqueeze(1), probs, uniform)
         return ProbeRows(probs=probs, residual=back.residual, readable=back.readable)

@@ -161,12 +161,20 @@ def record_fits(uses: Sequence[tuple[FitUse, str | None]], picked: Tensor) -> li
     list of Tensor or None
         Per row, `[L]` float64 probabilities to constrain the label with, or None.
     """
+    # One read of the hidden states per inverse (an engine has one): the two products
+    # with the [V, d] output layer are the cost, shared by every fit and row.
+    reads: dict[tuple[int, float], Any] = {}
+    for key_ in {(id(use.probe.inverse), use.tolerance) for use, _ in uses}:
+        index = [i for i, (u, _) in enumerate(uses) if (id(u.probe.inverse), u.tolerance) == key_]
+        inverse = uses[index[0]][0].probe.inverse
+        reads[key_] = (index, inverse.read(picked[index], key_[1]))
     out: list[Tensor | None] = []
     for i, (use, key) in enumerate(uses):
-        rows = use.probe.apply(picked[i], use.tolerance)
-        residual = float(rows.residual[0])
-        if bool(rows.readable[0]):
-            probs = rows.probs[0, list(use.order)]
+        index, back = reads[(id(use.probe.inverse), use.tolerance)]
+        j = index.index(i)
+        residual = float(back.residual[j])
+        if bool(back.readable[j]):
+            probs = use.probe.hidden_probs(back.hidden[j : j + 1])[0, list(use.order)]
             entry: dict[str, Any] = {"probs": probs.tolist(), "residual": residual}
             out.append(probs)
         else:
