@@ -38,8 +38,9 @@ The paper leaves several things open; this module decides them and says so:
 * **Pooling with the constrained softmax** (``semantic_weight``). The semantic
   distribution is a noisy estimate (a few kept tokens, cosines as weights); the
   result is the log-linear pool ``P ∝ P_con^(1-a) P_sem^a``. ``a = 1`` is the
-  semantic distribution alone, ``a = 0`` the constrained softmax. A row without an
-  answer token's log-prob (an engine mask, sparse rows without it) counts it at the
+  semantic distribution alone, ``a = 0`` the constrained softmax. With `silent_vote`
+  set, each row's own silent vote decides its weight (`semsoft_plugin.core.silent_vote`).
+  A row without an answer token's log-prob (an engine mask, sparse rows without it) counts it at the
   smallest kept probability; the engines' readers never rely on that: they fetch the
   exact log-prob or refuse (``engines.reader_contract``).
 * **Score temperature** (``score_temperature``). An optional final temperature on
