@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 ENGINES = ("transformers", "vllm")
-_RENAMED = {"hf": "transformers"}  # old spelling -> the one name, refused
 
 Prompt = tuple[str, bool]  # a formatted prompt text, and whether it holds special tokens
 
@@ -147,9 +146,10 @@ class Backend(Protocol):
 def engine_name(value: Any, what: str = "backend") -> str:
     """The engine's name, checked: one of `ENGINES`; the old spelling `"hf"` is refused
     naming `"transformers"`, anything else naming the choices."""
-    if isinstance(value, str) and value in _RENAMED:
-        raise ValueError(f"{what}={value!r}: renamed: use {_RENAMED[value]!r}")
-    if value not in ENGINES:
+    from semsoft_plugin.app.handles import check_backend
+
+    if value is None or value not in ENGINES:
+        check_backend(value)  # the old spelling: refused naming the new one, as Classifier does
         raise ValueError(f"{what}={value!r} must be one of {ENGINES}")
     return str(value)
 

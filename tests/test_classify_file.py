@@ -34,7 +34,6 @@ ADDED = [
     "p_negative",
     "constrained_positive",
     "constrained_negative",
-    "coverage",
     "fallback",
     "review",
     "truncated",
@@ -191,7 +190,13 @@ def test_csv_file_end_to_end(tmp_path, capsys, model_and_tokenizer):
     assert [r["label"] for r in rows] == [LABELS[i] for i in probs.argmax(1)]
     assert [r["review"] for r in rows] == ["true" if p < 0.7 else "false" for p in probs.max(1)]
     assert {r["fallback"] for r in rows} <= {"true", "false"}
-    assert all(0.0 <= float(r["coverage"]) <= 1.0 for r in rows)
+    # No coverage column at the default (the constrained softmax counts no vote); a pool
+    # (semantic_weight > 0) has one, just before fallback.
+    pooled = tmp_path / "pooled.csv"
+    assert classify_file(inp, pooled, "--batch-size", "3", "--preset", "pooled") == 0
+    pooled_rows = read_csv(pooled)
+    assert list(pooled_rows[0])[-5:] == ["constrained_negative", "coverage", "fallback", "review", "truncated"]
+    assert all(0.0 <= float(r["coverage"]) <= 1.0 for r in pooled_rows)
     # The file path is the estimator's path: same batches, same numbers.
     model, tokenizer = model_and_tokenizer
     clf = Classifier(model, tokenizer, LABELS, batch_size=3)
@@ -425,3 +430,21 @@ def test_vllm_backend_file_matches_transformers_in_float32(tmp_path):
     expected = clf.predict_proba(TEXTS)[:, [list(clf.classes_).index(x) for x in LABELS]]
     np.testing.assert_allclose(got, expected, atol=1e-3)
     assert [w["label"] for w in written] == [LABELS[i] for i in expected.argmax(1)]
+
+
+def test_the_coverage_column_only_where_votes_are_counted() -> None:
+    """A coverage measures the votes, which only a pool counts: at the constrained
+    softmax (the default) the added columns leave it out, in every output form."""
+    from semsoft_plugin.app.columns import ResultColumns, counts_votes
+    from semsoft_plugin.core.config import SemsoftConfig
+
+    assert not counts_votes(SemsoftConfig()) and not counts_votes(None)
+    assert counts_votes(SemsoftConfig.preset("pooled"))
+    assert not counts_votes(SemsoftConfig.preset("pooled"), semantic_weight=0.0)
+    plain, pooled = (ResultColumns(("a", "b"), votes=v) for v in (False, True))
+    assert "coverage" not in plain.names and "coverage" in pooled.names
+    row = plain.row("a", [0.7, 0.3], [0.6, 0.4], 0.99, False, 0, 0.6)
+    assert list(row) == plain.names
+    assert list(pooled.row("a", [0.7, 0.3], [0.6, 0.4], 0.99, False, 0, 0.6)) == pooled.names
+    pytest.importorskip("pyarrow")
+    assert [name for name, _ in plain.arrow_types()] == plain.names

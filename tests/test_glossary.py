@@ -26,6 +26,7 @@ RETIRED = {
     "max_new_tokens": "max_tokens",
     "greedy_pick": "greedy",
     "method_temperature": "score_temperature",
+    "fit_temperature": "fit_score_temperature",
 }
 PACKAGES = ("semsoft_plugin", "semsoft_eval")
 

@@ -27,6 +27,7 @@ OLD_SPELLINGS = {
     r"--backend[ =]hf\b": "--backend transformers",
     r"semsoft-plugin\[[^\]]*\bhf\b": "semsoft-plugin[transformers]",
     r"`hf` extra|extras?: `hf`": "the `transformers` extra",
+    r"\bfit_temperature\s*=": "fit_score_temperature=",
     r"--no-temperature\b": "--no-score-temperature",
 }
 PARSERS = command_parsers()
@@ -76,6 +77,7 @@ def test_the_old_spellings_are_found() -> None:
             "--backend hf -> --backend transformers",
             "--no-temperature -> --no-score-temperature",
             "backend='hf' -> backend=\"transformers\"",
+            "fit_temperature= -> fit_score_temperature=",
             "semsoft-plugin[hf -> semsoft-plugin[transformers]",
         ]
     finally:
@@ -83,25 +85,34 @@ def test_the_old_spellings_are_found() -> None:
 
 
 # -- the transformers engine ---------------------------------------------------------------
-@pytest.mark.parametrize("command", ["eval", "tune"])
+@pytest.mark.parametrize("command", ["classify", "eval", "tune"])
 def test_every_backend_flag_names_the_engine_transformers(command: str) -> None:
     action = _visible(PARSERS[command])["--backend"]
     assert set(action.choices or ()) == {"transformers", "vllm"}
     assert action.default == "transformers"
 
 
-@pytest.mark.parametrize("command", ["eval", "tune"])
+@pytest.mark.parametrize("command", ["classify", "eval", "tune"])
 def test_backend_hf_is_refused_naming_transformers(command: str, capsys: Any) -> None:
     with pytest.raises(SystemExit):
-        PARSERS[command].parse_args(["--dataset", "sst2", "--backend", "hf"])
-    assert "renamed: use 'transformers'" in capsys.readouterr().err
+        PARSERS[command].parse_args(["--labels", "a,b", "--backend", "hf"])
+    assert "backend='hf' is now spelled 'transformers'" in capsys.readouterr().err
+
+
+def test_the_classifier_refuses_the_old_spellings_naming_the_new() -> None:
+    from semsoft_plugin import Classifier
+
+    with pytest.raises(ValueError, match="'transformers'"):
+        Classifier("default", labels=["a", "b"], backend="hf").check_params()
+    with pytest.raises(TypeError, match="fit_score_temperature"):
+        Classifier("default", labels=["a", "b"], fit_temperature=False)
 
 
 def test_the_eval_engine_name_refuses_hf_naming_transformers() -> None:
     from semsoft_eval.backends import ENGINES, engine_name
 
     assert engine_name("transformers") == "transformers"
-    with pytest.raises(ValueError, match="backend='hf': renamed: use 'transformers'"):
+    with pytest.raises(ValueError, match="backend='hf' is now spelled 'transformers'"):
         engine_name("hf")
     with pytest.raises(ValueError, match=re.escape(str(ENGINES))):
         engine_name("tpu")

@@ -132,6 +132,18 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def _backend(text: str) -> str:
+    """``--backend``'s value; the old spelling ``hf`` is refused naming ``transformers``
+    (the Classifier's own check, so every path says the same)."""
+    from semsoft_plugin.app.handles import check_backend
+
+    try:
+        check_backend(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def _add_classify_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "classify",
@@ -169,6 +181,7 @@ def _add_classify_parser(subparsers: Any) -> None:
     add_config_arguments(parser)
     parser.add_argument(
         "--backend",
+        type=_backend,
         choices=("transformers", "vllm"),
         default="transformers",
         help="engine: transformers, or vLLM with the plugin (the forward path of 'semsoft eval')",

@@ -4,7 +4,8 @@
 (one :class:`~semsoft_plugin.app.classifier.Classifier` per Ray actor) and the vLLM-on-Ray
 postprocess all add the same columns to each input row, from the same
 :class:`~semsoft_plugin.app.predictions.Predictions`: ``label``, ``p_<label>`` (Semantic
-Softmax), ``constrained_<label>`` (label tokens only), ``coverage``, ``fallback`` and
+Softmax), ``constrained_<label>`` (label tokens only), ``coverage`` (only where the scores
+count votes, `counts_votes`), ``fallback`` and
 ``review`` (top probability below the review threshold) and ``truncated`` (tokens cut
 from a text longer than the model's context). Keeping the names and the
 row assembly here is what makes a Ray run's rows equal to the CLI's.
@@ -32,6 +33,18 @@ def row_list(numbers: Sequence[Any], limit: int = 20) -> str:
     """Row numbers (or ids) for a message: the first ``limit``, then how many more."""
     shown = ", ".join(str(n) for n in numbers[:limit])
     return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
+
+
+def counts_votes(config: Any = None, semantic_weight: float | None = None) -> bool:
+    """Whether scores with these settings count the kept tokens' votes (a pool:
+    ``semantic_weight > 0``, the override's if given, else the config's, else the
+    default config's). Only then is a coverage shown: at the constrained softmax it
+    would measure votes nobody counts."""
+    if semantic_weight is None:
+        from semsoft_plugin.core.config import SemsoftConfig
+
+        semantic_weight = (config or SemsoftConfig()).semantic_weight
+    return float(semantic_weight) > 0
 
 
 @dataclass(frozen=True)

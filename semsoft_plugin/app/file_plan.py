@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.app.columns import ResultColumns, text_of
+from semsoft_plugin.app.columns import ResultColumns, counts_votes, text_of
 from semsoft_plugin.app.file_settings import (
     TextFingerprint,
     check_fingerprints,
@@ -375,7 +375,8 @@ def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
         The rows to read, score and write.
     """
     source, output, kind = job.input, job.output, job.output_kind
-    result = ResultColumns(tuple(labels), job.column_prefix)
+    votes = counts_votes(semantic_weight=job.settings["config.semantic_weight"])
+    result = ResultColumns(tuple(labels), job.column_prefix, votes=votes)
     column = job.text_column
     arrow = schema = None
     records: list[dict[str, Any]] = []

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from semsoft_plugin.app import file_mode
-from semsoft_plugin.app.columns import ResultColumns, row_list, text_of
+from semsoft_plugin.app.columns import ResultColumns, counts_votes, row_list, text_of
 from semsoft_plugin.core.text_rules import is_blank
 
 __all__ = ["aligned_blocks", "classify_dataset", "run_classify_cli"]
@@ -73,7 +73,10 @@ class _ScoreBatch:
 
         torch.set_num_threads(threads)
         self.classifier = Classifier.from_pretrained(model, list(labels), **classifier_kwargs)
-        self.columns = ResultColumns(tuple(labels), column_prefix)
+        votes = counts_votes(
+            classifier_kwargs.get("config"), classifier_kwargs.get("semantic_weight")
+        )
+        self.columns = ResultColumns(tuple(labels), column_prefix, votes=votes)
         self.text_column = text_column
         self.id_column = id_column
         self.review_below = review_below
@@ -195,8 +198,8 @@ def classify_dataset(
     -------
     Any
         The dataset of the scored rows: every input column, then `label`,
-        `p_<label>`, `constrained_<label>`, `coverage`, `fallback`, `review`,
-        `truncated`.
+        `p_<label>`, `constrained_<label>`, `coverage` (only where the scores count
+        votes: `semantic_weight > 0`), `fallback`, `review`, `truncated`.
         Rows with an empty text, or that the classifier refuses, are left out and named
         on stderr. Bad options and labels fail here, before any actor starts.
     """
@@ -243,7 +246,8 @@ def classify_dataset(
     )
     if not file:
         return scored
-    result = ResultColumns(tuple(names), column_prefix)
+    votes = counts_votes(kwargs.get("config"), kwargs.get("semantic_weight"))
+    result = ResultColumns(tuple(names), column_prefix, votes=votes)
     return _file_pass(scored.materialize(), result, text_column, strength, review_below)
 
 
@@ -372,7 +376,7 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
     columns = list(table.schema.names)
     if args.text_column not in columns:
         raise ValueError(f"{args.input}: no column {args.text_column!r}; columns are {columns}")
-    result = ResultColumns(tuple(labels), args.column_prefix)
+    result = ResultColumns(tuple(labels), args.column_prefix, votes=counts_votes(config))
     id_column = args.id_column
     if id_column is None:
         id_column = f"{args.column_prefix}{ROW_COLUMN}"

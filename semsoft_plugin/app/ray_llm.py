@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from semsoft_plugin.app.columns import ResultColumns, text_of
+from semsoft_plugin.app.columns import ResultColumns, counts_votes, text_of
 from semsoft_plugin.app.predictions import probability_rows
 from semsoft_plugin.core.text_rules import is_blank
 from semsoft_plugin.engines.scoring import MissingLabelLogprobs
@@ -212,7 +212,8 @@ class VLLMPostprocess:
 
         self.request = build_request(labels, config=config, mode=mode, **overrides)  # type: ignore[arg-type]
         self.model = model
-        self.columns = ResultColumns(tuple(self.request.labels), column_prefix)
+        votes = counts_votes(self.request.config)
+        self.columns = ResultColumns(tuple(self.request.labels), column_prefix, votes=votes)
         self.error = f"{column_prefix}error"
         self.review_below = review_below
 
