@@ -117,3 +117,24 @@ def test_a_text_with_a_few_invisible_characters_is_still_scored(model_and_tokeni
     model, tokenizer = model_and_tokenizer
     probs = Classifier(model, tokenizer, LABELS).predict_proba(["\u200bgreat\u200b"])
     assert probs.shape == (1, 2) and np.isclose(probs.sum(), 1.0)
+
+
+def test_the_unicode_rules_need_the_standard_library_alone() -> None:
+    """Labels are compared with the shipped tables (scripts/make_unicode_tables.py), so no
+    install compiles ICU: text_rules imports nothing outside the standard library."""
+    import ast
+    import sys
+
+    from semsoft_plugin.core import text_rules
+    from semsoft_plugin.core.text_rules import confusable_skeleton, is_blank, without_ignorable
+
+    tree = ast.parse(open(text_rules.__file__, encoding="utf-8").read())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}  # fmt: skip
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module}  # fmt: skip
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    assert confusable_skeleton("p\u0430y") == confusable_skeleton("pay")  # Cyrillic a
+    assert confusable_skeleton("rn") == confusable_skeleton("m")
+    assert confusable_skeleton("yes") != confusable_skeleton("yet")
+    assert without_ignorable("a\u200db\u00ad") == "ab" and is_blank("\u200b\u3164\ufeff ")

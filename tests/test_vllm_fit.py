@@ -12,6 +12,7 @@ reason. The probe is fitted on transformers before any engine starts.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -295,3 +296,48 @@ def test_server_rows_equal_the_hook_probe_and_bad_fits_are_400(fit_server, fits,
             client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **bad)
         again = client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **request)
         assert sopenai.openai_label_probs(again, request, checkpoint)
+
+
+SCRIPT = """
+import json, sys
+from vllm import LLM
+from semsoft_plugin.engines import vllm as sv
+from semsoft_plugin.engines.prompting import format_prompt
+from semsoft_plugin.engines.vllm.reader_tables import EXTENSION, FIT_PROCESSOR
+
+if __name__ == "__main__":
+    checkpoint, prompts = sys.argv[1], json.loads(sys.argv[2])
+    llm = LLM(checkpoint, logits_processors=[FIT_PROCESSOR], worker_extension_cls=EXTENSION,
+              enforce_eager=True, max_logprobs=50, max_model_len=512, dtype="float32", seed=0)
+    tokenizer = llm.get_tokenizer()
+    inputs = [{"prompt_token_ids": tokenizer.encode(format_prompt(tokenizer, p)[0],
+                                                    add_special_tokens=False)} for p in prompts]
+    params = sv.sampling_params(["positive", "negative"], fit="sentiment")
+    outs = llm.generate(inputs, params, use_tqdm=False)
+    rows = [sv.label_scores(o, params, llm).probs for o in outs]
+    print("ROWS " + json.dumps(rows))
+"""
+
+
+@pytest.mark.vllm
+def test_offline_engine_in_its_own_process(checkpoint, fits, tmp_path) -> None:
+    """vLLM's default offline mode (the engine core in another process): the fitted rows
+    cross the process boundary through collective_rpc, equal to the hook probe's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "offline.py"
+    script.write_text(SCRIPT)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "SEMSOFT_FIT_DIR": str(fits["folder"]), "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
+    done = subprocess.run([sys.executable, str(script), str(checkpoint), json.dumps(PROMPTS[:3])],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ROWS ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    rows = json.loads(lines[0][len("ROWS ") :])
+    want = fits["probe"].probs(fits["hidden"][:3])
+    got = np.array([[row[label] for label in SENTIMENT] for row in rows])
+    np.testing.assert_allclose(got, want, atol=1e-3)

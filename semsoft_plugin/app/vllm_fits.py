@@ -105,6 +105,21 @@ def _load_one(path: Path, layer: str, hidden_size: int) -> ServedFit:
         return ServedFit(name, (), None, f"fit {name!r} ({path.name}) was refused at load: {what}")
 
 
+def _load_folder(root: Path, model_config: Any) -> dict[str, ServedFit]:
+    """Every `*.json` fit of `root`, each loaded or refused with the reason."""
+    from semsoft_plugin.app.fit_file import output_layer_sha256
+    from semsoft_plugin.engines import models
+
+    paths = sorted(root.glob("*.json"))
+    try:  # vLLM has the checkpoint locally (a hub name is in the hub cache)
+        layer = output_layer_sha256(models.resolve(str(model_config.model), allow_download=False))
+    except ValueError as error:
+        why = f"the engine's output layer cannot be hashed to check the fit against ({error})"
+        return {p.name[:-5]: ServedFit(p.name[:-5], (), None, why) for p in paths}
+    size = int(model_config.get_hidden_size())
+    return {fit.name: fit for fit in (_load_one(p, layer, size) for p in paths)}
+
+
 def served_fits(model_config: Any) -> dict[str, ServedFit]:
     """The fits of the folder `SEMSOFT_FIT_DIR` names, for the engine's model
     (`model_config`, vLLM's), read once per process (an empty dict when the variable is
@@ -119,12 +134,7 @@ def served_fits(model_config: Any) -> dict[str, ServedFit]:
             root = Path(folder)
             if not root.is_dir():
                 raise ValueError(f"{FIT_DIR_ENV}={folder!r} is not a folder")
-            from semsoft_plugin.app.fit_file import output_layer_sha256
-
-            layer = output_layer_sha256(str(model_config.model))
-            size = int(model_config.get_hidden_size())
-            paths = sorted(root.glob("*.json"))
-            found = {fit.name: fit for fit in (_load_one(p, layer, size) for p in paths)}
+            found = _load_folder(root, model_config)
             for fit in found.values():
                 if fit.refusal is not None:
                     logger.warning("semsoft: %s", fit.refusal)

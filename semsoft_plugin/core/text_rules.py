@@ -8,8 +8,7 @@ each path asks these functions, so that a text empty on one path is empty on all
   characters that print as nothing (Unicode categories ``Cc`` control and ``Cf`` format,
   and every ``Default_Ignorable_Code_Point``: the zero-width space, the byte-order mark,
   the word joiner, the soft hyphen, the Hangul fillers, variation selectors) says nothing
-  to the model: it is empty, whichever of these it is made of. The property is read
-  from the ``regex`` library's Unicode tables (imported when a text is first checked).
+  to the model: it is empty, whichever of these it is made of.
 * **Lone surrogates.** JSON (``"\\ud800"``) and Python allow a surrogate code point on its
   own; it has no UTF-8 encoding, so no tokenizer takes it (vLLM's fails with a
   ``TypeError``, a file writer with ``UnicodeEncodeError``, both naming nothing). It is
@@ -23,14 +22,22 @@ each path asks these functions, so that a text empty on one path is empty on all
   labels are compared after NFC normalisation (``"café"`` with one code point and with
   a combining accent), with every default-ignorable code point removed (``"ab"`` and
   ``"a\u200db"``, ``"yes"`` and ``"ye\u200cs"``), and by their Unicode confusable
-  skeleton (UTS #39, ICU's ``SpoofChecker``: a Latin ``a`` and a Cyrillic ``а``). A
-  refusal shows both labels' code points.
+  skeleton (UTS #39: a Latin ``a`` and a Cyrillic ``а``). A refusal shows both labels'
+  code points.
+
+The two Unicode tables the standard library lacks (Default_Ignorable_Code_Point and UTS
+#39's confusable mapping) ship as ``unicode_tables.json`` beside this module, written by
+``scripts/make_unicode_tables.py`` from ICU and checked against it there: the package
+compares labels with the standard library alone, with nothing to compile on install.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
+import json
 import unicodedata
+from importlib import resources
 from typing import Any
 
 __all__ = [
@@ -39,6 +46,7 @@ __all__ = [
     "confusable_skeleton",
     "hidden_characters",
     "is_blank",
+    "is_ignorable",
     "label_identity",
     "lone_surrogate",
     "without_ignorable",
@@ -50,13 +58,28 @@ _JOINERS = frozenset({"\u200c", "\u200d"})
 
 
 @functools.cache
-def _patterns() -> tuple[Any, Any]:
-    """The compiled blank-text and default-ignorable patterns (``regex``'s tables)."""
-    import regex
+def _tables() -> tuple[list[int], list[int], dict[str, str]]:
+    """The default-ignorable ranges (starts and ends) and the per-code-point skeleton map,
+    read once from ``unicode_tables.json``."""
+    text = resources.files("semsoft_plugin.core").joinpath("unicode_tables.json").read_text()
+    table = json.loads(text)
+    starts = [int(r[0]) for r in table["default_ignorable"]]
+    ends = [int(r[1]) for r in table["default_ignorable"]]
+    skeleton = {chr(int(k, 16)): str(v) for k, v in table["skeleton"].items()}
+    return starts, ends, skeleton
 
-    ignorable = r"\p{Default_Ignorable_Code_Point}"
-    blank = regex.compile(rf"[\s\p{{White_Space}}\p{{Cc}}\p{{Cf}}{ignorable}]*")
-    return blank, regex.compile(rf"{ignorable}+")
+
+def is_ignorable(char: str) -> bool:
+    """True for a Default_Ignorable_Code_Point (one character).
+
+    Examples
+    --------
+    >>> is_ignorable("\u200b"), is_ignorable("\u00ad"), is_ignorable("a")
+    (True, True, False)
+    """
+    starts, ends, _ = _tables()
+    at = bisect.bisect_right(starts, ord(char)) - 1
+    return at >= 0 and ord(char) <= ends[at]
 
 
 def is_blank(text: str) -> bool:
@@ -74,9 +97,9 @@ def is_blank(text: str) -> bool:
     bool
         Whether it is blank.
     """
-    if all(c.isspace() or unicodedata.category(c) in _INVISIBLE for c in text):
-        return True
-    return _patterns()[0].fullmatch(text) is not None
+    return all(
+        c.isspace() or unicodedata.category(c) in _INVISIBLE or is_ignorable(c) for c in text
+    )
 
 
 def without_ignorable(text: str) -> str:
@@ -92,7 +115,7 @@ def without_ignorable(text: str) -> str:
     str
         What prints the same.
     """
-    return str(_patterns()[1].sub("", text))
+    return "".join(c for c in text if not is_ignorable(c))
 
 
 def lone_surrogate(text: str) -> int | None:
@@ -129,22 +152,10 @@ def label_identity(label: str) -> str:
     return confusable_skeleton(without_ignorable(unicodedata.normalize("NFC", label)))
 
 
-@functools.cache
-def _spoof_checker() -> Any:
-    """ICU's spoof checker (PyICU), made once."""
-    try:
-        import icu
-    except ImportError:
-        raise ImportError(
-            "labels are compared by their Unicode confusable skeleton (UTS #39), which needs "
-            "PyICU: pip install pyicu"
-        ) from None
-    return icu.SpoofChecker()
-
-
 def confusable_skeleton(text: str) -> str:
     """The UTS #39 skeleton of ``text``: equal for two strings a reader cannot tell apart
-    (a Latin ``a`` and a Cyrillic ``а``, ``rn`` and ``m``); ICU's ``SpoofChecker``.
+    (a Latin ``a`` and a Cyrillic ``а``, ``rn`` and ``m``): ``NFD`` of the code points'
+    prototypes (UTS #39's confusable mapping) in the text's ``NFD``.
 
     Parameters
     ----------
@@ -156,7 +167,9 @@ def confusable_skeleton(text: str) -> str:
     str
         Its skeleton.
     """
-    return str(_spoof_checker().getSkeleton(0, text))
+    mapping = _tables()[2]
+    decomposed = unicodedata.normalize("NFD", text)
+    return unicodedata.normalize("NFD", "".join(mapping.get(c, c) for c in decomposed))
 
 
 def code_points(text: str) -> str:
