@@ -215,7 +215,9 @@ def test_temperature_samples_and_score_temperature_scales_on_transformers(outlin
     torch.manual_seed(0)
     drawn = hot(PROMPTS[0], num_return_sequences=12)
     assert len(set(drawn)) > 1  # near-uniform draws over the four labels
-    assert all(d.probs == pytest.approx(greedy.probs, abs=1e-6) for d in drawn)
+    # A batch of 12 rows runs other float32 kernels than one row: on an AVX-512 CPU the
+    # rows moved by 1.3e-6 (rounding), so the bound is 1e-5, far below any real change.
+    assert all(d.probs == pytest.approx(greedy.probs, abs=1e-5) for d in drawn)
     assert Generator(outlines_model, Emotion, temperature=0)(PROMPTS[0]) == greedy
     scaled = Generator(outlines_model, Emotion, score_temperature=2.0)(PROMPTS[0])
     same = Generator(outlines_model, Emotion, config=SemsoftConfig(score_temperature=2.0))(PROMPTS[0])
