@@ -1,10 +1,10 @@
-"""``semsoft eval`` and ``semsoft tune`` subcommands (registered by ``semsoft_plugin.app.cli``).
+"""`semsoft eval` and `semsoft tune` subcommands (registered by `semsoft_plugin.app.cli`).
 
-The Semantic Softmax flags are generated from :class:`~semsoft_plugin.core.config.SemsoftConfig`'s
-field table by :func:`semsoft_plugin.app.config_args.add_config_arguments` (``own_vote`` is
-``--own-vote``, in ``eval`` an override of ``--preset``/``--config``, in ``tune`` a grid axis
-over the start config; :data:`~semsoft_eval.tune.DEFAULT_GRID` by default), so a flag and the
-field it sets cannot drift apart. User errors raise ``ValueError``; the ``semsoft`` command prints them
+The Semantic Softmax flags are generated from [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig]'s
+field table by `semsoft_plugin.app.config_args.add_config_arguments` (`own_vote` is
+`--own-vote`, in `eval` an override of `--preset`/`--config`, in `tune` a grid axis
+over the start config; `semsoft_eval.tune.DEFAULT_GRID` by default), so a flag and the
+field it sets cannot drift apart. User errors raise `ValueError`; the `semsoft` command prints them
 as one line.
 """
 
@@ -83,7 +83,7 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _RenamedFlag(argparse.Action):
-    """An old flag, hidden from ``--help``: refused naming the new one."""
+    """An old flag, hidden from `--help`: refused naming the new one."""
 
     RENAMED = {"--no-temperature": "--no-score-temperature"}
 
@@ -126,7 +126,7 @@ def _cache_dir(args: argparse.Namespace) -> str | None:
 
 
 def add_eval_parser(subparsers: Any) -> None:
-    """Register ``semsoft eval``."""
+    """Register `semsoft eval`."""
     from semsoft_eval.methods import ALL_METHODS, DEFAULT_METHODS
 
     parser = subparsers.add_parser(
@@ -195,12 +195,12 @@ _FITTED = ("score_temperature",)
 
 
 def _name_list(text: str) -> tuple[str, ...]:
-    """``a,b`` -> ``("a", "b")`` (checked where used, each bad name refused by name)."""
+    """`a,b` -> `("a", "b")` (checked where used, each bad name refused by name)."""
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def add_tune_parser(subparsers: Any) -> None:
-    """Register ``semsoft tune``."""
+    """Register `semsoft tune`."""
     from semsoft_eval.tune import DEFAULT_GRID
     from semsoft_plugin.core.fitting import FAMILY
 
@@ -258,9 +258,9 @@ def add_tune_parser(subparsers: Any) -> None:
 
 
 def _check_fit_output(output: Path, *, overwrite: bool) -> None:
-    """``tune --output``, checked before the tune: a ``.json`` name in a folder that
+    """`tune --output`, checked before the tune: a `.json` name in a folder that
     exists and can be written, not a folder, and an existing file only with
-    ``--overwrite``; ``ValueError`` naming the path."""
+    `--overwrite`; `ValueError` naming the path."""
     if output.suffix.lower() != ".json":
         raise ValueError(
             f"--output {output}: a fit is written as JSON; name the file with a .json suffix"

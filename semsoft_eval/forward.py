@@ -1,25 +1,25 @@
 """One forward pass per item through the user code path, kept on disk for method sweeps.
 
-``semsoft eval`` and ``semsoft tune`` never score items with a second implementation:
+`semsoft eval` and `semsoft tune` never score items with a second implementation:
 the decision step comes from the engine's own adapter through a
-:class:`~semsoft_eval.backends.Backend` (``semsoft_plugin.engines.hf.classify`` with
-``keep_logits=True`` on transformers, ``semsoft_plugin.engines.vllm.classify_vllm`` on vLLM), and
+`semsoft_eval.backends.Backend` (`semsoft_plugin.engines.hf.classify` with
+`keep_logits=True` on transformers, `semsoft_plugin.engines.vllm.classify_vllm` on vLLM), and
 every method is then computed from the kept values with
-:class:`semsoft_plugin.core.softmax.SemanticSoftmax`.
+[`semsoft_plugin.core.softmax.SemanticSoftmax`][semsoft_plugin.core.softmax.SemanticSoftmax].
 
-What is kept per item is lossless for every method here: the top ``store_k`` values
-(Semantic Softmax with any ``k <= store_k`` sees exactly the same kept tokens, and
-``P_sem`` is a ratio, so the softmax normaliser over the rest of the vocabulary
+What is kept per item is lossless for every method here: the top `store_k` values
+(Semantic Softmax with any `k <= store_k` sees exactly the same kept tokens, and
+`P_sem` is a ratio, so the softmax normaliser over the rest of the vocabulary
 cancels) and the values of every label answer token and own-token variant (the
-constrained softmax, contextual calibration, temperature scaling). :meth:`Forward.logits`
-rebuilds ``[N, V]`` rows with ``-inf`` elsewhere, which the core treats as masked tokens.
+constrained softmax, contextual calibration, temperature scaling). `Forward.logits`
+rebuilds `[N, V]` rows with `-inf` elsewhere, which the core treats as masked tokens.
 transformers gives raw logits, vLLM raw log-probabilities: they differ by one constant
 per row and every method here is invariant to that constant (softmaxes over subsets of
-one row, and the temperature divides the difference), so one :class:`Forward` serves
+one row, and the temperature divides the difference), so one `Forward` serves
 both engines.
 
 The cache is a safetensors file (never pickle) named by a hash of everything that
-changes the logits: model directory, prompts, labels, ``store_k``, the engine.
+changes the logits: model directory, prompts, labels, `store_k`, the engine.
 """
 
 from __future__ import annotations
@@ -61,19 +61,29 @@ class Forward:
 
     Attributes
     ----------
-    top_ids, top_logits : ``[N, S]`` the S highest raw logits per item and their token ids
-    label_ids : ``[M]`` answer and own-variant token ids of every label
-    label_logits : ``[N, M]`` their raw logits
-    cf_top_ids, cf_top_logits, cf_label_logits : the same for the content-free inputs
-    vocab_size : width of the original logits rows
-    semantic_check : ``[N, L]`` the ``probs`` classify returned (its own config), to
+    top_ids, top_logits : Tensor
+        `[N, S]` the S highest raw logits per item and their token ids
+    label_ids : Tensor
+        `[M]` answer and own-variant token ids of every label
+    label_logits : Tensor
+        `[N, M]` their raw logits
+    cf_top_ids, cf_top_logits, cf_label_logits : Tensor
+        The same for the content-free inputs
+    vocab_size : int
+        Width of the original logits rows
+    semantic_check : Tensor
+        `[N, L]` the `probs` classify returned (its own config), to
         verify that rescoring from the cache reproduces the adapter
-    sequence_logprob : ``[N, L]`` log P(whole label sequence | prompt), or None
-    seconds : wall time of the classify forward passes (all items)
-    sequence_seconds : wall time of the extra sequence passes (0 if none)
-    hidden : ``[N, H]`` float32 last-layer hidden state at the decision step (the
-        ``probe`` method's features), or None: the engine gives none (vLLM's generate
-        runner) or the cache predates it (``collect(hidden=True)`` adds it)
+    sequence_logprob : Tensor | None
+        `[N, L]` log P(whole label sequence | prompt), or None
+    seconds : float
+        Wall time of the classify forward passes (all items)
+    sequence_seconds : float
+        Wall time of the extra sequence passes (0 if none)
+    hidden : Tensor | None
+        `[N, H]` float32 last-layer hidden state at the decision step (the
+        `probe` method's features), or None: the engine gives none (vLLM's generate
+        runner) or the cache predates it (`collect(hidden=True)` adds it)
     """
 
     top_ids: Tensor
@@ -99,7 +109,7 @@ class Forward:
         return int(self.top_ids.shape[1])
 
     def logits(self, rows: slice | Tensor | None = None, *, content_free: bool = False) -> Tensor:
-        """Rebuilt ``[n, V]`` float32 logits, ``-inf`` outside the stored tokens."""
+        """Rebuilt `[n, V]` float32 logits, `-inf` outside the stored tokens."""
         ids, values, labels = (
             (self.cf_top_ids, self.cf_top_logits, self.cf_label_logits)
             if content_free
@@ -113,7 +123,7 @@ class Forward:
         return full
 
     def content_free(self) -> Forward:
-        """The content-free inputs' passes as a :class:`Forward` of their own."""
+        """The content-free inputs' passes as a `Forward` of their own."""
         return dataclasses.replace(
             self,
             top_ids=self.cf_top_ids,
@@ -176,7 +186,7 @@ def assemble(
     seconds: float,
     hidden: Tensor | None = None,
 ) -> Forward:
-    """A :class:`Forward` from the ``(top_ids, top_values, label_values)`` of the items
+    """A `Forward` from the `(top_ids, top_values, label_values)` of the items
     and of the content-free inputs."""
     (ids, values, label_logits), (cf_ids, cf_values, cf_label_logits) = kept, cf_kept
     return Forward(
@@ -217,13 +227,13 @@ def collect(
     cache_file: Path | None = None,
     hidden: bool = False,
 ) -> Forward:
-    """The decision step of the items and the content-free inputs on ``backend``.
+    """The decision step of the items and the content-free inputs on `backend`.
 
-    ``store_k`` defaults to what the backend can keep (``backend.max_store_k()``). With
-    ``cache_file`` an existing cache is read instead (and a new one written); a cache
-    without the sequence log-probabilities is extended when ``sequence`` asks, and one
+    `store_k` defaults to what the backend can keep (`backend.max_store_k()`). With
+    `cache_file` an existing cache is read instead (and a new one written); a cache
+    without the sequence log-probabilities is extended when `sequence` asks, and one
     without the decision step's hidden states (written before they were kept) when
-    ``hidden`` asks and the backend gives them (the decision step is run again).
+    `hidden` asks and the backend gives them (the decision step is run again).
     """
 
     def sequence_pass() -> Tensor:

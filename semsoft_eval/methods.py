@@ -1,20 +1,22 @@
-"""The methods ``semsoft eval`` compares, by name: a registry.
+"""The methods `semsoft eval` compares, by name: a registry.
 
-Each method is a small function from a :class:`MethodInputs` (the kept forward passes,
-the labels, the folds, ...) to a :class:`MethodResult` (``[N, L]`` probabilities and
-what it measured), registered with :func:`method`. :func:`score_methods` runs the named
-ones; ``semsoft eval --methods`` lists :data:`ALL_METHODS`. Adding a method is one
-decorated function here::
+Each method is a small function from a `MethodInputs` (the kept forward passes,
+the labels, the folds, ...) to a `MethodResult` (`[N, L]` probabilities and
+what it measured), registered with `method`. `score_methods` runs the named
+ones; `semsoft eval --methods` lists `ALL_METHODS`. Adding a method is one
+decorated function here:
 
-    @method("semantic-half", "Semantic Softmax averaged with the constrained softmax")
-    def _semantic_half(m: MethodInputs) -> MethodResult:
-        return m.derived(m.semantic(), (m.semantic().probs + m.constrained().probs) / 2)
+```python
+@method("semantic-half", "Semantic Softmax averaged with the constrained softmax")
+def _semantic_half(m: MethodInputs) -> MethodResult:
+    return m.derived(m.semantic(), (m.semantic().probs + m.constrained().probs) / 2)
+```
 
-Methods scored from the kept passes cost no forward pass; ``self-consistency`` and
-``verbal`` generate through the run's :class:`~semsoft_eval.backends.Backend`, and
-``generative-scoring`` reads vLLM's own label scoring through it (``default=False``:
-they are not in :data:`DEFAULT_METHODS`). Methods that need labels
-are cross-fitted over ``fold_ids`` so every item is scored out of fold.
+Methods scored from the kept passes cost no forward pass; `self-consistency` and
+`verbal` generate through the run's `semsoft_eval.backends.Backend`, and
+`generative-scoring` reads vLLM's own label scoring through it (`default=False`:
+they are not in `DEFAULT_METHODS`). Methods that need labels
+are cross-fitted over `fold_ids` so every item is scored out of fold.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ __all__ = [
 
 @dataclass
 class MethodResult:
-    """One method's label probabilities ``[N, L]`` and what it measured on the way."""
+    """One method's label probabilities `[N, L]` and what it measured on the way."""
 
     probs: np.ndarray
     seconds: float
@@ -83,15 +85,15 @@ def semantic_probs(
 def constrained_probs(
     forward: Forward, labels: LabelSet, *, content_free: bool = False
 ) -> np.ndarray:
-    """The softmax over the label answer tokens (the first columns of ``label_ids``)."""
+    """The softmax over the label answer tokens (the first columns of `label_ids`)."""
     values = forward.cf_label_logits if content_free else forward.label_logits
     return torch.softmax(values[:, : len(labels)].double(), dim=-1).numpy()
 
 
 @dataclass
 class MethodInputs:
-    """What a method may read. ``constrained()`` and ``semantic()`` are computed once per
-    run and shared by the methods built on them; ``backend`` and ``prompts`` are there
+    """What a method may read. `constrained()` and `semantic()` are computed once per
+    run and shared by the methods built on them; `backend` and `prompts` are there
     for the methods that generate."""
 
     forward: Forward
@@ -119,15 +121,15 @@ class MethodInputs:
         return self._memo["semantic"]
 
     def score(self, config: SemsoftConfig, *, content_free: bool = False) -> MethodResult:
-        """Semantic Softmax with ``config`` on the items (or the content-free inputs)."""
+        """Semantic Softmax with `config` on the items (or the content-free inputs)."""
         forward = self.forward.content_free() if content_free else self.forward
         return semantic_probs(forward, self.embeddings, self.labels, config)
 
     def derived(
         self, base: MethodResult, probs: np.ndarray, start: float | None = None, **extra: Any
     ) -> MethodResult:
-        """``probs`` computed from ``base``: its cost (plus the time since ``start``), its
-        fallback rate and coverage, and ``extra`` (e.g. fitted temperatures)."""
+        """`probs` computed from `base`: its cost (plus the time since `start`), its
+        fallback rate and coverage, and `extra` (e.g. fitted temperatures)."""
         spent = 0.0 if start is None else time.perf_counter() - start
         return MethodResult(
             probs, base.seconds + spent, base.fallback_rate, base.coverage, extra or None
@@ -153,7 +155,7 @@ METHODS: dict[str, _Entry] = {}
 
 
 def method(name: str, help: str, *, default: bool = True) -> Callable[[Method], Method]:
-    """Register ``name`` (``default=False``: only when asked for by name)."""
+    """Register `name` (`default=False`: only when asked for by name)."""
 
     def register(run: Method) -> Method:
         if name in METHODS:
@@ -179,7 +181,7 @@ def _semantic_paper(m: MethodInputs) -> MethodResult:
     return m.score(m.paper)
 
 
-@method("semantic-shared", "the previous default: every kept token's whole mass shared out")
+@method("semantic-shared", "SemsoftConfig.preset('shared'): every kept token's whole mass shared out among the labels")
 def _semantic_shared(m: MethodInputs) -> MethodResult:
     return m.score(SemsoftConfig.preset("shared").replace(k=m.config.k))
 
@@ -236,7 +238,7 @@ def _silent_vote(m: MethodInputs) -> MethodResult:
 
 def _file_mode(m: MethodInputs, base: MethodResult) -> MethodResult:
     """The file mode as shipped: the bias of the evaluated items as one file, applied
-    row by row at the strength its guard chooses (the default ``strength="auto"``)."""
+    row by row at the strength its guard chooses (the default `strength="auto"`)."""
     start = time.perf_counter()
     # Any run size: an evaluation measures the mode on whatever file it is given (the
     # CLI's floor of 32 rows protects a user's file, not a measurement).
@@ -360,13 +362,13 @@ def _verbal(m: MethodInputs) -> MethodResult:
     default=False,
 )
 def _generative_scoring(m: MethodInputs) -> MethodResult:
-    """Each item scored as ``POST /generative_scoring`` scores it, through the engine.
+    """Each item scored as `POST /generative_scoring` scores it, through the engine.
 
     The server softmaxes the label tokens' full-vocabulary log-probabilities over the
-    ``label_token_ids`` it is given (in float64, as here) and returns only the first
-    label's probability per item: a client that wants all ``L`` probabilities sends
-    ``L - 1`` requests, each with another label first (``extra``). One read of the
-    engine's log-probabilities here gives all ``L``, so ``seconds`` is the one-request
+    `label_token_ids` it is given (in float64, as here) and returns only the first
+    label's probability per item: a client that wants all `L` probabilities sends
+    `L - 1` requests, each with another label first (`extra`). One read of the
+    engine's log-probabilities here gives all `L`, so `seconds` is the one-request
     cost per item."""
     if m.backend is None:
         raise ValueError("generative-scoring scores through the engine: give the run's backend")

@@ -1,22 +1,22 @@
-"""``semsoft tune``: fit Semantic Softmax's settings on labelled data, honestly.
+"""`semsoft tune`: fit Semantic Softmax's settings on labelled data, honestly.
 
-The fit is :func:`semsoft_plugin.core.fit_family.fit_from_grid`, the one
-``Classifier.fit`` runs: from the starting setting (``--config`` or the label-free
-default), every member of the family (``--fit-family``: the grid, default the pool weight
-``semantic_weight`` with a fitted final temperature, any config field an axis; a
+The fit is [`semsoft_plugin.core.fit_family.fit_from_grid`][semsoft_plugin.core.fit_family.fit_from_grid], the one
+`Classifier.fit` runs: from the starting setting (`--config` or the label-free
+default), every member of the family (`--fit-family`: the grid, default the pool weight
+`semantic_weight` with a fitted final temperature, any config field an axis; a
 temperature alone; the bias corrections offset, batch and contextual; the probe on the
 decision step's hidden state where the engine keeps it) is scored on the kept values of
-one forward pass per item (:mod:`semsoft_eval.forward`), and the default is kept unless
-one beats it out of fold by ``margin`` standard errors. The probe is
-:func:`semsoft_plugin.app.probe.fit_probe`, the Classifier's; vLLM keeps no hidden
+one forward pass per item (`semsoft_eval.forward`), and the default is kept unless
+one beats it out of fold by `margin` standard errors. The probe is
+`semsoft_plugin.app.probe.fit_probe`, the Classifier's; vLLM keeps no hidden
 states, so there a probe asked for is refused by name.
 
 Honest figures: the whole fit (the rule included) is *nested* in cross-validation. For
-each of ``n_folds`` stratified folds the setting is fitted on the other folds and applied
+each of `n_folds` stratified folds the setting is fitted on the other folds and applied
 to the held fold; the figures printed are those out-of-fold predictions. The
-configuration written to ``--output`` is then fitted on all items, with the correction a
-bias member or the probe adds (:func:`semsoft_plugin.app.fitted.save_fitted`), which
-``semsoft classify --config`` applies row by row.
+configuration written to `--output` is then fitted on all items, with the correction a
+bias member or the probe adds ([`semsoft_plugin.app.fitted.save_fitted`][semsoft_plugin.app.fitted.save_fitted]), which
+`semsoft classify --config` applies row by row.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ _ADVICE = "use --backend transformers, or leave 'probe' out of --fit-family"
 def grid_configs(
     grid: dict[str, Sequence[Any]] | None = None, start: SemsoftConfig | None = None
 ) -> list[SemsoftConfig]:
-    """Every combination of the grid's values over ``start`` (unknown keys raise)."""
+    """Every combination of the grid's values over `start` (unknown keys raise)."""
     return fitting.grid_configs(DEFAULT_GRID if grid is None else grid, start)
 
 
@@ -66,18 +66,24 @@ def label_cosines(embeddings: Any, labels: LabelSet, *, center: bool) -> dict[st
 
 @dataclass
 class TuneResult:
-    """What ``tune`` chose and how it measured.
+    """What `tune` chose and how it measured.
 
     Attributes
     ----------
-    config : the setting to use (the fit on all items, or the start if the rule kept it)
-    fit : the fit on all items (:class:`semsoft_plugin.core.fitting.FitResult`)
-    cross_validated : out-of-fold metrics of the whole fit, of ``constrained``, of
-        ``constrained`` + temperature and of the starting config
-    fold_choices : what the fit chose on each fold's training part
-    correction : what a bias member or the probe adds after ``config`` (fitted on all
+    config : SemsoftConfig
+        The setting to use (the fit on all items, or the start if the rule kept it)
+    fit : fit_family.FitResult
+        The fit on all items (`semsoft_plugin.core.fitting.FitResult`)
+    cross_validated : dict[str, dict[str, float | None]]
+        Out-of-fold metrics of the whole fit, of `constrained`, of
+        `constrained` + temperature and of the starting config
+    fold_choices : list[dict[str, Any]]
+        What the fit chose on each fold's training part
+    correction : FittedCorrection | None
+        What a bias member or the probe adds after `config` (fitted on all
         items), or None
-    identity : what the fit was made on (labels, prompt, the model's output layer), set
+    identity : FitIdentity | None
+        What the fit was made on (labels, prompt, the model's output layer), set
         by `tune_dataset`; what `save_fitted` records beside a correction
     """
 
@@ -116,9 +122,9 @@ def tune(
     gold_sets: Sequence[Sequence[int]] | None = None,
     family: Sequence[str] | None = None,
 ) -> TuneResult:
-    """Fit the settings with :func:`semsoft_plugin.core.fit_family.fit_from_grid`, nested
-    in cross-validation for the figures (module docstring). ``family``: the members
-    checked (``None``: all these passes allow; the probe needs ``forward.hidden``)."""
+    """Fit the settings with [`semsoft_plugin.core.fit_family.fit_from_grid`][semsoft_plugin.core.fit_family.fit_from_grid], nested
+    in cross-validation for the figures (module docstring). `family`: the members
+    checked (`None`: all these passes allow; the probe needs `forward.hidden`)."""
     targets = np.asarray(targets, dtype=np.int64)
     if len(targets) != forward.n:
         raise ValueError(f"{len(targets)} targets for {forward.n} items")
@@ -259,9 +265,9 @@ def tune_dataset(
     family: Sequence[str] | None = None,
     **data_options: Any,
 ) -> TuneResult:
-    """Load data and model, run the forward passes (or read them back), then :func:`tune`.
+    """Load data and model, run the forward passes (or read them back), then `tune`.
 
-    ``backend``, ``engine_args`` and ``loaded`` as in :func:`semsoft_eval.preparation.prepare`.
+    `backend`, `engine_args` and `loaded` as in `semsoft_eval.preparation.prepare`.
     """
     check_fit_settings(n_folds, margin)  # before the data or the model loads
     if family is not None:

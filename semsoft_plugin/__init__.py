@@ -1,13 +1,13 @@
 """semsoft: calibrated label probabilities for LLM zero-shot classifiers (Semantic Softmax).
 
-The package root needs torch only. ``Classifier`` (``predict_proba`` and friends) is
-exported lazily: ``from semsoft_plugin import Classifier`` imports scikit-learn (the
+The package root needs torch only. `Classifier` (`predict_proba` and friends) is
+exported lazily: `from semsoft_plugin import Classifier` imports scikit-learn (the
 estimator's base classes), and the classifier loads transformers or vLLM when it is used. Engine adapters load their engine on import:
 
-* ``semsoft_plugin.engines.hf``: transformers ``LogitsProcessor`` and ``classify``;
-* ``semsoft_plugin.engines.vllm``: vLLM logits processor and per-request options;
-* ``semsoft_plugin.engines.openai``: any OpenAI-compatible server (no vLLM needed);
-* ``semsoft_plugin.engines.outlines``: drop-in ``Generator`` for Outlines choices.
+* `semsoft_plugin.engines.hf`: transformers `LogitsProcessor` and `classify`;
+* `semsoft_plugin.engines.vllm`: vLLM logits processor and per-request options;
+* `semsoft_plugin.engines.openai`: any OpenAI-compatible server (no vLLM needed);
+* `semsoft_plugin.engines.outlines`: drop-in `Generator` for Outlines choices.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -45,8 +45,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``Classifier`` on first use: its module imports scikit-learn, which ``import
-    semsoft_plugin`` does not."""
+    """`Classifier` on first use: its module imports scikit-learn, which `import
+    semsoft_plugin` does not."""
     if name == "Classifier":
         from semsoft_plugin.app.classifier import Classifier
 

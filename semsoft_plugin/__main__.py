@@ -1,4 +1,4 @@
-"""``python -m semsoft_plugin`` runs the ``semsoft`` command line."""
+"""`python -m semsoft_plugin` runs the `semsoft` command line."""
 
 import sys
 

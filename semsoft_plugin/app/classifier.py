@@ -1,25 +1,27 @@
-"""``Classifier``: a scikit-learn estimator over a zero-shot LLM classifier.
+"""`Classifier`: a scikit-learn estimator over a zero-shot LLM classifier.
 
 One object holds the model, the labels, the prompt and the Semantic Softmax settings;
-``predict_proba(texts)`` returns an ``[N, L]`` float64 array whose rows sum to one, in
-the order of ``classes_``, so scikit-learn's metrics take it unchanged::
+`predict_proba(texts)` returns an `[N, L]` float64 array whose rows sum to one, in
+the order of `classes_`, so scikit-learn's metrics take it unchanged:
 
-    clf = Classifier("default", labels=["positive", "negative"])
-    log_loss(y, clf.predict_proba(texts), labels=clf.classes_)
+```python
+clf = Classifier("default", labels=["positive", "negative"])
+log_loss(y, clf.predict_proba(texts), labels=clf.classes_)
+```
 
-A scikit-learn estimator (``BaseEstimator``, ``ClassifierMixin``: ``clone``,
-``Pipeline``, ``GridSearchCV``, the HTML repr, metadata routing of ``sample_weight``).
-The model is a parameter that copies cheaply (:mod:`semsoft_plugin.app.handles`), so no
+A scikit-learn estimator (`BaseEstimator`, `ClassifierMixin`: `clone`,
+`Pipeline`, `GridSearchCV`, the HTML repr, metadata routing of `sample_weight`).
+The model is a parameter that copies cheaply (`semsoft_plugin.app.handles`), so no
 copy of the classifier copies the weights, and every copy scores a text once: the kept
-forward passes are shared by the process (:mod:`semsoft_plugin.app.pass_cache`).
+forward passes are shared by the process (`semsoft_plugin.app.pass_cache`).
 
 The parts, each its own module: the parameters checked
-(:mod:`~semsoft_plugin.app.classifier_settings`), what they resolve to and the scoring
-(:class:`~semsoft_plugin.app.scorer.Scorer`), the labelled fit
-(:mod:`~semsoft_plugin.app.classifier_fit`) and the fitted state it leaves
-(:class:`~semsoft_plugin.app.fitted_state.FittedState`). This module imports
-scikit-learn; ``import semsoft_plugin`` does not import it (the package exports
-``Classifier`` lazily).
+(`semsoft_plugin.app.classifier_settings`), what they resolve to and the scoring
+(`semsoft_plugin.app.scorer.Scorer`), the labelled fit
+(`semsoft_plugin.app.classifier_fit`) and the fitted state it leaves
+(`semsoft_plugin.app.fitted_state.FittedState`). This module imports
+scikit-learn; `import semsoft_plugin` does not import it (the package exports
+`Classifier` lazily).
 """
 
 from __future__ import annotations
@@ -57,111 +59,175 @@ _REPR_WIDTH = 60  # a longer parameter repr (a loaded model) is shown as <its ty
 
 
 class NotFittedError(ValueError, AttributeError):
-    """Used before ``fit`` where ``fit`` supplies something (the labels with
-    ``labels=None``, the file correction with ``calibrate="file"``); a ``ValueError`` and an
-    ``AttributeError``, as scikit-learn's own ``NotFittedError``."""
+    """Used before `fit` where `fit` supplies something (the labels with
+    `labels=None`, the file correction with `calibrate="file"`); a `ValueError` and an
+    `AttributeError`, as scikit-learn's own `NotFittedError`."""
 
 
 class Classifier(ClassifierMixin, BaseEstimator):
     """Calibrated zero-shot classification of texts by an LLM, a scikit-learn estimator.
 
-    Parameters are stored as given and checked where they are used (``fit``,
-    ``predict*``; :meth:`from_pretrained` checks them and loads the model at once), as
+    Parameters are stored as given and checked where they are used (`fit`,
+    `predict*`; [`from_pretrained`][semsoft_plugin.app.classifier.Classifier.from_pretrained] checks them and loads the model at once), as
     scikit-learn requires of an estimator.
 
     Parameters
     ----------
-    model : a model name (``"default"``, ``"smollm2-135m"``) or checkpoint directory, as
-        :func:`semsoft_plugin.engines.models.resolve` finds it, loaded on first use and
+    model : Any
+        A model name (`"default"`, `"smollm2-135m"`) or checkpoint directory, as
+        `semsoft_plugin.engines.models.resolve` finds it, loaded on first use and
         shared by every classifier naming it in this process; or a loaded transformers
-        causal LM or ``vllm.LLM`` (scored through
-        :func:`~semsoft_plugin.engines.vllm.classify_vllm`; the engine needs
-        ``max_logprobs >= k``), shared by reference with every clone
-    tokenizer : a loaded transformers model's tokenizer; ``None`` for a name or a
-        ``vllm.LLM`` (its own is used)
-    labels : label names, any ordered sequence (list, tuple, numpy array such as another
-        estimator's ``classes_``, ``dict_keys``; not a set, which has no order), scored as
-        leading-space whole words after the answer prefix and listed in this order in the
-        prompt's ``{labels}``; with transformers also a ready
-        :class:`~semsoft_plugin.core.labels.LabelSet`; ``None``: the sorted labels of
-        ``y`` in :meth:`fit`. ``classes_`` holds them sorted and every output's columns
-        follow ``classes_``: scikit-learn's metrics assume probability columns in sorted
-        label order (``log_loss`` warns and misreads them otherwise).
-    prompt : a :class:`~semsoft_plugin.engines.prompting.PromptTemplate`, or a user message with
-        ``{text}`` (and optionally ``{labels}``) and the default answer prefix
-        ``"Answer:"``; default: the prompt of ``semsoft classify``
-    config : Semantic Softmax settings (e.g. ``SemsoftConfig.load`` of a ``semsoft
-        tune`` file); default ``SemsoftConfig()``
-    k, semantic_weight, score_temperature : fix these fields of ``config`` (``None``: the
-        config's, which :meth:`fit` may fit): the settings a search varies. A value given
-        here is kept by :meth:`fit`, which fits only the rest, so a ``GridSearchCV``
-        value of ``semantic_weight`` is the value scored
-    batch_size : texts per forward pass (transformers; vLLM schedules its own)
-    progress : show the adapter's progress bar (default: when there is more than one
+        causal LM or `vllm.LLM` (scored through
+        [`classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm]; the engine needs
+        `max_logprobs >= k`), shared by reference with every clone
+    tokenizer : Any
+        A loaded transformers model's tokenizer; `None` for a name or a
+        `vllm.LLM` (its own is used)
+    labels : Sequence[str] | LabelSet | None
+        Label names, any ordered sequence (list, tuple, numpy array such as another estimator's
+        `classes_`, `dict_keys`; not a set, which has no order), scored as leading-space whole words
+        after the answer prefix and listed in this order in the prompt's `{labels}`; with
+        transformers also a ready [`LabelSet`][semsoft_plugin.core.labels.LabelSet]; `None`: the
+        sorted labels of `y` in [`fit`][semsoft_plugin.app.classifier.Classifier.fit]. `classes_`
+        holds them sorted and every output's columns follow `classes_`: scikit-learn's metrics
+        assume probability columns in sorted label order (`log_loss` warns and misreads them
+        otherwise).
+    prompt : PromptTemplate | str | None
+        A `semsoft_plugin.engines.prompting.PromptTemplate`, or a user message with
+        `{text}` (and optionally `{labels}`) and the default answer prefix
+        `"Answer:"`; default: the prompt of `semsoft classify`
+    config : SemsoftConfig | None
+        Semantic Softmax settings (e.g. `SemsoftConfig.load` of a `semsoft
+        tune` file); default `SemsoftConfig()`
+    k : int | None
+        Fix these fields of `config` (`None`: the config's, which
+        [`fit`][semsoft_plugin.app.classifier.Classifier.fit] may fit): the settings a search
+        varies. A value given here is kept by [`fit`][semsoft_plugin.app.classifier.Classifier.fit],
+        which fits only the rest, so a `GridSearchCV` value of `semantic_weight` is the value scored
+    semantic_weight : float | None
+        Fix these fields of `config` (`None`: the config's, which
+        [`fit`][semsoft_plugin.app.classifier.Classifier.fit] may fit): the settings a search
+        varies. A value given here is kept by [`fit`][semsoft_plugin.app.classifier.Classifier.fit],
+        which fits only the rest, so a `GridSearchCV` value of `semantic_weight` is the value scored
+    score_temperature : float | None
+        Fix these fields of `config` (`None`: the config's, which
+        [`fit`][semsoft_plugin.app.classifier.Classifier.fit] may fit): the settings a search
+        varies. A value given here is kept by [`fit`][semsoft_plugin.app.classifier.Classifier.fit],
+        which fits only the rest, so a `GridSearchCV` value of `semantic_weight` is the value scored
+    batch_size : int
+        Texts per forward pass (transformers; vLLM schedules its own)
+    progress : bool | None
+        Show the adapter's progress bar (default: when there is more than one
         batch)
-    calibrate : ``None``, ``"contextual"`` or ``"file"``: also divide out the prompt's
-        label bias, read from content-free inputs (Zhao et al., 2021; three passes, see
-        :meth:`content_free_bias`), or (the file mode, :mod:`~semsoft_plugin.app.file_mode`)
-        the mean distribution of the distinct texts given to ``fit(texts)``, estimated
-        once and applied to each row alone. Opt-in: it harms a file where one label is
-        truly the majority, which the guard below spares only when the model is sure
-    file_strength : with ``calibrate="file"``, ``"auto"`` (the guard,
-        :mod:`~semsoft_plugin.core.calibration`: all of the correction when the fit texts'
+    calibrate : str | None
+        `None`, `"contextual"` or `"file"`: also divide out the prompt's label bias, read from
+        content-free inputs (Zhao et al., 2021; three passes, see
+        [`content_free_bias`][semsoft_plugin.app.classifier.Classifier.content_free_bias]), or (the
+        file mode, `semsoft_plugin.app.file_mode`) the mean distribution of the distinct texts given
+        to `fit(texts)`, estimated once and applied to each row alone. Opt-in: it harms a file where
+        one label is truly the majority, which the guard below spares only when the model is sure
+    file_strength : float | str
+        With `calibrate="file"`, `"auto"` (the guard,
+        [`calibration`][semsoft_plugin.core.calibration]: all of the correction when the fit texts'
         mean top probability is at most 1/2, none above, where a sure model's lean is the
-        texts' content) or the share applied in [0, 1], dividing by ``bias ** file_strength``
-    exact_head : transformers: compute the decision step's logits with a float32 head
-        (:func:`~semsoft_plugin.engines.hf.float32_head`) when the model is bf16/fp16, so
+        texts' content) or the share applied in [0, 1], dividing by `bias ** file_strength`
+    exact_head : bool
+        Transformers: compute the decision step's logits with a float32 head
+        ([`float32_head`][semsoft_plugin.engines.hf.float32_head]) when the model is bf16/fp16, so
         different texts do not tie on bf16's coarse grid (a vLLM engine loaded by name
         runs its head in float32 the same way)
-    max_text_tokens : at most this many tokens of each text are scored (a cost bound);
+    max_text_tokens : int | None
+        At most this many tokens of each text are scored (a cost bound);
         default: as many as the model's context holds with the prompt around them
-    truncate : what to do with a text longer than that: ``True`` (default) keeps its
+    truncate : bool
+        What to do with a text longer than that: `True` (default) keeps its
         first tokens, cut at a token boundary, and reports the number of tokens dropped
-        in ``Predictions.truncated``; ``False`` refuses it (``ValueError`` naming its
+        in `Predictions.truncated`; `False` refuses it (`ValueError` naming its
         index and length). A text is never scored at positions the model was not
-        trained for: the context is ``max_position_embeddings`` (transformers) or the
-        engine's ``max_model_len`` (vLLM), less the one decision token.
-    backend : a named model's engine, ``"transformers"`` (the default) or ``"vllm"`` (a
-        ``vllm.LLM`` built with the plugin and ``max_logprobs = k``); a loaded model's is
-        its own. The old spelling ``"hf"`` is refused, naming ``"transformers"``
-    dtype : a named transformers model's weights (``"auto"``: bf16 where the CPU has
-        native bf16, else float32: ``models.default_dtype()``)
-    engine_args : a named vLLM model's ``vllm.LLM`` arguments, e.g.
-        ``{"tensor_parallel_size": 4}``; the head runs in float32 unless ``hf_overrides``
-        sets another ``head_dtype``
-    fit_grid : what the member ``"grid"`` of :meth:`fit` searches: config field ->
-        values (default: ``semantic_weight`` over 0, 0.1, ..., 1, unless
-        ``semantic_weight`` is fixed; ``{}``: no field). Refused where ``fit_family``
-        leaves ``"grid"`` out, or where it searches a field fixed above
-    fit_score_temperature : whether :meth:`fit` also fits a final score temperature
-        (``score_temperature`` given: fixed, not fitted). ``fit_family=()``: fit only
-        reads the labels. (Was ``fit_temperature``, refused naming this one.)
-    fit_family : the members :meth:`fit` may choose (:data:`~semsoft_plugin.core.fitting.FAMILY`:
-        ``"grid"``, ``"temperature"``, ``"offset"``, ``"batch"``, ``"contextual"``,
-        ``"probe"``, the last refused on vLLM); ``None``: all the engine supports and the
-        parameters leave something to fit; ``()``: none (fit only reads the labels). A
-        family that can fit nothing, or a member named with nothing to fit, is refused
-        before any text is scored
-    n_folds, margin, random_state : :meth:`fit`'s rule: the start is kept unless the fit
-        beats it by ``margin`` standard errors of out-of-fold NLL over ``n_folds``
-        stratified folds (fold seed ``random_state``; :mod:`semsoft_plugin.core.fitting`);
-        ``n_folds`` an integer >= 2 (lowered to half the items where there are fewer),
-        ``margin`` a finite number >= 0
+        trained for: the context is `max_position_embeddings` (transformers) or the
+        engine's `max_model_len` (vLLM), less the one decision token.
+    backend : str | None
+        A named model's engine, `"transformers"` (the default) or `"vllm"` (a
+        `vllm.LLM` built with the plugin and `max_logprobs = k`); a loaded model's is
+        its own. The old spelling `"hf"` is refused, naming `"transformers"`
+    dtype : str
+        A named transformers model's weights (`"auto"`: bf16 where the CPU has
+        native bf16, else float32: `models.default_dtype()`)
+    engine_args : Mapping[str, Any] | None
+        A named vLLM model's `vllm.LLM` arguments, e.g.
+        `{"tensor_parallel_size": 4}`; the head runs in float32 unless `hf_overrides`
+        sets another `head_dtype`
+    fit_grid : Mapping[str, Sequence[Any]] | None
+        What the member `"grid"` of [`fit`][semsoft_plugin.app.classifier.Classifier.fit] searches:
+        config field -> values (default: `semantic_weight` over 0, 0.1, ..., 1, unless
+        `semantic_weight` is fixed; `{}`: no field). Refused where `fit_family` leaves `"grid"` out,
+        or where it searches a field fixed above
+    fit_score_temperature : bool
+        Whether [`fit`][semsoft_plugin.app.classifier.Classifier.fit] also fits a final score
+        temperature (`score_temperature` given: fixed, not fitted). `fit_family=()`: fit only reads
+        the labels. (Was `fit_temperature`, refused naming this one.)
+    fit_family : Sequence[str] | None
+        The members [`fit`][semsoft_plugin.app.classifier.Classifier.fit] may choose
+        (`semsoft_plugin.core.fitting.FAMILY`: `"grid"`, `"temperature"`, `"offset"`, `"batch"`,
+        `"contextual"`, `"probe"`, the last refused on vLLM); `None`: all the engine supports and
+        the parameters leave something to fit; `()`: none (fit only reads the labels). A family that
+        can fit nothing, or a member named with nothing to fit, is refused before any text is scored
+    n_folds : int
+        [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s rule: the start is kept unless the
+        fit beats it by `margin` standard errors of out-of-fold NLL over `n_folds` stratified folds
+        (fold seed `random_state`; `semsoft_plugin.core.fitting`); `n_folds` an integer >= 2
+        (lowered to half the items where there are fewer), `margin` a finite number >= 0
+    margin : float
+        [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s rule: the start is kept unless the
+        fit beats it by `margin` standard errors of out-of-fold NLL over `n_folds` stratified folds
+        (fold seed `random_state`; `semsoft_plugin.core.fitting`); `n_folds` an integer >= 2
+        (lowered to half the items where there are fewer), `margin` a finite number >= 0
+    random_state : int
+        [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s rule: the start is kept unless the
+        fit beats it by `margin` standard errors of out-of-fold NLL over `n_folds` stratified folds
+        (fold seed `random_state`; `semsoft_plugin.core.fitting`); `n_folds` an integer >= 2
+        (lowered to half the items where there are fewer), `margin` a finite number >= 0
 
     Attributes
     ----------
-    classes_ : the label names sorted (available before ``fit`` when ``labels`` is given)
-    labels_ : after ``fit``: the label names, in prompt order
-    fitted_config_ : after ``fit``: the :class:`SemsoftConfig` every prediction uses
-    fit_result_ : after ``fit``: what the fit chose and why
-        (:class:`~semsoft_plugin.core.fit_family.FitResult`; ``None`` if it searched
-        nothing or the fit was loaded by :meth:`load_fit`)
-    fitted_correction_ : after ``fit``: what a bias member or the probe adds after
-        ``fitted_config_``, row by row (:class:`~semsoft_plugin.app.fitted.FittedCorrection`),
-        or ``None``; :meth:`save_fit` writes both to one config file
-    file_calibration_ : after ``fit`` with ``calibrate="file"``: the
-        :class:`~semsoft_plugin.core.calibration.FileCalibration` every prediction applies
-        (its bias in ``classes_`` order)
+    classes_ : np.ndarray
+        The label names sorted (available before `fit` when `labels` is given)
+    labels_ : tuple[str, ...]
+        After `fit`: the label names, in prompt order
+    fitted_config_ : SemsoftConfig
+        After `fit`: the [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] every
+        prediction uses
+    fit_result_ : FitResult | None
+        After `fit`: what the fit chose and why
+        ([`FitResult`][semsoft_plugin.core.fit_family.FitResult]; `None` if it searched nothing or
+        the fit was loaded by [`load_fit`][semsoft_plugin.app.classifier.Classifier.load_fit])
+    fitted_correction_ : FittedCorrection | None
+        After `fit`: what a bias member or the probe adds after `fitted_config_`, row by row
+        ([`FittedCorrection`][semsoft_plugin.app.fitted.FittedCorrection]), or `None`;
+        [`save_fit`][semsoft_plugin.app.classifier.Classifier.save_fit] writes both to one config
+        file
+    file_calibration_ : FileCalibration
+        After `fit` with `calibrate="file"`: the
+        [`FileCalibration`][semsoft_plugin.core.calibration.FileCalibration] every prediction
+        applies (its bias in `classes_` order)
+
+    Examples
+    --------
+    ```python
+    from sklearn.metrics import log_loss
+    from semsoft_plugin import Classifier
+
+    clf = Classifier.from_pretrained("default", ["positive", "negative"])
+    texts = ["Funny, warm and beautifully shot.", "Flat characters and a predictable ending."]
+    proba = clf.predict_proba(texts)     # [2, 2] float64, columns in clf.classes_ order
+    log_loss(["positive", "negative"], proba, labels=clf.classes_)
+    clf.predict(texts)                   # one label per text
+
+    # 25-200 labelled texts: fit the scores, kept only where they beat the default
+    clf.fit(train_texts, train_labels)
+    clf.fit_result_.procedure            # what was adopted, e.g. "offset"
+    clf.save_fit("fitted.json")          # Classifier(...).load_fit("fitted.json") reads it back
+    ```
     """
 
     # Parameters passed by reference to a clone instead of deep-copied (loaded models).
@@ -237,7 +303,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
         model : str
             A model name or checkpoint directory.
         labels : Sequence[str] | None
-            The label names (``None``: from :meth:`fit`).
+            The label names (`None`: from [`fit`][semsoft_plugin.app.classifier.Classifier.fit]).
         **kwargs : Any
             The constructor's other parameters.
 
@@ -254,7 +320,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
     # -- the scikit-learn protocol -------------------------------------------------
     def __sklearn_tags__(self) -> Tags:
         """scikit-learn's tags: a classifier of texts (1-D strings), multiclass, usable
-        before ``fit`` when the labels are given but not in file mode."""
+        before `fit` when the labels are given but not in file mode."""
         tags: Tags = super().__sklearn_tags__()
         tags.target_tags = TargetTags(required=self.calibrate != "file")
         tags.classifier_tags = ClassifierTags()
@@ -263,13 +329,13 @@ class Classifier(ClassifierMixin, BaseEstimator):
         return tags
 
     def __sklearn_is_fitted__(self) -> bool:
-        """Whether :meth:`fit` or :meth:`load_fit` ran (scikit-learn's ``check_is_fitted``)."""
+        """Whether [`fit`][semsoft_plugin.app.classifier.Classifier.fit] or [`load_fit`][semsoft_plugin.app.classifier.Classifier.load_fit] ran (scikit-learn's `check_is_fitted`)."""
         return self.__dict__.get("_fitted") is not None
 
     def __sklearn_clone__(self) -> Classifier:
-        """A new unfitted estimator with a copy of each parameter; ``_shared_params`` (the
+        """A new unfitted estimator with a copy of each parameter; `_shared_params` (the
         loaded model) are the same objects, so a clone costs no copy of the weights
-        (scikit-learn's ``clone`` would deep-copy a parameter that is not an estimator)."""
+        (scikit-learn's `clone` would deep-copy a parameter that is not an estimator)."""
         params = self.get_params(deep=False)
         shared = {name: params.pop(name) for name in self._shared_params}
         return type(self)(**shared, **copy.deepcopy(params))
@@ -286,8 +352,8 @@ class Classifier(ClassifierMixin, BaseEstimator):
         return state
 
     def __repr__(self, N_CHAR_MAX: int = 700) -> str:  # noqa: N803 (scikit-learn's name)
-        """``Name(param=value, ...)`` for the parameters that differ from the defaults, a
-        loaded model shown as ``<its type>``."""
+        """`Name(param=value, ...)` for the parameters that differ from the defaults, a
+        loaded model shown as `<its type>`."""
         shown = []
         for name, value in self.get_params(deep=False).items():
             default = _DEFAULTS.get(name, _NO_DEFAULT)
@@ -310,27 +376,27 @@ class Classifier(ClassifierMixin, BaseEstimator):
 
     @property
     def labels_(self) -> tuple[str, ...]:
-        """After ``fit``: the label names, in prompt order."""
+        """After `fit`: the label names, in prompt order."""
         return self._state().labels
 
     @property
     def fitted_config_(self) -> SemsoftConfig:
-        """After ``fit``: the settings every prediction uses."""
+        """After `fit`: the settings every prediction uses."""
         return self._state().config
 
     @property
     def fitted_correction_(self) -> FittedCorrection | None:
-        """After ``fit``: what a bias member or the probe adds after ``fitted_config_``."""
+        """After `fit`: what a bias member or the probe adds after `fitted_config_`."""
         return self._state().correction
 
     @property
     def fit_result_(self) -> FitResult | None:
-        """After ``fit``: what the fit chose and why (``None``: nothing was searched)."""
+        """After `fit`: what the fit chose and why (`None`: nothing was searched)."""
         return self._state().result
 
     @property
     def file_calibration_(self) -> FileCalibration:
-        """After ``fit`` with ``calibrate="file"``: the file correction every prediction
+        """After `fit` with `calibrate="file"`: the file correction every prediction
         applies."""
         found = self._state().file_calibration
         if found is None:
@@ -339,8 +405,8 @@ class Classifier(ClassifierMixin, BaseEstimator):
 
     @property
     def classes_(self) -> np.ndarray:
-        """The label names sorted (as ``np.unique`` sorts them): the column order of
-        :meth:`predict_proba`, as scikit-learn expects."""
+        """The label names sorted (as `np.unique` sorts them): the column order of
+        [`predict_proba`][semsoft_plugin.app.classifier.Classifier.predict_proba], as scikit-learn expects."""
         return np.array(sorted(self._names()))
 
     # -- predictions -------------------------------------------------------------------
@@ -355,7 +421,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
         Returns
         -------
         np.ndarray
-            ``[N, L]`` float64, columns in ``classes_`` order.
+            `[N, L]` float64, columns in `classes_` order.
         """
         return self.predict_details(texts).probs
 
@@ -370,16 +436,16 @@ class Classifier(ClassifierMixin, BaseEstimator):
         Returns
         -------
         np.ndarray
-            ``[N]`` elements of ``classes_``.
+            `[N]` elements of `classes_`.
         """
         return np.array(self.predict_details(texts).label)
 
     def predict_details(self, texts: Iterable[str]) -> Predictions:
         """Labels, calibrated and constrained probabilities, coverage, fallback flags and
-        the tokens cut from each text (see ``max_text_tokens``). With a ``calibrate``
-        correction, ``probs`` and ``label`` are corrected, ``constrained_probs`` is not.
+        the tokens cut from each text (see `max_text_tokens`). With a `calibrate`
+        correction, `probs` and `label` are corrected, `constrained_probs` is not.
         Each distinct text runs one forward pass, and none that an earlier call (of this
-        classifier or a copy) already ran (:mod:`semsoft_plugin.app.pass_cache`).
+        classifier or a copy) already ran (`semsoft_plugin.app.pass_cache`).
 
         Parameters
         ----------
@@ -389,7 +455,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
         Returns
         -------
         Predictions
-            The arrays, columns in ``classes_`` order.
+            The arrays, columns in `classes_` order.
         """
         values = text_list(texts)
         scorer = self._scorer()
@@ -403,19 +469,19 @@ class Classifier(ClassifierMixin, BaseEstimator):
 
     def content_free_bias(self) -> np.ndarray:
         """The mean Semantic Softmax distribution of the content-free inputs ("N/A", "",
-        "[MASK]") in this prompt, the label bias ``calibrate="contextual"`` divides out.
+        "[MASK]") in this prompt, the label bias `calibrate="contextual"` divides out.
         Three forward passes, computed once.
 
         Returns
         -------
         np.ndarray
-            ``[L]`` in ``classes_`` order.
+            `[L]` in `classes_` order.
         """
         return self._content_free_bias(self._scorer())
 
     def inputs(self, texts: Iterable[str]) -> list[Any]:
         """The prompts (chat message lists, or strings without a chat template), each
-        text cut to the length bound (see ``max_text_tokens``).
+        text cut to the length bound (see `max_text_tokens`).
 
         Parameters
         ----------
@@ -430,12 +496,12 @@ class Classifier(ClassifierMixin, BaseEstimator):
         return self._scorer().fitter.prompts(text_list(texts))[0]
 
     def context_length(self) -> int | None:
-        """Tokens the model attends to (``handles.Loaded.context_length``).
+        """Tokens the model attends to (`handles.Loaded.context_length`).
 
         Returns
         -------
         int | None
-            The context, or ``None`` where the model does not say.
+            The context, or `None` where the model does not say.
         """
         return self._scorer().loaded.context_length()
 
@@ -444,53 +510,53 @@ class Classifier(ClassifierMixin, BaseEstimator):
         self, texts: Iterable[str], y: Iterable[str] | None = None, sample_weight: Any = None
     ) -> Classifier:
         """Fit the settings to a few labelled texts (50-200 are enough), or, with
-        ``calibrate="file"`` and no ``y``, estimate the file correction from the texts to
+        `calibrate="file"` and no `y`, estimate the file correction from the texts to
         classify.
 
         One kept forward pass per distinct text (none for a text an earlier call already
-        ran); then :func:`semsoft_plugin.core.fit_family.fit_config` on the kept
-        decision-step scores (the fit ``semsoft tune`` runs): from the classifier's
-        settings (``config`` with ``k``, ``semantic_weight``, ``score_temperature``),
-        each member of ``fit_family`` is checked out of fold (the fields of ``fit_grid``
-        with a final temperature if ``fit_score_temperature``, a temperature alone, the
+        ran); then [`semsoft_plugin.core.fit_family.fit_config`][semsoft_plugin.core.fit_family.fit_config] on the kept
+        decision-step scores (the fit `semsoft tune` runs): from the classifier's
+        settings (`config` with `k`, `semantic_weight`, `score_temperature`),
+        each member of `fit_family` is checked out of fold (the fields of `fit_grid`
+        with a final temperature if `fit_score_temperature`, a temperature alone, the
         bias corrections, the probe), and the start is *kept* unless one beats it by
-        ``margin`` standard errors of out-of-fold NLL (stratified ``n_folds`` folds), so
+        `margin` standard errors of out-of-fold NLL (stratified `n_folds` folds), so
         a few uninformative labels leave the classifier as it was.
 
-        **What the user fixed is kept.** ``k``, ``semantic_weight`` and
-        ``score_temperature`` given (not ``None``) are fixed: the fit searches only the
-        rest (a fixed ``semantic_weight`` leaves the default grid empty; a fixed
-        ``score_temperature`` is not fitted), so a ``GridSearchCV`` value of
-        ``semantic_weight`` is the value scored.
+        **What the user fixed is kept.** `k`, `semantic_weight` and
+        `score_temperature` given (not `None`) are fixed: the fit searches only the
+        rest (a fixed `semantic_weight` leaves the default grid empty; a fixed
+        `score_temperature` is not fitted), so a `GridSearchCV` value of
+        `semantic_weight` is the value scored.
 
         **Refused before any text is scored**, each naming the value: fewer than 4
-        items or one label only among them (the check ``semsoft tune`` runs too,
-        :func:`semsoft_plugin.core.folds.check_fit_data`), ``n_folds`` below 2, a
-        ``margin`` that is not a finite number >= 0, a fit that can fit nothing, a
-        member named with nothing to fit, ``fit_grid`` without the member ``"grid"``.
+        items or one label only among them (the check `semsoft tune` runs too,
+        `semsoft_plugin.core.folds.check_fit_data`), `n_folds` below 2, a
+        `margin` that is not a finite number >= 0, a fit that can fit nothing, a
+        member named with nothing to fit, `fit_grid` without the member `"grid"`.
 
-        Afterwards the predictions use ``fitted_config_`` and, where a bias member or the
-        probe won, ``fitted_correction_`` after it, each row alone. ``save_fit(path)``
-        writes both to the file ``semsoft classify --config`` and :meth:`load_fit` read.
-        ``fit_result_`` says what was chosen and why. The parameters are not changed.
+        Afterwards the predictions use `fitted_config_` and, where a bias member or the
+        probe won, `fitted_correction_` after it, each row alone. `save_fit(path)`
+        writes both to the file `semsoft classify --config` and [`load_fit`][semsoft_plugin.app.classifier.Classifier.load_fit] read.
+        `fit_result_` says what was chosen and why. The parameters are not changed.
 
-        With ``calibrate="file"``, ``fit(texts)`` scores each distinct text once (at
-        least 32) and keeps their mean label distribution as ``file_calibration_``. The
-        labelled search scores uncorrected probabilities, so ``fit(texts, y)`` with
-        ``calibrate="file"`` is refused unless ``fit_family=()`` (it reads the labels and
-        estimates the correction on ``texts``, as a ``GridSearchCV`` over
-        ``file_strength`` wants).
+        With `calibrate="file"`, `fit(texts)` scores each distinct text once (at
+        least 32) and keeps their mean label distribution as `file_calibration_`. The
+        labelled search scores uncorrected probabilities, so `fit(texts, y)` with
+        `calibrate="file"` is refused unless `fit_family=()` (it reads the labels and
+        estimates the correction on `texts`, as a `GridSearchCV` over
+        `file_strength` wants).
 
         Parameters
         ----------
         texts : Iterable[str]
-            The labelled texts (with ``calibrate="file"``, the texts to classify): a list,
+            The labelled texts (with `calibrate="file"`, the texts to classify): a list,
             tuple, 1-D numpy array or pandas Series of strings.
         y : Iterable[str] | None
-            Their labels, elements of ``classes_`` (with ``labels=None``: any strings,
-            which become the labels); ``None`` only with ``calibrate="file"``.
+            Their labels, elements of `classes_` (with `labels=None`: any strings,
+            which become the labels); `None` only with `calibrate="file"`.
         sample_weight : Any
-            ``[N]`` finite non-negative weights (``None``: 1 each): each item's NLL counts
+            `[N]` finite non-negative weights (`None`: 1 each): each item's NLL counts
             with its weight in the fit, in the out-of-fold rule and in the probe. An item of
             weight 0 is dropped (it is not scored); integer weights fit as the items
             repeated would.
@@ -498,7 +564,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
         Returns
         -------
         Classifier
-            ``self``.
+            `self`.
         """
         values = text_list(texts)
         unlabelled = y is None and self.calibrate == "file"
@@ -541,8 +607,8 @@ class Classifier(ClassifierMixin, BaseEstimator):
         return self
 
     def save_fit(self, path: Any) -> None:
-        """Write ``fitted_config_`` and ``fitted_correction_`` to a config file (JSON; a
-        probe's weights beside it with safetensors: :mod:`semsoft_plugin.app.fitted`).
+        """Write `fitted_config_` and `fitted_correction_` to a config file (JSON; a
+        probe's weights beside it with safetensors: [`semsoft_plugin.app.fitted`][semsoft_plugin.app.fitted]).
 
         Parameters
         ----------
@@ -557,8 +623,8 @@ class Classifier(ClassifierMixin, BaseEstimator):
         state.save(path, identity)
 
     def load_fit(self, path: Any) -> Classifier:
-        """Take the fit a config file holds (``semsoft tune``'s or :meth:`save_fit`'s) as
-        this classifier's ``fitted_config_`` and ``fitted_correction_`` (its labels must
+        """Take the fit a config file holds (`semsoft tune`'s or [`save_fit`][semsoft_plugin.app.classifier.Classifier.save_fit]'s) as
+        this classifier's `fitted_config_` and `fitted_correction_` (its labels must
         be this classifier's).
 
         Parameters
@@ -569,7 +635,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
         Returns
         -------
         Classifier
-            ``self``.
+            `self`.
         """
         engine, names = handles.engine_of(self), self._names()
         self._fitted = FittedState.load(
@@ -578,13 +644,13 @@ class Classifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _identity(self, labels: list[str]) -> FitIdentity:
-        """What this classifier applies a fit with: ``labels`` (prompt order), its prompt
+        """What this classifier applies a fit with: `labels` (prompt order), its prompt
         and its model's output layer, found without loading the model."""
         prompt, _ = checked_settings(self.get_params(deep=False))
         return run_identity(labels, prompt, self.model, allow_download=True)
 
     def _fit_file(self, scorer: Scorer, names: list[str], values: list[str]) -> None:
-        """The file mode's fit: the correction of the distinct ``values``, no search."""
+        """The file mode's fit: the correction of the distinct `values`, no search."""
         raw = self._raw_details(scorer, list(dict.fromkeys(values)), fitted=None)
         estimated = FileCalibration.estimate(raw.probs, strength=self.file_strength)
         self._fitted = FittedState(tuple(names), scorer.config, file_calibration=estimated)
@@ -600,13 +666,13 @@ class Classifier(ClassifierMixin, BaseEstimator):
     # -- the parameters, resolved ------------------------------------------------------
     def check_params(self) -> None:
         """Check every parameter that needs no model (each bad value refused by name):
-        what a caller runs before loading anything (``classify_dataset`` before its
+        what a caller runs before loading anything (`classify_dataset` before its
         actors start)."""
         checked_settings(self.get_params(deep=False))
         handles.check_backend(self.backend)
 
     def _names(self) -> list[str]:
-        """The label names in prompt order: the ``labels`` parameter's, else fit's."""
+        """The label names in prompt order: the `labels` parameter's, else fit's."""
         if self.labels is not None:
             return label_names(self.labels)
         fitted: FittedState | None = self.__dict__.get("_fitted")
@@ -653,8 +719,8 @@ class Classifier(ClassifierMixin, BaseEstimator):
     def _raw_details(
         self, scorer: Scorer, values: list[str], fitted: FittedState | None | bool = True
     ) -> Predictions:
-        """:meth:`predict_details` before any ``calibrate`` correction, with the fit's
-        settings and correction (``fitted=None``: the parameters' settings alone)."""
+        """[`predict_details`][semsoft_plugin.app.classifier.Classifier.predict_details] before any `calibrate` correction, with the fit's
+        settings and correction (`fitted=None`: the parameters' settings alone)."""
         state = self.__dict__.get("_fitted") if fitted is True else fitted
         assert state is None or isinstance(state, FittedState)
         inputs, cut = scorer.fitter.prompts(values)
@@ -717,7 +783,7 @@ def _same(value: Any, default: Any) -> bool:
 
 
 def _rows(probs: Any, order: list[int]) -> np.ndarray:
-    """``[N, L]`` float64 rows in ``order``'s columns, renormalised to sum to 1 (the core
+    """`[N, L]` float64 rows in `order`'s columns, renormalised to sum to 1 (the core
     computes in float32; scikit-learn checks the sums)."""
     rows = probs.double().numpy()[:, order] if len(probs) else np.zeros((0, len(order)))
     total = rows.sum(axis=1, keepdims=True)
@@ -726,8 +792,8 @@ def _rows(probs: Any, order: list[int]) -> np.ndarray:
 
 
 def _checked_weights(sample_weight: Any, n: int) -> np.ndarray | None:
-    """``sample_weight`` as ``[n]`` float64, each finite and >= 0 with a positive sum;
-    ``None`` stays ``None``."""
+    """`sample_weight` as `[n]` float64, each finite and >= 0 with a positive sum;
+    `None` stays `None`."""
     if sample_weight is None:
         return None
     weights = np.asarray(sample_weight, dtype=np.float64)

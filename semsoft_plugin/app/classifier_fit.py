@@ -1,9 +1,9 @@
-"""``Classifier.fit`` on labels, as helpers with explicit arguments: the labels ``y``
+"""`Classifier.fit` on labels, as helpers with explicit arguments: the labels `y`
 names, and the labelled fit (one kept forward pass per text through the
-:class:`~semsoft_plugin.app.scorer.Scorer`, then the core's search over the family,
-:func:`semsoft_plugin.core.fit_family.fit_config`, the one ``semsoft tune`` runs, with the
+`semsoft_plugin.app.scorer.Scorer`, then the core's search over the family,
+[`semsoft_plugin.core.fit_family.fit_config`][semsoft_plugin.core.fit_family.fit_config], the one `semsoft tune` runs, with the
 probe fitted here where the engine exposes the hidden state). What the fit leaves is a
-:class:`~semsoft_plugin.app.fitted_state.FittedState`.
+`semsoft_plugin.app.fitted_state.FittedState`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ __all__ = ["fit_labelled", "fit_targets"]
 def fit_targets(
     values: list[str], y: Any, names: list[str] | None, *, unlabelled: bool
 ) -> tuple[list[str], list[int] | None]:
-    """The label names a fit fits and ``y`` as their indices, each bad value refused by
+    """The label names a fit fits and `y` as their indices, each bad value refused by
     name.
 
     Parameters
@@ -37,16 +37,16 @@ def fit_targets(
     values : list[str]
         The texts (checked).
     y : Any
-        Their labels, or ``None``.
+        Their labels, or `None`.
     names : list[str] | None
-        The classifier's labels in prompt order; ``None``: the sorted labels of ``y``.
+        The classifier's labels in prompt order; `None`: the sorted labels of `y`.
     unlabelled : bool
-        Whether ``y is None`` is the file mode's unlabelled fit.
+        Whether `y is None` is the file mode's unlabelled fit.
 
     Returns
     -------
     tuple[list[str], list[int] | None]
-        The names, and ``y`` as indices into them (``None`` for the unlabelled fit).
+        The names, and `y` as indices into them (`None` for the unlabelled fit).
     """
     if unlabelled and names is None:
         raise ValueError("fit(texts) without y needs labels=[...]: texts do not name them")
@@ -83,9 +83,9 @@ def fit_labelled(
     seed: int,
     sample_weight: Any = None,
 ) -> FittedState:
-    """The labelled fit on ``values`` (label indices ``targets`` in ``scorer.labels``
-    order), from ``scorer.config`` as ``plan`` says; what it chose and the correction it
-    adopted (``None``: the config alone).
+    """The labelled fit on `values` (label indices `targets` in `scorer.labels`
+    order), from `scorer.config` as `plan` says; what it chose and the correction it
+    adopted (`None`: the config alone).
 
     Parameters
     ----------
@@ -96,7 +96,7 @@ def fit_labelled(
     targets : Sequence[int]
         Their label indices.
     plan : FitPlan
-        The members, grid and temperature (:func:`~semsoft_plugin.app.classifier_settings.fit_plan`).
+        The members, grid and temperature (`semsoft_plugin.app.classifier_settings.fit_plan`).
     n_folds : int
         Folds of the out-of-fold check.
     margin : float
@@ -104,7 +104,7 @@ def fit_labelled(
     seed : int
         The fold seed.
     sample_weight : Any
-        ``[N]`` non-negative weights of the items' NLL (``None``: 1 each).
+        `[N]` non-negative weights of the items' NLL (`None`: 1 each).
     """
     import numpy as np
 

@@ -1,10 +1,10 @@
-"""The :class:`~semsoft_plugin.app.classifier.Classifier` parameters that need no model,
-checked: what ``fit`` and ``predict*`` check first, and what a caller (``semsoft
-classify --ray``, :func:`~semsoft_plugin.app.ray.classify_dataset`) checks before any
+"""The [`Classifier`][semsoft_plugin.app.classifier.Classifier] parameters that need no model,
+checked: what `fit` and `predict*` check first, and what a caller (`semsoft
+classify --ray`, [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset]) checks before any
 model loads or any actor starts. Each bad value is refused by name.
 
 Every function here takes the parameters as a mapping (the classifier's
-``get_params(deep=False)``), never the classifier itself.
+`get_params(deep=False)`), never the classifier itself.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ _PROBE_ADVICE = "use backend='transformers', or leave 'probe' out of fit_family"
 
 
 def check_file_strength(strength: object, calibrate: object, name: str = "file_strength") -> None:
-    """``ValueError`` unless ``strength`` is ``"auto"`` (the guard, the default) or a
-    number in [0, 1] (:func:`~semsoft_plugin.core.calibration.check_strength`), and,
+    """`ValueError` unless `strength` is `"auto"` (the guard, the default) or a
+    number in [0, 1] ([`check_strength`][semsoft_plugin.core.calibration.check_strength]), and,
     since a setting that would be ignored is refused rather than dropped, unless it is
-    the default ``"auto"`` or goes with ``calibrate="file"``.
+    the default `"auto"` or goes with `calibrate="file"`.
 
     Parameters
     ----------
@@ -70,12 +70,12 @@ def checked_settings(params: Mapping[str, Any]) -> tuple[PromptTemplate, Semsoft
     Parameters
     ----------
     params : Mapping[str, Any]
-        A classifier's parameters (``get_params(deep=False)``).
+        A classifier's parameters (`get_params(deep=False)`).
 
     Returns
     -------
     tuple[PromptTemplate, SemsoftConfig]
-        The prompt, and ``config`` with the fixed fields (:data:`FIXABLE`) over it.
+        The prompt, and `config` with the fixed fields (`FIXABLE`) over it.
     """
     n = params["max_text_tokens"]
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
@@ -107,19 +107,19 @@ def checked_settings(params: Mapping[str, Any]) -> tuple[PromptTemplate, Semsoft
 
 
 def fixed(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings the parameters fix (:data:`FIXABLE` given, not ``None``)."""
+    """The settings the parameters fix (`FIXABLE` given, not `None`)."""
     return {name: params[name] for name in FIXABLE if params[name] is not None}
 
 
 def checked_family(family: Sequence[str] | None, engine: str) -> tuple[str, ...]:
-    """The members a fit checks on ``engine`` (``"transformers"``/``"vllm"``): ``family``
+    """The members a fit checks on `engine` (`"transformers"`/`"vllm"`): `family`
     checked (an unknown member refused by name, the probe on vLLM refused), or with
-    ``None`` every member the engine supports.
+    `None` every member the engine supports.
 
     Parameters
     ----------
     family : Sequence[str] | None
-        The ``fit_family`` parameter.
+        The `fit_family` parameter.
     engine : str
         The engine the classifier runs on.
     """
@@ -154,19 +154,19 @@ def fit_plan(params: Mapping[str, Any], engine: str) -> FitPlan:
     """The labelled fit the parameters ask for, refused before any text is scored where
     it could fit nothing or a setting would be inert.
 
-    A setting the user fixed (:data:`FIXABLE` given) is kept: it leaves the default grid
-    (``semantic_weight`` fixed: the grid is empty), may not be a ``fit_grid`` axis, and a
-    fixed ``score_temperature`` is not fitted. Refused, each by name: ``fit_grid`` with
-    ``"grid"`` left out of ``fit_family``; ``"temperature"`` named with no temperature
-    to fit; ``"grid"`` named with nothing to search; a family none of whose members can
-    fit anything; ``n_folds`` below 2 and a ``margin`` that is not a finite number >= 0.
+    A setting the user fixed (`FIXABLE` given) is kept: it leaves the default grid
+    (`semantic_weight` fixed: the grid is empty), may not be a `fit_grid` axis, and a
+    fixed `score_temperature` is not fitted. Refused, each by name: `fit_grid` with
+    `"grid"` left out of `fit_family`; `"temperature"` named with no temperature
+    to fit; `"grid"` named with nothing to search; a family none of whose members can
+    fit anything; `n_folds` below 2 and a `margin` that is not a finite number >= 0.
 
     Parameters
     ----------
     params : Mapping[str, Any]
-        A classifier's parameters (``get_params(deep=False)``).
+        A classifier's parameters (`get_params(deep=False)`).
     engine : str
-        ``"transformers"`` or ``"vllm"``.
+        `"transformers"` or `"vllm"`.
     """
     check_fit_settings(params["n_folds"], params["margin"])
     named = params["fit_family"]

@@ -1,8 +1,8 @@
-"""What the parsed ``semsoft classify`` arguments stand for: the labels, the prompt
+"""What the parsed `semsoft classify` arguments stand for: the labels, the prompt
 template and the classifier.
 
-Shared by the one-text path (:mod:`semsoft_plugin.app.cli`) and the file path
-(:mod:`semsoft_plugin.app.classify_file`), so that both read ``--labels``, ``--prompt``
+Shared by the one-text path (`semsoft_plugin.app.cli`) and the file path
+(`semsoft_plugin.app.classify_file`), so that both read `--labels`, `--prompt`
 and the model options the same way.
 """
 
@@ -25,8 +25,8 @@ __all__ = [
 
 
 def file_strength(args: argparse.Namespace) -> float | str | None:
-    """The file mode's strength (``--file-strength``, default ``"auto"``, the guard), or
-    ``None`` without ``--calibrate file``."""
+    """The file mode's strength (`--file-strength`, default `"auto"`, the guard), or
+    `None` without `--calibrate file`."""
     if getattr(args, "calibrate", None) != "file":
         return None
     given = getattr(args, "file_strength", None)
@@ -34,8 +34,8 @@ def file_strength(args: argparse.Namespace) -> float | str | None:
 
 
 def strength_arg(text: str) -> float | str:
-    """An argparse type: ``--file-strength auto`` or a number (its range is checked with
-    the other settings, by :func:`~semsoft_plugin.app.classifier_settings.check_file_strength`)."""
+    """An argparse type: `--file-strength auto` or a number (its range is checked with
+    the other settings, by `semsoft_plugin.app.classifier_settings.check_file_strength`)."""
     if text == "auto":
         return text
     try:
@@ -45,8 +45,8 @@ def strength_arg(text: str) -> float | str:
 
 
 def parse_labels(text: str) -> list[str]:
-    """``--labels a,b,c`` as a list, read as one CSV row (``yes,"no, maybe"`` is two
-    labels: :func:`~semsoft_plugin.core.labels.split_labels`); ``ValueError`` for an
+    """`--labels a,b,c` as a list, read as one CSV row (`yes,"no, maybe"` is two
+    labels: [`split_labels`][semsoft_plugin.core.labels.split_labels]); `ValueError` for an
     empty label or fewer than two."""
     labels = split_labels(text, "--labels")
     if len(labels) < 2:
@@ -55,7 +55,7 @@ def parse_labels(text: str) -> list[str]:
 
 
 def prompt_template(args: argparse.Namespace) -> Any:
-    """The ``PromptTemplate`` of ``--prompt-file``, or of ``--prompt``/``--answer-prefix``
+    """The `PromptTemplate` of `--prompt-file`, or of `--prompt`/`--answer-prefix`
     (each defaulting to the generic one), or the default template when none is given."""
     from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate, load_template
 
@@ -74,10 +74,10 @@ def prompt_template(args: argparse.Namespace) -> Any:
 def classifier_from_args(
     args: argparse.Namespace, labels: list[str], template: Any, config: Any, *, fitted: bool = False
 ) -> Any:
-    """The :class:`~semsoft_plugin.app.classifier.Classifier` the model, backend and batch
+    """The [`Classifier`][semsoft_plugin.app.classifier.Classifier] the model, backend and batch
     options name (imported when called, so that the command starts without it).
-    ``fitted``: ``--config`` holds a fitted correction, which the classifier takes from
-    the file (:meth:`~semsoft_plugin.app.classifier.Classifier.load_fit`) and applies
+    `fitted`: `--config` holds a fitted correction, which the classifier takes from
+    the file ([`load_fit`][semsoft_plugin.app.classifier.Classifier.load_fit]) and applies
     row by row."""
     from semsoft_plugin.app.classifier import Classifier
 
@@ -101,8 +101,8 @@ def classifier_from_args(
 
 
 def check_fitted_args(args: argparse.Namespace, procedure: str) -> None:
-    """A ``--config`` file with a fitted correction (``procedure``) goes with no option
-    that would change what it was fitted on, nor with ``--ray`` (whose workers build
+    """A `--config` file with a fitted correction (`procedure`) goes with no option
+    that would change what it was fitted on, nor with `--ray` (whose workers build
     their own classifiers): each refused by name rather than ignored."""
     from semsoft_plugin.app.config_args import flag
     from semsoft_plugin.core.config import config_field_specs

@@ -1,15 +1,15 @@
-"""``semsoft classify --input FILE --output FILE``: every row of a table scored, a batch
+"""`semsoft classify --input FILE --output FILE`: every row of a table scored, a batch
 at a time, resumable.
 
 The job is one plan, made and checked before the model loads
-(:mod:`semsoft_plugin.app.file_plan`: the formats, the text column and its type, every
-passthrough column's type against the output format, the rows a ``--resume`` keeps and
-their settings) under the output's lock (:mod:`semsoft_plugin.app.output_lock`: one
+(`semsoft_plugin.app.file_plan`: the formats, the text column and its type, every
+passthrough column's type against the output format, the rows a `--resume` keeps and
+their settings) under the output's lock (`semsoft_plugin.app.output_lock`: one
 writer per output); then a straight read, score, write. The settings that change a
-written value are recorded beside the output (``OUTPUT.semsoft.json``,
-:mod:`semsoft_plugin.app.file_settings`).
+written value are recorded beside the output (`OUTPUT.semsoft.json`,
+`semsoft_plugin.app.file_settings`).
 
-With ``--calibrate file`` (:mod:`semsoft_plugin.app.file_mode`) a first pass scores every
+With `--calibrate file` (`semsoft_plugin.app.file_mode`) a first pass scores every
 distinct text (in the same batches as the write pass would) and writes nothing; the
 correction they give is recorded in the settings record, and then every row is written
 with it applied. The first pass's scores are kept in memory (a few numbers per distinct
@@ -37,20 +37,20 @@ __all__ = ["run_classify_file"]
 def run_classify_file(
     job: FileJob, labels: list[str], make_classifier: Callable[[], Any]
 ) -> int:
-    """Score every row of ``--input`` into ``--output``, a batch at a time.
+    """Score every row of `--input` into `--output`, a batch at a time.
 
     Each output row holds the input row's columns (a Parquet output keeps their types
-    exactly), then ``label``, ``p_<label>`` (Semantic Softmax), ``constrained_<label>``,
-    ``coverage``, ``fallback``, ``review`` (top probability below ``--review-below``) and
-    ``truncated`` (tokens cut from the end of a text longer than the context or
-    ``--max-text-tokens``; 0 for most rows). Rows whose text is empty are not scored and
+    exactly), then `label`, `p_<label>` (Semantic Softmax), `constrained_<label>`,
+    `coverage`, `fallback`, `review` (top probability below `--review-below`) and
+    `truncated` (tokens cut from the end of a text longer than the context or
+    `--max-text-tokens`; 0 for most rows). Rows whose text is empty are not scored and
     not written; they are named in one line on stderr. A text is scored once however
-    many rows hold it. Each batch is written and flushed when it finishes. ``--resume``
+    many rows hold it. Each batch is written and flushed when it finishes. `--resume`
     keeps the complete rows already in the output (checking that they are this input's
     rows, in order, scored with the same settings); every text is scored in the same
-    batch as in an uninterrupted run, so the numbers are the same. With ``--calibrate
-    file``, ``p_<label>``, ``label`` and ``review`` have the file correction applied (a
-    ``--resume`` reuses the recorded one; a run stopped before it was recorded estimates
+    batch as in an uninterrupted run, so the numbers are the same. With `--calibrate
+    file`, `p_<label>`, `label` and `review` have the file correction applied (a
+    `--resume` reuses the recorded one; a run stopped before it was recorded estimates
     it again).
 
     Parameters
@@ -68,7 +68,7 @@ def run_classify_file(
     -------
     int
         0, or 1 when writing the output failed (a full disk, a file-size limit): one
-        line on stderr says so and that ``--resume`` continues.
+        line on stderr says so and that `--resume` continues.
     """
     output = check_output(job)
     with OutputLock(output):
@@ -204,7 +204,7 @@ def _score(plan: FilePlan, classifier: Any, labels: list[str]) -> int:
 def _first_pass(
     plan: FilePlan, classifier: Any, first: dict[str, dict[str, Any]], now: _Tally
 ) -> Any:
-    """``--calibrate file``: score every distinct text (in the write pass's batches, so
+    """`--calibrate file`: score every distinct text (in the write pass's batches, so
     its numbers are the write pass's) and estimate the correction from them (each text
     once); the caller records it beside the output before any row is written."""
     from tqdm.auto import tqdm

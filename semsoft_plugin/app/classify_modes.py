@@ -1,15 +1,15 @@
-"""Which ``semsoft classify`` flags apply to which mode, checked before any model loads.
+"""Which `semsoft classify` flags apply to which mode, checked before any model loads.
 
-``semsoft classify`` runs in one of three modes: one text (``TEXT``), a file
-(``--input FILE --output FILE``, in this process) or a Ray job (``--input ... --ray``).
+`semsoft classify` runs in one of three modes: one text (`TEXT`), a file
+(`--input FILE --output FILE`, in this process) or a Ray job (`--input ... --ray`).
 A flag that has no effect in the mode given is refused, naming the flag and the mode,
-rather than ignored: a user who passes ``--output-format jsonl`` without ``--ray`` gets
+rather than ignored: a user who passes `--output-format jsonl` without `--ray` gets
 a one-line refusal instead of a CSV.
 
 Whether a flag was given is read from its value: every flag of the table below has the
-default ``None`` in the parser (a ``store_true`` flag too), and its real default is
-filled in by :func:`fill_defaults` once the check passed. So a flag given with its
-default value (``--batch-size 8`` with one text) is refused like any other.
+default `None` in the parser (a `store_true` flag too), and its real default is
+filled in by `fill_defaults` once the check passed. So a flag given with its
+default value (`--batch-size 8` with one text) is refused like any other.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def classify_mode(args: argparse.Namespace) -> str:
     Parameters
     ----------
     args : argparse.Namespace
-        The parsed ``semsoft classify`` arguments.
+        The parsed `semsoft classify` arguments.
 
     Returns
     -------
@@ -100,12 +100,12 @@ def classify_mode(args: argparse.Namespace) -> str:
 
 def check_mode_flags(args: argparse.Namespace) -> str:
     """Refuse each flag given that has no effect in the arguments' mode, and an
-    ``--output-format`` that contradicts ``--output``'s suffix.
+    `--output-format` that contradicts `--output`'s suffix.
 
     Parameters
     ----------
     args : argparse.Namespace
-        The parsed arguments, before `fill_defaults` (a flag not given is ``None``).
+        The parsed arguments, before `fill_defaults` (a flag not given is `None`).
 
     Returns
     -------

@@ -1,18 +1,18 @@
-"""The ``semsoft`` command line: ``classify`` here; other subcommands found like plugins.
+"""The `semsoft` command line: `classify` here; other subcommands found like plugins.
 
-``semsoft classify TEXT --labels a,b`` scores one text; ``semsoft classify --input
-texts.csv --labels a,b --output scored.csv`` scores a whole file (see
-:mod:`semsoft_plugin.app.classify_file`). Both go through :class:`semsoft_plugin.Classifier`,
-built from the arguments by :mod:`semsoft_plugin.app.classify_args`.
+`semsoft classify TEXT --labels a,b` scores one text; `semsoft classify --input
+texts.csv --labels a,b --output scored.csv` scores a whole file (see
+`semsoft_plugin.app.classify_file`). Both go through [`semsoft_plugin.Classifier`][semsoft_plugin.Classifier],
+built from the arguments by `semsoft_plugin.app.classify_args`.
 
-Further subcommands (``eval``, ``tune``, ``distill`` from the evaluation package beside
-the plugin) are registered in the entry-point group ``semsoft.commands`` as
-``"module:add_parser_function"``. At start-up only their names are read from the
+Further subcommands (`eval`, `tune`, `distill` from the evaluation package beside
+the plugin) are registered in the entry-point group `semsoft.commands` as
+`"module:add_parser_function"`. At start-up only their names are read from the
 installed metadata: the plugin imports a subcommand's module only when that subcommand is
-invoked, so ``semsoft classify`` starts with the core install alone, and ``semsoft
-eval`` without its extra says in one line what to install.
+invoked, so `semsoft classify` starts with the core install alone, and `semsoft
+eval` without its extra says in one line what to install.
 
-User errors (``ValueError``) print as one line and exit with status 2, never a traceback.
+User errors (`ValueError`) print as one line and exit with status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -71,11 +71,11 @@ class Command:
 
 
 def discover_commands() -> dict[str, Command]:
-    """Subcommands registered in the entry-point group ``semsoft.commands``, without
+    """Subcommands registered in the entry-point group `semsoft.commands`, without
     importing any of them.
 
-    The install line comes from the entry point's distribution and extras (``eval =
-    "pkg.mod:add_parser [eval]"`` reads ``pip install 'dist[eval]'``), so the plugin names
+    The install line comes from the entry point's distribution and extras (`eval =
+    "pkg.mod:add_parser [eval]"` reads `pip install 'dist[eval]'`), so the plugin names
     no other package: a command is whatever the installed metadata says."""
     from importlib.metadata import entry_points
 
@@ -122,7 +122,7 @@ def _missing_line(command: Command, error: ImportError) -> str:
 
 
 def json_object(text: str) -> dict[str, Any]:
-    """An argparse type: a JSON object (``--engine-args``)."""
+    """An argparse type: a JSON object (`--engine-args`)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
@@ -133,7 +133,7 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 def _backend(text: str) -> str:
-    """``--backend``'s value; the old spelling ``hf`` is refused naming ``transformers``
+    """`--backend`'s value; the old spelling `hf` is refused naming `transformers`
     (the Classifier's own check, so every path says the same)."""
     from semsoft_plugin.app.handles import check_backend
 
@@ -255,7 +255,7 @@ def _add_classify_parser(subparsers: Any) -> None:
 
 
 def _add_ray_options(parser: argparse.ArgumentParser) -> None:
-    """``--ray``: the same classification on a Ray cluster (semsoft_plugin.app.ray)."""
+    """`--ray`: the same classification on a Ray cluster (semsoft_plugin.app.ray)."""
     group = parser.add_argument_group("on a Ray cluster (pip install 'semsoft-plugin[ray]')")
     group.add_argument(
         "--ray",
@@ -368,7 +368,7 @@ def _run_classify(args: argparse.Namespace) -> int:
 
 
 def _check_engine_installed(backend: str) -> None:
-    """``--backend vllm`` where vLLM is not installed: one line, before anything loads."""
+    """`--backend vllm` where vLLM is not installed: one line, before anything loads."""
     from importlib.util import find_spec
 
     if backend == "vllm" and find_spec("vllm") is None:
@@ -379,8 +379,8 @@ def _check_engine_installed(backend: str) -> None:
 
 
 def _by_label(columns: Sequence[str], row: Any, labels: Sequence[str]) -> dict[str, float]:
-    """One row of a :class:`~semsoft_plugin.app.predictions.Predictions` array (columns in
-    ``classes_`` order) as label -> probability in the user's label order."""
+    """One row of a [`Predictions`][semsoft_plugin.app.predictions.Predictions] array (columns in
+    `classes_` order) as label -> probability in the user's label order."""
     values = dict(zip(columns, row.tolist(), strict=True))
     return {label: values[label] for label in labels}
 
@@ -396,8 +396,8 @@ def _requested(argv: Sequence[str]) -> str | None:
 
 
 def build_parser(load: str | None = None) -> argparse.ArgumentParser:
-    """The ``semsoft`` parser. Other packages' subcommands are listed by name; only the
-    one named ``load`` is imported and gets its real parser (``MissingExtra`` when its
+    """The `semsoft` parser. Other packages' subcommands are listed by name; only the
+    one named `load` is imported and gets its real parser (`MissingExtra` when its
     module or a module it needs is not installed)."""
     parser = argparse.ArgumentParser(
         prog="semsoft",
@@ -418,9 +418,9 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
 
 
 def command_parsers() -> dict[str, argparse.ArgumentParser]:
-    """Every subcommand's real parser by name (``""`` for ``semsoft`` itself), each other
+    """Every subcommand's real parser by name (`""` for `semsoft` itself), each other
     package's module imported; no model loads. For the generated CLI reference
-    (``scripts/mkdocs_cli_reference.py``) and the test that every documented flag exists.
+    (`scripts/mkdocs_cli_reference.py`) and the test that every documented flag exists.
     A subcommand whose module cannot be imported is left out."""
     parsers: dict[str, argparse.ArgumentParser] = {}
     for name in ("classify", *discover_commands()):

@@ -1,10 +1,10 @@
-"""The Semantic Softmax flags of ``semsoft classify``, ``eval`` and ``tune``, generated
-from :class:`~semsoft_plugin.core.config.SemsoftConfig`'s field table.
+"""The Semantic Softmax flags of `semsoft classify`, `eval` and `tune`, generated
+from [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig]'s field table.
 
-One flag per config field (``score_temperature`` is ``--score-temperature``, with the
-field's help and rule), ``--preset`` and ``--config`` for the base the flags override,
-and each old option name (``--temperature``, ``--residual``, ...) refused with the new
-one. ``semsoft tune`` reads the same flags as grid axes (comma-separated values over
+One flag per config field (`score_temperature` is `--score-temperature`, with the
+field's help and rule), `--preset` and `--config` for the base the flags override,
+and each old option name (`--temperature`, `--residual`, ...) refused with the new
+one. `semsoft tune` reads the same flags as grid axes (comma-separated values over
 the start), so a flag and the field it sets cannot drift apart.
 """
 
@@ -34,7 +34,7 @@ _BOOLS = {"true": True, "false": False, "1": True, "0": False}
 
 
 def flag(field: str) -> str:
-    """The command-line spelling of a config field: ``own_vote`` -> ``--own-vote``."""
+    """The command-line spelling of a config field: `own_vote` -> `--own-vote`."""
     return "--" + field.replace("_", "-")
 
 
@@ -46,8 +46,8 @@ def _bool(text: str) -> bool:
 
 
 def _reader(spec: Mapping[str, Any]) -> Callable[[str], Any]:
-    """How one value of a field is read from the command line (``none`` resets a
-    field that may be None, such as ``tau_quantile``)."""
+    """How one value of a field is read from the command line (`none` resets a
+    field that may be None, such as `tau_quantile`)."""
     kind = spec["kind"]
     if kind is bool:
         return _bool
@@ -78,7 +78,7 @@ def _listed(read: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
 
 
 class _Renamed(argparse.Action):
-    """An old flag: refused with the new one (hidden from ``--help``)."""
+    """An old flag: refused with the new one (hidden from `--help`)."""
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
         parser.error(str(renamed_message(self.dest, "--")))
@@ -90,15 +90,18 @@ def add_config_arguments(
     grid: Mapping[str, Sequence[Any]] | None = None,
     skip: Sequence[str] = (),
 ) -> None:
-    """Add ``--preset``, ``--config`` and one flag per :class:`SemsoftConfig` field.
+    """Add `--preset`, `--config` and one flag per [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] field.
 
     Parameters
     ----------
-    parser : the subcommand's parser
-    grid : ``None``: each flag overrides its field of the base (``classify``, ``eval``).
+    parser : argparse.ArgumentParser
+        The subcommand's parser
+    grid : Mapping[str, Sequence[Any]] | None
+        `None`: each flag overrides its field of the base (`classify`, `eval`).
         A mapping: each flag is a grid axis of comma-separated values over the start
-        (``tune``), defaulting to the mapping's values for that field
-    skip : fields with no flag (``tune``: ``score_temperature``, fitted, not searched)
+        (`tune`), defaulting to the mapping's values for that field
+    skip : Sequence[str]
+        Fields with no flag (`tune`: `score_temperature`, fitted, not searched)
     """
     what = "the start of the fit" if grid is not None else "the settings"
     group = parser.add_argument_group(
@@ -144,7 +147,7 @@ def add_config_arguments(
 
 
 def check_one_base(args: argparse.Namespace) -> None:
-    """``--preset`` and ``--config`` both give the base settings: refuse the pair."""
+    """`--preset` and `--config` both give the base settings: refuse the pair."""
     preset, path = getattr(args, "preset", None), getattr(args, "config", None)
     if preset is not None and path is not None:
         raise ValueError(
@@ -154,9 +157,9 @@ def check_one_base(args: argparse.Namespace) -> None:
 
 
 def start_from_args(args: argparse.Namespace) -> SemsoftConfig:
-    """The ``--preset`` or ``--config`` base (default: the constrained preset), no
-    field flag applied (``tune``'s start). A config file that holds a fitted correction
-    is refused by name (:meth:`SemsoftConfig.load`): only ``classify`` applies one."""
+    """The `--preset` or `--config` base (default: the constrained preset), no
+    field flag applied (`tune`'s start). A config file that holds a fitted correction
+    is refused by name ([`SemsoftConfig.load`][semsoft_plugin.core.config.SemsoftConfig.load]): only `classify` applies one."""
     check_one_base(args)
     preset, path = getattr(args, "preset", None), getattr(args, "config", None)
     if path is not None:
@@ -167,10 +170,10 @@ def start_from_args(args: argparse.Namespace) -> SemsoftConfig:
 def config_from_args(
     args: argparse.Namespace, *, base: SemsoftConfig | None = None
 ) -> SemsoftConfig:
-    """The base with every field flag given applied; ``ValueError`` naming a refused
-    combination. The base is ``base`` when the caller has already read ``--config``
-    (``classify``, whose file may hold a fitted correction:
-    :func:`semsoft_plugin.app.fitted.load_fitted`), else :func:`start_from_args`'s."""
+    """The base with every field flag given applied; `ValueError` naming a refused
+    combination. The base is `base` when the caller has already read `--config`
+    (`classify`, whose file may hold a fitted correction:
+    [`semsoft_plugin.app.fitted.load_fitted`][semsoft_plugin.app.fitted.load_fitted]), else `start_from_args`'s."""
     try:
         given = {name: getattr(args, name) for name in config_field_specs() if hasattr(args, name)}
         return (base if base is not None else start_from_args(args)).replace(**given)
@@ -179,7 +182,7 @@ def config_from_args(
 
 
 def grid_from_args(args: argparse.Namespace, skip: Sequence[str] = ()) -> dict[str, Any]:
-    """``tune``'s grid: field -> values, for each field flag given or defaulted."""
+    """`tune`'s grid: field -> values, for each field flag given or defaulted."""
     return {
         name: getattr(args, name)
         for name in config_field_specs()

@@ -1,18 +1,18 @@
 """The file mode on every path a user has: one label bias estimated from the distinct
 texts to classify, then applied to each row alone.
 
-The math is :class:`~semsoft_plugin.core.calibration.FileCalibration`'s; this module
+The math is [`FileCalibration`][semsoft_plugin.core.calibration.FileCalibration]'s; this module
 holds what the paths share around it: the check that a classifier's fitted correction
-still matches its parameters (``Classifier(calibrate="file")``), and the correction of
-scored rows' ``p_<label>`` columns (``semsoft classify --input ... --calibrate file``
-and :func:`~semsoft_plugin.app.ray.classify_dataset`), whose ``label`` and ``review``
-follow the corrected probabilities while ``constrained_<label>`` stays the raw
+still matches its parameters (`Classifier(calibrate="file")`), and the correction of
+scored rows' `p_<label>` columns (`semsoft classify --input ... --calibrate file`
+and [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset]), whose `label` and `review`
+follow the corrected probabilities while `constrained_<label>` stays the raw
 constrained softmax. In a row table the bias is in the order of the user's labels.
 
 Opt-in: the correction helps a file whose labels are not dominated by one and harms one
 where a label truly is the majority. Within the mode, the strength defaults to
-``"auto"``, the label-free guard of
-:meth:`~semsoft_plugin.core.calibration.FileCalibration.estimate`: the full correction
+`"auto"`, the label-free guard of
+[`estimate`][semsoft_plugin.core.calibration.FileCalibration.estimate]: the full correction
 when the rows' mean top probability is at most one half (an unsure model's shared lean
 is mostly the prompt's), none above (a sure model's lean is taken as the file's
 content). It is cautious, not an oracle: it also leaves out files the correction would
@@ -37,9 +37,9 @@ def checked_fit(
     labels: Sequence[str],
     not_fitted: type[Exception] = LookupError,
 ) -> FileCalibration:
-    """A classifier's ``file_calibration_``, refused by name when there is none
-    (``not_fitted``, the classifier's not-fitted error) or when the parameters changed
-    since it was fitted (``ValueError``)."""
+    """A classifier's `file_calibration_`, refused by name when there is none
+    (`not_fitted`, the classifier's not-fitted error) or when the parameters changed
+    since it was fitted (`ValueError`)."""
     if fitted is None:
         raise not_fitted(
             "calibrate='file': the label bias is estimated from the texts to classify; call "
@@ -69,8 +69,8 @@ def estimate_rows(
     columns: ResultColumns, rows: Sequence[Mapping[str, Any]], strength: float | str
 ) -> FileCalibration:
     """The correction of scored rows, one per distinct text (the first pass): the mean
-    of their ``p_<label>`` columns, in the user's label order, at ``strength`` (a number
-    in [0, 1], or ``"auto"``: the guard decides from the same rows)."""
+    of their `p_<label>` columns, in the user's label order, at `strength` (a number
+    in [0, 1], or `"auto"`: the guard decides from the same rows)."""
     import numpy as np
 
     p = _p_rows(columns, rows) if rows else np.zeros((0, len(columns.labels)))
@@ -83,9 +83,9 @@ def corrected_rows(
     correction: FileCalibration,
     review_below: float,
 ) -> list[dict[str, Any]]:
-    """Each row's added columns with ``correction`` applied to its ``p_<label>`` alone,
-    ``label`` its argmax and ``review`` its top probability below ``review_below``; the
-    other columns (``constrained_<label>``, ``coverage``, ...) as they were."""
+    """Each row's added columns with `correction` applied to its `p_<label>` alone,
+    `label` its argmax and `review` its top probability below `review_below`; the
+    other columns (`constrained_<label>`, `coverage`, ...) as they were."""
     if not rows:
         return []
     p = correction.apply(_p_rows(columns, rows))

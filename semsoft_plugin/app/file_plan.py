@@ -1,15 +1,15 @@
-"""The plan of ``semsoft classify --input IN --output OUT``: what the job reads, scores
+"""The plan of `semsoft classify --input IN --output OUT`: what the job reads, scores
 and writes, decided and checked before a model is loaded.
 
 Everything knowable from the arguments, the input's schema and the output's path is
 refused here, by name, with nothing written: the input and output formats, the text
-column and its type (only strings are classified: a JSONL ``42``, ``true``, list or
-object is refused by ``file:line``, a Parquet ``binary`` column by its type), every
+column and its type (only strings are classified: a JSONL `42`, `true`, list or
+object is refused by `file:line`, a Parquet `binary` column by its type), every
 passthrough column's type and whether the output format holds it (CSV, TSV and JSON
-lines cannot hold a ``timestamp[ns]`` without cutting it, see
-:func:`~semsoft_plugin.app.table_writers.unholdable`), the rows a ``--resume`` keeps and
+lines cannot hold a `timestamp[ns]` without cutting it, see
+`semsoft_plugin.app.table_writers.unholdable`), the rows a `--resume` keeps and
 the settings they were scored with. The job itself
-(:mod:`semsoft_plugin.app.classify_file`) is then a straight read, score, write.
+(`semsoft_plugin.app.classify_file`) is then a straight read, score, write.
 
 Passthrough columns come back as they went in: a Parquet output of a Parquet input
 takes them from the input's Arrow table (the same type and bits: nanoseconds,
@@ -65,13 +65,13 @@ class FileJob:
     Attributes
     ----------
     input : Path
-        The ``--input`` file.
+        The `--input` file.
     output : Path
-        The ``--output`` file.
+        The `--output` file.
     input_kind : str
-        The input's format (``"csv"``, ``"tsv"``, ``"jsonl"`` or ``"parquet"``).
+        The input's format (`"csv"`, `"tsv"`, `"jsonl"` or `"parquet"`).
     output_kind : str
-        The output's format (``"csv"``, ``"tsv"``, ``"jsonl"`` or ``"parquet"``).
+        The output's format (`"csv"`, `"tsv"`, `"jsonl"` or `"parquet"`).
     text_column : str
         The column classified.
     encoding : str
@@ -108,7 +108,7 @@ class FileJob:
 
     @property
     def file_strength(self) -> float | str | None:
-        """``--calibrate file``'s strength (``"auto"`` or a number), else ``None``."""
+        """`--calibrate file`'s strength (`"auto"` or a number), else `None`."""
         strength: float | str | None = self.settings["file_strength"]
         return strength
 
@@ -121,8 +121,8 @@ def file_job(
     *,
     fit_sha256: str | None = None,
 ) -> FileJob:
-    """The options of a file job from the parsed ``semsoft classify`` arguments, the
-    ones knowable without touching a file checked (``ValueError`` naming the option).
+    """The options of a file job from the parsed `semsoft classify` arguments, the
+    ones knowable without touching a file checked (`ValueError` naming the option).
 
     Parameters
     ----------
@@ -135,8 +135,8 @@ def file_job(
     config : SemsoftConfig
         The settings the rows are scored with.
     fit_sha256 : str or None
-        The sha256 of the ``--config`` file holding a fitted correction, recorded in the
-        settings so that ``--resume`` refuses another fit; ``None`` without one.
+        The sha256 of the `--config` file holding a fitted correction, recorded in the
+        settings so that `--resume` refuses another fit; `None` without one.
 
     Returns
     -------
@@ -200,8 +200,8 @@ def check_output_place(output: Path, option: str = "--output") -> None:
 def check_output(job: FileJob) -> Path:
     """The output of a file job, checked before anything is read: a folder that exists,
     not a folder itself, not the input file under another name (a hard or symbolic
-    link: compared by device and inode, so even ``--overwrite`` cannot truncate the
-    input), and an existing output only with ``--resume`` or ``--overwrite``.
+    link: compared by device and inode, so even `--overwrite` cannot truncate the
+    input), and an existing output only with `--resume` or `--overwrite`.
 
     Parameters
     ----------
@@ -241,12 +241,12 @@ def _has_rows(output: Path) -> bool:
 class FilePlan:
     """One file job, checked: what is read, what is scored, what is written where.
 
-    ``texts[i]`` is input row ``i``'s text (``""`` when empty); ``todo`` the input rows
-    scored, in order; ``done`` the output rows a ``--resume`` keeps (the first
-    ``len(done)`` of ``todo``). ``records`` are the input rows as Python values (empty
-    for a Parquet output of a Parquet input, which takes ``arrow``, the input table);
-    ``schema`` is a Parquet output's schema. ``correction`` is the file correction a
-    ``--resume`` found recorded (``None``: the first pass estimates it). The paths,
+    `texts[i]` is input row `i`'s text (`""` when empty); `todo` the input rows
+    scored, in order; `done` the output rows a `--resume` keeps (the first
+    `len(done)` of `todo`). `records` are the input rows as Python values (empty
+    for a Parquet output of a Parquet input, which takes `arrow`, the input table);
+    `schema` is a Parquet output's schema. `correction` is the file correction a
+    `--resume` found recorded (`None`: the first pass estimates it). The paths,
     formats and settings are the job's (`FileJob`).
     """
 
@@ -300,11 +300,11 @@ class FilePlan:
 
     @property
     def file_strength(self) -> float | str | None:
-        """``--calibrate file``'s strength, else ``None``."""
+        """`--calibrate file`'s strength, else `None`."""
         return self.job.file_strength
 
     def fingerprint(self, rows: int | None = None) -> TextFingerprint:
-        """The fingerprint of the texts of the first ``rows`` of `todo` (all: None).
+        """The fingerprint of the texts of the first `rows` of `todo` (all: None).
 
         Parameters
         ----------
@@ -327,7 +327,7 @@ class FilePlan:
     def batches(self) -> list[list[str]]:
         """The batches of distinct texts that the rows still to write need, in order.
 
-        A batch is the same ``batch_size`` distinct texts whether a run is resumed or
+        A batch is the same `batch_size` distinct texts whether a run is resumed or
         not (a resumed run scores again the earlier batch a later duplicate needs), so
         each text is scored in the same company, to the same numbers, either way."""
         distinct = self.distinct
@@ -343,8 +343,8 @@ class FilePlan:
         return TableWriter(self.output, self.columns, append=self.resuming, kind=self.kind)
 
     def output_rows(self, rows: list[int], added: list[dict[str, Any]]) -> Any:
-        """The output of input ``rows`` with their ``added`` columns: records for
-        CSV/TSV/JSONL, a ``pyarrow.Table`` of `schema` for Parquet."""
+        """The output of input `rows` with their `added` columns: records for
+        CSV/TSV/JSONL, a `pyarrow.Table` of `schema` for Parquet."""
         if self.kind != "parquet":
             return [{**self.records[i], **a} for i, a in zip(rows, added, strict=True)]
         import pyarrow as pa
@@ -360,7 +360,7 @@ class FilePlan:
 
 def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
     """The checked plan of a file job. Call it holding the output's lock: a
-    ``--resume`` trims a row cut short from the output.
+    `--resume` trims a row cut short from the output.
 
     Parameters
     ----------
@@ -448,7 +448,7 @@ def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
 def _file_correction(
     source: Path, output: Path, texts: list[str], todo: list[int], done: list[Any], resuming: bool
 ) -> Any:
-    """``--calibrate file``: the correction a ``--resume`` reuses (``None``: estimate it in
+    """`--calibrate file`: the correction a `--resume` reuses (`None`: estimate it in
     a first pass), refused before the model loads when the file has too few texts."""
     distinct = len({texts[i] for i in todo})
     if distinct < MIN_FILE_ROWS:
@@ -471,9 +471,9 @@ def _need_column(source: Path, column: str, columns: list[str]) -> None:
 
 
 def _text(value: Any, where: str, column: str) -> str:
-    """A CSV/TSV/JSONL cell as the text to classify: ``""`` for a missing value (None,
-    NaN); ``ValueError`` at ``where`` for anything but a string (a JSON number, bool,
-    list or object is not a text; ``predict_proba`` refuses the same)."""
+    """A CSV/TSV/JSONL cell as the text to classify: `""` for a missing value (None,
+    NaN); `ValueError` at `where` for anything but a string (a JSON number, bool,
+    list or object is not a text; `predict_proba` refuses the same)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if not isinstance(value, str):
@@ -485,7 +485,7 @@ def _text(value: Any, where: str, column: str) -> str:
 
 
 def _parquet_texts(source: Path, table: Any, column: str) -> list[str]:
-    """A Parquet text column's values (``""`` for null); ``ValueError`` naming the column
+    """A Parquet text column's values (`""` for null); `ValueError` naming the column
     and its type when it is not a string column."""
     import pyarrow as pa
 
@@ -542,8 +542,8 @@ def _check_finite(
     source: Path, located: list[tuple[int, dict[str, Any]]], output: Path, unit: str = "line"
 ) -> None:
     """A JSON-lines output cannot hold a NaN or an infinity (strict JSON has none):
-    ``ValueError`` naming the first passthrough column and row holding one, before any
-    scoring, rather than writing it as ``null``."""
+    `ValueError` naming the first passthrough column and row holding one, before any
+    scoring, rather than writing it as `null`."""
     for number, record in located:
         for column, value in record.items():
             if _non_finite(value):
@@ -557,7 +557,7 @@ def _check_finite(
 
 
 def _check_holdable(source: Path, schema: Any, output: Path) -> None:
-    """``ValueError`` naming the first passthrough column whose type ``output``'s
+    """`ValueError` naming the first passthrough column whose type `output`'s
     format (CSV/TSV/JSONL) cannot hold unchanged."""
     for column in schema:
         part = unholdable(column.type)
@@ -571,7 +571,7 @@ def _check_holdable(source: Path, schema: Any, output: Path) -> None:
 
 
 def _with_added(schema: Any, result: ResultColumns) -> Any:
-    """``schema`` (its metadata kept) followed by the added columns' fields."""
+    """`schema` (its metadata kept) followed by the added columns' fields."""
     import pyarrow as pa
 
     added = [pa.field(name, kind) for name, kind in result.arrow_types()]

@@ -1,14 +1,14 @@
-"""The settings record of a scored file, ``OUTPUT.semsoft.json`` beside it.
+"""The settings record of a scored file, `OUTPUT.semsoft.json` beside it.
 
 It holds everything besides the texts that changes a written value (model, labels,
-prompt, configuration, batch size, the fit file's sha256 when ``--config`` holds a
-fitted correction...), so that ``--resume`` can refuse to continue rows scored with
+prompt, configuration, batch size, the fit file's sha256 when `--config` holds a
+fitted correction...), so that `--resume` can refuse to continue rows scored with
 other settings, by name; a fingerprint of the input (`text_fingerprint` of every text
-scored) and of the rows done so far (updated after each batch), so that ``--resume``
-refuses an input that changed under the done rows, or anywhere when ``--calibrate
-file``'s correction was estimated from the whole file; and, to reproduce a result, the
+scored) and of the rows done so far (updated after each batch), so that `--resume`
+refuses an input that changed under the done rows, or anywhere when `--calibrate
+file`'s correction was estimated from the whole file; and, to reproduce a result, the
 package version and the published sha256 of a known model's weights (not compared on
-``--resume``: a checkpoint directory is not hashed, it can be gigabytes).
+`--resume`: a checkpoint directory is not hashed, it can be gigabytes).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = [
 
 
 def settings_path(output: str | Path) -> Path:
-    """The sidecar of an output file: ``OUTPUT.semsoft.json`` beside it."""
+    """The sidecar of an output file: `OUTPUT.semsoft.json` beside it."""
     output = Path(output)
     return output.with_name(output.name + ".semsoft.json")
 
@@ -47,7 +47,7 @@ def settings_path(output: str | Path) -> Path:
 def run_settings(
     args: argparse.Namespace, labels: list[str], template: Any, config: Any
 ) -> dict[str, Any]:
-    """What a file's rows were scored with, flattened to dotted names (``config.k``):
+    """What a file's rows were scored with, flattened to dotted names (`config.k`):
     everything besides the texts that changes a written value."""
     from semsoft_plugin.engines.models import default_dtype
 
@@ -74,7 +74,7 @@ def run_settings(
 
 
 def check_settings(output: Path, settings: dict[str, Any]) -> None:
-    """``--resume``: refuse to continue rows scored with other settings, by name."""
+    """`--resume`: refuse to continue rows scored with other settings, by name."""
     sidecar = settings_path(output)
     try:
         recorded = json.loads(sidecar.read_text(encoding="utf-8"))
@@ -144,7 +144,7 @@ class TextFingerprint:
         self.add(texts)
 
     def add(self, texts: Sequence[str]) -> None:
-        """Take ``texts`` after those already in.
+        """Take `texts` after those already in.
 
         Parameters
         ----------
@@ -157,7 +157,7 @@ class TextFingerprint:
         self.rows += len(texts)
 
     def to_dict(self) -> dict[str, Any]:
-        """The record's ``{"rows", "sha256"}``.
+        """The record's `{"rows", "sha256"}`.
 
         Returns
         -------
@@ -186,7 +186,7 @@ def text_fingerprint(texts: Sequence[str]) -> str:
 def check_fingerprints(
     output: Path, texts: Sequence[str], *, whole: bool
 ) -> None:
-    """``--resume``: refuse an input that changed since the recorded rows were scored.
+    """`--resume`: refuse an input that changed since the recorded rows were scored.
 
     Parameters
     ----------
@@ -195,14 +195,14 @@ def check_fingerprints(
     texts : sequence of str
         The texts the input gives now, in the order they are scored.
     whole : bool
-        Compare the whole input (``--calibrate file``, whose correction is the mean of
+        Compare the whole input (`--calibrate file`, whose correction is the mean of
         every text), not only the rows done.
 
     Raises
     ------
     ValueError
         Naming which changed: the rows already done, or the input the file correction
-        was estimated from; or a record from before fingerprints (``--overwrite``).
+        was estimated from; or a record from before fingerprints (`--overwrite`).
     """
     sidecar = settings_path(output)
     record = json.loads(sidecar.read_text(encoding="utf-8"))
@@ -237,13 +237,13 @@ def write_settings(
     input_print: dict[str, Any] | None = None,
     done_print: dict[str, Any] | None = None,
 ) -> None:
-    """Record the settings (and :func:`provenance`) beside a new output, written whole
-    to a staged file and then renamed over the old record. With ``--calibrate file``
+    """Record the settings (and `provenance`) beside a new output, written whole
+    to a staged file and then renamed over the old record. With `--calibrate file`
     the record is written again once the first pass has estimated the correction, which
-    it then holds (``file_calibration``: bias in ``--labels`` order, the strength applied,
+    it then holds (`file_calibration`: bias in `--labels` order, the strength applied,
     rows, and whether the guard chose that strength from which mean top probability), so
-    that ``--resume`` applies the same correction to the rows it adds, the guard's
-    decision included. ``input_print`` and ``done_print`` (``{"rows", "sha256"}``,
+    that `--resume` applies the same correction to the rows it adds, the guard's
+    decision included. `input_print` and `done_print` (`{"rows", "sha256"}`,
     `text_fingerprint`) are the input's texts and the rows written so far."""
     sidecar = settings_path(output)
     staged = sidecar.with_name(sidecar.name + ".tmp")
@@ -259,8 +259,8 @@ def write_settings(
 
 
 def recorded_calibration(output: Path) -> FileCalibration | None:
-    """The file correction recorded beside ``output`` (``None`` if there is none: the
-    first pass did not finish); read after :func:`check_settings` passed."""
+    """The file correction recorded beside `output` (`None` if there is none: the
+    first pass did not finish); read after `check_settings` passed."""
     sidecar = settings_path(output)
     record = json.loads(sidecar.read_text(encoding="utf-8")).get("file_calibration")
     if record is None:

@@ -1,35 +1,35 @@
 """The fit file: a fitted correction is input too, checked whole when it is read.
 
-``Classifier.save_fit`` and ``semsoft tune --output`` write, and ``Classifier.load_fit``,
-``semsoft classify --config`` and the Outlines ``load_fit`` read, one JSON file: the
-:class:`~semsoft_plugin.core.config.SemsoftConfig` fields, and under ``"fitted"`` what the
+`Classifier.save_fit` and `semsoft tune --output` write, and `Classifier.load_fit`,
+`semsoft classify --config` and the Outlines `load_fit` read, one JSON file: the
+[`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] fields, and under `"fitted"` what the
 fit was made on and what it adds. It is untrusted input: a file edited by hand, copied
 beside another model, or written by an older version must be refused, by name, before
 any engine starts, never applied where it does not belong.
 
-The ``"fitted"`` block, key by key (`FITTED_KEYS`; issue 41 adds a vLLM probe's fields
+The `"fitted"` block, key by key (`FITTED_KEYS`; issue 41 adds a vLLM probe's fields
 here):
 
 ==================== ================= ====================================================
 key                  members           value
 ==================== ================= ====================================================
-``format``           all               `FIT_FORMAT` (a file without it predates this check)
-``procedure``        all               the member that won (`MEMBERS`)
-``labels``           all               the labels, in the prompt's order
-``prompt``           all               ``{"user", "answer_prefix", "system"}``: the template
-``output_layer``     all               sha256 of the checkpoint's output layer, as stored
-``offset``           offset members    one finite log-offset per label
-``probe``            probe             the probe's weights file, beside the fit
+`format`           all               `FIT_FORMAT` (a file without it predates this check)
+`procedure`        all               the member that won (`MEMBERS`)
+`labels`           all               the labels, in the prompt's order
+`prompt`           all               `{"user", "answer_prefix", "system"}`: the template
+`output_layer`     all               sha256 of the checkpoint's output layer, as stored
+`offset`           offset members    one finite log-offset per label
+`probe`            probe             the probe's weights file, beside the fit
 ==================== ================= ====================================================
 
 What a run is checked against (`FitIdentity`) is compared field by field, and a
 mismatch names both sides. The model is compared by its output layer's bytes as the
-checkpoint stores them (`output_layer_sha256`), not by its name: ``"default"`` and a
-local path to the same weights agree, and so does any ``--dtype``.
+checkpoint stores them (`output_layer_sha256`), not by its name: `"default"` and a
+local path to the same weights agree, and so does any `--dtype`.
 
 The probe's weights sit beside the fit under a name made from the whole file name
-(`probe_file_name`: ``fit.json`` gives ``fit.json.probe.safetensors``, and ``fit.cfg``
-its own), and a fit names only a file in its own folder: an absolute path, a ``..`` or a
+(`probe_file_name`: `fit.json` gives `fit.json.probe.safetensors`, and `fit.cfg`
+its own), and a fit names only a file in its own folder: an absolute path, a `..` or a
 link leading out of the folder is refused.
 """
 
@@ -87,8 +87,8 @@ def probe_file_name(fit_path: str | Path) -> str:
     Returns
     -------
     str
-        ``NAME.probe.safetensors`` for the fit file ``NAME`` (``fit.json`` gives
-        ``fit.json.probe.safetensors``), in the fit's folder.
+        `NAME.probe.safetensors` for the fit file `NAME` (`fit.json` gives
+        `fit.json.probe.safetensors`), in the fit's folder.
     """
     return f"{Path(fit_path).name}.probe.safetensors"
 
@@ -118,7 +118,7 @@ class FitIdentity:
     labels : tuple of str
         The labels, in the prompt's order.
     prompt : dict
-        The prompt template's ``user``, ``answer_prefix`` and ``system``.
+        The prompt template's `user`, `answer_prefix` and `system`.
     output_layer : str
         sha256 of the checkpoint's output layer as stored (`output_layer_sha256`).
     """
@@ -128,12 +128,12 @@ class FitIdentity:
     output_layer: str
 
     def to_dict(self) -> dict[str, Any]:
-        """The identity's keys of the ``"fitted"`` block.
+        """The identity's keys of the `"fitted"` block.
 
         Returns
         -------
         dict
-            ``labels``, ``prompt`` and ``output_layer``.
+            `labels`, `prompt` and `output_layer`.
         """
         return {
             "labels": list(self.labels),
@@ -193,7 +193,7 @@ class FitIdentity:
 
 
 def checked_identity(fitted: dict[str, Any], source: str) -> FitIdentity:
-    """The identity a ``"fitted"`` block records, every field checked.
+    """The identity a `"fitted"` block records, every field checked.
 
     Parameters
     ----------
@@ -233,19 +233,19 @@ def checked_identity(fitted: dict[str, Any], source: str) -> FitIdentity:
 
 
 def checked_block_keys(fitted: Any, source: str) -> str:
-    """The member a ``"fitted"`` block names, its keys checked against `FITTED_KEYS`.
+    """The member a `"fitted"` block names, its keys checked against `FITTED_KEYS`.
 
     Parameters
     ----------
     fitted : Any
-        The ``"fitted"`` value of the file.
+        The `"fitted"` value of the file.
     source : str
         The fit file, for the messages.
 
     Returns
     -------
     str
-        The member (``procedure``).
+        The member (`procedure`).
 
     Raises
     ------
@@ -291,7 +291,7 @@ def checked_offset(value: Any, n_labels: int, source: str) -> tuple[float, ...]:
     Parameters
     ----------
     value : Any
-        ``fitted.offset`` as read.
+        `fitted.offset` as read.
     n_labels : int
         The labels the fit records.
     source : str
@@ -322,7 +322,7 @@ def probe_path(fit_path: Path, value: Any) -> Path:
     fit_path : Path
         The fit file.
     value : Any
-        ``fitted.probe`` as read.
+        `fitted.probe` as read.
 
     Returns
     -------
@@ -332,7 +332,7 @@ def probe_path(fit_path: Path, value: Any) -> Path:
     Raises
     ------
     ValueError
-        For a name that is not a plain file name (absolute, with a folder, ``..``) or
+        For a name that is not a plain file name (absolute, with a folder, `..`) or
         one that leads out of the fit's folder through a link.
     """
     if not isinstance(value, str) or not value:
@@ -358,15 +358,15 @@ _LAYER_CACHE: dict[tuple[str, int, int], str] = {}
 def output_layer_sha256(checkpoint: str | Path) -> str:
     """sha256 of a checkpoint's output layer as its safetensors files store it.
 
-    The tensor is ``lm_head.weight`` where the checkpoint has one, else the tied input
-    embedding (``*.embed_tokens.weight``); the digest covers its name, stored dtype,
+    The tensor is `lm_head.weight` where the checkpoint has one, else the tied input
+    embedding (`*.embed_tokens.weight`); the digest covers its name, stored dtype,
     shape and bytes, read in slices (no copy of the whole layer). It does not depend on
     the dtype a model is loaded in, nor on the name the checkpoint was found by.
 
     Parameters
     ----------
     checkpoint : str or Path
-        A checkpoint directory holding ``*.safetensors`` files.
+        A checkpoint directory holding `*.safetensors` files.
 
     Returns
     -------
@@ -421,7 +421,7 @@ def model_checkpoint(model: Any) -> Path | None:
     Parameters
     ----------
     model : Any
-        A transformers model or a ``vllm.LLM``.
+        A transformers model or a `vllm.LLM`.
 
     Returns
     -------
@@ -464,7 +464,7 @@ def run_identity(
         The prompt template.
     model : Any
         A model name or checkpoint directory, a loaded transformers model or a
-        ``vllm.LLM``.
+        `vllm.LLM`.
     allow_download : bool
         Whether a known model name not yet cached may be fetched to find its
         checkpoint (the command line, which loads it next anyway).

@@ -1,33 +1,35 @@
 """What a few-label fit adds on top of its settings, applied to each row alone, and the
-config file that carries it (``Classifier.fit``, ``semsoft tune``, ``semsoft classify
---config``).
+config file that carries it (`Classifier.fit`, `semsoft tune`, `semsoft classify
+--config`).
 
-A fit (:mod:`semsoft_plugin.core.fit_family`) gives a :class:`SemsoftConfig`, and where a
+A fit ([`semsoft_plugin.core.fit_family`][semsoft_plugin.core.fit_family]) gives a [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig], and where a
 bias member or the probe won, a correction no config field can hold:
 
-* ``"offset"``, ``"batch"``, ``"contextual"``: a per-label log-offset added to the
-  config's log-probabilities, ``softmax(log p + offset)``;
-* ``"probe"``: logistic regression on the decision step's hidden state
-  (:class:`~semsoft_plugin.app.probe.LinearProbe`), whose probabilities replace them.
+* `"offset"`, `"batch"`, `"contextual"`: a per-label log-offset added to the
+  config's log-probabilities, `softmax(log p + offset)`;
+* `"probe"`: logistic regression on the decision step's hidden state
+  (`semsoft_plugin.app.probe.LinearProbe`), whose probabilities replace them.
 
 Both are fixed numbers estimated once on the labelled rows, so a row's score never
 depends on the rows beside it (batch calibration's offset is the mean of the *fitted*
 rows, not of the rows being predicted).
 
-The file is the config JSON ``semsoft tune`` always wrote, with one more key when a
-correction was adopted::
+The file is the config JSON `semsoft tune` always wrote, with one more key when a
+correction was adopted:
 
-    {"k": 50, ..., "score_temperature": 0.8,
-     "fitted": {"format": 2, "procedure": "offset",
-                "labels": ["negative", "positive"],
-                "prompt": {"user": "...", "answer_prefix": "Answer:", "system": null},
-                "output_layer": "<sha256>", "offset": [0.31, -0.31]}}
+```json
+{"k": 50, ..., "score_temperature": 0.8,
+ "fitted": {"format": 2, "procedure": "offset",
+            "labels": ["negative", "positive"],
+            "prompt": {"user": "...", "answer_prefix": "Answer:", "system": null},
+            "output_layer": "<sha256>", "offset": [0.31, -0.31]}}
+```
 
-and for the probe ``"probe": "<file name>.probe.safetensors"``, its weights beside the
+and for the probe `"probe": "<file name>.probe.safetensors"`, its weights beside the
 JSON (safetensors, never pickle). The block's schema, and how a run is checked against
-it, is `semsoft_plugin.app.fit_file`'s. A file without ``"fitted"`` is a plain config; a
-plain ``SemsoftConfig.load`` refuses one with it by name (``unknown ... option(s):
-fitted``) rather than drop the correction.
+it, is `semsoft_plugin.app.fit_file`'s. A file without `"fitted"` is a plain config; a
+plain `SemsoftConfig.load` refuses one with it by name (`unknown ... option(s):
+fitted`) rather than drop the correction.
 """
 
 from __future__ import annotations
@@ -72,11 +74,15 @@ class FittedCorrection:
 
     Attributes
     ----------
-    procedure : the family member that won (``"offset"``, ``"batch"``, ``"contextual"``
-        or ``"probe"``)
-    labels : the label names, the column order of ``offset`` and of the probe
-    offset : per-label log-offsets (a bias member), else None
-    probe : the probe (``"probe"``), else None
+    procedure : str
+        The family member that won (`"offset"`, `"batch"`, `"contextual"`
+        or `"probe"`)
+    labels : tuple[str, ...]
+        The label names, the column order of `offset` and of the probe
+    offset : tuple[float, ...] | None
+        Per-label log-offsets (a bias member), else None
+    probe : LinearProbe | None
+        The probe (`"probe"`), else None
     """
 
     procedure: str
@@ -103,7 +109,7 @@ class FittedCorrection:
         return self.probe is not None
 
     def check_labels(self, names: Any) -> None:
-        """``ValueError`` unless ``names`` are the fitted labels (any order; compared
+        """`ValueError` unless `names` are the fitted labels (any order; compared
         after NFC, as labels are, so a fit saved with NFD labels serves NFC ones)."""
         if sorted(map(_nfc, names)) != sorted(map(_nfc, self.labels)):
             theirs = ", ".join(code_points(name) for name in self.labels)
@@ -114,8 +120,8 @@ class FittedCorrection:
             )
 
     def apply(self, probs: np.ndarray, classes: Any, hidden: Any = None) -> np.ndarray:
-        """``[N, L]`` probabilities in ``classes`` order, corrected row by row (``hidden``:
-        ``[N, H]``, needed by the probe)."""
+        """`[N, L]` probabilities in `classes` order, corrected row by row (`hidden`:
+        `[N, H]`, needed by the probe)."""
         import numpy as np
 
         self.check_labels(classes)
@@ -184,13 +190,13 @@ def save_fitted(
     correction: FittedCorrection | None,
     identity: FitIdentity | None = None,
 ) -> None:
-    """Write ``config`` and, if given, ``correction`` with what it was fitted on.
+    """Write `config` and, if given, `correction` with what it was fitted on.
 
     Parameters
     ----------
     path : str or Path
         The fit file (JSON). A probe's weights go beside it, to
-        ``probe_file_name(path)`` (``fit.json.probe.safetensors``).
+        `probe_file_name(path)` (`fit.json.probe.safetensors`).
     config : SemsoftConfig
         The fitted settings.
     correction : FittedCorrection or None
@@ -223,13 +229,13 @@ def save_fitted(
 
 
 def read_fit(path: str | Path) -> FitFile:
-    """A config file, checked whole: its settings and, under ``"fitted"``, the
+    """A config file, checked whole: its settings and, under `"fitted"`, the
     correction and what it was fitted on (`semsoft_plugin.app.fit_file`).
 
     Parameters
     ----------
     path : str or Path
-        The file (``save_fit``'s, ``semsoft tune``'s, or a plain config file).
+        The file (`save_fit`'s, `semsoft tune`'s, or a plain config file).
 
     Returns
     -------

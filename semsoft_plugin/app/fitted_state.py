@@ -1,13 +1,13 @@
-"""What :meth:`Classifier.fit <semsoft_plugin.app.classifier.Classifier.fit>` (or
-``load_fit``) leaves behind, as one object the classifier holds and asks.
+"""What [`Classifier.fit`][semsoft_plugin.app.classifier.Classifier.fit] (or
+`load_fit`) leaves behind, as one object the classifier holds and asks.
 
-A :class:`FittedState` is the label names in prompt order, the settings every prediction
+A `FittedState` is the label names in prompt order, the settings every prediction
 uses, the correction applied after them row by row (a bias member's offset or the
-probe, :class:`~semsoft_plugin.app.fitted.FittedCorrection`), what the fit chose and why,
+probe, [`FittedCorrection`][semsoft_plugin.app.fitted.FittedCorrection]), what the fit chose and why,
 and the file mode's correction. The classifier's public fitted attributes
-(``labels_``, ``fitted_config_``, ``fitted_correction_``, ``fit_result_``,
-``file_calibration_``) read it; predictions ask it to correct their rows; ``save_fit``
-and ``load_fit`` ask it to write and read the fit file (:mod:`semsoft_plugin.app.fitted`,
+(`labels_`, `fitted_config_`, `fitted_correction_`, `fit_result_`,
+`file_calibration_`) read it; predictions ask it to correct their rows; `save_fit`
+and `load_fit` ask it to write and read the fit file ([`semsoft_plugin.app.fitted`][semsoft_plugin.app.fitted],
 whose format this module does not define).
 """
 
@@ -42,12 +42,12 @@ class FittedState:
     config : SemsoftConfig
         The settings every prediction uses.
     correction : FittedCorrection | None
-        What a bias member or the probe adds after ``config``, row by row; ``None``: the
+        What a bias member or the probe adds after `config`, row by row; `None`: the
         config alone.
     result : FitResult | None
-        What the fit chose and why (``None``: nothing was searched, or the fit was loaded).
+        What the fit chose and why (`None`: nothing was searched, or the fit was loaded).
     file_calibration : FileCalibration | None
-        The file mode's correction (``calibrate="file"``), else ``None``.
+        The file mode's correction (`calibrate="file"`), else `None`.
     """
 
     labels: tuple[str, ...]
@@ -64,15 +64,15 @@ class FittedState:
     def correct(
         self, probs: np.ndarray, classes: tuple[str, ...], hidden: Any = None
     ) -> np.ndarray:
-        """``[N, L]`` probabilities in ``classes`` order with the correction applied row by
-        row (``hidden``: ``[N, H]``, read by the probe); unchanged without one."""
+        """`[N, L]` probabilities in `classes` order with the correction applied row by
+        row (`hidden`: `[N, H]`, read by the probe); unchanged without one."""
         if self.correction is None:
             return probs
         return self.correction.apply(probs, classes, hidden)
 
     def save(self, path: str | Path, identity: FitIdentity | None) -> None:
-        """Write the config and correction to a config file (``semsoft classify --config``
-        reads it; :func:`~semsoft_plugin.app.fitted.save_fitted`).
+        """Write the config and correction to a config file (`semsoft classify --config`
+        reads it; [`save_fitted`][semsoft_plugin.app.fitted.save_fitted]).
 
         Parameters
         ----------
@@ -94,7 +94,7 @@ class FittedState:
         engine: str,
         identity: FitIdentity | None,
     ) -> FittedState:
-        """The fit a config file holds (:func:`~semsoft_plugin.app.fitted.read_fit`, checked
+        """The fit a config file holds ([`read_fit`][semsoft_plugin.app.fitted.read_fit], checked
         whole), checked against the classifier that takes it.
 
         Parameters
@@ -104,9 +104,9 @@ class FittedState:
         names : list[str]
             The classifier's labels, in prompt order.
         calibrate : str | None
-            The classifier's ``calibrate``: no correction on top of a fitted one.
+            The classifier's `calibrate`: no correction on top of a fitted one.
         engine : str
-            ``"transformers"`` or ``"vllm"`` (no probe on vLLM).
+            `"transformers"` or `"vllm"` (no probe on vLLM).
         identity : FitIdentity | None
             The run's labels, prompt and output layer, compared with the fit's.
 

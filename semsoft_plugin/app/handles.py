@@ -1,19 +1,19 @@
-"""The model behind a :class:`~semsoft_plugin.app.classifier.Classifier`: loaded once per
+"""The model behind a [`Classifier`][semsoft_plugin.app.classifier.Classifier]: loaded once per
 process and shared by every copy of the classifier.
 
-scikit-learn copies an estimator often: ``clone`` for every ``GridSearchCV`` candidate and
-fold, every ``cross_val_score`` fold, a ``Pipeline``'s steps. A copy must not copy the
+scikit-learn copies an estimator often: `clone` for every `GridSearchCV` candidate and
+fold, every `cross_val_score` fold, a `Pipeline`'s steps. A copy must not copy the
 model's weights, so the model is a parameter that copies cheaply:
 
-* **a name** (``"default"``, ``"smollm2-135m"``, a checkpoint directory): loaded on first
+* **a name** (`"default"`, `"smollm2-135m"`, a checkpoint directory): loaded on first
   use and kept here, keyed by what was loaded (backend, resolved path, dtype or engine
   arguments), for the life of the process. Every classifier naming the same model shares
-  one set of weights; a copy is a string. A worker process (``n_jobs > 1``) loads its
+  one set of weights; a copy is a string. A worker process (`n_jobs > 1`) loads its
   own once;
-* **a loaded object** (a transformers model, a ``vllm.LLM``): the classifier passes it to
-  its copies by reference (``Classifier.__sklearn_clone__``).
+* **a loaded object** (a transformers model, a `vllm.LLM`): the classifier passes it to
+  its copies by reference (`Classifier.__sklearn_clone__`).
 
-:func:`forget` drops the models loaded by name (their memory is freed once no classifier
+`forget` drops the models loaded by name (their memory is freed once no classifier
 holds them).
 """
 
@@ -45,8 +45,8 @@ class Loaded:
     backend: str
 
     def context_length(self) -> int | None:
-        """Tokens the model attends to: the vLLM engine's ``max_model_len``, else the
-        transformers config's ``max_position_embeddings`` (``None`` if it has none)."""
+        """Tokens the model attends to: the vLLM engine's `max_model_len`, else the
+        transformers config's `max_position_embeddings` (`None` if it has none)."""
         if self.backend == "vllm":
             return int(self.model.llm_engine.model_config.max_model_len)
         n = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
@@ -64,18 +64,18 @@ class Loaded:
 
 
 def is_vllm(model: Any) -> bool:
-    """Whether ``model`` is a ``vllm.LLM`` (told by its module, without importing vLLM)."""
+    """Whether `model` is a `vllm.LLM` (told by its module, without importing vLLM)."""
     return type(model).__module__.split(".")[0] == "vllm" and hasattr(model, "llm_engine")
 
 
 def check_backend(backend: Any) -> None:
-    """``ValueError`` unless ``backend`` is ``None`` or one of :data:`BACKENDS`; an old
-    spelling (``"hf"``) is refused naming the new one (``"transformers"``).
+    """`ValueError` unless `backend` is `None` or one of `BACKENDS`; an old
+    spelling (`"hf"`) is refused naming the new one (`"transformers"`).
 
     Parameters
     ----------
     backend : Any
-        The ``backend`` parameter.
+        The `backend` parameter.
     """
     if backend in _RENAMED_BACKENDS:
         raise ValueError(
@@ -87,8 +87,8 @@ def check_backend(backend: Any) -> None:
 
 
 def engine_of(clf: Any) -> str:
-    """``"vllm"`` or ``"transformers"``: the engine a classifier's ``model`` and
-    ``backend`` name, told without loading anything (so a setting the engine cannot
+    """`"vllm"` or `"transformers"`: the engine a classifier's `model` and
+    `backend` name, told without loading anything (so a setting the engine cannot
     honour fails first)."""
     check_backend(clf.backend)
     return "vllm" if clf.backend == "vllm" or is_vllm(clf.model) else "transformers"
@@ -107,14 +107,20 @@ def loaded(
 
     Parameters
     ----------
-    model : a name or path (``str`` / ``os.PathLike``), or a loaded transformers model
-        or ``vllm.LLM``
-    tokenizer : the loaded model's tokenizer; ``None`` for a name or a ``vllm.LLM``
-    backend : ``"transformers"``, ``"vllm"``, or ``None``: the loaded model's own,
-        ``"transformers"`` for a name
-    dtype : transformers weights of a named model (``"auto"``: ``models.default_dtype()``)
-    engine_args : a named model's ``vllm.LLM`` arguments
-    k : the kept top-k: a vLLM engine built here gets ``max_logprobs = k``
+    model : Any
+        A name or path (`str` / `os.PathLike`), or a loaded transformers model
+        or `vllm.LLM`
+    tokenizer : Any
+        The loaded model's tokenizer; `None` for a name or a `vllm.LLM`
+    backend : str | None
+        `"transformers"`, `"vllm"`, or `None`: the loaded model's own,
+        `"transformers"` for a name
+    dtype : str
+        Transformers weights of a named model (`"auto"`: `models.default_dtype()`)
+    engine_args : Mapping[str, Any] | None
+        A named model's `vllm.LLM` arguments
+    k : int
+        The kept top-k: a vLLM engine built here gets `max_logprobs = k`
     """
     check_backend(backend)
     if isinstance(model, str | os.PathLike):

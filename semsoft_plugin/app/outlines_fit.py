@@ -1,20 +1,20 @@
 """An Outlines choice generator that applies a fit from its config file: the file
-``Classifier.save_fit`` and ``semsoft tune --output`` write, read by the one reader
-``Classifier.load_fit`` and ``semsoft classify --config`` use
-(:func:`semsoft_plugin.app.fitted.load_fitted`).
+`Classifier.save_fit` and `semsoft tune --output` write, read by the one reader
+`Classifier.load_fit` and `semsoft classify --config` use
+([`semsoft_plugin.app.fitted.load_fitted`][semsoft_plugin.app.fitted.load_fitted]).
 
 Why here: the file's reader and the probe live in the app, and engines may not import
 the app (tests/test_layout.py), so the Outlines adapter takes the *loaded* correction
-(``fitted_correction=``) and this function, which may import both, reads the file and
+(`fitted_correction=`) and this function, which may import both, reads the file and
 passes the config and the correction on. On a transformers model both are applied at the
-decision step (:mod:`semsoft_plugin.engines.outlines.transformers`); on a vLLM model a
-file holding the probe is refused by name (:func:`~semsoft_plugin.app.probe.probe_refused`)
+decision step (`semsoft_plugin.engines.outlines.transformers`); on a vLLM model a
+file holding the probe is refused by name (`semsoft_plugin.app.probe.probe_refused`)
 and one holding a bias offset by the adapter, never dropped.
 
 The correction was fitted on the scores at the Classifier's decision step; it means the
 same here only when the Classifier saw the prompt as Outlines formats it (a template with
 no answer prefix, so the chat ends with a generation prompt, and the labels scored as
-Outlines writes them: ``LabelSet(labels, tokenizer, leading_space=False)``).
+Outlines writes them: `LabelSet(labels, tokenizer, leading_space=False)`).
 """
 
 from __future__ import annotations
@@ -47,25 +47,33 @@ def load_fit(
     variants: Any = None,
     temperature: float | None = None,
 ) -> Any:
-    """``semsoft_plugin.engines.outlines.Generator(model, output_type, backend)`` with the
+    """`semsoft_plugin.engines.outlines.Generator(model, output_type, backend)` with the
     fit a config file holds: its settings, then its correction (a bias member's offset or
     the probe) at the decision step, to each row alone.
 
     Parameters
     ----------
-    model, output_type, backend, variants : as in
-        :func:`semsoft_plugin.engines.outlines.Generator`
-    path : the config file (``Classifier.save_fit``, ``semsoft tune --output``; a plain
+    model : Any
+        The Outlines model, as in [`Generator`][semsoft_plugin.engines.outlines.Generator].
+    output_type : Any
+        The choice of labels, as in `Generator`.
+    backend : str | None
+        Outlines' structured-generation backend, as in `Generator`.
+    variants : Any
+        The spellings that count as each label, as in `Generator`.
+    path : str | Path
+        The config file (`Classifier.save_fit`, `semsoft tune --output`; a plain
         config file works too). No setting can be overridden: a correction was fitted
-        on the file's settings (as ``semsoft classify --config`` refuses such options)
-    temperature : the sampling temperature (the calls' default; greedy when unset)
+        on the file's settings (as `semsoft classify --config` refuses such options)
+    temperature : float | None
+        The sampling temperature (the calls' default; greedy when unset)
 
     Raises
     ------
     ValueError
         For a file whose labels are not the choices, fitted with another prompt than
         `OUTLINES_PROMPT` or on another model's output layer, and on a vLLM model for a
-        file holding a correction (the probe: :func:`~semsoft_plugin.app.probe.probe_refused`).
+        file holding a correction (the probe: `semsoft_plugin.app.probe.probe_refused`).
     """
     from semsoft_plugin.engines.outlines import Generator
     from semsoft_plugin.engines.outlines.base import ChoiceOptions, model_engine

@@ -1,11 +1,11 @@
-"""One writer per output file: ``semsoft classify --output OUT`` holds a lock beside it,
-``OUT.semsoft.lock``, from before anything is read until the last row is written.
+"""One writer per output file: `semsoft classify --output OUT` holds a lock beside it,
+`OUT.semsoft.lock`, from before anything is read until the last row is written.
 
 Two runs writing one file interleave their rows (rows of two widths when their labels
-differ, rows twice when a ``--resume`` runs beside the first run), and both say they
-succeeded. The lock is an ``flock`` on the lock file, which the kernel releases when its
-holder dies in any way (``SIGKILL`` included), so a lock file a killed run left behind
-does not block the next run or its ``--resume``. The file also names its holder (pid,
+differ, rows twice when a `--resume` runs beside the first run), and both say they
+succeeded. The lock is an `flock` on the lock file, which the kernel releases when its
+holder dies in any way (`SIGKILL` included), so a lock file a killed run left behind
+does not block the next run or its `--resume`. The file also names its holder (pid,
 host, start time) for the refusal; a lock still held although the pid it names is dead
 (a child process of a killed run that inherited it) is stale as well, and replaced.
 """
@@ -22,17 +22,17 @@ __all__ = ["OutputLock", "lock_path"]
 
 
 def lock_path(output: str | Path) -> Path:
-    """The lock of an output file: ``OUTPUT.semsoft.lock`` beside it."""
+    """The lock of an output file: `OUTPUT.semsoft.lock` beside it."""
     output = Path(output)
     return output.with_name(output.name + ".semsoft.lock")
 
 
 class OutputLock:
-    """The lock of ``output`` as a context manager: ``ValueError`` naming the run that
+    """The lock of `output` as a context manager: `ValueError` naming the run that
     holds it, or the folder, when it cannot be taken.
 
     Creating the lock file is also the check that the output's folder takes new files:
-    a folder that ``os.access`` calls writable but is not (``/proc``, a read-only mount
+    a folder that `os.access` calls writable but is not (`/proc`, a read-only mount
     seen by root) is refused here, before a model is loaded.
     """
 
@@ -111,7 +111,7 @@ class OutputLock:
 
 
 def _holder(fd: int) -> str:
-    """The holder line a lock file holds (``pid N on HOST since TIME``), or ``""``."""
+    """The holder line a lock file holds (`pid N on HOST since TIME`), or `""`."""
     try:
         return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
     except OSError:

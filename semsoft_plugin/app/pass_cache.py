@@ -1,19 +1,19 @@
 """The process-wide cache of kept forward passes: each text scored once.
 
 A forward pass at the decision step does not depend on any Semantic Softmax setting
-(``semantic_weight``, ``vote``, ``tau``, ``score_temperature``), nor on a fitted
-correction: those are applied to what the pass *keeps* (the top ``k`` raw scores, every
-label token's and, for the probe, the hidden state; :class:`KeptPass`). Model selection
-scores the same texts many times with such settings changed: ``GridSearchCV`` over
-``semantic_weight`` with 3 folds ran every text 10 times. So every
-:class:`~semsoft_plugin.app.classifier.Classifier` keeps its passes here, in one cache
+(`semantic_weight`, `vote`, `tau`, `score_temperature`), nor on a fitted
+correction: those are applied to what the pass *keeps* (the top `k` raw scores, every
+label token's and, for the probe, the hidden state; `KeptPass`). Model selection
+scores the same texts many times with such settings changed: `GridSearchCV` over
+`semantic_weight` with 3 folds ran every text 10 times. So every
+[`Classifier`][semsoft_plugin.app.classifier.Classifier] keeps its passes here, in one cache
 shared by the process (so by every clone), and a text scored again with what its pass
-depends on unchanged is read back, never run again. It is also how ``predict_proba``
+depends on unchanged is read back, never run again. It is also how `predict_proba`
 scores a repeated text once.
 
-What a pass depends on is its key (:func:`pass_key`): the model's weights (the loaded
+What a pass depends on is its key (`pass_key`): the model's weights (the loaded
 object, by identity while it lives, and its dtype), the tokenizer, the engine and its
-head (``exact_head``), the label tokens, ``k`` and the whole prompt the text became
+head (`exact_head`), the label tokens, `k` and the whole prompt the text became
 (template, answer prefix, the labels it lists, the text after any cut). The batch a
 text ran in is not part of it: in float32 a row's score does not depend on its batch; in
 bf16 a row moves with its batch's padding (by up to .023 on SmolLM2), and a kept row is
@@ -21,8 +21,8 @@ the row of the batch it first ran in.
 
 A kept pass is the same numbers whether read back or computed, so the cache never
 changes a score. It is bounded: least recently used passes are dropped beyond
-:data:`DEFAULT_MAX_BYTES` (256 MiB, about 80,000 passes of a 1.5B model with its hidden
-state; :func:`set_max_bytes` changes it, 0 turns the cache off). Entries whose model was
+`DEFAULT_MAX_BYTES` (256 MiB, about 80,000 passes of a 1.5B model with its hidden
+state; `set_max_bytes` changes it, 0 turns the cache off). Entries whose model was
 freed are dropped with it.
 """
 
@@ -58,13 +58,13 @@ class KeptPass:
     Attributes
     ----------
     top_ids : Tensor
-        ``[S]`` the token ids of the ``S`` highest raw scores, highest first.
+        `[S]` the token ids of the `S` highest raw scores, highest first.
     top_logits : Tensor
-        ``[S]`` those scores (logits, or vLLM's log-probabilities).
+        `[S]` those scores (logits, or vLLM's log-probabilities).
     label_logits : Tensor
-        ``[M]`` the raw scores of every label token (``label_token_ids`` order).
+        `[M]` the raw scores of every label token (`label_token_ids` order).
     hidden : Tensor | None
-        ``[H]`` the output layer's input at the decision step, where it was read.
+        `[H]` the output layer's input at the decision step, where it was read.
     """
 
     top_ids: Tensor
@@ -90,9 +90,9 @@ class PassCache:
     Attributes
     ----------
     hits : int
-        Passes read back since the last :meth:`clear`.
+        Passes read back since the last `clear`.
     misses : int
-        Passes asked for and not found since the last :meth:`clear`.
+        Passes asked for and not found since the last `clear`.
     """
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
@@ -112,8 +112,8 @@ class PassCache:
         return len(self._entries)
 
     def get(self, key: Hashable, *, hidden: bool = False) -> KeptPass | None:
-        """The pass kept under ``key`` (with ``hidden``: only one that kept the hidden
-        state), marked as just used; ``None`` if there is none."""
+        """The pass kept under `key` (with `hidden`: only one that kept the hidden
+        state), marked as just used; `None` if there is none."""
         with self._lock:
             found = self._entries.get(key)
             if found is None or (hidden and found.hidden is None):
@@ -124,7 +124,7 @@ class PassCache:
             return found
 
     def put(self, key: Hashable, kept: KeptPass) -> None:
-        """Keep ``kept`` under ``key``, dropping the least recently used beyond the bound
+        """Keep `kept` under `key`, dropping the least recently used beyond the bound
         (a pass larger than the bound is not kept)."""
         size = kept.nbytes
         with self._lock:
@@ -138,7 +138,7 @@ class PassCache:
             self._shrink()
 
     def drop_model(self, token: int) -> None:
-        """Drop every pass of the model :func:`model_token` numbered ``token``."""
+        """Drop every pass of the model `model_token` numbered `token`."""
         with self._lock:
             for key in [k for k in self._entries if isinstance(k, tuple) and k[0] == token]:
                 self._bytes -= self._entries.pop(key).nbytes
@@ -151,7 +151,7 @@ class PassCache:
             self.hits = self.misses = 0
 
     def resize(self, max_bytes: int) -> int:
-        """Bound the cache to ``max_bytes`` (0 keeps nothing), dropping the least recently
+        """Bound the cache to `max_bytes` (0 keeps nothing), dropping the least recently
         used passes beyond it; returns the old bound."""
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise ValueError(f"max_bytes={max_bytes!r} must be an int >= 0")
@@ -175,9 +175,9 @@ _TOKEN_LOCK = threading.Lock()
 
 
 def model_token(obj: Any) -> int:
-    """A number naming ``obj`` (a loaded model or tokenizer) for as long as it lives,
-    never reused by another object (an ``id`` can be); when it is freed, its passes are
-    dropped from :data:`PASSES`."""
+    """A number naming `obj` (a loaded model or tokenizer) for as long as it lives,
+    never reused by another object (an `id` can be); when it is freed, its passes are
+    dropped from `PASSES`."""
     with _TOKEN_LOCK:
         try:
             found = _TOKENS.get(obj)
@@ -208,7 +208,7 @@ def pass_key(
     engine : tuple[Hashable, ...]
         The engine and its settings that shape the scores (name, weights' dtype, head).
     labels : tuple[int, ...]
-        The label tokens kept (``kept_scores.label_token_ids``).
+        The label tokens kept (`kept_scores.label_token_ids`).
     k : int
         The top scores kept.
     """
@@ -216,5 +216,5 @@ def pass_key(
 
 
 def set_max_bytes(max_bytes: int) -> int:
-    """Bound :data:`PASSES` to ``max_bytes`` (0 keeps nothing); returns the old bound."""
+    """Bound `PASSES` to `max_bytes` (0 keeps nothing); returns the old bound."""
     return PASSES.resize(max_bytes)

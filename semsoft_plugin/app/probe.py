@@ -6,13 +6,13 @@ Temperature scaling and the bias corrections rescale or shift the label logits, 
 hold one number per label; the last layer's hidden state at the decision step holds
 what the model knows before its output layer throws most of it away. With a few
 labels, an L2 multinomial logistic regression on it (scikit-learn: standardised
-features, its ``C`` chosen by inner stratified folds on log-loss,
-``LogisticRegressionCV``) can separate labels the label logits confuse.
+features, its `C` chosen by inner stratified folds on log-loss,
+`LogisticRegressionCV`) can separate labels the label logits confuse.
 
-The fitted probe is kept as plain arrays (:class:`LinearProbe`): predicting needs numpy
+The fitted probe is kept as plain arrays (`LinearProbe`): predicting needs numpy
 only, one row at a time (a row's probabilities never depend on its batch), and the
-weights are saved with safetensors, never pickle. ``semsoft eval``'s ``probe`` method and
-``Classifier.fit`` fit it here (one implementation).
+weights are saved with safetensors, never pickle. `semsoft eval`'s `probe` method and
+`Classifier.fit` fit it here (one implementation).
 """
 
 from __future__ import annotations
@@ -46,19 +46,25 @@ CS: tuple[float, ...] = tuple(float(c) for c in np.logspace(-4, 2, 7))
 
 @dataclass(frozen=True)
 class LinearProbe:
-    """A fitted probe: ``softmax(((h - mean) / scale) @ weight.T + bias)`` over the labels
+    """A fitted probe: `softmax(((h - mean) / scale) @ weight.T + bias)` over the labels
     seen in training, every label a column.
 
     Attributes
     ----------
-    mean, scale : ``[H]`` the standardisation of the hidden state
-    weight, bias : ``[S, H]`` and ``[S]``, one row per seen label (a binary fit's single
+    mean, scale : np.ndarray
+        `[H]` the standardisation of the hidden state
+    weight, bias : np.ndarray
+        `[S, H]` and `[S]`, one row per seen label (a binary fit's single
         row is written as two, the first zero, which is what its sigmoid is)
-    seen : ``[S]`` the label indices seen in training
-    n_labels : labels in all; an unseen one gets ``1 / (n_train + n_labels)`` (the add-one
+    seen : np.ndarray
+        `[S]` the label indices seen in training
+    n_labels : int
+        Labels in all; an unseen one gets `1 / (n_train + n_labels)` (the add-one
         estimate of a label never seen), so no NLL is infinite
-    n_train : training rows
-    strength : the ``C`` the inner folds chose
+    n_train : int
+        Training rows
+    strength : float
+        The `C` the inner folds chose
     """
 
     mean: np.ndarray
@@ -71,7 +77,7 @@ class LinearProbe:
     strength: float
 
     def probs(self, hidden: Any) -> np.ndarray:
-        """``[N, n_labels]`` float64 probabilities of ``[N, H]`` hidden states, row by row."""
+        """`[N, n_labels]` float64 probabilities of `[N, H]` hidden states, row by row."""
         x = np.asarray(hidden, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != len(self.mean):
             raise ValueError(
@@ -113,7 +119,7 @@ class LinearProbe:
         )  # fmt: skip
 
     def save(self, path: str | Path, labels: list[str] | tuple[str, ...]) -> None:
-        """The weights as a safetensors file; ``labels`` (the column names) in its metadata."""
+        """The weights as a safetensors file; `labels` (the column names) in its metadata."""
         from safetensors.numpy import save_file
 
         arrays = {k: np.ascontiguousarray(getattr(self, k)) for k in _ARRAYS}
@@ -139,8 +145,8 @@ class LinearProbe:
         ------
         ValueError
             One line naming the file: missing, truncated or not safetensors, an array
-            missing, of the wrong shape or not finite, a ``scale`` not positive, a
-            ``seen`` index repeated or out of the labels' range, bad metadata.
+            missing, of the wrong shape or not finite, a `scale` not positive, a
+            `seen` index repeated or out of the labels' range, bad metadata.
         """
         from safetensors import SafetensorError, safe_open
 
@@ -161,7 +167,7 @@ class LinearProbe:
         return probe, labels
 
     def check(self) -> None:
-        """``ValueError`` naming the first array of the wrong shape or kind, or holding a
+        """`ValueError` naming the first array of the wrong shape or kind, or holding a
         number that is not finite (a probe read from a file is untrusted input)."""
         hidden = self.mean.shape[0] if self.mean.ndim == 1 else -1
         seen = self.seen.shape[0] if self.seen.ndim == 1 else -1
@@ -205,11 +211,11 @@ def fit_probe(
     seed: int = 0,
     sample_weight: Any = None,
 ) -> LinearProbe:
-    """The probe on ``[N, H]`` hidden states and ``[N]`` label indices (``< n_labels``):
-    ``StandardScaler`` + ``LogisticRegressionCV`` (L2, ``C`` over :data:`CS` chosen by
+    """The probe on `[N, H]` hidden states and `[N]` label indices (`< n_labels`):
+    `StandardScaler` + `LogisticRegressionCV` (L2, `C` over `CS` chosen by
     inner stratified folds on log-loss). Needs two labels among the targets.
-    ``sample_weight``: ``[N]`` weights of the rows in the scaler and the regression's
-    NLL (``None``: 1 each)."""
+    `sample_weight`: `[N]` weights of the rows in the scaler and the regression's
+    NLL (`None`: 1 each)."""
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
     from sklearn.preprocessing import StandardScaler
@@ -245,7 +251,7 @@ def held_probs(
     hidden: np.ndarray, targets: np.ndarray, train: np.ndarray, held: np.ndarray, n_labels: int,
     *, seed: int = 0, sample_weight: np.ndarray | None = None,
 ) -> tuple[np.ndarray, LinearProbe | None]:  # fmt: skip
-    """The ``held`` rows' probabilities from the probe fitted on the ``train`` rows, and
+    """The `held` rows' probabilities from the probe fitted on the `train` rows, and
     that probe. A training part with a single label gives its add-one label frequencies
     and no probe (no regression can be fitted)."""
     if len(np.unique(targets[train])) < 2:
@@ -259,9 +265,9 @@ def held_probs(
 def probe_member(
     hidden: Any, targets: Any, n_labels: int, *, seed: int = 0, sample_weight: Any = None
 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """The probe as a member of the few-label fit (``fit_probs(external=...)``):
-    ``(train, held)`` row indices -> the held rows' ``[len(held), n_labels]``
-    probabilities (:func:`held_probs`)."""
+    """The probe as a member of the few-label fit (`fit_probs(external=...)`):
+    `(train, held)` row indices -> the held rows' `[len(held), n_labels]`
+    probabilities (`held_probs`)."""
     x = np.asarray(hidden, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
@@ -271,7 +277,7 @@ def probe_member(
 
 def probe_refused(advice: str) -> ValueError:
     """The error for a probe asked for where the engine gives no hidden states (vLLM);
-    ``advice`` says what to do instead."""
+    `advice` says what to do instead."""
     return ValueError(
         "fit family member 'probe' needs the decision step's hidden state, which vLLM's "
         "generate runner does not return (a second, pooling vLLM engine could; not built): "

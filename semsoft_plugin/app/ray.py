@@ -202,6 +202,17 @@ def classify_dataset(
         votes: `semantic_weight > 0`), `fallback`, `review`, `truncated`.
         Rows with an empty text, or that the classifier refuses, are left out and named
         on stderr. Bad options and labels fail here, before any actor starts.
+
+    Examples
+    --------
+    ```python
+    import ray
+    from semsoft_plugin.app.ray import classify_dataset
+
+    ds = ray.data.read_csv("reviews.csv")
+    scored = classify_dataset(ds, ["positive", "negative"], text_column="text", concurrency=2)
+    scored.write_parquet("scored/")   # the input columns, then label, p_<label>, ...
+    ```
     """
     from semsoft_plugin.app.classifier import Classifier
     from semsoft_plugin.core.labels import label_names

@@ -1,22 +1,22 @@
-"""What a :class:`~semsoft_plugin.app.classifier.Classifier`'s parameters resolve to for
+"""What a [`Classifier`][semsoft_plugin.app.classifier.Classifier]'s parameters resolve to for
 one label list, and the one way it scores texts: kept forward passes.
 
-A :class:`Scorer` is the loaded model, the label set, the prompt, the settings and the
-length bound, checked. :meth:`Scorer.kept` runs the decision step of each text that
-:data:`~semsoft_plugin.app.pass_cache.PASSES` does not already hold (one forward pass per
+A `Scorer` is the loaded model, the label set, the prompt, the settings and the
+length bound, checked. `Scorer.kept` runs the decision step of each text that
+`semsoft_plugin.app.pass_cache.PASSES` does not already hold (one forward pass per
 distinct text, through the adapters' batch functions
-:func:`semsoft_plugin.engines.hf.classify` and
-:func:`semsoft_plugin.engines.vllm.classify_vllm`) and keeps what Semantic Softmax and the
-fit read; :meth:`Scorer.results` scores the kept passes under one config
-(:func:`~semsoft_plugin.core.kept_scores.kept_result`). Predictions, the fit and the
+[`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify] and
+[`semsoft_plugin.engines.vllm.classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm]) and keeps what Semantic Softmax and the
+fit read; `Scorer.results` scores the kept passes under one config
+(`semsoft_plugin.core.kept_scores.kept_result`). Predictions, the fit and the
 content-free bias all go through it, so a text is scored once whatever is asked of it.
 
 Which members an engine supports: transformers gives the decision step's hidden state
-(:class:`~semsoft_plugin.engines.hf_hidden.HiddenAtDecision`, read during the same pass),
+(`semsoft_plugin.engines.hf_hidden.HiddenAtDecision`, read during the same pass),
 so every member; vLLM's generate runner returns token log-probabilities only, so every
 member but the probe, and a probe asked for on vLLM is refused by name, never dropped
-(what vLLM could do: a second engine of the same checkpoint with ``runner="pooling"`` and
-last-token pooling returns the final hidden state from ``llm.embed``, one more model load
+(what vLLM could do: a second engine of the same checkpoint with `runner="pooling"` and
+last-token pooling returns the final hidden state from `llm.embed`, one more model load
 and prompt pass per item; not built).
 """
 
@@ -96,10 +96,10 @@ class Scorer:
     def kept(
         self, inputs: list[Any], store_k: int, *, hidden: bool = False
     ) -> tuple[KeptScores, Tensor | None]:
-        """The decision step's top ``store_k`` raw scores and every label token's for
-        ``inputs`` (prompts from :attr:`fitter`), each distinct input run once and only if
-        :data:`~semsoft_plugin.app.pass_cache.PASSES` lacks it; with ``hidden`` also the
-        ``[N, H]`` hidden states there (transformers; refused on vLLM)."""
+        """The decision step's top `store_k` raw scores and every label token's for
+        `inputs` (prompts from `fitter`), each distinct input run once and only if
+        `semsoft_plugin.app.pass_cache.PASSES` lacks it; with `hidden` also the
+        `[N, H]` hidden states there (transformers; refused on vLLM)."""
         if hidden and self.loaded.backend == "vllm":
             raise probe_refused(PROBE_ADVICE)
         token_ids = label_token_ids(self.labels)
@@ -145,8 +145,8 @@ class Scorer:
     def results(
         self, inputs: list[Any], config: SemsoftConfig, *, hidden: bool = False
     ) -> tuple[SemanticSoftmaxResult, Tensor | None]:
-        """Semantic Softmax under ``config`` of each input's kept pass (label columns in
-        :attr:`labels` order), and with ``hidden`` the hidden states."""
+        """Semantic Softmax under `config` of each input's kept pass (label columns in
+        [`labels`][semsoft_plugin.core.labels] order), and with `hidden` the hidden states."""
         kept, states = self.kept(inputs, config.k, hidden=hidden)
         return kept_result(kept, self.loaded.embeddings(), self.labels, config), states
 

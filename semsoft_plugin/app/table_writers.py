@@ -1,13 +1,13 @@
-"""Writing the scored rows of ``semsoft classify --input``, and reading them back on
-``--resume``.
+"""Writing the scored rows of `semsoft classify --input`, and reading them back on
+`--resume`.
 
-Output: CSV, TSV or JSON lines, chosen by the suffix, written by :class:`TableWriter`
-one batch at a time (each batch is one ``write`` followed by a flush and ``fsync``), so
+Output: CSV, TSV or JSON lines, chosen by the suffix, written by `TableWriter`
+one batch at a time (each batch is one `write` followed by a flush and `fsync`), so
 an interrupted run keeps every finished batch and at most one partial record, which
-:func:`read_output` drops on ``--resume``. A Parquet file is readable only once its
-footer is written, so :class:`ParquetTableWriter` (pyarrow, imported only there) writes
+`read_output` drops on `--resume`. A Parquet file is readable only once its
+footer is written, so `ParquetTableWriter` (pyarrow, imported only there) writes
 one row group per batch and the footer on close, and a Parquet output cannot be
-resumed. Reading the input is :mod:`semsoft_plugin.app.tables`.
+resumed. Reading the input is `semsoft_plugin.app.tables`.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ __all__ = [
 
 
 def cell(value: Any) -> str:
-    """A value as CSV text: strings as they are, ``''`` for None, a non-finite number as
-    ``inf``, ``-inf`` or ``nan`` (what pandas and pyarrow read back as one), JSON for
-    everything else, a non-finite number inside it as Python's ``json`` writes and reads
-    it (``NaN``, ``Infinity``): a passthrough value survives a CSV/TSV output."""
+    """A value as CSV text: strings as they are, `''` for None, a non-finite number as
+    `inf`, `-inf` or `nan` (what pandas and pyarrow read back as one), JSON for
+    everything else, a non-finite number inside it as Python's `json` writes and reads
+    it (`NaN`, `Infinity`): a passthrough value survives a CSV/TSV output."""
     if value is None:
         return ""
     if isinstance(value, float) and not math.isfinite(value):
@@ -47,8 +47,8 @@ def cell(value: Any) -> str:
 
 
 def _json_line(record: Mapping[str, Any]) -> str:
-    """One JSON-lines record, strict JSON: a NaN or infinity is refused (``ValueError``,
-    named by `_unwritable`), never written as ``null``; the file plan refuses an input
+    """One JSON-lines record, strict JSON: a NaN or infinity is refused (`ValueError`,
+    named by `_unwritable`), never written as `null`; the file plan refuses an input
     holding one before any scoring."""
     return json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
 
@@ -71,14 +71,18 @@ def _unwritable(path: Path, name: str, record: Mapping[str, Any], error: Excepti
 
 
 class TableWriter:
-    """Appends records to a CSV/TSV (fixed ``columns``) or JSONL file, one batch per call.
+    """Appends records to a CSV/TSV (fixed `columns`) or JSONL file, one batch per call.
 
     Parameters
     ----------
-    path : the output file; its suffix picks the format
-    columns : the CSV/TSV header (JSONL records keep their own keys)
-    append : continue an existing file (``--resume``) instead of starting a new one
-    kind : the format when the caller already read it from the suffix, else read here
+    path : str | Path
+        The output file; its suffix picks the format
+    columns : Sequence[str]
+        The CSV/TSV header (JSONL records keep their own keys)
+    append : bool
+        Continue an existing file (`--resume`) instead of starting a new one
+    kind : str | None
+        The format when the caller already read it from the suffix, else read here
     """
 
     def __init__(
@@ -124,8 +128,8 @@ class TableWriter:
     ) -> None:
         """Write a batch of records and make it durable before returning.
 
-        A value that cannot be written is a ``ValueError`` naming its record (by
-        ``names``, e.g. ``"input row 7"``, else its number among the records this
+        A value that cannot be written is a `ValueError` naming its record (by
+        `names`, e.g. `"input row 7"`, else its number among the records this
         writer wrote) and its column, raised before anything of the batch is written.
         """
         if records:
@@ -149,14 +153,14 @@ def read_output(
     required: Sequence[str] | None = None,
     kind: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The complete records of an output file written by :class:`TableWriter`.
+    """The complete records of an output file written by `TableWriter`.
 
     A record cut short by an interruption (the file does not end with a newline, or a
     CSV row lacks fields) can only be the last one: it is dropped and the file is
     rewritten without it, so appending continues on a clean record boundary.
-    ``ValueError`` when the file is not such an output (a CSV/TSV header other than
-    ``columns``, a JSONL record without the ``required`` keys, a bad line before the end).
-    ``kind``: the format when the caller already read it from the suffix.
+    `ValueError` when the file is not such an output (a CSV/TSV header other than
+    `columns`, a JSONL record without the `required` keys, a bad line before the end).
+    `kind`: the format when the caller already read it from the suffix.
     """
     path = Path(path)
     kind = kind or table_format(path, role="output file")
@@ -217,14 +221,16 @@ def read_output(
 
 
 class ParquetTableWriter:
-    """Writes Arrow tables to a Parquet file, one row group per ``write``; readable once
+    """Writes Arrow tables to a Parquet file, one row group per `write`; readable once
     closed.
 
     Parameters
     ----------
-    path : the ``.parquet`` output
-    schema : the pyarrow schema of every table written (passthrough columns keep the
-        input's types, see :mod:`semsoft_plugin.app.file_plan`)
+    path : str | Path
+        The `.parquet` output
+    schema : Any
+        The pyarrow schema of every table written (passthrough columns keep the
+        input's types, see `semsoft_plugin.app.file_plan`)
     """
 
     def __init__(self, path: str | Path, schema: Any) -> None:
@@ -235,7 +241,7 @@ class ParquetTableWriter:
         self._writer = pq.ParquetWriter(self.path, schema)
 
     def write(self, table: Any, names: Sequence[str] | None = None) -> None:
-        """Write a batch (a ``pyarrow.Table`` of :attr:`schema`) as one row group."""
+        """Write a batch (a `pyarrow.Table` of `schema`) as one row group."""
         if table.num_rows:
             self._writer.write_table(table)
 
@@ -250,13 +256,13 @@ class ParquetTableWriter:
 
 
 def unholdable(kind: Any) -> str | None:
-    """The part of the pyarrow type ``kind`` that CSV, TSV and JSON lines cannot hold as
+    """The part of the pyarrow type `kind` that CSV, TSV and JSON lines cannot hold as
     it is, or None when they can.
 
     They hold text, booleans, integers and floats (JSON numbers: a float32 is written
     as the exact double it is), and lists and structs of those (as JSON). Not held:
-    bytes (``binary``: JSON has no bytes), times, dates and durations (Python's
-    ``datetime`` stops at microseconds, so nanoseconds would be cut), decimals (no
+    bytes (`binary`: JSON has no bytes), times, dates and durations (Python's
+    `datetime` stops at microseconds, so nanoseconds would be cut), decimals (no
     exact JSON type), maps (they would come back as lists of pairs), unions and
     extension types. A dictionary column is held when its values are.
     """

@@ -1,13 +1,13 @@
-"""Reading the tables ``semsoft classify --input`` works on, strictly (stdlib; pyarrow
+"""Reading the tables `semsoft classify --input` works on, strictly (stdlib; pyarrow
 only for Parquet).
 
-Input: CSV (``.csv``), TSV (``.tsv``/``.tab``), JSON lines (``.jsonl``/``.ndjson``) or
-Parquet (``.parquet``), one record per row; the evaluation package reads its data
-files with the same :func:`read_records`. A malformed file is refused with the file and
-line named, never read with rows lost. :func:`read_arrow` reads a file, or a directory
-of them, as one ``pyarrow.Table`` (the Ray path); pyarrow is imported only there and in
-the Parquet reader. Writing the output, and reading it back on ``--resume``, is
-:mod:`semsoft_plugin.app.table_writers`.
+Input: CSV (`.csv`), TSV (`.tsv`/`.tab`), JSON lines (`.jsonl`/`.ndjson`) or
+Parquet (`.parquet`), one record per row; the evaluation package reads its data
+files with the same `read_records`. A malformed file is refused with the file and
+line named, never read with rows lost. `read_arrow` reads a file, or a directory
+of them, as one `pyarrow.Table` (the Ray path); pyarrow is imported only there and in
+the Parquet reader. Writing the output, and reading it back on `--resume`, is
+`semsoft_plugin.app.table_writers`.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ OUTPUT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 
 
 def table_format(path: str | Path, *, role: str = "data file") -> str:
-    """``"csv"``, ``"tsv"``, ``"jsonl"`` or ``"parquet"`` from the suffix; ``ValueError``
-    naming it otherwise (``role="output file"`` takes only the suffixes it writes)."""
+    """`"csv"`, `"tsv"`, `"jsonl"` or `"parquet"` from the suffix; `ValueError`
+    naming it otherwise (`role="output file"` takes only the suffixes it writes)."""
     suffix = Path(path).suffix.lower()
     allowed = INPUT_SUFFIXES if role == "data file" else OUTPUT_SUFFIXES
     if suffix not in allowed:
@@ -63,12 +63,12 @@ def table_format(path: str | Path, *, role: str = "data file") -> str:
 
 
 def read_text(path: Path, encoding: str = "utf-8") -> str:
-    """The whole text of ``path`` decoded with ``encoding``.
+    """The whole text of `path` decoded with `encoding`.
 
-    UTF-8 is read as ``utf-8-sig``: a byte-order mark at the start (Excel's "CSV
+    UTF-8 is read as `utf-8-sig`: a byte-order mark at the start (Excel's "CSV
     UTF-8") is dropped instead of ending up in the first column's name. A byte that
-    does not decode is a ``ValueError`` naming the file, the line and the byte, and
-    suggesting ``--encoding`` (a latin-1 or cp1252 export read as UTF-8 is the usual
+    does not decode is a `ValueError` naming the file, the line and the byte, and
+    suggesting `--encoding` (a latin-1 or cp1252 export read as UTF-8 is the usual
     case); nothing is replaced silently.
     """
     codec = _codec(encoding)
@@ -88,7 +88,7 @@ def read_text(path: Path, encoding: str = "utf-8") -> str:
 
 
 def _codec(encoding: str) -> str:
-    """The codec to decode with: ``utf-8-sig`` for UTF-8; ``ValueError`` if unknown."""
+    """The codec to decode with: `utf-8-sig` for UTF-8; `ValueError` if unknown."""
     import codecs
 
     try:
@@ -99,7 +99,7 @@ def _codec(encoding: str) -> str:
 
 
 def read_lines(path: Path, encoding: str = "utf-8") -> list[str]:
-    """The non-blank lines of a text file; ``ValueError`` if missing or empty."""
+    """The non-blank lines of a text file; `ValueError` if missing or empty."""
     if not path.is_file():
         raise ValueError(f"data file not found: {path}")
     lines = [line for line in read_text(path, encoding).splitlines() if line.strip()]
@@ -112,7 +112,7 @@ def read_records(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]
     """The rows of a CSV, TSV or JSONL file as dicts (CSV values are strings).
 
     Malformed files are refused with the file and line named, never read with rows
-    lost: see :func:`read_delimited` and :func:`read_jsonl`.
+    lost: see `read_delimited` and `read_jsonl`.
     """
     path = Path(path)
     if not path.is_file():
@@ -125,10 +125,10 @@ def read_records(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]
 def located_rows(
     path: Path, encoding: str = "utf-8", *, kind: str | None = None
 ) -> list[tuple[int, dict[str, object]]]:
-    """``(line number, record)`` for each row of a CSV, TSV or JSONL file: the line
-    names a bad value in a message (``file:line``); Parquet has no lines, see
-    :func:`read_parquet_table`. ``kind``: the format when the caller already read it
-    from the suffix (``table_format``), else read here."""
+    """`(line number, record)` for each row of a CSV, TSV or JSONL file: the line
+    names a bad value in a message (`file:line`); Parquet has no lines, see
+    `read_parquet_table`. `kind`: the format when the caller already read it
+    from the suffix (`table_format`), else read here."""
     path = Path(path)
     kind = kind or table_format(path)
     if kind == "parquet":
@@ -141,16 +141,16 @@ def located_rows(
 
 
 def read_jsonl(path: Path, encoding: str = "utf-8") -> list[dict[str, object]]:
-    """The objects of a JSON-lines file, one per non-blank line (see :func:`jsonl_rows`)."""
+    """The objects of a JSON-lines file, one per non-blank line (see `jsonl_rows`)."""
     return [record for _, record in jsonl_rows(path, encoding)]
 
 
 def jsonl_rows(path: Path, encoding: str = "utf-8") -> list[tuple[int, dict[str, object]]]:
-    """``(line number, object)`` for each non-blank line of a JSON-lines file.
+    """`(line number, object)` for each non-blank line of a JSON-lines file.
 
     Refused naming the line: a line that is not a JSON object, an object with a key
-    twice (``json`` would keep the last value and drop the first in silence), and a
-    string holding a lone surrogate (a ``"\\ud800"`` escape decodes to one; it cannot
+    twice (`json` would keep the last value and drop the first in silence), and a
+    string holding a lone surrogate (a `"\\ud800"` escape decodes to one; it cannot
     be tokenised or written back as UTF-8, so it would fail the run later, after rows
     were scored). Lines are split at newlines only: a raw U+2028 inside a JSON string
     is text, not a line break. An empty file is refused.
@@ -190,8 +190,8 @@ def jsonl_rows(path: Path, encoding: str = "utf-8") -> list[tuple[int, dict[str,
 
 
 def _surrogate_key(value: Any, where: str = "") -> str | None:
-    """Where in a decoded JSON value a string holds a lone surrogate (``key 'text'``,
-    ``key 'a'[2]``), or None; paired escapes were already joined by the decoder."""
+    """Where in a decoded JSON value a string holds a lone surrogate (`key 'text'`,
+    `key 'a'[2]`), or None; paired escapes were already joined by the decoder."""
     if isinstance(value, str):
         return where or "a value" if _SURROGATE.search(value) else None
     if isinstance(value, dict):
@@ -216,20 +216,20 @@ class _DuplicateKey(Exception):
 
 
 def read_delimited(path: Path, delimiter: str, encoding: str = "utf-8") -> list[dict[str, object]]:
-    """The rows of a CSV/TSV file under its header (see :func:`delimited_rows`)."""
+    """The rows of a CSV/TSV file under its header (see `delimited_rows`)."""
     return [record for _, record in delimited_rows(path, delimiter, encoding)]
 
 
 def delimited_rows(
     path: Path, delimiter: str, encoding: str = "utf-8"
 ) -> list[tuple[int, dict[str, object]]]:
-    """``(line number, row)`` for each row of a CSV/TSV file under its header (the line
+    """`(line number, row)` for each row of a CSV/TSV file under its header (the line
     a row starts on: a quoted field may span lines), every row checked against it.
 
     Refused, naming the file and line: a header with an empty or repeated column name
     (a dict would drop one of the two columns); a row with more or fewer fields than
-    the header (``csv.DictReader`` files the extra fields under ``None`` and fills the
-    missing ones with ``None``); a quoted field that is never closed (an unbalanced
+    the header (`csv.DictReader` files the extra fields under `None` and fills the
+    missing ones with `None`); a quoted field that is never closed (an unbalanced
     quote would otherwise swallow the rest of the file into one text, so the error
     names the line where that field starts) or text after a closing quote. Blank
     lines are skipped. A BOM left in a name (a second one, after a concatenation) is
@@ -291,7 +291,7 @@ def read_parquet_records(path: Path) -> list[dict[str, object]]:
 
 
 def read_parquet_table(path: Path) -> Any:
-    """A Parquet file as one ``pyarrow.Table``; ``ValueError`` naming the file when it is
+    """A Parquet file as one `pyarrow.Table`; `ValueError` naming the file when it is
     not readable or holds no rows."""
     import pyarrow.parquet as pq
 
@@ -307,9 +307,9 @@ def read_parquet_table(path: Path) -> Any:
 
 
 def table_schema(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Any:
-    """A pyarrow schema for ``records`` with ``columns`` in order, inferred from every
+    """A pyarrow schema for `records` with `columns` in order, inferred from every
     record (a column that is None throughout becomes a string column);
-    ``ValueError`` naming a column whose values have no common type."""
+    `ValueError` naming a column whose values have no common type."""
     import pyarrow as pa
 
     fields = []
@@ -326,7 +326,7 @@ def table_schema(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -
 
 def read_arrow(path: str | Path) -> Any:
     """One file, or every table file of a directory in name order, as one
-    ``pyarrow.Table`` (CSV/TSV values stay strings, as :func:`read_records` reads them).
+    `pyarrow.Table` (CSV/TSV values stay strings, as `read_records` reads them).
     Files of a directory must agree on their columns' types."""
     import pyarrow as pa
     import pyarrow.parquet as pq

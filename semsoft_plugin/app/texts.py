@@ -1,6 +1,6 @@
-"""The texts a :class:`~semsoft_plugin.app.classifier.Classifier` takes: the check that
+"""The texts a [`Classifier`][semsoft_plugin.app.classifier.Classifier] takes: the check that
 refuses what is not a list of non-empty strings (by index and type, before any model
-work), the same for the labels ``fit`` is given, and :class:`TextFitter`, the
+work), the same for the labels `fit` is given, and `TextFitter`, the
 token-boundary cut of a text that is longer than the context allows.
 
 Apart from the classifier because they concern the input text and the prompt around it
@@ -25,14 +25,14 @@ __all__ = ["TextFitter", "target_list", "text_list", "token_prefixes"]
 
 
 def text_list(texts: Iterable[str]) -> list[str]:
-    """``texts`` as a list of non-empty strings; ``ValueError`` naming the bad element.
+    """`texts` as a list of non-empty strings; `ValueError` naming the bad element.
 
     Taken as scikit-learn users pass them: a list, tuple, 1-D numpy array or pandas
     Series (its values, not its index). Anything else is refused naming its type: a dict
     (its keys would be scored), a set (no order: rows would come back shuffled), a
     generator, a single string (iterating it would classify its characters); and so is an element that is not a
-    string (a NaN from a pandas column, a number, ``None``), by index and type; an
-    empty one (whitespace or invisible characters only, ``is_blank``) and one that is not
+    string (a NaN from a pandas column, a number, `None`), by index and type; an
+    empty one (whitespace or invisible characters only, `is_blank`) and one that is not
     valid Unicode (a lone surrogate: no UTF-8 encoding, no tokenizer takes it), by index.
     """
     ordered = isinstance(texts, list | tuple) or (
@@ -68,7 +68,7 @@ def text_list(texts: Iterable[str]) -> list[str]:
 
 
 def target_list(y: Iterable[str], n: int) -> list[str]:
-    """``y`` as a list of ``n`` label names (strings); ``ValueError`` naming the bad
+    """`y` as a list of `n` label names (strings); `ValueError` naming the bad
     element, or the count when it is not one label per text."""
     values = item_list(y, "y", "labels")
     if len(values) != n:
@@ -83,8 +83,8 @@ def target_list(y: Iterable[str], n: int) -> list[str]:
 
 
 def token_prefixes(tokenizer: Any, text: str) -> tuple[int, Callable[[int], str]]:
-    """The number of tokens of ``text`` (no special tokens) and a function giving the
-    text of its first ``n`` tokens: cut at the character offset where token ``n`` starts,
+    """The number of tokens of `text` (no special tokens) and a function giving the
+    text of its first `n` tokens: cut at the character offset where token `n` starts,
     exact in the original string (fast tokenizers); decoded otherwise."""
     try:
         encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -99,17 +99,25 @@ class TextFitter:
     """The prompts for texts within the length bound, and the tokens cut per text.
 
     The prompt is encoded exactly as the engines encode it, so the bound holds for
-    the tokens they see: at most ``context - 1`` (the decision token follows the
-    prompt), and at most ``max_text_tokens`` of the text. A text whose UTF-8 length
+    the tokens they see: at most `context - 1` (the decision token follows the
+    prompt), and at most `max_text_tokens` of the text. A text whose UTF-8 length
     plus the prompt's own tokens is within both bounds needs no check (a token is at
     least one byte); only longer ones are tokenised here.
 
     Parameters
     ----------
-    tokenizer, prompt, labels : what the prompts are built from
-    context : the model's context in tokens (``None``: unknown, no bound)
-    max_text_tokens : at most this many tokens of a text (``None``: no bound)
-    truncate : cut a longer text (``True``) or refuse it (``ValueError`` naming it)
+    tokenizer : Any
+        What the prompts are built from
+    prompt : PromptTemplate
+        What the prompts are built from
+    labels : list[str]
+        What the prompts are built from
+    context : int | None
+        The model's context in tokens (`None`: unknown, no bound)
+    max_text_tokens : int | None
+        At most this many tokens of a text (`None`: no bound)
+    truncate : bool
+        Cut a longer text (`True`) or refuse it (`ValueError` naming it)
     """
 
     def __init__(
@@ -131,7 +139,7 @@ class TextFitter:
         self._overhead: int | None = None
 
     def prompts(self, texts: list[str]) -> tuple[list[Any], list[int]]:
-        """The prompts for ``texts`` (checked by :func:`text_list`) and the tokens cut
+        """The prompts for `texts` (checked by `text_list`) and the tokens cut
         from each."""
         if self._overhead is None:
             self._overhead = self._prompt_length("x")

@@ -7,12 +7,14 @@ beside it) is read at engine start with the fit-file checker every other path us
 served under its name. A request names one with `semsoft_fit` (`vllm_xargs` over
 HTTP, `SamplingParams.extra_args` offline); a client never sends a path or weights.
 
-Start a server that serves fits::
+Start a server that serves fits:
 
-    SEMSOFT_FIT_DIR=/srv/fits python -m vllm.entrypoints.openai.api_server --model M \\
-        --logits-processors semsoft_plugin.app.vllm_fits:FittedSemanticSoftmax \\
-        --worker-extension-cls semsoft_plugin.app.vllm_fits.FittedRows \\
-        --middleware semsoft_plugin.engines.vllm.admission --max-logprobs 50
+```python
+SEMSOFT_FIT_DIR=/srv/fits python -m vllm.entrypoints.openai.api_server --model M \\
+    --logits-processors semsoft_plugin.app.vllm_fits:FittedSemanticSoftmax \\
+    --worker-extension-cls semsoft_plugin.app.vllm_fits.FittedRows \\
+    --middleware semsoft_plugin.engines.vllm.admission --max-logprobs 50
+```
 
 Refused with `ValueError` at admission (HTTP 400 on the server), before any text is
 scored, each naming the fit: an unknown name; a fit for other labels; a fit file that

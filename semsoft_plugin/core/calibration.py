@@ -8,26 +8,26 @@ correction, and neither needs labelled data:
 * **batch calibration** (Zhou et al., ICLR 2024, "Batch Calibration"): the bias is the
   mean predicted distribution over the unlabelled items being classified,
 
-  .. math::
-
-      \\hat b(l) = \\frac{1}{N} \\sum_i p(l \\mid x_i), \\qquad
-      p_{bc}(l \\mid x) = \\frac{p(l \\mid x) / \\hat b(l)}{\\sum_{l'} p(l' \\mid x) / \\hat b(l')}
+  $$
+  \\hat b(l) = \\frac{1}{N} \\sum_i p(l \\mid x_i), \\qquad
+  p_{bc}(l \\mid x) = \\frac{p(l \\mid x) / \\hat b(l)}{\\sum_{l'} p(l' \\mid x) / \\hat b(l')}
+  $$
 
   It needs the batch (no extra forward pass); online, a running mean per label set
-  (:class:`RunningBias`) stands in for it.
+  ([`RunningBias`][semsoft_plugin.core.calibration.RunningBias]) stands in for it.
 
 Contextual calibration (the bias read from content-free inputs such as "N/A") is the
-same division with another estimate of ``b``; ``semsoft eval`` has both.
+same division with another estimate of `b`; `semsoft eval` has both.
 
-**The file mode** (:class:`FileCalibration`) is batch calibration made reproducible: the
+**The file mode** ([`FileCalibration`][semsoft_plugin.core.calibration.FileCalibration]) is batch calibration made reproducible: the
 bias is estimated once, from the distinct rows of the whole file (or dataset, or the
-texts given to ``fit``), and then applied to each row alone, so a row's score does not
-depend on its batch or position and a resumed run reproduces it. ``strength`` ``s`` in
-``[0, 1]`` applies part of the correction, dividing by ``b^s``.
+texts given to `fit`), and then applied to each row alone, so a row's score does not
+depend on its batch or position and a resumed run reproduces it. `strength` `s` in
+`[0, 1]` applies part of the correction, dividing by `b^s`.
 
-**The guard** (``strength="auto"``, the default) decides from the same unlabelled rows:
+**The guard** (`strength="auto"`, the default) decides from the same unlabelled rows:
 the full correction when the rows' mean top probability is at most
-:data:`GUARD_CONFIDENCE` (one half), else none. The reason: a model that is unsure on
+`GUARD_CONFIDENCE` (one half), else none. The reason: a model that is unsure on
 most rows has little to say about each row, so a lean shared by all its rows is mostly
 the prompt's; a model that is sure on most rows puts its lean where the rows' content
 is, and a file that is truly 95/5 looks like that (dividing it out would push it toward
@@ -36,9 +36,9 @@ correction would have helped (SmolLM2-135M's Davidson rows, mean top probability
 because the same statistics describe files where it harms (its abuse rows, .78: the
 correction raises the NLL by .29 there and lowers it by .65 on Davidson). Every
 one-statistic guard was checked on 14 pairs, leaving one kind out
-(``benchmarks/file_mode_guard.py``, ``benchmarks/results/file-mode-guard.md``).
+(`benchmarks/file_mode_guard.py`, `benchmarks/results/file-mode-guard.md`).
 
-The file mode is opt-in, not a default: ``calibrate="file"`` needs the whole file
+The file mode is opt-in, not a default: `calibrate="file"` needs the whole file
 before any row is scored.
 """
 
@@ -94,7 +94,7 @@ def _like(result: Tensor, original: Any) -> Any:
 
 
 def debias(probs: ArrayT, bias: Any) -> ArrayT:
-    """Divide each row by ``bias`` (one value per label) and renormalise.
+    """Divide each row by `bias` (one value per label) and renormalise.
 
     Parameters
     ----------
@@ -103,8 +103,9 @@ def debias(probs: ArrayT, bias: Any) -> ArrayT:
 
     Returns
     -------
-    The same kind as ``probs`` (float64), rows summing to 1. A row whose mass is
-    removed entirely (all zero after division) is uniform, never NaN.
+    ArrayT
+        The same kind as `probs` (float64), rows summing to 1. A row whose mass is
+        removed entirely (all zero after division) is uniform, never NaN.
     """
     values = _as_probs(probs)
     b = torch.as_tensor(bias, dtype=torch.float64).reshape(-1)
@@ -120,19 +121,20 @@ def debias(probs: ArrayT, bias: Any) -> ArrayT:
 
 
 def batch_calibrate(probs: ArrayT, bias: Any | None = None) -> ArrayT:
-    """Batch calibration: divide by the batch's mean distribution (or a given ``bias``).
+    """Batch calibration: divide by the batch's mean distribution (or a given `bias`).
 
     Parameters
     ----------
     probs : array or Tensor of shape (N, L)
         Label probabilities of the N unlabelled items being classified together.
     bias : array or Tensor of shape (L,), optional
-        A bias estimated elsewhere (e.g. :class:`RunningBias`); default the mean row.
+        A bias estimated elsewhere (e.g. [`RunningBias`][semsoft_plugin.core.calibration.RunningBias]); default the mean row.
 
     Returns
     -------
-    The same kind as ``probs``. Invariants: a batch whose mean is uniform is left
-    unchanged, and permuting the batch permutes the result.
+    ArrayT
+        The same kind as `probs`. Invariants: a batch whose mean is uniform is left
+        unchanged, and permuting the batch permutes the result.
     """
     values = _as_probs(probs)
     return debias(probs, values.mean(0) if bias is None else bias)
@@ -142,7 +144,7 @@ class RunningBias:
     """The running mean of label distributions seen so far: batch calibration online.
 
     A server classifies one request at a time; the batch's mean is then replaced by
-    the mean over every request with the same label set so far. Until ``min_count``
+    the mean over every request with the same label set so far. Until `min_count`
     items are seen the bias is uniform (no correction), since a mean over a handful
     of items is mostly noise.
     """
@@ -157,7 +159,7 @@ class RunningBias:
         self.min_count = min_count
 
     def update(self, probs: Any) -> None:
-        """Add rows ``[N, L]`` to the running mean."""
+        """Add rows `[N, L]` to the running mean."""
         values = _as_probs(probs)
         if values.shape[1] != self.total.shape[0]:
             raise ValueError(f"expected {self.total.shape[0]} labels, got {values.shape[1]}")
@@ -166,7 +168,7 @@ class RunningBias:
 
     @property
     def bias(self) -> Tensor:
-        """The current estimate ``[L]`` (uniform before ``min_count`` items)."""
+        """The current estimate `[L]` (uniform before `min_count` items)."""
         if self.count < self.min_count:
             return torch.full_like(self.total, 1.0 / self.total.shape[0])
         return self.total / self.count
@@ -179,29 +181,29 @@ class FileCalibration:
     Parameters
     ----------
     bias : tuple of float
-        The mean label distribution ``b`` of the distinct rows it was estimated on, in
+        The mean label distribution `b` of the distinct rows it was estimated on, in
         the label order of those rows.
     strength : float in [0, 1]
-        The share of the correction applied: rows are divided by ``b ** strength`` and
-        renormalised; ``0`` changes nothing, ``1`` is batch calibration.
+        The share of the correction applied: rows are divided by `b ** strength` and
+        renormalised; `0` changes nothing, `1` is batch calibration.
     rows : int
-        How many distinct rows ``bias`` is the mean of (kept for the settings record).
+        How many distinct rows `bias` is the mean of (kept for the settings record).
     guard : bool
-        Whether the guard chose ``strength`` (``estimate(strength="auto")``).
+        Whether the guard chose `strength` (`estimate(strength="auto")`).
     confidence : float or None
-        The rows' mean top probability, the statistic the guard reads (``None`` when
+        The rows' mean top probability, the statistic the guard reads (`None` when
         the correction was built from a bias alone).
 
     Notes
     -----
-    The math: :math:`p_{file}(l \\mid x) \\propto p(l \\mid x) / \\hat b(l)^s` with
-    :math:`\\hat b = \\frac{1}{N} \\sum_i p(\\cdot \\mid x_i)` over the N distinct rows.
+    The math: $p_{file}(l \\mid x) \\propto p(l \\mid x) / \\hat b(l)^s$ with
+    $\\hat b = \\frac{1}{N} \\sum_i p(\\cdot \\mid x_i)$ over the N distinct rows.
     Duplicated texts count once, so a file of repeated rows does not outvote the rest.
 
     Examples
     --------
     A prompt that leans toward the first label on every row (the mean of the distinct
-    rows is ``[0.75, 0.25]``); the full correction divides that lean out of each row
+    rows is `[0.75, 0.25]`); the full correction divides that lean out of each row
     alone:
 
     >>> import numpy as np
@@ -249,11 +251,11 @@ class FileCalibration:
     def estimate(
         cls, probs: Any, *, strength: float | str = "auto", min_rows: int = MIN_FILE_ROWS
     ) -> FileCalibration:
-        """The correction of the distinct rows ``probs`` ``[N, L]`` (the first pass).
+        """The correction of the distinct rows `probs` `[N, L]` (the first pass).
 
-        ``strength``: a number in ``[0, 1]``, or ``"auto"`` (the guard: 1 when the rows'
-        mean top probability is at most :data:`GUARD_CONFIDENCE`, else 0). Fewer than
-        ``min_rows`` rows are refused: a mean over a handful of rows is mostly noise,
+        `strength`: a number in `[0, 1]`, or `"auto"` (the guard: 1 when the rows'
+        mean top probability is at most `GUARD_CONFIDENCE`, else 0). Fewer than
+        `min_rows` rows are refused: a mean over a handful of rows is mostly noise,
         and would move every row's score.
         """
         check_strength(strength)
@@ -271,7 +273,7 @@ class FileCalibration:
         return cls(tuple(float(b) for b in bias), applied, int(values.shape[0]), guard, confidence)
 
     def apply(self, probs: ArrayT) -> ArrayT:
-        """Each row of ``probs`` ``[N, L]`` divided by ``bias ** strength``, renormalised;
+        """Each row of `probs` `[N, L]` divided by `bias ** strength`, renormalised;
         the result does not depend on the other rows."""
         values = _as_probs(probs)
         if values.shape[1] != len(self.bias):
@@ -282,7 +284,7 @@ class FileCalibration:
         return debias(probs, bias)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, for the settings record (``from_dict`` reads it back)."""
+        """JSON-ready, for the settings record (`from_dict` reads it back)."""
         return {
             "bias": list(self.bias),
             "strength": self.strength,
@@ -306,15 +308,15 @@ class FileCalibration:
         )
 
     def matches(self, strength: float | str) -> bool:
-        """Whether this correction is what ``strength`` (a number or ``"auto"``) asks
-        for: made by the guard for ``"auto"``, at that strength without it otherwise."""
+        """Whether this correction is what `strength` (a number or `"auto"`) asks
+        for: made by the guard for `"auto"`, at that strength without it otherwise."""
         if strength == "auto":
             return self.guard
         return not self.guard and self.strength == strength
 
 
 def check_strength(strength: object, name: str = "strength") -> None:
-    """``ValueError`` unless ``strength`` is ``"auto"`` or a number in ``[0, 1]``."""
+    """`ValueError` unless `strength` is `"auto"` or a number in `[0, 1]`."""
     if strength == "auto":
         return
     if isinstance(strength, bool) or not isinstance(strength, int | float):

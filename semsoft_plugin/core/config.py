@@ -1,23 +1,25 @@
-"""Method settings, shared by the core, every adapter, ``semsoft eval`` and ``semsoft tune``.
+"""Method settings, shared by the core, every adapter, `semsoft eval` and `semsoft tune`.
 
-One table: each field's ``dataclasses.field(metadata=...)`` carries its help text, its
-rule and its value type, and the CLI flags (``--score-temperature``), the HTTP keys
-(``semsoft_score_temperature``, :mod:`semsoft_plugin.core.request`) and the config
+One table: each field's `dataclasses.field(metadata=...)` carries its help text, its
+rule and its value type, and the CLI flags (`--score-temperature`), the HTTP keys
+(`semsoft_score_temperature`, `semsoft_plugin.core.request`) and the config
 file's fields are generated from it, so no path can spell a setting its own way.
 
-A config is a small JSON file (:meth:`SemsoftConfig.save` and ``semsoft tune`` write one;
-``--config`` reads it; fields left out keep their defaults). The defaults::
+A config is a small JSON file (`SemsoftConfig.save` and `semsoft tune` write one;
+`--config` reads it; fields left out keep their defaults). The defaults:
 
-    {"k": 50, "tau": 0.0, "center": true, "own_vote": true, "vote": "residual",
-     "score_temperature": 1.0, "tau_quantile": null, "semantic_weight": 0.0,
-     "silent_vote": null}
+```json
+{"k": 50, "tau": 0.0, "center": true, "own_vote": true, "vote": "residual",
+ "score_temperature": 1.0, "tau_quantile": null, "semantic_weight": 0.0,
+ "silent_vote": null}
+```
 
-Settings that would be ignored are refused, not dropped: ``tau`` beside
-``tau_quantile``, and at ``semantic_weight = 0`` (the default: the scores are the
-constrained softmax) any vote setting other than its default (``vote``, ``tau``,
-``tau_quantile``, ``center``, ``own_vote``). What no measurement chose (``tau_quantile``,
-``vote="nearest"``/``"per_label"``) are research options, reached through
-:meth:`SemsoftConfig.preset` or explicit settings.
+Settings that would be ignored are refused, not dropped: `tau` beside
+`tau_quantile`, and at `semantic_weight = 0` (the default: the scores are the
+constrained softmax) any vote setting other than its default (`vote`, `tau`,
+`tau_quantile`, `center`, `own_vote`). What no measurement chose (`tau_quantile`,
+`vote="nearest"`/`"per_label"`) are research options, reached through
+[`SemsoftConfig.preset`][semsoft_plugin.core.config.SemsoftConfig.preset] or explicit settings.
 
 Examples
 --------
@@ -105,8 +107,8 @@ _VOTE_VALUES = (
 
 
 def renamed_message(name: str, prefix: str = "") -> str | None:
-    """``"temperature: renamed: use score_temperature"`` for an old option name (with
-    ``prefix`` on both names, e.g. ``semsoft_`` or ``--``), ``None`` for any other."""
+    """`"temperature: renamed: use score_temperature"` for an old option name (with
+    `prefix` on both names, e.g. `semsoft_` or `--`), `None` for any other."""
     new = RENAMED.get(name)
     if new is None:
         return None
@@ -130,9 +132,9 @@ def _finite(value: Any) -> bool:
 def _spec(
     default: Any, kind: type, rule: str, ok: Callable[[Any], bool], help: str, **extra: Any
 ) -> Any:
-    """One row of the table: the field's default and its metadata (``kind``: the value
-    type a flag or a key is read as; ``rule``: what a value must be, in words; ``ok``:
-    the check; ``help``: one line for ``--help`` and the docs)."""
+    """One row of the table: the field's default and its metadata (`kind`: the value
+    type a flag or a key is read as; `rule`: what a value must be, in words; `ok`:
+    the check; `help`: one line for `--help` and the docs)."""
     meta = {"kind": kind, "rule": rule, "ok": ok, "help": help, **extra}
     return field(default=default, metadata=meta)
 
@@ -145,9 +147,9 @@ class SemsoftConfig:
     ----------
     k : int in [1, 4096]
         Number of top tokens kept from the unconstrained distribution (paper: 50). At
-        ``semantic_weight = 0`` it still sets the reported coverage and the kept top-k.
+        `semantic_weight = 0` it still sets the reported coverage and the kept top-k.
     tau : float in [-1, 1)
-        Cosine threshold: a token votes for a label with weight ``max(0, cos - tau)``.
+        Cosine threshold: a token votes for a label with weight `max(0, cos - tau)`.
     center : bool
         Subtract the mean output embedding before the cosine (corrects anisotropy).
     own_vote : bool
@@ -155,43 +157,43 @@ class SemsoftConfig:
     vote : {"residual", "nearest", "shared", "per_label"}
         How the kept tokens' votes become a distribution.
 
-        * ``"residual"`` (default): graded votes with a residual. A kept token votes in
+        * `"residual"` (default): graded votes with a residual. A kept token votes in
           proportion to how close it is to its nearest label
-          (``max_l w(v, l) / (1 - tau_l)``, 1 for a label's own token), its claim shared
+          (`max_l w(v, l) / (1 - tau_l)`, 1 for a label's own token), its claim shared
           among the labels by its weights, and the share of the top-K mass no label
           neighbour claims goes to the constrained softmax instead of being renormalised
           away. With no neighbours the result is exactly the constrained softmax.
-        * ``"nearest"`` (research option): as ``"residual"``, but a kept token votes for
+        * `"nearest"` (research option): as `"residual"`, but a kept token votes for
           its *nearest* label only and claims the share of its mass given by its margin
-          over the second nearest, ``(w_1 - w_2) / (1 - tau)``. Antonym labels
+          over the second nearest, `(w_1 - w_2) / (1 - tau)`. Antonym labels
           (" yes"/" no") are near each other and each other's spellings; a token equally
           near two labels claims nothing and its mass follows the constrained softmax.
-        * ``"shared"``: no residual; each kept token's vote is shared out among the
+        * `"shared"`: no residual; each kept token's vote is shared out among the
           labels (weights normalised per token), then the votes are renormalised.
-        * ``"per_label"`` (research option; the paper's counting): no residual; each
+        * `"per_label"` (research option; the paper's counting): no residual; each
           token counts once per label it is near, then the votes are renormalised.
     score_temperature : float > 0, finite
-        Final temperature on the scores (``log P``); 1 leaves them unchanged. The whole
+        Final temperature on the scores (`log P`); 1 leaves them unchanged. The whole
         range is valid: toward 0 it becomes a hard argmax (ties split evenly), toward
         the largest float the uniform distribution. Not the engine's sampling
-        ``temperature``.
+        `temperature`.
     tau_quantile : float in (0, 1), optional (research option)
-        Derive each label's threshold from the model instead of using ``tau``:
-        ``tau_l`` is this quantile of the cosines between a fixed sample of vocabulary
-        rows and label ``l``'s embedding, so only tokens closer to the label than
-        almost all unrelated tokens vote. No labelled data is needed. ``tau`` must then
+        Derive each label's threshold from the model instead of using `tau`:
+        `tau_l` is this quantile of the cosines between a fixed sample of vocabulary
+        rows and label `l`'s embedding, so only tokens closer to the label than
+        almost all unrelated tokens vote. No labelled data is needed. `tau` must then
         stay at its default.
     semantic_weight : float in [0, 1]
         How far to move from the constrained softmax toward the semantic distribution,
-        as a log-linear pool: ``P ∝ P_con^(1 - a) · P_sem^a``. ``1`` is the semantic
-        distribution alone (the paper), ``0`` the constrained softmax. The semantic
+        as a log-linear pool: `P ∝ P_con^(1 - a) · P_sem^a`. `1` is the semantic
+        distribution alone (the paper), `0` the constrained softmax. The semantic
         votes are a noisy estimate of the model's preference (a few kept tokens, a
-        cosine as weight), so a weight below 1 is a shrinkage. The default ``0`` is
+        cosine as weight), so a weight below 1 is a shrinkage. The default `0` is
         the constrained softmax: no label-free weight did no harm on every kind of data
-        left out of its choice (``benchmarks/choose_defaults.py``, docs/defaults.md).
-        ``preset("pooled")`` (``a = 0.3``) helps the over-confident kinds (emotions,
+        left out of its choice (`benchmarks/choose_defaults.py`, docs/defaults.md).
+        `preset("pooled")` (`a = 0.3`) helps the over-confident kinds (emotions,
         question types) and costs a little on accurate ones (news topics, abuse). At
-        ``0`` the vote settings have no effect and must keep their defaults.
+        `0` the vote settings have no effect and must keep their defaults.
     silent_vote : float in [0, 1), optional
         Decide the pool weight per row from the row's own silent vote `m_out` (the
         share of its top-K mass on label neighbours outside the label tokens,
@@ -204,9 +206,23 @@ class SemsoftConfig:
 
     Notes
     -----
-    Build one by its fields, by :meth:`preset` (``"constrained"``, ``"pooled"``,
-    ``"paper"``, ``"shared"``), or by :meth:`replace` on another. A combination that
-    would be ignored raises ``ValueError`` naming the value and what to do.
+    Build one by its fields, by [`preset`][semsoft_plugin.core.config.SemsoftConfig.preset] (`"constrained"`, `"pooled"`, `"silent-vote"`,
+    `"paper"`, `"shared"`), or by [`replace`][semsoft_plugin.core.config.SemsoftConfig.replace] on another. A combination that
+    would be ignored raises `ValueError` naming the value and what to do.
+
+    Examples
+    --------
+    >>> from semsoft_plugin import SemsoftConfig
+    >>> SemsoftConfig().semantic_weight      # the default: the constrained softmax
+    0.0
+    >>> pooled = SemsoftConfig.preset("pooled")
+    >>> pooled.semantic_weight
+    0.3
+    >>> pooled.replace(k=20).k             # a new config; this one is frozen
+    20
+    >>> SemsoftConfig.load("fitted.json")   # doctest: +SKIP
+
+    A config file (`save`, what `semsoft tune` writes) and `--config` take the same fields.
     """
 
     k: int = _spec(
@@ -292,14 +308,14 @@ class SemsoftConfig:
 
     @classmethod
     def preset(cls, name: str) -> SemsoftConfig:
-        """A named set of settings (:data:`PRESETS`); change fields with :meth:`replace`.
+        """A named set of settings (`PRESETS`); change fields with [`replace`][semsoft_plugin.core.config.SemsoftConfig.replace].
 
-        ``"constrained"`` is the default (the constrained softmax); ``"pooled"`` the
-        semantic pool, label-free (``semantic_weight = 0.3``; docs/defaults.md says on
-        which kinds of data it helps); ``"paper"`` the paper's exact formula (raw
+        `"constrained"` is the default (the constrained softmax); `"pooled"` the
+        semantic pool, label-free (`semantic_weight = 0.3`; docs/defaults.md says on
+        which kinds of data it helps); `"paper"` the paper's exact formula (raw
         cosines, no own-vote rule, per-label votes, the semantic distribution alone);
-        ``"shared"`` the project's first default (until 0.2: centred cosines at
-        ``tau = 0``, own votes, every kept token's whole mass shared out);
+        `"shared"` the project's first default (until 0.2: centred cosines at
+        `tau = 0`, own votes, every kept token's whole mass shared out);
         `"silent-vote"` the per-row pool, each row's weight decided by its own silent
         vote (the `silent_vote` field; docs/defaults.md says where it helps).
         """
@@ -308,8 +324,8 @@ class SemsoftConfig:
         return cls(**PRESETS[name])
 
     def replace(self, **changes: Any) -> SemsoftConfig:
-        """A copy with some fields changed. ``None`` is a value: ``tau_quantile=None``
-        resets it, and ``None`` for a field that cannot be ``None`` is refused."""
+        """A copy with some fields changed. `None` is a value: `tau_quantile=None`
+        resets it, and `None` for a field that cannot be `None` is refused."""
         names = {f.name for f in dataclasses.fields(self)}
         for name in sorted(set(changes) - names):
             raise ValueError(
@@ -326,13 +342,13 @@ class SemsoftConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> SemsoftConfig:
-        """Read a config file written by :meth:`save` or ``semsoft tune``."""
+        """Read a config file written by `save` or `semsoft tune`."""
         return cls.from_dict(read_config_file(path), f"config file {path}")
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> SemsoftConfig:
-        """The config a file's JSON object holds (a ``comment`` key is ignored; an
-        unknown or refused field raises ``ValueError`` naming ``source``)."""
+        """The config a file's JSON object holds (a `comment` key is ignored; an
+        unknown or refused field raises `ValueError` naming `source`)."""
         if not isinstance(data, dict):
             raise ValueError(f"{source} must hold a JSON object")
         fields = {key: value for key, value in data.items() if key != "comment"}
@@ -361,7 +377,7 @@ def read_config_bytes(path: str | Path, what: str = "config file") -> tuple[Any,
     ------
     ValueError
         For a missing file, a folder, a link loop or an unreadable file, bytes that are
-        not UTF-8, text that is not JSON, a ``NaN`` or ``Infinity`` constant, or nesting
+        not UTF-8, text that is not JSON, a `NaN` or `Infinity` constant, or nesting
         too deep to read.
     """
     path = Path(path)
@@ -419,8 +435,8 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
 
 
 def grid_entry(start: SemsoftConfig, changes: Mapping[str, Any]) -> SemsoftConfig:
-    """``start.replace(**changes)`` for a searched grid. An entry whose searched
-    ``semantic_weight`` is 0 is the constrained softmax, where the vote settings have no
+    """`start.replace(**changes)` for a searched grid. An entry whose searched
+    `semantic_weight` is 0 is the constrained softmax, where the vote settings have no
     effect and are refused unless default: there they go back to their defaults, the
     start's and the grid's alike (the scores are the same; the grid then holds that entry
     more than once). A grid that searches a vote setting at an unsearched weight 0 is
@@ -432,6 +448,6 @@ def grid_entry(start: SemsoftConfig, changes: Mapping[str, Any]) -> SemsoftConfi
 
 
 def config_field_specs() -> dict[str, Mapping[str, Any]]:
-    """The table: field name -> its metadata (``kind``, ``rule``, ``ok``, ``help``, and
-    ``choices`` / ``nullable`` where they apply), in field order."""
+    """The table: field name -> its metadata (`kind`, `rule`, `ok`, `help`, and
+    `choices` / `nullable` where they apply), in field order."""
     return {f.name: f.metadata for f in dataclasses.fields(SemsoftConfig)}

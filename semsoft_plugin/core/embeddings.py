@@ -1,7 +1,7 @@
 """Output embeddings from a loaded model or straight from a checkpoint (safetensors).
 
 The vLLM adapter gets a config, not the weights, so it reads the one tensor it needs
-from the checkpoint files: ``lm_head.weight``, or the input embedding when the model
+from the checkpoint files: `lm_head.weight`, or the input embedding when the model
 ties its word embeddings. Only that tensor is read (safetensors memory-maps the
 file); no pickle, no full model load.
 """
@@ -59,10 +59,14 @@ def from_checkpoint(
 
     Parameters
     ----------
-    path : checkpoint directory (``config.json`` and ``*.safetensors``)
-    vocab_size : number of real tokens; rows past it (padding) are ignored
-    dtype : cast the matrix to this dtype (default: as stored)
-    device : where the matrix lives
+    path : str | Path
+        Checkpoint directory (`config.json` and `*.safetensors`)
+    vocab_size : int | None
+        Number of real tokens; rows past it (padding) are ignored
+    dtype : torch.dtype | None
+        Cast the matrix to this dtype (default: as stored)
+    device : str | torch.device
+        Where the matrix lives
     """
     from safetensors import safe_open
 

@@ -1,18 +1,18 @@
 """The few-label fit over the whole family, on kept forward passes: what
-``Classifier.fit`` and ``semsoft tune`` run (one implementation for both).
+`Classifier.fit` and `semsoft tune` run (one implementation for both).
 
-The family (:data:`~semsoft_plugin.core.fitting.FAMILY`) is every way the fit may change
-the label-free start: the pool weight over a grid with a temperature (``"grid"``), a
-temperature alone (``"temperature"``), the bias corrections (``"offset"``, ``"batch"``,
-``"contextual"``: :mod:`~semsoft_plugin.core.label_offsets`) and a probe on the decision
-step's hidden state (``"probe"``, fitted by the caller, who has scikit-learn and the
+The family (`semsoft_plugin.core.fitting.FAMILY`) is every way the fit may change
+the label-free start: the pool weight over a grid with a temperature (`"grid"`), a
+temperature alone (`"temperature"`), the bias corrections (`"offset"`, `"batch"`,
+`"contextual"`: `semsoft_plugin.core.label_offsets`) and a probe on the decision
+step's hidden state (`"probe"`, fitted by the caller, who has scikit-learn and the
 hidden states). Each member is scored out of fold and the start is kept unless one beats
-it by ``margin`` standard errors (:func:`semsoft_plugin.core.fitting.fit_probs`).
+it by `margin` standard errors (`semsoft_plugin.core.fitting.fit_probs`).
 
 What the fit gives is applied to each row alone, so a row's score never depends on
-its batch: a :class:`SemsoftConfig` (whose ``score_temperature`` is the last step), and for a
-bias member a per-label log-offset added after it (``FitResult.offset``,
-``softmax(log p_config + offset)``). The offset of ``"batch"`` is the mean of the
+its batch: a [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] (whose `score_temperature` is the last step), and for a
+bias member a per-label log-offset added after it (`FitResult.offset`,
+`softmax(log p_config + offset)`). The offset of `"batch"` is the mean of the
 *fitted* rows, estimated once, not of the rows being predicted.
 """
 
@@ -47,28 +47,57 @@ __all__ = [
 
 @dataclass
 class FitResult:
-    """What :func:`fit_config` chose and why.
+    """What [`fit_config`][semsoft_plugin.core.fit_family.fit_config] chose and why.
 
     Attributes
     ----------
-    config : the setting to use: the fitted one, or ``start`` when the rule kept it
-    fitted : the best setting on all labels (whether or not it was adopted)
-    kept_default : True when the rule kept ``start``
-    n : labelled items
-    n_folds : folds of the out-of-fold check
-    gain : mean out-of-fold NLL gain of the fitting procedure over ``start`` (> 0: better)
-    gain_se : its standard error (paired over items)
-    margin : the rule: adopt when ``gain > margin * gain_se`` and ``gain > 0``
-    nll_start, nll_fitted : out-of-fold mean NLL of ``start`` and of the procedure
-    procedure : the family member adopted (when none passed, the first member checked,
-        ``"grid"`` by default): ``"grid"`` (every grid entry with its temperature),
-        ``"temperature"`` (a temperature on ``start`` alone), ``"offset"``, ``"batch"``,
-        ``"contextual"`` (``config`` then ``offset``) or ``"probe"`` (the caller's)
-    procedures : each checked member's gain, standard error, pass and NLL
-    offset : a bias member's per-label log-offset, in the targets' label order, added
-        after ``config`` (``None`` for the other members)
-    in_sample : per grid entry, the training NLL with its own fitted temperature
-    fold_choices : the setting chosen on each fold's training part
+    config : SemsoftConfig
+        The setting to use: the fitted one, or `start` when the rule kept it
+    fitted : SemsoftConfig
+        The best setting on all labels (whether or not it was adopted)
+    kept_default : bool
+        True when the rule kept `start`
+    n : int
+        Labelled items
+    n_folds : int
+        Folds of the out-of-fold check
+    gain : float
+        Mean out-of-fold NLL gain of the fitting procedure over `start` (> 0: better)
+    gain_se : float
+        Its standard error (paired over items)
+    margin : float
+        The rule: adopt when `gain > margin * gain_se` and `gain > 0`
+    nll_start, nll_fitted : float
+        Out-of-fold mean NLL of `start` and of the procedure
+    procedure : str
+        The family member adopted (when none passed, the first member checked,
+        `"grid"` by default): `"grid"` (every grid entry with its temperature),
+        `"temperature"` (a temperature on `start` alone), `"offset"`, `"batch"`,
+        `"contextual"` (`config` then `offset`) or `"probe"` (the caller's)
+    procedures : dict[str, Any]
+        Each checked member's gain, standard error, pass and NLL
+    offset : list[float] | None
+        A bias member's per-label log-offset, in the targets' label order, added
+        after `config` (`None` for the other members)
+    in_sample : list[dict[str, Any]]
+        Per grid entry, the training NLL with its own fitted temperature
+    fold_choices : list[dict[str, Any]]
+        The setting chosen on each fold's training part
+
+    Examples
+    --------
+    What `Classifier.fit` chose (`fit_result_`), or `semsoft tune`'s report:
+
+    ```python
+    from semsoft_plugin import Classifier
+
+    clf = Classifier("default", labels=["negative", "positive"]).fit(texts, y)
+    result = clf.fit_result_
+    result.kept_default       # True: the rule kept the start (the labels showed no gain)
+    result.procedure          # the member adopted, e.g. "offset"
+    result.gain, result.gain_se   # out-of-fold NLL gain over the start, and its standard error
+    result.config             # the SemsoftConfig every prediction uses
+    ```
     """
 
     config: SemsoftConfig
@@ -89,7 +118,7 @@ class FitResult:
 
     @property
     def label_offset(self) -> list[float] | None:
-        """The offset predictions apply: ``offset`` when the rule adopted it, else None."""
+        """The offset predictions apply: `offset` when the rule adopted it, else None."""
         return None if self.kept_default else self.offset
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,9 +144,9 @@ class FitResult:
 def configs_with_start(
     grid: Mapping[str, Sequence[Any]], start: SemsoftConfig
 ) -> tuple[list[SemsoftConfig], int]:
-    """The grid's configs over ``start`` at ``T = 1``, with that start itself appended
+    """The grid's configs over `start` at `T = 1`, with that start itself appended
     where the grid lacks it (the temperature alone and the bias members fit on it, the
-    ``"grid"`` member does not), and how many are the grid's."""
+    `"grid"` member does not), and how many are the grid's."""
     if "score_temperature" in grid:
         raise ValueError("score_temperature is fitted, not a grid axis (temperature=False: T=1)")
     base = start.replace(score_temperature=1.0)
@@ -146,25 +175,39 @@ def fit_config(
 
     Parameters
     ----------
-    kept : the items' kept decision-step scores (:class:`KeptScores` or the
-        evaluation package's ``Forward``)
-    embeddings : the model's output embeddings (Tensor or OutputEmbeddings)
-    labels : LabelSet or LabelTokens, in the column order of ``targets``
-    targets : ``[N]`` label indices
-    start : the setting to start from and keep unless beaten (default: the label-free
-        default ``SemsoftConfig()``)
-    grid : config field -> values searched over ``start`` (default: ``semantic_weight``
-        over :data:`DEFAULT_WEIGHTS`); ``score_temperature`` is fitted, not searched
-    temperature : fit a final temperature for every member
-    n_folds : stratified folds of the out-of-fold check
-    margin : standard errors by which the procedure must beat ``start`` out of fold
-    seed : fold seed
-    family : the members checked (``None``: every member these inputs allow: the
-        contextual one needs ``content_free``, the probe ``external["probe"]``)
-    content_free : the content-free inputs' kept scores (``"contextual"``)
-    external : name -> a member the caller fits (:func:`~semsoft_plugin.core.fitting.fit_probs`)
-    sample_weight : ``[N]`` weights counting the items in every fit and in the rule
-        (``None``: 1 each; :func:`~semsoft_plugin.core.fitting.fit_probs`)
+    kept : Kept
+        The items' kept decision-step scores (`KeptScores` or the
+        evaluation package's `Forward`)
+    embeddings : Any
+        The model's output embeddings (Tensor or OutputEmbeddings)
+    labels : Any
+        LabelSet or LabelTokens, in the column order of `targets`
+    targets : Any
+        `[N]` label indices
+    start : SemsoftConfig | None
+        The setting to start from and keep unless beaten (default: the label-free
+        default `SemsoftConfig()`)
+    grid : Mapping[str, Sequence[Any]] | None
+        Config field -> values searched over `start` (default: `semantic_weight`
+        over `DEFAULT_WEIGHTS`); `score_temperature` is fitted, not searched
+    temperature : bool
+        Fit a final temperature for every member
+    n_folds : int
+        Stratified folds of the out-of-fold check
+    margin : float
+        Standard errors by which the procedure must beat `start` out of fold
+    seed : int
+        Fold seed
+    family : Sequence[str] | None
+        The members checked (`None`: every member these inputs allow: the
+        contextual one needs `content_free`, the probe `external["probe"]`)
+    content_free : Kept | None
+        The content-free inputs' kept scores (`"contextual"`)
+    external : Mapping[str, External] | None
+        Name -> a member the caller fits (`semsoft_plugin.core.fitting.fit_probs`)
+    sample_weight : Any
+        `[N]` weights counting the items in every fit and in the rule
+        (`None`: 1 each; `semsoft_plugin.core.fitting.fit_probs`)
     """
     start = start or SemsoftConfig()
     grid = {"semantic_weight": DEFAULT_WEIGHTS} if grid is None else dict(grid)
@@ -206,11 +249,11 @@ def fit_from_grid(
     grid_size: int | None = None,
     sample_weight: Any = None,
 ) -> FitResult:
-    """:func:`fit_config` on probabilities already scored: ``probs`` ``[C + 1, N, L]``,
-    one per config of ``configs`` (:func:`configs_with_start`, ``grid_size`` of them the
-    grid's) and last ``start``'s (``axes``: the fields the grid varies, for the report;
-    ``content_free``: ``[C, L]`` the start at ``T = 1`` on the content-free inputs;
-    ``sample_weight``: the items' weights)."""
+    """[`fit_config`][semsoft_plugin.core.fit_family.fit_config] on probabilities already scored: `probs` `[C + 1, N, L]`,
+    one per config of `configs` ([`configs_with_start`][semsoft_plugin.core.fit_family.configs_with_start], `grid_size` of them the
+    grid's) and last `start`'s (`axes`: the fields the grid varies, for the report;
+    `content_free`: `[C, L]` the start at `T = 1` on the content-free inputs;
+    `sample_weight`: the items' weights)."""
     family = default_family(content_free, external) if family is None else check_family(family)
     best, t, kept_default, stats = fit_probs(
         probs[:-1], probs[-1], targets, single=single_entries(configs, start),

@@ -3,33 +3,33 @@
 A user who can label 50-200 items wants the settings that make the scores right *for
 their model and prompt*, without letting a handful of labels overfit. What is fitted:
 
-* the pool weight ``semantic_weight`` (how far to move from the constrained softmax
+* the pool weight `semantic_weight` (how far to move from the constrained softmax
   toward the semantic distribution), over a small grid, and
-* a final ``temperature`` (the last step of :meth:`SemanticSoftmax._score`), by
-  minimising the NLL (convex in ``1/T``, so a golden-section search on ``log T`` finds
+* a final `temperature` (the last step of `SemanticSoftmax._score`), by
+  minimising the NLL (convex in `1/T`, so a golden-section search on `log T` finds
   the optimum).
 
-Together they are two free non-negative coefficients on ``log P_con`` and ``log P_sem``
-(``P ∝ P_con^((1-a)/T) · P_sem^(a/T)``); ``a = 0`` is temperature scaling of the
+Together they are two free non-negative coefficients on `log P_con` and `log P_sem`
+(`P ∝ P_con^((1-a)/T) · P_sem^(a/T)`); `a = 0` is temperature scaling of the
 constrained softmax, so the search contains the usual post-hoc baseline.
 
 **The rule that keeps the default.** The label-free default is the starting point. The
 fitting procedure is scored *out of fold* (stratified folds): each fold's items are
 scored with the setting fitted on the other folds, and the default is kept unless the
-procedure's mean out-of-fold NLL gain over the default exceeds ``margin`` standard
+procedure's mean out-of-fold NLL gain over the default exceeds `margin` standard
 errors of that gain (paired over items). So labels that carry no evidence against the
 default (too few, or drawn from the default's own distribution) leave it unchanged.
 
-**Bias corrections** (``fit_probs(bias=...)``, :mod:`~semsoft_plugin.core.label_offsets`):
+**Bias corrections** (`fit_probs(bias=...)`, `semsoft_plugin.core.label_offsets`):
 a per-label offset, batch and contextual calibration, each one more procedure under the
 same rule; so is a probe on the decision step's hidden state, which the caller fits
-(``external``). The whole family by name is :data:`FAMILY`; :mod:`semsoft_plugin.core.fit_family`
-runs it on kept forward passes for ``Classifier.fit`` and ``semsoft tune``.
+(`external`). The whole family by name is `FAMILY`; [`semsoft_plugin.core.fit_family`][semsoft_plugin.core.fit_family]
+runs it on kept forward passes for `Classifier.fit` and `semsoft tune`.
 
-Everything is computed from *kept forward passes*: per item the top ``S`` decision-step
+Everything is computed from *kept forward passes*: per item the top `S` decision-step
 logits (or log-probabilities) and those of every label token, one forward pass per item
-whatever the grid (:mod:`semsoft_plugin.core.kept_scores`, which also scores the grid on
-them). The temperature search and the NLL are :mod:`semsoft_plugin.core.temperature_scaling`;
+whatever the grid (`semsoft_plugin.core.kept_scores`, which also scores the grid on
+them). The temperature search and the NLL are `semsoft_plugin.core.temperature_scaling`;
 this module holds the search over the grid, the folds and the rule.
 """
 
@@ -101,9 +101,9 @@ F1_TOLERANCE = 0.01
 def grid_configs(
     grid: Mapping[str, Sequence[Any]], start: SemsoftConfig | None = None
 ) -> list[SemsoftConfig]:
-    """Every combination of the grid's values over ``start`` (unknown keys raise); an
-    entry at ``semantic_weight = 0`` keeps the vote settings' defaults
-    (:func:`~semsoft_plugin.core.config.grid_entry`)."""
+    """Every combination of the grid's values over `start` (unknown keys raise); an
+    entry at `semantic_weight = 0` keeps the vote settings' defaults
+    ([`grid_entry`][semsoft_plugin.core.config.grid_entry])."""
     start = start or SemsoftConfig()
     names = list(grid)
     for name in names:
@@ -123,14 +123,14 @@ def _log(probs: np.ndarray) -> np.ndarray:
 
 
 def _mean(values: np.ndarray, weights: np.ndarray | None) -> float:
-    """The mean of per-item ``values``, weighted by ``weights`` where given."""
+    """The mean of per-item `values`, weighted by `weights` where given."""
     if weights is None:
         return float(values.mean())
     return float((weights * values).sum() / weights.sum())
 
 
 def _mean_se(diff: np.ndarray, weights: np.ndarray | None) -> tuple[float, float]:
-    """The mean of a paired per-item difference and its standard error; with ``weights``
+    """The mean of a paired per-item difference and its standard error; with `weights`
     as counts (an item of weight 2 is that item twice: the same figures as the items
     repeated)."""
     if weights is None:
@@ -148,8 +148,8 @@ def _choose(
     weights: np.ndarray | None = None,
 ) -> tuple[int, float, np.ndarray, np.ndarray]:
     """(entry, temperature) with the least training loss (the cross-entropy to the fit's
-    targets, :func:`~semsoft_plugin.core.temperature_scaling.succession_targets`, weighted
-    by ``weights`` where given); each entry's loss and T."""
+    targets, `semsoft_plugin.core.temperature_scaling.succession_targets`, weighted
+    by `weights` where given); each entry's loss and T."""
     scores = np.empty(len(log_grid))
     temps = np.ones(len(log_grid))
     count = None if weights is None else float(weights.sum())
@@ -179,7 +179,7 @@ def _out_of_fold(
     temperature: bool,
     weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Per-item probabilities ``[N, L]`` of the procedure "choose the entry and T on the
+    """Per-item probabilities `[N, L]` of the procedure "choose the entry and T on the
     other folds"."""
     out = np.empty(log_grid.shape[1:])
     choices = []
@@ -198,8 +198,8 @@ def macro_f1(
     n_labels: int,
     weights: np.ndarray | None = None,
 ) -> float:
-    """scikit-learn's macro F1 (over the labels in ``targets`` or ``predicted``,
-    ``zero_division=0``, items counted by ``weights`` where given) in closed form: the
+    """scikit-learn's macro F1 (over the labels in `targets` or `predicted`,
+    `zero_division=0`, items counted by `weights` where given) in closed form: the
     core has no scikit-learn, and a bootstrap calls it a thousand times."""
     right = targets == predicted
     tp = np.bincount(
@@ -229,37 +229,37 @@ def fit_probs(
     grid_size: int | None = None,
     sample_weight: Any = None,
 ) -> tuple[int, float, bool, dict[str, Any]]:
-    """The fit on precomputed probabilities: ``grid`` ``[C, N, L]`` per grid entry,
-    ``start`` ``[N, L]`` of the starting setting (scored as is). Returns ``(entry,
-    temperature, kept_default, stats)``.
+    """The fit on precomputed probabilities: `grid` `[C, N, L]` per grid entry,
+    `start` `[N, L]` of the starting setting (scored as is). Returns `(entry,
+    temperature, kept_default, stats)`.
 
-    Procedures are checked out of fold against ``start``: the whole grid with a
-    temperature each, and each ``single`` entry (name -> grid entry, e.g. from
-    :func:`single_entries`: ``start`` at ``T = 1``) with a temperature alone: one parameter, so less variance where only the temperature
+    Procedures are checked out of fold against `start`: the whole grid with a
+    temperature each, and each `single` entry (name -> grid entry, e.g. from
+    `single_entries`: `start` at `T = 1`) with a temperature alone: one parameter, so less variance where only the temperature
     matters. Each is adopted only if its gain passes the rule (module docstring); of
-    those that pass, the simplest (:data:`SIMPLEST_FIRST`) whose out-of-fold NLL is
-    within ``margin`` standard errors of the largest gain's (paired over items: the
+    those that pass, the simplest (`SIMPLEST_FIRST`) whose out-of-fold NLL is
+    within `margin` standard errors of the largest gain's (paired over items: the
     one-standard-error rule) wins, so a member with more free parameters is chosen only
     where the labels show it fits better, not where it ties by chance.
-    ``n_folds`` is lowered to half the number of items when there are fewer.
+    `n_folds` is lowered to half the number of items when there are fewer.
 
-    ``bias``: the bias members also checked (``label_offsets.MEMBERS``), on the
-    ``single["temperature"]`` entry; ``content_free`` ``[C, L]``: that entry on the
-    content-free inputs (``"contextual"``). ``stats["offset"]``: the adopted member's
-    per-label log-offset (else None), which :func:`fitted_probs` applies.
+    `bias`: the bias members also checked (`label_offsets.MEMBERS`), on the
+    `single["temperature"]` entry; `content_free` `[C, L]`: that entry on the
+    content-free inputs (`"contextual"`). `stats["offset"]`: the adopted member's
+    per-label log-offset (else None), which `fitted_probs` applies.
 
-    ``family``: the procedures checked, by name (:data:`FAMILY`; ``None``: the grid, the
-    ``single`` ones and ``bias``). A bias member is named here instead of in ``bias``; a
-    ``"temperature"`` the grid has no entry for is the grid's own (one entry) and not
-    checked twice. ``external``: name -> a procedure the caller fits (``"probe"``):
-    ``fit(train, held)`` gets row indices (into the caller's rows; ``rows`` says which
-    of them these are, default all) and returns ``[len(held), L]`` probabilities of the
+    `family`: the procedures checked, by name (`FAMILY`; `None`: the grid, the
+    `single` ones and `bias`). A bias member is named here instead of in `bias`; a
+    `"temperature"` the grid has no entry for is the grid's own (one entry) and not
+    checked twice. `external`: name -> a procedure the caller fits (`"probe"`):
+    `fit(train, held)` gets row indices (into the caller's rows; `rows` says which
+    of them these are, default all) and returns `[len(held), L]` probabilities of the
     held rows fitted on the train rows, so the same rule judges it out of fold.
-    ``grid_size``: the ``"grid"`` member searches the first entries only (the rest are
-    there for the other members: the start at ``T = 1``); default all.
-    ``sample_weight``: ``[N]`` non-negative weights counting the items (each item's NLL
+    `grid_size`: the `"grid"` member searches the first entries only (the rest are
+    there for the other members: the start at `T = 1`); default all.
+    `sample_weight`: `[N]` non-negative weights counting the items (each item's NLL
     counts with its weight in every fit and in the rule's mean and standard error: integer
-    weights give the figures of the items repeated); ``None``: 1 each. An external member
+    weights give the figures of the items repeated); `None`: 1 each. An external member
     weighs its own fit.
     """
     y = _check_targets(targets, grid.shape[1], grid.shape[2])
@@ -357,8 +357,8 @@ def fit_probs(
 
 
 def _checked_weights(sample_weight: Any, n: int) -> np.ndarray | None:
-    """``sample_weight`` as ``[n]`` float64 counts: finite, >= 0, summing to at least the
-    items a fit needs; ``None`` stays ``None``."""
+    """`sample_weight` as `[n]` float64 counts: finite, >= 0, summing to at least the
+    items a fit needs; `None` stays `None`."""
     if sample_weight is None:
         return None
     w = np.asarray(sample_weight, dtype=np.float64)
@@ -376,7 +376,7 @@ def _checked_weights(sample_weight: Any, n: int) -> np.ndarray | None:
 
 
 def _simplest(passing: list[str], checked: dict[str, dict[str, Any]], margin: float) -> str:
-    """The simplest passing member not worse than the best by ``margin`` paired
+    """The simplest passing member not worse than the best by `margin` paired
     standard errors of out-of-fold NLL."""
     best = max(passing, key=lambda k: checked[k]["gain"])
     rank = {m: i for i, m in enumerate(SIMPLEST_FIRST)}
@@ -393,7 +393,7 @@ def _procedures(
     subsets: Mapping[str, np.ndarray],
     external: Mapping[str, External],
 ) -> tuple[list[str], list[str]]:
-    """The procedures :func:`fit_probs` checks, in order, and the bias members among
+    """The procedures `fit_probs` checks, in order, and the bias members among
     them; an unknown name, or a member no one can fit here, is refused by name."""
     if family is None:
         return [*subsets, *bias, *external], list(bias)
@@ -413,7 +413,7 @@ def _procedures(
 
 
 def check_family(family: Sequence[str]) -> tuple[str, ...]:
-    """``family`` as a tuple of member names of :data:`FAMILY`, each once; an unknown
+    """`family` as a tuple of member names of `FAMILY`, each once; an unknown
     name (or a string where a sequence of names is wanted) refused by name."""
     if isinstance(family, str):
         raise ValueError(f"fit family {family!r} must be a sequence of member names, e.g. "
@@ -429,8 +429,8 @@ def fitted_probs(
     kept_default: bool,
     offset: Sequence[float] | None = None,
 ) -> np.ndarray:
-    """What a fit's outcome gives on items: ``start`` as is when the rule kept it, else
-    grid entry ``entry`` with its temperature (the core's last step) and, from a bias
+    """What a fit's outcome gives on items: `start` as is when the rule kept it, else
+    grid entry `entry` with its temperature (the core's last step) and, from a bias
     member, its per-label log-offset."""
     if kept_default:
         return start
@@ -445,9 +445,9 @@ def cross_fit(
     **options: Any,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Out-of-fold probabilities of the whole fit (rule included): each fold scored with
-    what :func:`fit_probs` chose on the other folds (``options`` go to it). For honest
-    figures, as ``semsoft eval`` cross-fits temperature scaling. A fold whose other
-    folds hold fewer than the 4 items or the two labels a fit needs keeps ``start``: no evidence is what
+    what `fit_probs` chose on the other folds (`options` go to it). For honest
+    figures, as `semsoft eval` cross-fits temperature scaling. A fold whose other
+    folds hold fewer than the 4 items or the two labels a fit needs keeps `start`: no evidence is what
     the rule answers with the default, so a tiny evaluation still runs."""
     y = np.asarray(targets)
     out = np.empty_like(start)
@@ -473,11 +473,11 @@ def cross_fit(
 
 
 def single_entries(configs: Sequence[SemsoftConfig], start: SemsoftConfig) -> dict[str, int]:
-    """The one-parameter procedures :func:`fit_probs` checks beside the grid, where the
-    grid has their entry: ``"temperature"`` (``start`` at ``T = 1``). (Temperature
+    """The one-parameter procedures `fit_probs` checks beside the grid, where the
+    grid has their entry: `"temperature"` (`start` at `T = 1`). (Temperature
     scaling of the constrained softmax as a third procedure was measured and dropped:
     one more choice among noisy out-of-fold estimates did not lower the test NLL,
-    ``docs/few-labels.md``.)"""
+    `docs/few-labels.md`.)"""
     wanted = {"temperature": start.replace(score_temperature=1.0)}
     out: dict[str, int] = {}
     for name, config in wanted.items():

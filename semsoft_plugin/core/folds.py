@@ -1,9 +1,9 @@
 """The folds a fit is judged on, and what a fit needs before anything is scored.
 
-The fit (:mod:`semsoft_plugin.core.fitting`) and the bias members' inner folds
-(:mod:`semsoft_plugin.core.label_offsets`) both split items into stratified folds; the
-split is here so that neither imports the other. :func:`check_fit_data` is the one
-check of a fit's labels, folds and margin that ``Classifier.fit`` and ``semsoft tune``
+The fit (`semsoft_plugin.core.fitting`) and the bias members' inner folds
+(`semsoft_plugin.core.label_offsets`) both split items into stratified folds; the
+split is here so that neither imports the other. `check_fit_data` is the one
+check of a fit's labels, folds and margin that `Classifier.fit` and `semsoft tune`
 run before any text is scored, each bad value named with its count.
 """
 
@@ -24,7 +24,7 @@ MIN_ITEMS = 4
 
 
 def check_fit_settings(n_folds: Any, margin: Any) -> None:
-    """``ValueError`` naming the value unless ``n_folds`` is an integer >= 2 and ``margin``
+    """`ValueError` naming the value unless `n_folds` is an integer >= 2 and `margin`
     a finite number >= 0: what a fit needs before it sees any label.
 
     Parameters
@@ -54,12 +54,12 @@ def check_fit_settings(n_folds: Any, margin: Any) -> None:
 
 
 def check_fit_data(targets: Sequence[Any] | np.ndarray, n_folds: Any, margin: Any) -> None:
-    """``ValueError`` unless a fit on ``targets`` (one label per item, any hashable
+    """`ValueError` unless a fit on `targets` (one label per item, any hashable
     values) can be judged out of fold: the settings checked by
-    :func:`check_fit_settings`, at least :data:`MIN_ITEMS` items (2 folds of 2) and at
+    `check_fit_settings`, at least `MIN_ITEMS` items (2 folds of 2) and at
     least two distinct labels (a one-class fit would learn only to favour that label).
-    Fewer items than ``2 * n_folds`` is allowed: the fit then uses
-    :func:`fold_count` folds.
+    Fewer items than `2 * n_folds` is allowed: the fit then uses
+    `fold_count` folds.
 
     Parameters
     ----------
@@ -93,7 +93,7 @@ def check_fit_data(targets: Sequence[Any] | np.ndarray, n_folds: Any, margin: An
 
 
 def fold_count(n_items: int, n_folds: int) -> int:
-    """The folds a fit on ``n_items`` uses: ``n_folds``, lowered to ``n_items // 2`` so
+    """The folds a fit on `n_items` uses: `n_folds`, lowered to `n_items // 2` so
     that every fold holds at least 2 items."""
     return min(n_folds, n_items // 2)
 
@@ -104,7 +104,7 @@ def stratified_folds(targets: Any, n_folds: int, seed: int = 0) -> np.ndarray:
     Parameters
     ----------
     targets : Any
-        One label per item (any values ``np.unique`` orders).
+        One label per item (any values `np.unique` orders).
     n_folds : int
         The number of folds, at least 2 and at most the number of items.
     seed : int
@@ -113,13 +113,13 @@ def stratified_folds(targets: Any, n_folds: int, seed: int = 0) -> np.ndarray:
     Returns
     -------
     np.ndarray
-        ``[N]`` int64 fold ids in ``[0, n_folds)``.
+        `[N]` int64 fold ids in `[0, n_folds)`.
 
-    The same ids as scikit-learn's ``StratifiedKFold(n_folds, shuffle=True,
-    random_state=seed)`` (written out here so the plugin does not need scikit-learn).
+    The same ids as scikit-learn's `StratifiedKFold(n_folds, shuffle=True,
+    random_state=seed)` (written out here so the plugin does not need scikit-learn).
     With an imbalanced label set a plain split can leave a rare label out of a training
     part altogether. When some label has fewer items than folds no split can hold it in
-    every fold: ``KFold(shuffle=True)``'s ids are used instead, with a warning naming
+    every fold: `KFold(shuffle=True)`'s ids are used instead, with a warning naming
     the count.
     """
     targets = np.asarray(targets)

@@ -2,13 +2,13 @@
 of settings scored on them.
 
 A fit compares many settings on the same items, so each item's forward pass is run
-once and *kept*: the top ``S`` decision-step logits (or log-probabilities) and those of
-every label token (:class:`KeptScores`). That is lossless for Semantic Softmax with
-any ``k <= S``, so :func:`grid_probs` scores every setting of a grid from the kept
+once and *kept*: the top `S` decision-step logits (or log-probabilities) and those of
+every label token (`KeptScores`). That is lossless for Semantic Softmax with
+any `k <= S`, so `grid_probs` scores every setting of a grid from the kept
 values alone, on a compact vocabulary instead of the model's whole one.
-``Classifier.fit`` keeps them from its engine; ``semsoft eval`` / ``semsoft tune``
-keep them on disk (the evaluation package's ``Forward``, which has the same fields).
-The fit itself is :mod:`semsoft_plugin.core.fitting`.
+`Classifier.fit` keeps them from its engine; `semsoft eval` / `semsoft tune`
+keep them on disk (the evaluation package's `Forward`, which has the same fields).
+The fit itself is `semsoft_plugin.core.fitting`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ __all__ = [
 
 
 class Kept(Protocol):
-    """What grid scoring reads from kept forward passes (``KeptScores`` or the
-    evaluation package's ``Forward``)."""
+    """What grid scoring reads from kept forward passes (`KeptScores` or the
+    evaluation package's `Forward`)."""
 
     top_ids: Tensor
     top_logits: Tensor
@@ -50,14 +50,17 @@ class Kept(Protocol):
 @dataclass
 class KeptScores:
     """Decision-step scores of N items, compressed losslessly for Semantic Softmax with
-    any ``k <= S``.
+    any `k <= S`.
 
     Attributes
     ----------
-    top_ids, top_logits : ``[N, S]`` the S highest raw logits (or log-probabilities) per
+    top_ids, top_logits : Tensor
+        `[N, S]` the S highest raw logits (or log-probabilities) per
         item, highest first, and their token ids
-    label_ids : ``[M]`` every label's answer token, then its own-token variants
-    label_logits : ``[N, M]`` their raw values (``-inf`` where unknown)
+    label_ids : Tensor
+        `[M]` every label's answer token, then its own-token variants
+    label_logits : Tensor
+        `[N, M]` their raw values (`-inf` where unknown)
     """
 
     top_ids: Tensor
@@ -68,7 +71,7 @@ class KeptScores:
 
 def label_token_ids(labels: Any) -> list[int]:
     """Every label's answer token, then the own-token variants not already listed (the
-    answer tokens come first). ``labels``: a LabelSet or LabelTokens."""
+    answer tokens come first). `labels`: a LabelSet or LabelTokens."""
     tokens = as_label_tokens(labels)
     ids = list(tokens.answer_token_ids)
     ids += [t for own in tokens.own_token_ids for t in own if t not in ids]
@@ -76,15 +79,15 @@ def label_token_ids(labels: Any) -> list[int]:
 
 
 def compress(rows: Tensor, store_k: int, label_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(top_ids, top_values, label_values)`` of ``[N, V]`` decision-step rows."""
+    """`(top_ids, top_values, label_values)` of `[N, V]` decision-step rows."""
     rows = rows.to(torch.float32)
     values, ids = torch.topk(rows, min(store_k, rows.shape[1]), dim=-1)
     return ids, values, rows.index_select(1, label_ids)
 
 
 def kept_from_top_logprobs(results: Sequence[LabelResult], token_ids: Sequence[int]) -> KeptScores:
-    """:class:`KeptScores` from ``classify_vllm(..., keep_logprobs=S, token_ids=...)``
-    results (``top_logprobs``: id -> raw log-prob, ``token_logprobs`` for ``token_ids``),
+    """`KeptScores` from `classify_vllm(..., keep_logprobs=S, token_ids=...)`
+    results (`top_logprobs`: id -> raw log-prob, `token_logprobs` for `token_ids`),
     top values sorted highest first."""
     tops = [r.top_logprobs for r in results if r.top_logprobs is not None]
     if len(tops) != len(results):
@@ -108,15 +111,15 @@ def kept_from_top_logprobs(results: Sequence[LabelResult], token_ids: Sequence[i
 def _compact(
     kept: Kept, embeddings: Any, tokens: LabelTokens, max_k: int
 ) -> tuple[Tensor, Any, LabelTokens]:
-    """Logits ``[N, U]`` over the union U of kept, label and own tokens, with matching
+    """Logits `[N, U]` over the union U of kept, label and own tokens, with matching
     embedding rows.
 
     A grid sweep only ever looks at the kept top tokens and the label tokens, so it
     scores this compact vocabulary instead of ~150k columns per config; the rows come
-    from ``OutputEmbeddings.subset``, which keeps the whole vocabulary's mean row
-    (centring) and sample (``tau_quantile``). Own-token variants the kept values lack
-    (a label set with more spellings than the pass kept) enter with ``-inf``: they can
-    only act as kept tokens, and a kept token is in ``top_ids``.
+    from `OutputEmbeddings.subset`, which keeps the whole vocabulary's mean row
+    (centring) and sample (`tau_quantile`). Own-token variants the kept values lack
+    (a label set with more spellings than the pass kept) enter with `-inf`: they can
+    only act as kept tokens, and a kept token is in `top_ids`.
     """
     full = as_output_embeddings(embeddings)
     top_ids = kept.top_ids[:, :max_k].contiguous()
@@ -147,12 +150,12 @@ def grid_probs(
     chunk: int = 256,
     progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``[C, N, L]`` Semantic Softmax probabilities per config, and ``[C]`` fallback rates.
+    """`[C, N, L]` Semantic Softmax probabilities per config, and `[C]` fallback rates.
 
-    Every config is scored by the core's :class:`SemanticSoftmax` on a compact
-    vocabulary (:func:`_compact`): the same kept tokens, embeddings and mean row, so
+    Every config is scored by the core's [`SemanticSoftmax`][semsoft_plugin.core.softmax.SemanticSoftmax] on a compact
+    vocabulary (`_compact`): the same kept tokens, embeddings and mean row, so
     the same result as on the full logits rows, at a fraction of the cost.
-    ``labels``: a LabelSet or LabelTokens.
+    `labels`: a LabelSet or LabelTokens.
     """
     from tqdm.auto import tqdm
 
@@ -178,16 +181,16 @@ def grid_probs(
 def kept_result(
     kept: Kept, embeddings: Any, labels: Any, config: SemsoftConfig, *, chunk: int = 256
 ) -> SemanticSoftmaxResult:
-    """Semantic Softmax of every kept row under one ``config``: the result the core's
-    :class:`SemanticSoftmax` gives on the full rows (the compact vocabulary of
-    :func:`grid_probs`; equal within float rounding, about 3e-8 on SmolLM2).
+    """Semantic Softmax of every kept row under one `config`: the result the core's
+    [`SemanticSoftmax`][semsoft_plugin.core.softmax.SemanticSoftmax] gives on the full rows (the compact vocabulary of
+    `grid_probs`; equal within float rounding, about 3e-8 on SmolLM2).
 
     Parameters
     ----------
     kept : Kept
-        ``N`` kept forward passes with at least ``config.k`` top scores each.
+        `N` kept forward passes with at least `config.k` top scores each.
     embeddings : Any
-        The model's output embeddings (a matrix or ``OutputEmbeddings``).
+        The model's output embeddings (a matrix or `OutputEmbeddings`).
     labels : Any
         A LabelSet or LabelTokens.
     config : SemsoftConfig
@@ -198,7 +201,7 @@ def kept_result(
     Returns
     -------
     SemanticSoftmaxResult
-        Per row: ``probs``, ``constrained_probs``, ``fallback``, ``coverage``, ``top_k_mass``.
+        Per row: `probs`, `constrained_probs`, `fallback`, `coverage`, `top_k_mass`.
     """
     store_k = int(kept.top_ids.shape[1])
     if config.k > store_k:

@@ -6,25 +6,25 @@ change which label wins. A prompt biases a model toward some labels whatever the
 input (Zhao et al., 2021; Zhou et al., 2024), and only a per-label offset undoes that.
 Every member here is one form,
 
-.. math::
+$$
+p(l \\mid x) \\propto \\exp\\bigl(\\log p_0(l \\mid x) / T + b_l\\bigr),
+$$
 
-    p(l \\mid x) \\propto \\exp\\bigl(\\log p_0(l \\mid x) / T + b_l\\bigr),
+on the base probabilities `p0` (the starting setting at `T = 1`), with a different
+way of getting `b`:
 
-on the base probabilities ``p0`` (the starting setting at ``T = 1``), with a different
-way of getting ``b``:
-
-* ``"offset"``: ``(1/T, b)`` fitted jointly on the labels (bias-corrected temperature
-  scaling, Alexandari et al., ICML 2020), with ``b`` pulled toward zero by an L2
-  penalty whose strength the *inner* folds choose (:data:`STRENGTHS`). The loss is
-  convex in ``(1/T, b)``: a damped Newton method finds the optimum.
-* ``"batch"``: ``b = -log mean(p0)`` over the rows being fitted (batch calibration,
+* `"offset"`: `(1/T, b)` fitted jointly on the labels (bias-corrected temperature
+  scaling, Alexandari et al., ICML 2020), with `b` pulled toward zero by an L2
+  penalty whose strength the *inner* folds choose (`STRENGTHS`). The loss is
+  convex in `(1/T, b)`: a damped Newton method finds the optimum.
+* `"batch"`: `b = -log mean(p0)` over the rows being fitted (batch calibration,
   Zhou et al., 2024), then a temperature fitted on the labels.
-* ``"contextual"``: ``b = -log mean(p0(content-free inputs))`` (contextual calibration,
+* `"contextual"`: `b = -log mean(p0(content-free inputs))` (contextual calibration,
   Zhao et al., 2021), then a temperature.
 
 (Batch and contextual offsets are divided by the fitted temperature, so
-``softmax((log p0 - log bias) / T)``: the label-free correction, then a temperature.)
-:mod:`semsoft_plugin.core.fitting` scores each member out of fold against the default
+`softmax((log p0 - log bias) / T)`: the label-free correction, then a temperature.)
+`semsoft_plugin.core.fitting` scores each member out of fold against the default
 and keeps the default unless one beats it.
 """
 
@@ -69,7 +69,7 @@ _A_BOUNDS = (math.exp(-LOG_T_BOUNDS[1]), math.exp(-LOG_T_BOUNDS[0]))  # 1/T
 
 
 def apply_offset(log_probs: Any, temperature: float, offset: Any) -> np.ndarray:
-    """``softmax(log_probs / T + offset)`` row-wise, float64."""
+    """`softmax(log_probs / T + offset)` row-wise, float64."""
     z = np.asarray(log_probs, dtype=np.float64) / temperature + np.asarray(offset, np.float64)
     return apply_temperature(z, 1.0)
 
@@ -84,7 +84,7 @@ def _loss(
 
 
 def _shares(weights: Any, n: int) -> np.ndarray:
-    """Each row's share of a weighted mean: ``weights / sum(weights)``, or ``1 / n``."""
+    """Each row's share of a weighted mean: `weights / sum(weights)`, or `1 / n`."""
     if weights is None:
         return np.full(n, 1.0 / n)
     w = np.asarray(weights, dtype=np.float64)
@@ -106,15 +106,15 @@ def fit_offset(
     tol: float = 1e-10,
     sample_weight: Any = None,
 ) -> tuple[float, np.ndarray]:
-    """``(T, b)`` minimising mean NLL of ``softmax(log_probs / T + b)`` plus
-    ``strength / 2 * |b|^2``; ``temperature=False`` keeps ``T = 1``. ``targets``:
-    ``[N]`` label indices or ``[N, L]`` target rows (the cross-entropy to them).
+    """`(T, b)` minimising mean NLL of `softmax(log_probs / T + b)` plus
+    `strength / 2 * |b|^2`; `temperature=False` keeps `T = 1`. `targets`:
+    `[N]` label indices or `[N, L]` target rows (the cross-entropy to them).
 
-    The objective is convex in ``(1/T, b)`` (a log-sum-exp of linear functions, minus a
+    The objective is convex in `(1/T, b)` (a log-sum-exp of linear functions, minus a
     linear one, plus a ridge), so a Newton step with backtracking converges to the
-    optimum; ``1/T`` stays inside the temperature search's bounds ``[0.05, 20]``. The
-    ridge also fixes the constant a softmax ignores: ``b`` sums to zero.
-    ``sample_weight``: ``[N]`` weights of the rows' losses (the weighted mean).
+    optimum; `1/T` stays inside the temperature search's bounds `[0.05, 20]`. The
+    ridge also fixes the constant a softmax ignores: `b` sums to zero.
+    `sample_weight`: `[N]` weights of the rows' losses (the weighted mean).
     """
     x = np.asarray(log_probs, dtype=np.float64)
     if x.ndim != 2 or len(x) == 0:
@@ -181,9 +181,9 @@ def fit_offset_cv(
     seed: int = 0,
     sample_weight: Any = None,
 ) -> tuple[float, np.ndarray, float]:
-    """``(T, b, strength)``: the strength with the least mean NLL over inner stratified
-    folds (ties: the stronger), then :func:`fit_offset` with it on all rows
-    (``sample_weight``: the rows' weights in every loss)."""
+    """`(T, b, strength)`: the strength with the least mean NLL over inner stratified
+    folds (ties: the stronger), then `fit_offset` with it on all rows
+    (`sample_weight`: the rows' weights in every loss)."""
     x = np.asarray(log_probs, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
     w = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, np.float64)
@@ -210,7 +210,7 @@ def fit_offset_cv(
 def _fixed(
     bias: np.ndarray, x: np.ndarray, y: np.ndarray, temperature: bool, sample_weight: Any
 ) -> tuple[float, Any]:
-    """A label-free offset ``-log bias``, then a temperature on the corrected scores."""
+    """A label-free offset `-log bias`, then a temperature on the corrected scores."""
     corrected = x - np.log(np.clip(bias, _FLOOR, None))
     rows = succession_targets(y, x.shape[1], count=_count(sample_weight))
     t = fit_temperature(corrected, rows, sample_weight=sample_weight) if temperature else 1.0
@@ -227,10 +227,10 @@ def fit_member(
     seed: int = 0,
     sample_weight: Any = None,
 ) -> tuple[float, np.ndarray]:
-    """``(T, b)`` of bias member ``name`` (:data:`MEMBERS`) fitted on these rows.
+    """`(T, b)` of bias member `name` (`MEMBERS`) fitted on these rows.
 
-    ``content_free``: ``[C, L]`` the base probabilities of the content-free inputs
-    (needed by ``"contextual"``). ``sample_weight``: the rows' weights (the batch's mean
+    `content_free`: `[C, L]` the base probabilities of the content-free inputs
+    (needed by `"contextual"`). `sample_weight`: the rows' weights (the batch's mean
     distribution and every loss weighted by them).
     """
     x = np.asarray(log_probs, dtype=np.float64)
@@ -260,8 +260,8 @@ def _content_free_bias(content_free: np.ndarray | None) -> np.ndarray:
 
 
 def checked_names(names: Sequence[str], allowed: Sequence[str], what: str) -> tuple[str, ...]:
-    """``names`` as a tuple, each one of ``allowed`` and listed once, else refused by
-    name (``what``: what a name is, for the message)."""
+    """`names` as a tuple, each one of `allowed` and listed once, else refused by
+    name (`what`: what a name is, for the message)."""
     names = tuple(names)
     unknown = [m for m in names if m not in allowed]
     if unknown:
@@ -274,8 +274,8 @@ def checked_names(names: Sequence[str], allowed: Sequence[str], what: str) -> tu
 def check_members(
     bias: Sequence[str], single: Mapping[str, int] | None, content_free: np.ndarray | None
 ) -> int:
-    """The grid entry the members fit on (``single["temperature"]``: the start at
-    ``T = 1``; 0 when no member is asked for); unknown names or missing inputs are
+    """The grid entry the members fit on (`single["temperature"]`: the start at
+    `T = 1`; 0 when no member is asked for); unknown names or missing inputs are
     refused by name."""
     names = checked_names(bias, MEMBERS, "bias member")
     if not names:
@@ -299,9 +299,9 @@ def member_out_of_fold(
     entry: int,
     sample_weight: Any = None,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Per-item probabilities ``[N, L]`` of bias member ``name`` fitted on the other
+    """Per-item probabilities `[N, L]` of bias member `name` fitted on the other
     folds (the offset's strength chosen by inner folds inside each), and each fold's
-    choice (``entry``: the grid entry ``base`` is)."""
+    choice (`entry`: the grid entry `base` is)."""
     out = np.empty(base.shape)
     choices = []
     for fold in np.unique(fold_ids):

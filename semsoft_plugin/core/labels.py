@@ -3,60 +3,60 @@
 The rule (decided here, measured: docs/results.md, docs/defaults.md):
 
 * **Answer spelling.** A label is scored as the model would write it after a prompt
-  that ends just before the answer, e.g. ``"Emotion:"``: with a leading space
-  (``" joy"``), which on BPE tokenizers is usually one whole-word token. Written
-  without the space, labels split into fragments (``"ad" "m" "iration"``) whose
+  that ends just before the answer, e.g. `"Emotion:"`: with a leading space
+  (`" joy"`), which on BPE tokenizers is usually one whole-word token. Written
+  without the space, labels split into fragments (`"ad" "m" "iration"`) whose
   embeddings say nothing about the label, and several labels start with the same
-  fragment (``"dis"``). ``leading_space=False`` is for prompts that end in a space
+  fragment (`"dis"`). `leading_space=False` is for prompts that end in a space
   or newline.
-* **Verbalizers.** ``verbalizers={"disgust": "gross"}`` makes the model answer with
+* **Verbalizers.** `verbalizers={"disgust": "gross"}` makes the model answer with
   another word for a label (the generated text is then the verbalizer; results are
   reported under the label name).
 * **Answer token and embedding.** A label's answer token is the first token of its
   answer spelling; the constrained softmax is taken over these tokens and the label's
-  embedding ``E_l`` is that token's output embedding (the paper's rule). For a
-  multi-token label this is a prefix; :attr:`LabelSet.multi_token_labels` lists them.
-* **Anchor without the space.** With ``leading_space=False`` (Outlines writes choices
+  embedding `E_l` is that token's output embedding (the paper's rule). For a
+  multi-token label this is a prefix; [`LabelSet.multi_token_labels`][semsoft_plugin.core.labels.LabelSet.multi_token_labels] lists them.
+* **Anchor without the space.** With `leading_space=False` (Outlines writes choices
   so) the answer token is often a fragment ("s" of "sadness") or a line-start form,
-  whose embedding says little about the label. ``E_l`` is then read from the first
+  whose embedding says little about the label. `E_l` is then read from the first
   token of the leading-space spelling (" sadness"), the word the embedding geometry
   knows; labels whose spaced first tokens coincide keep their answer token. Measured
-  at Outlines' position (``benchmarks/outlines_position.py``, docs/results.md).
-* **Spelling variants** (user-given synonyms, and with ``auto_variants`` the
+  at Outlines' position (`benchmarks/outlines_position.py`, docs/results.md).
+* **Spelling variants** (user-given synonyms, and with `auto_variants` the
   capitalised and upper-case spellings) whose first token belongs to no other label
-  are the label's *own tokens*: with ``own_vote`` they vote for that label alone. On
+  are the label's *own tokens*: with `own_vote` they vote for that label alone. On
   Qwen2.5 the capitalised spellings held 10-23% of the top-50 mass, but counted as
   the label itself they carried the prompt's label bias (SST-2, Davidson), so they
   are off by default and vote by cosine like any neighbour. An automatic spelling that takes more tokens
   than the label itself (" NEGATIVE" -> " N", "EG", "ATIVE") is skipped: its first
   token is a fragment, not the label. Variants you pass are always taken.
-* **What a label list is** (:func:`label_names`, the one rule of every adapter:
+* **What a label list is** ([`label_names`][semsoft_plugin.core.labels.label_names], the one rule of every adapter:
   transformers, Outlines and vLLM): an ordered sequence (a list, tuple, 1-D numpy
-  array such as ``np.unique(y)`` or an estimator's ``classes_``, ``dict_keys``) of at
+  array such as `np.unique(y)` or an estimator's `classes_`, `dict_keys`) of at
   least two distinct, non-empty strings; a set is refused, having no order (the prompt
   lists the labels in their order). A single label would always get probability 1, so it is refused;
-  a ``str`` is refused too rather than split (``"positive,negative"`` would otherwise
+  a `str` is refused too rather than split (`"positive,negative"` would otherwise
   become characters, and a label may itself hold a comma): pass
-  ``"positive,negative".split(",")``. The command line reads ``--labels`` as one CSV
-  row (:func:`split_labels`: ``yes,"no, maybe"`` is two labels).
-* **What a label may hold** (:func:`~semsoft_plugin.core.text_rules.check_label`):
+  `"positive,negative".split(",")`. The command line reads `--labels` as one CSV
+  row ([`split_labels`][semsoft_plugin.core.labels.split_labels]: `yes,"no, maybe"` is two labels).
+* **What a label may hold** (`semsoft_plugin.core.text_rules.check_label`):
   not whitespace or invisible characters only, no lone surrogate, no control or
-  invisible character (``"yes\\x00"`` would print as ``yes``). Labels that print alike
-  are one label given twice, and refused: compared after NFC normalisation (``"café"``
+  invisible character (`"yes\\x00"` would print as `yes`). Labels that print alike
+  are one label given twice, and refused: compared after NFC normalisation (`"café"`
   with one code point and with a combining accent), without default-ignorable code
-  points (``"ab"`` and ``"a\\u200db"``), and by their UTS #39 confusable skeleton (a
-  Latin and a Cyrillic ``a``): `semsoft_plugin.core.text_rules.label_identity`.
+  points (`"ab"` and `"a\\u200db"`), and by their UTS #39 confusable skeleton (a
+  Latin and a Cyrillic `a`): `semsoft_plugin.core.text_rules.label_identity`.
 * **Bound to its tokenizer.** Token ids mean nothing without the tokenizer that made
   them: a LabelSet used with another model would score unrelated tokens and return
   normal-looking probabilities. So it keeps its tokenizer's identity (vocabulary size,
-  class and ``name_or_path``, and a fingerprint: a hash of that size, its token ids
+  class and `name_or_path`, and a fingerprint: a hash of that size, its token ids
   with their token strings and the label encodings) and every adapter calls
-  :meth:`LabelSet.check_tokenizer` where a LabelSet meets a model's tokenizer; a
-  mismatch is a ``ValueError`` naming both tokenizers. The check compares what the
+  [`LabelSet.check_tokenizer`][semsoft_plugin.core.labels.LabelSet.check_tokenizer] where a LabelSet meets a model's tokenizer; a
+  mismatch is a `ValueError` naming both tokenizers. The check compares what the
   ids mean, not the name: a copy of the same tokenizer under another path passes.
 * **Errors.** An empty set, a non-string or empty label, duplicates, a label that
   tokenises to nothing, or two labels whose answer tokens are identical (they cannot
-  be told apart at the decision step) raise ``ValueError`` naming the label.
+  be told apart at the decision step) raise `ValueError` naming the label.
 """
 
 from __future__ import annotations
@@ -114,24 +114,41 @@ def _auto_variants(name: str) -> list[str]:
 
 
 class LabelSet:
-    """Labels bound to a tokenizer: answer tokens, variants and the core's ``LabelTokens``.
+    """Labels bound to a tokenizer: answer tokens, variants and the core's `LabelTokens`.
 
     Parameters
     ----------
     labels : sequence of str
         The label names, in the order results are reported.
-    tokenizer : a transformers tokenizer (anything with ``encode(text, add_special_tokens=False)``)
+    tokenizer : TokenizerLike
+        A transformers tokenizer (anything with `encode(text, add_special_tokens=False)`)
     leading_space : bool, default True
-        Score labels as whole words after a space (prompt ends with e.g. ``"Answer:"``).
-    verbalizers : mapping label -> str, optional
+        Score labels as whole words after a space (prompt ends with e.g. `"Answer:"`).
+    verbalizers : Mapping[str, str] | None
+        Mapping label -> str, optional
         The word the model should answer with for a label, when it is not the name.
-    variants : mapping label -> iterable of str, optional
+    variants : Mapping[str, Iterable[str]] | None
+        Mapping label -> iterable of str, optional
         Extra spellings or synonyms that count as the label itself.
     auto_variants : bool, default False
         Add lower/Capitalised/UPPER/Title-case spellings as own tokens. Off by default:
         the capitalised forms (" Yes", " Positive") start sentences as well as answer
         the question and carried the model's label bias on SST-2 and Davidson
         (docs/defaults.md); without this they still vote, by their cosine.
+
+    Examples
+    --------
+    Labels bound to a tokenizer, each scored as a leading-space whole word after the
+    answer prefix:
+
+    ```python
+    from semsoft_plugin import LabelSet
+    from semsoft_plugin.engines import models
+
+    _, tokenizer = models.load("smollm2-135m")
+    labels = LabelSet(["positive", "negative"], tokenizer)
+    labels.names              # ('positive', 'negative'): the order given
+    ```
     """
 
     def __init__(
@@ -239,7 +256,7 @@ class LabelSet:
         self.fingerprint: str = self._fingerprint_with(tokenizer)
 
     def _fingerprint_with(self, tokenizer: Any) -> str:
-        """Hash of what this set's token ids mean under ``tokenizer``."""
+        """Hash of what this set's token ids mean under `tokenizer`."""
         ids = sorted(
             {t for label in self.labels for t in label.token_ids}
             | {t for own in self.label_tokens.own_token_ids for t in own}
@@ -257,8 +274,10 @@ class LabelSet:
 
         Parameters
         ----------
-        tokenizer : the tokenizer of the model the set is about to score
-        where : what is checking, for the message (e.g. ``"classify"``)
+        tokenizer : Any
+            The tokenizer of the model the set is about to score
+        where : str
+            What is checking, for the message (e.g. `"classify"`)
 
         Raises
         ------
@@ -339,19 +358,19 @@ class LabelSet:
 
 
 def label_names(labels: Any) -> list[str]:
-    """The label names of a label list (or of a :class:`LabelSet`), checked.
+    """The label names of a label list (or of a [`LabelSet`][semsoft_plugin.core.labels.LabelSet]), checked.
 
-    The one rule of every adapter (``hf.classify``, the Outlines adapter, the vLLM
+    The one rule of every adapter (`hf.classify`, the Outlines adapter, the vLLM
     helpers): an ordered sequence (list, tuple, 1-D numpy array or pandas Series,
-    ``dict_keys``) of at least two distinct, non-empty strings, at most ``MAX_LABELS``;
-    a set is refused (it has no order). A ``str`` is refused, never split: iterating it would give its
+    `dict_keys`) of at least two distinct, non-empty strings, at most `MAX_LABELS`;
+    a set is refused (it has no order). A `str` is refused, never split: iterating it would give its
     characters, and a label may hold a comma.
 
     Raises
     ------
     ValueError
         Naming the bad value: a string, fewer than two labels, a label refused by
-        :func:`~semsoft_plugin.core.text_rules.check_label`, or one repeated (after NFC
+        `semsoft_plugin.core.text_rules.check_label`, or one repeated (after NFC
         normalisation).
 
     Examples
@@ -420,10 +439,10 @@ LABELS_SYNTAX = (
 
 
 def split_labels(text: str, option: str = "--labels") -> list[str]:
-    """The labels of a command-line label list: one CSV row (the ``csv`` module's
+    """The labels of a command-line label list: one CSV row (the `csv` module's
     quoting), so a label holding a comma is written in double quotes
-    (``yes,"no, maybe"``) and a double quote inside one is doubled; spaces around each
-    label are dropped. The one parser of ``semsoft classify`` and ``semsoft eval``.
+    (`yes,"no, maybe"`) and a double quote inside one is doubled; spaces around each
+    label are dropped. The one parser of `semsoft classify` and `semsoft eval`.
 
     Examples
     --------
@@ -440,7 +459,7 @@ def split_labels(text: str, option: str = "--labels") -> list[str]:
     Raises
     ------
     ValueError
-        Naming ``option`` and the text: not one CSV row (an unclosed quote, a new line),
+        Naming `option` and the text: not one CSV row (an unclosed quote, a new line),
         or an empty label.
     """
     try:
@@ -476,7 +495,7 @@ def _tokenizer_name(tokenizer: Any) -> str:
 
 
 def _tokenizer_size(tokenizer: Any) -> int | None:
-    """``len(tokenizer)`` (added tokens included), else its ``vocab_size``, else None."""
+    """`len(tokenizer)` (added tokens included), else its `vocab_size`, else None."""
     try:
         return int(len(tokenizer))
     except TypeError:
@@ -497,8 +516,8 @@ def _token_strings(tokenizer: Any, ids: list[int]) -> list[Any] | None:
 
 
 def _special_in(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """The special (control) tokens among ``ids``, by their text: a label spelling one
-    (``"<|im_end|>"``) encodes to a control id that decodes to nothing as text."""
+    """The special (control) tokens among `ids`, by their text: a label spelling one
+    (`"<|im_end|>"`) encodes to a control id that decodes to nothing as text."""
     special = set(getattr(tokenizer, "all_special_ids", None) or ())
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
     special |= {int(i) for i, t in decoder.items() if getattr(t, "special", False)}

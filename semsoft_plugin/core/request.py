@@ -1,20 +1,20 @@
 """The per-request options of Semantic Softmax and their limits, parsed once.
 
-A request opts in by carrying flat ``semsoft_*`` keys: in ``SamplingParams.extra_args``
-offline, in ``vllm_xargs`` over HTTP, in the extra body an OpenAI client sends.
-:func:`parse_request` reads them into one frozen :class:`SemsoftRequest`; the vLLM
+A request opts in by carrying flat `semsoft_*` keys: in `SamplingParams.extra_args`
+offline, in `vllm_xargs` over HTTP, in the extra body an OpenAI client sends.
+`parse_request` reads them into one frozen `SemsoftRequest`; the vLLM
 admission checks, the engine processor, the vLLM reader and the OpenAI reader all
 work from that object. (The engine processor runs in the engine-core process on a
 server, so it parses the same keys there once per request: the object does not
 cross the process boundary, the keys do.)
 
 No engine import here, so the OpenAI client helpers work without vLLM installed.
-The limits (``SERVER_MAX_K``, ``SERVER_MAX_LABELS``, ...) are defined here only: server clients
+The limits (`SERVER_MAX_K`, `SERVER_MAX_LABELS`, ...) are defined here only: server clients
 are untrusted and these bound the work one request can ask for. They apply to requests that
-arrive over HTTP only (``parse_request(..., server=True)``: the server's admission middleware,
-the OpenAI client helpers that build such requests); in-process use (offline ``vllm.LLM``,
-``classify_vllm``, ``Classifier(backend="vllm")``, the engine processor) gets the method's own
-ranges, as transformers does (``labels.MAX_LABELS``, ``config.MAX_K``).
+arrive over HTTP only (`parse_request(..., server=True)`: the server's admission middleware,
+the OpenAI client helpers that build such requests); in-process use (offline `vllm.LLM`,
+`classify_vllm`, `Classifier(backend="vllm")`, the engine processor) gets the method's own
+ranges, as transformers does (`labels.MAX_LABELS`, `config.MAX_K`).
 """
 
 from __future__ import annotations
@@ -94,13 +94,19 @@ class SemsoftRequest:
 
     Attributes
     ----------
-    labels : label names, in the order results are reported
-    config : Semantic Softmax settings
-    mode : ``"constrain"`` (the emitted text is a label chosen from ``P_sem``) or
-        ``"observe"`` (generation untouched; scores only)
-    trigger : decide after this generated text instead of at the first token
-    leading_space : labels are scored as whole words after a space
-    fit : the name of a fit the engine loaded at start (`semsoft_fit`): its
+    labels : tuple[str, ...]
+        Label names, in the order results are reported
+    config : SemsoftConfig
+        Semantic Softmax settings
+    mode : Mode
+        `"constrain"` (the emitted text is a label chosen from `P_sem`) or
+        `"observe"` (generation untouched; scores only)
+    trigger : str | None
+        Decide after this generated text instead of at the first token
+    leading_space : bool
+        Labels are scored as whole words after a space
+    fit : str | None
+        The name of a fit the engine loaded at start (`semsoft_fit`): its
         probabilities replace the scores, and in constrain mode the label follows them
     """
 
@@ -112,7 +118,7 @@ class SemsoftRequest:
     fit: str | None = None
 
     def to_extra_args(self) -> dict[str, Any]:
-        """Flat ``extra_args`` / ``vllm_xargs`` (str, int, float or lists of str)."""
+        """Flat `extra_args` / `vllm_xargs` (str, int, float or lists of str)."""
         args: dict[str, Any] = {KEY_LABELS: list(self.labels), KEY_MODE: self.mode}
         for key, name in _CONFIG_KEYS.items():
             value = getattr(self.config, name)
@@ -145,8 +151,8 @@ _LABEL_LIMITS = {
 
 
 def config_rules() -> dict[str, str]:
-    """What each ``semsoft_<field>`` key must be: the field's rule from the config
-    table (``k``'s range depends on where the request came from: ``_K_RULES``)."""
+    """What each `semsoft_<field>` key must be: the field's rule from the config
+    table (`k`'s range depends on where the request came from: `_K_RULES`)."""
     return {name: str(spec["rule"]) for name, spec in config_field_specs().items()}
 
 
@@ -154,7 +160,7 @@ _RULES = config_rules()
 
 
 def show_value(value: Any, limit: int = 40) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for error messages about client
+    """`repr(value)` cut to `limit` characters, for error messages about client
     values of any size."""
     try:
         text = repr(value)
@@ -179,7 +185,7 @@ def _flag(key: str, value: Any) -> bool:
 
 
 def _utf8_bytes(text: str) -> int | None:
-    """UTF-8 length of ``text``; None for a lone surrogate (JSON allows ``"\\ud800"``,
+    """UTF-8 length of `text`; None for a lone surrogate (JSON allows `"\\ud800"`,
     no tokenizer does)."""
     try:
         return len(text.encode("utf-8"))
@@ -189,8 +195,8 @@ def _utf8_bytes(text: str) -> int | None:
 
 def _option(key: str, name: str, value: Any, server: bool) -> Any:
     """One method option, type-checked (a bool is not a number, NaN and inf are not
-    finite, a fraction is not an integer); ranges are left to :class:`SemsoftConfig`,
-    except k's (``SERVER_MAX_K`` for a server request, ``MAX_K`` otherwise)."""
+    finite, a fraction is not an integer); ranges are left to [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig],
+    except k's (`SERVER_MAX_K` for a server request, `MAX_K` otherwise)."""
     max_k, k_rule = _K_RULES[server]
     rule = k_rule if name == "k" else _RULES[name]
     spec = config_field_specs()[name]
@@ -217,8 +223,8 @@ def _option(key: str, name: str, value: Any, server: bool) -> Any:
 
 
 def _frozen(extra_args: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """A hashable, type-exact form of the semsoft keys (``True`` and ``1`` differ: one
-    is refused as ``k``, the other is not); None when a value cannot be hashed."""
+    """A hashable, type-exact form of the semsoft keys (`True` and `1` differ: one
+    is refused as `k`, the other is not); None when a value cannot be hashed."""
     try:
         items = []
         for key in sorted(k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")):
@@ -241,21 +247,21 @@ _PARSED_SIZE = 128
 def parse_request(
     extra_args: Mapping[str, Any] | None, *, server: bool = False
 ) -> SemsoftRequest | None:
-    """The semsoft options in ``extra_args``, or None when the request did not opt in.
+    """The semsoft options in `extra_args`, or None when the request did not opt in.
 
-    A request opts in by carrying ``semsoft_labels``. Every option is checked here, once,
-    with the same rules as :class:`~semsoft_plugin.core.config.SemsoftConfig`. Raises
-    ``ValueError`` naming the option, its value (cut to a few characters) and what is
+    A request opts in by carrying `semsoft_labels`. Every option is checked here, once,
+    with the same rules as [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig]. Raises
+    `ValueError` naming the option, its value (cut to a few characters) and what is
     allowed; the server answers it with HTTP 400.
 
-    ``server=True`` for a request that arrived over HTTP (an untrusted client): the
-    ``SERVER_*`` size limits apply (labels, label and trigger bytes, k). Otherwise the
+    `server=True` for a request that arrived over HTTP (an untrusted client): the
+    `SERVER_*` size limits apply (labels, label and trigger bytes, k). Otherwise the
     method's own ranges apply, the same on every engine used in-process
-    (``MAX_LABELS`` labels, ``k <= MAX_K``, any label or trigger length).
+    (`MAX_LABELS` labels, `k <= MAX_K`, any label or trigger length).
 
     Parsed once per distinct options in a process: admission, the engine processor
     (in the same process offline) and the reader all call this on the same
-    ``extra_args`` and get the one cached object back (the last 128 kept).
+    `extra_args` and get the one cached object back (the last 128 kept).
     """
     if not extra_args:
         return None
@@ -281,8 +287,8 @@ def parse_request(
 
 
 def near_misses(keys: Iterable[Any]) -> list[tuple[str, str | None]]:
-    """Keys that look like semsoft options but are not spelled as one (``SEMSOFT_LABELS``,
-    ``semsoft-labels``, ``semsoftLabels``), each with the key it most likely means."""
+    """Keys that look like semsoft options but are not spelled as one (`SEMSOFT_LABELS`,
+    `semsoft-labels`, `semsoftLabels`), each with the key it most likely means."""
     found = []
     for key in keys:
         if not isinstance(key, str) or key in _KEYS or key.startswith("semsoft_"):
@@ -297,8 +303,8 @@ def near_misses(keys: Iterable[Any]) -> list[tuple[str, str | None]]:
 
 
 def check_near_misses(mapping: Mapping[Any, Any], where: str = "") -> None:
-    """``ValueError`` naming a near-miss semsoft key: without this the request would
-    carry no ``semsoft_labels`` and run unconstrained without a word."""
+    """`ValueError` naming a near-miss semsoft key: without this the request would
+    carry no `semsoft_labels` and run unconstrained without a word."""
     misses = near_misses(mapping)
     if misses:
         key, meant = misses[0]
@@ -410,20 +416,30 @@ def build_request(
     fit: str | None = None,
     **method: Any,
 ) -> SemsoftRequest:
-    """A checked :class:`SemsoftRequest` from Python arguments (not from a request body).
+    """A checked `SemsoftRequest` from Python arguments (not from a request body).
 
     Parameters
     ----------
-    labels : label names (a list of at least two distinct strings; a LabelSet gives
+    labels : Sequence[str]
+        Label names (a list of at least two distinct strings; a LabelSet gives
         its names)
-    config : Semantic Softmax settings; ``method`` keywords (``k``, ``tau``, ...)
+    config : SemsoftConfig | None
+        Semantic Softmax settings; `method` keywords (`k`, `tau`, ...)
         override it
-    mode, trigger, leading_space, fit : see :class:`SemsoftRequest`
-    server : the request is for a server (the ``SERVER_*`` limits apply, see
-        :func:`parse_request`); False for an in-process engine
+    mode : Mode
+        See `SemsoftRequest`
+    trigger : str | None
+        See `SemsoftRequest`
+    leading_space : bool
+        See `SemsoftRequest`
+    fit : str | None
+        See `SemsoftRequest`
+    server : bool
+        The request is for a server (the `SERVER_*` limits apply, see
+        `parse_request`); False for an in-process engine
 
     The options take the same round trip a request takes
-    (:meth:`SemsoftRequest.to_extra_args` then :func:`parse_request`), so a request
+    (`SemsoftRequest.to_extra_args` then `parse_request`), so a request
     built here is refused exactly when the engine (or the server) would refuse it, and
     what comes back is what it parses.
     """

@@ -2,57 +2,62 @@
 
 Notation (Badhe, Tiwari, Shah, 2026, "The Silent Vote"):
 
-.. math::
+$$
+P(v) = \\mathrm{softmax}(z)_v, \\qquad V_K = \\mathrm{top}_K(P)
+$$
 
-    P(v) = \\mathrm{softmax}(z)_v, \\qquad V_K = \\mathrm{top}_K(P)
+$$
+w(v, l) = \\max\\bigl(0, \\cos(E_v, E_l) - \\tau\\bigr)
+$$
 
-    w(v, l) = \\max\\bigl(0, \\cos(E_v, E_l) - \\tau\\bigr)
+$$
+P_{sem}(l) = \\frac{\\sum_{v \\in V_K} P(v)\\, w(v, l)}
+{\\sum_{l'} \\sum_{v \\in V_K} P(v)\\, w(v, l')}
+$$
 
-    P_{sem}(l) = \\frac{\\sum_{v \\in V_K} P(v)\\, w(v, l)}
-                      {\\sum_{l'} \\sum_{v \\in V_K} P(v)\\, w(v, l')}
-
-where :math:`E` are the model's *output* embeddings (lm_head rows) and :math:`E_l`
-the output embedding of label ``l``'s anchor token: its answer token, unless the
-label set gives another (see ``anchor_token_ids`` in :class:`LabelTokens`).
+where $E$ are the model's *output* embeddings (lm_head rows) and $E_l$
+the output embedding of label `l`'s anchor token: its answer token, unless the
+label set gives another (see `anchor_token_ids` in [`LabelTokens`][semsoft_plugin.core.tokens.LabelTokens]).
 
 The paper leaves several things open; this module decides them and says so:
 
-* **Zero denominator.** When no kept token clears ``tau`` for any label the ratio is
+* **Zero denominator.** When no kept token clears `tau` for any label the ratio is
   0/0. The result is then the constrained softmax (the baseline), and the row's
-  ``fallback`` flag is set. No NaN ever leaves this module.
-* **Anisotropy** (``center``). Output embeddings of small models share a common
+  `fallback` flag is set. No NaN ever leaves this module.
+* **Anisotropy** (`center`). Output embeddings of small models share a common
   direction, so raw cosines between unrelated tokens are far above 0 and a low
-  ``tau`` spreads the mass over every label. ``center=True`` subtracts the mean
+  `tau` spreads the mass over every label. `center=True` subtracts the mean
   output embedding (computed once per matrix) before the cosine.
-* **A label's own tokens** (``own_vote``). Antonym labels (" positive"/" negative")
+* **A label's own tokens** (`own_vote`). Antonym labels (" positive"/" negative")
   share contexts and have high cosine, so in the paper's formula each label's own
   token votes for the other label too and a right, confident model comes out
-  under-confident. With ``own_vote=True`` a token that *is* a label's answer token
+  under-confident. With `own_vote=True` a token that *is* a label's answer token
   (or one of its declared spelling variants) votes for that label alone, with the
-  weight ``1 - tau`` it would give itself. Semantic neighbours still vote by cosine.
-* **The vote rule** (``vote``). ``"residual"`` (the default) and ``"nearest"`` give the
-  top-K mass no label neighbour claims to the constrained softmax; ``"shared"`` shares
+  weight `1 - tau` it would give itself. Semantic neighbours still vote by cosine.
+* **The vote rule** (`vote`). `"residual"` (the default) and `"nearest"` give the
+  top-K mass no label neighbour claims to the constrained softmax; `"shared"` shares
   each kept token's vote out among the labels (weights normalised per token), so a
-  token close to every label is not counted once per label; ``"per_label"`` is the
-  paper's counting, once per label a token is near (see :class:`SemsoftConfig`).
-* **Pooling with the constrained softmax** (``semantic_weight``). The semantic
+  token close to every label is not counted once per label; `"per_label"` is the
+  paper's counting, once per label a token is near (see [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig]).
+* **Pooling with the constrained softmax** (`semantic_weight`). The semantic
   distribution is a noisy estimate (a few kept tokens, cosines as weights); the
-  result is the log-linear pool ``P ∝ P_con^(1-a) P_sem^a``. ``a = 1`` is the
-  semantic distribution alone, ``a = 0`` the constrained softmax. With `silent_vote`
-  set, each row's own silent vote decides its weight (`semsoft_plugin.core.silent_vote`).
-  A row without an answer token's log-prob (an engine mask, sparse rows without it) counts it at the
+  result is the log-linear pool `P ∝ P_con^(1-a) P_sem^a`. `a = 1` is the
+  semantic distribution alone, `a = 0` the constrained softmax. With `silent_vote`
+  set, each row's own silent vote decides its weight
+  ([semsoft_plugin.core.silent_vote][]). A row without an
+  answer token's log-prob (an engine mask, sparse rows without it) counts it at the
   smallest kept probability; the engines' readers never rely on that: they fetch the
-  exact log-prob or refuse (``engines.reader_contract``).
-* **Score temperature** (``score_temperature``). An optional final temperature on
-  ``log P_sem`` (fitted by ``semsoft tune``); 1 leaves the distribution as is. Any
-  finite ``T > 0`` is allowed: it is applied in log space, so a tiny ``T`` is a hard
+  exact log-prob or refuse (`engines.reader_contract`).
+* **Score temperature** (`score_temperature`). An optional final temperature on
+  `log P_sem` (fitted by `semsoft tune`); 1 leaves the distribution as is. Any
+  finite `T > 0` is allowed: it is applied in log space, so a tiny `T` is a hard
   argmax (ties split evenly) and a huge one the uniform distribution, never NaN.
-* **Non-finite logits.** ``-inf`` is how every engine masks a token: it means
-  probability 0 and is accepted. NaN and ``+inf`` raise ``ValueError``.
+* **Non-finite logits.** `-inf` is how every engine masks a token: it means
+  probability 0 and is accepted. NaN and `+inf` raise `ValueError`.
 
-With ``center=False, own_vote=False, vote="per_label", semantic_weight=1,
-score_temperature=1`` the result is exactly the paper's formula
-(``SemsoftConfig.preset("paper")``).
+With `center=False, own_vote=False, vote="per_label", semantic_weight=1,
+score_temperature=1` the result is exactly the paper's formula
+(`SemsoftConfig.preset("paper")`).
 """
 
 from __future__ import annotations
@@ -116,14 +121,17 @@ def constrained_softmax(logits: Tensor, label_token_ids: Sequence[int] | Tensor 
 
     Parameters
     ----------
-    logits : Tensor of shape (V,) or (B, V)
-    label_token_ids : sequence of int, 1-D Tensor, LabelTokens or LabelSet
+    logits : Tensor
+        Tensor of shape (V,) or (B, V)
+    label_token_ids : Sequence[int] | Tensor | Any
+        Sequence of int, 1-D Tensor, LabelTokens or LabelSet
         The answer token of each label.
 
     Returns
     -------
-    Tensor of shape (L,) or (B, L), float32, rows summing to 1. If every label token
-    is masked (-inf) in a row, that row is uniform.
+    Tensor
+        Tensor of shape (L,) or (B, L), float32, rows summing to 1. If every label token
+        is masked (-inf) in a row, that row is uniform.
 
     Examples
     --------
@@ -156,12 +164,12 @@ class SemanticSoftmaxResult:
     Attributes
     ----------
     probs : Tensor (B, L)
-        Calibrated label probabilities (the constrained softmax where ``fallback``).
+        Calibrated label probabilities (the constrained softmax where `fallback`).
     constrained_probs : Tensor (B, L)
         Softmax over the label answer tokens only, for comparison.
     fallback : Tensor (B,) bool
-        True where no kept token cleared ``tau`` for any label (0/0) and
-        ``probs`` is the constrained softmax.
+        True where no kept token cleared `tau` for any label (0/0) and
+        `probs` is the constrained softmax.
     coverage : Tensor (B,)
         Share of the top-K probability mass whose tokens vote for at least one
         label. Low coverage means the model's answer lies outside the label set.
@@ -185,17 +193,19 @@ class SemanticSoftmax:
 
     Everything that depends only on the labels and the embeddings (the label rows,
     their normalisation, the own-token lookup) is computed here once; each call
-    then costs a top-K, a ``[B, K, d]`` gather and a ``[B, K, L]`` weight tensor.
+    then costs a top-K, a `[B, K, d]` gather and a `[B, K, L]` weight tensor.
     Adapters build one per label set and reuse it for every request.
 
     Parameters
     ----------
-    embeddings : Tensor (V, d) or OutputEmbeddings
-    labels : sequence of int, 1-D Tensor, LabelTokens or LabelSet
+    embeddings : Tensor | OutputEmbeddings
+        Tensor (V, d) or OutputEmbeddings
+    labels : Sequence[int] | Tensor | LabelTokens | Any
+        Sequence of int, 1-D Tensor, LabelTokens or LabelSet
     config : SemsoftConfig, optional
         Method settings; keyword arguments override its fields.
-    **overrides
-        Any :class:`SemsoftConfig` field (``k``, ``vote``, ``score_temperature``, ...).
+    **overrides : Any
+        Any [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] field (`k`, `vote`, `score_temperature`, ...).
     """
 
     def __init__(
@@ -225,11 +235,11 @@ class SemanticSoftmax:
 
     @property
     def thresholds(self) -> Tensor:
-        """Each label's cosine threshold ``tau_l``, float32 ``[L]``."""
+        """Each label's cosine threshold `tau_l`, float32 `[L]`."""
         return self._tau
 
     def _label_thresholds(self) -> Tensor:
-        """``tau`` for every label, or with ``tau_quantile`` the model's own cut-off.
+        """`tau` for every label, or with `tau_quantile` the model's own cut-off.
 
         The quantile is taken over the cosines between a fixed sample of vocabulary
         rows and each label's embedding: how close an *unrelated* token typically is.
@@ -246,7 +256,7 @@ class SemanticSoftmax:
         return tau.clamp(-1.0, 0.99)
 
     def __call__(self, logits: Tensor) -> SemanticSoftmaxResult:
-        """Score logits ``[V]`` or ``[B, V]``; see :class:`SemanticSoftmaxResult`."""
+        """Score logits `[V]` or `[B, V]`; see [`SemanticSoftmaxResult`][semsoft_plugin.core.softmax.SemanticSoftmaxResult]."""
         logits = _check_logits(logits)
         vocab = logits.shape[-1]
         if vocab > self.embeddings.weight.shape[0]:
@@ -263,20 +273,22 @@ class SemanticSoftmax:
     def score_top_k(self, top_ids: Tensor, top_log_probs: Tensor) -> SemanticSoftmaxResult:
         """Score sparse rows: the ids and log-probabilities of each row's kept tokens.
 
-        What an engine returns instead of logits (vLLM's ``logprobs=k``, an OpenAI
-        server's ``top_logprobs``). Semantic Softmax, the coverage and the constrained
+        What an engine returns instead of logits (vLLM's `logprobs=k`, an OpenAI
+        server's `top_logprobs`). Semantic Softmax, the coverage and the constrained
         softmax of the kept label tokens are ratios of kept probabilities, so the missing
-        normaliser cancels and this equals :meth:`__call__` on the full logits whenever
-        the row holds its ``k`` most likely tokens and every label's answer token. Extra
-        ids beyond the top ``k`` are allowed (they rank below the kept ones): pass the
+        normaliser cancels and this equals `__call__` on the full logits whenever
+        the row holds its `k` most likely tokens and every label's answer token. Extra
+        ids beyond the top `k` are allowed (they rank below the kept ones): pass the
         answer tokens' log-probs where known. An answer token the row lacks enters the
         pool at the smallest kept probability (an upper bound; the engines' readers
         fetch it or refuse instead) and the constrained softmax at 0.
 
         Parameters
         ----------
-        top_ids : integer token ids ``[K]`` or ``[B, K]`` (distinct within a row)
-        top_log_probs : their log-probabilities, same shape (any common offset)
+        top_ids : Tensor
+            Integer token ids `[K]` or `[B, K]` (distinct within a row)
+        top_log_probs : Tensor
+            Their log-probabilities, same shape (any common offset)
         """
         ids = torch.as_tensor(top_ids)
         values = torch.as_tensor(top_log_probs, dtype=torch.float32)
@@ -360,16 +372,16 @@ class _Claims:
     Attributes
     ----------
     top_ids : Tensor
-        ``[B, K]`` the kept token ids, most likely first.
+        `[B, K]` the kept token ids, most likely first.
     top_p : Tensor
-        ``[B, K]`` their probabilities.
+        `[B, K]` their probabilities.
     weights : Tensor
-        ``[B, K, L]`` each kept token's claim on each label: ``max(0, cos - tau_l)``, or
-        with ``own_vote`` a label's own token's ``1 - tau_l`` on that label alone.
+        `[B, K, L]` each kept token's claim on each label: `max(0, cos - tau_l)`, or
+        with `own_vote` a label's own token's `1 - tau_l` on that label alone.
     tau : Tensor
-        ``[L]`` the labels' cosine thresholds.
+        `[L]` the labels' cosine thresholds.
     answer_ids : Tensor
-        ``[L]`` the labels' answer tokens.
+        `[L]` the labels' answer tokens.
     """
 
     top_ids: Tensor
@@ -380,8 +392,8 @@ class _Claims:
 
 
 def _ratio(top_p: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
-    """The votes renormalised: ``sum_v P(v) w(v, l) / sum_l' sum_v P(v) w(v, l')`` per row,
-    and the rows where that is ``0/0`` (fallback)."""
+    """The votes renormalised: `sum_v P(v) w(v, l) / sum_l' sum_v P(v) w(v, l')` per row,
+    and the rows where that is `0/0` (fallback)."""
     numerator = torch.einsum("bk,bkl->bl", top_p, weights)
     denominator = numerator.sum(-1, keepdim=True)
     fallback = denominator.squeeze(-1) <= 0
@@ -392,18 +404,18 @@ def _ratio(top_p: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _per_label(claims: _Claims) -> tuple[Tensor, Tensor]:
-    """``vote="per_label"``, the paper's counting: a token votes once per label it is near."""
+    """`vote="per_label"`, the paper's counting: a token votes once per label it is near."""
     return _ratio(claims.top_p, claims.weights)
 
 
 def _shared(claims: _Claims) -> tuple[Tensor, Tensor]:
-    """``vote="shared"``: each kept token's vote is shared out among the labels it is near
+    """`vote="shared"`: each kept token's vote is shared out among the labels it is near
     (its weights normalised), then the votes are renormalised."""
     return _ratio(claims.top_p, _per_token(claims.weights))
 
 
 def _residual(claims: _Claims) -> tuple[Tensor, Tensor]:
-    """``vote="residual"``: a token claims its share of the top-K mass by its closeness to
+    """`vote="residual"`: a token claims its share of the top-K mass by its closeness to
     its nearest label (1 for a label's own token), shared out among the labels it is near."""
     return _with_residual(claims, _per_token(claims.weights), _closeness(claims))
 
@@ -415,9 +427,9 @@ def _closeness(claims: _Claims) -> Tensor:
 
 
 def _nearest(claims: _Claims) -> tuple[Tensor, Tensor]:
-    """``vote="nearest"``: as ``"residual"``, but all of a token's claim goes to its nearest
+    """`vote="nearest"`: as `"residual"`, but all of a token's claim goes to its nearest
     label, by its margin over the second nearest (a token as near an antonym as its own
-    label claims nothing). With one label it is ``"residual"``."""
+    label claims nothing). With one label it is `"residual"`."""
     weights, tau = claims.weights, claims.tau
     if weights.shape[-1] < 2:
         return _residual(claims)
@@ -430,13 +442,13 @@ def _nearest(claims: _Claims) -> tuple[Tensor, Tensor]:
 
 
 def _per_token(weights: Tensor) -> Tensor:
-    """``[B, K, L]`` weights normalised per kept token (a token near no label keeps 0)."""
+    """`[B, K, L]` weights normalised per kept token (a token near no label keeps 0)."""
     return weights / weights.sum(-1).clamp_min(1e-30).unsqueeze(-1)
 
 
 def _with_residual(claims: _Claims, shares: Tensor, closeness: Tensor) -> tuple[Tensor, Tensor]:
     """The residual rules' distribution: each kept token's share of the top-K mass times its
-    ``closeness`` goes to the labels by ``shares``; the unclaimed rest follows the
+    `closeness` goes to the labels by `shares`; the unclaimed rest follows the
     constrained softmax *of the top-K* (the answer tokens among the kept tokens).
 
     That equals the constrained softmax whenever every answer token is kept, and needs
@@ -470,11 +482,11 @@ _VOTE_RULES: dict[str, Callable[[_Claims], tuple[Tensor, Tensor]]] = {
 
 
 def _pool_constrained(log_p: Tensor, top_log_p: Tensor, answer_ids: Tensor) -> Tensor:
-    """The constrained softmax the pool uses: ``[B, L]``, from the row's log-probs.
+    """The constrained softmax the pool uses: `[B, L]`, from the row's log-probs.
 
     Each label's answer token has its own log-probability where the row holds a finite
     one (transformers and the in-engine processor see the whole vocabulary). Where it is
-    ``-inf`` (a reader that got only the top-K log-probs, or an engine mask) it counts
+    `-inf` (a reader that got only the top-K log-probs, or an engine mask) it counts
     with the smallest kept log-probability, the most a token outside the top-K can have:
     a label is never pooled to 0 for want of its log-prob.
     """
@@ -487,15 +499,15 @@ def _pool_constrained(log_p: Tensor, top_log_p: Tensor, answer_ids: Tensor) -> T
 
 
 def _pooled(constrained: Tensor, semantic: Tensor, weight: float | Tensor) -> Tensor:
-    """Log-linear pool ``softmax((1 - a) log P_con + a log P_sem)``, never NaN; ``a`` one
-    weight, or one per row (``[B, 1]``).
+    """Log-linear pool `softmax((1 - a) log P_con + a log P_sem)`, never NaN; `a` one
+    weight, or one per row (`[B, 1]`).
 
     In float64 with the row maximum subtracted. A label the semantic votes gave exactly
     0 (no kept token near it, its answer token outside the top-K) has no semantic
     evidence either way: it keeps its constrained probability in the pool instead of
-    being pooled to 0 (with ``tau = 0.2`` that zero made Qwen's GoEmotions NLL +4.6:
+    being pooled to 0 (with `tau = 0.2` that zero made Qwen's GoEmotions NLL +4.6:
     the right label was such a label). Probabilities are floored at 1e-30 before the
-    log, as in :func:`_tempered`.
+    log, as in `_tempered`.
     """
     con = constrained.to(torch.float64)
     sem = semantic.to(torch.float64)
@@ -507,13 +519,13 @@ def _pooled(constrained: Tensor, semantic: Tensor, weight: float | Tensor) -> Te
 
 
 def _tempered(probs: Tensor, temperature: float) -> Tensor:
-    """``softmax(log probs / T)`` for any finite ``T > 0``, never NaN.
+    """`softmax(log probs / T)` for any finite `T > 0`, never NaN.
 
     In float64 and in log space with the row maximum subtracted first: the top label(s)
-    sit at exactly 0, so as ``T -> 0`` the result tends to a hard argmax (ties split
-    evenly) instead of ``0/0``, and a huge ``T`` gives the uniform distribution. Dividing
-    the float32 log-probabilities directly made every entry ``-inf`` (NaN after the
-    softmax) for ``T = 1e-45``.
+    sit at exactly 0, so as `T -> 0` the result tends to a hard argmax (ties split
+    evenly) instead of `0/0`, and a huge `T` gives the uniform distribution. Dividing
+    the float32 log-probabilities directly made every entry `-inf` (NaN after the
+    softmax) for `T = 1e-45`.
     """
     log_p = probs.to(torch.float64).clamp_min(1e-30).log()
     log_p = log_p - log_p.amax(dim=-1, keepdim=True)
@@ -529,8 +541,8 @@ def semantic_softmax_details(
 ) -> SemanticSoftmaxResult:
     """Semantic and constrained distributions, fallback flag and coverage, per row.
 
-    See :func:`semantic_softmax` for the parameters and the module docstring for the
-    method. For repeated calls with one label set, build a :class:`SemanticSoftmax`
+    See [`semantic_softmax`][semsoft_plugin.core.softmax.semantic_softmax] for the parameters and the module docstring for the
+    method. For repeated calls with one label set, build a [`SemanticSoftmax`][semsoft_plugin.core.softmax.SemanticSoftmax]
     once instead.
     """
     return SemanticSoftmax(embeddings, label_token_ids, config, **overrides)(logits)
@@ -547,33 +559,37 @@ def semantic_softmax(
 
     Parameters
     ----------
-    logits : Tensor of shape (V,) or (B, V)
-        Unconstrained logits at the decision step. ``-inf`` entries are masked
-        tokens; NaN and ``+inf`` raise ``ValueError``.
+    logits : Tensor
+        Tensor of shape (V,) or (B, V)
+        Unconstrained logits at the decision step. `-inf` entries are masked
+        tokens; NaN and `+inf` raise `ValueError`.
     embeddings : Tensor of shape (V_rows, d) or OutputEmbeddings
-        The model's output embeddings (lm_head weight), ``V_rows >= V``.
-    label_token_ids : sequence of int, 1-D Tensor, LabelTokens or LabelSet
+        The model's output embeddings (lm_head weight), `V_rows >= V`.
+    label_token_ids : Sequence[int] | Tensor | LabelTokens | Any
+        Sequence of int, 1-D Tensor, LabelTokens or LabelSet
         Each label's answer token (and, through a LabelSet, its spelling variants).
     config : SemsoftConfig, optional
-        Method settings; defaults are :class:`SemsoftConfig`'s.
-    **overrides
-        Any :class:`SemsoftConfig` field: ``k`` (kept tokens, default 50), ``tau``
-        (cosine threshold), ``center`` (centre the embeddings first), ``own_vote``,
-        ``vote``, ``score_temperature``, ``semantic_weight``, ``tau_quantile``.
-        ``SemsoftConfig.preset("paper")`` is the paper's formula.
+        Method settings; defaults are [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig]'s.
+    **overrides : Any
+        Any [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] field: `k` (kept tokens, default 50), `tau`
+        (cosine threshold), `center` (centre the embeddings first), `own_vote`,
+        `vote`, `score_temperature`, `semantic_weight`, `tau_quantile`.
+        `SemsoftConfig.preset("paper")` is the paper's formula.
 
     Returns
     -------
-    Tensor of shape (L,) or (B, L), float32, rows summing to 1, never NaN. Rows
-    where the formula is 0/0 hold the constrained softmax (see
-    :func:`semantic_softmax_details` for the flag).
+    Tensor
+        Tensor of shape (L,) or (B, L), float32, rows summing to 1, never NaN. Rows where the
+        formula is 0/0 hold the constrained softmax (see
+        [`semantic_softmax_details`][semsoft_plugin.core.softmax.semantic_softmax_details] for the
+        flag).
 
     Examples
     --------
     A vocabulary of four tokens in two dimensions: labels are tokens 0 ("yes") and 1
     ("no"); token 2 is a synonym of "yes", token 3 of "no". The model puts most of its
     mass on the synonym of "yes", which the constrained softmax ignores. The default
-    ``semantic_weight=0`` is the constrained softmax; ``1`` the semantic distribution alone:
+    `semantic_weight=0` is the constrained softmax; `1` the semantic distribution alone:
 
     >>> import torch
     >>> from semsoft_plugin.core.softmax import semantic_softmax

@@ -1,9 +1,9 @@
-"""Temperature scaling: ``softmax(log p / T)``, the NLL it is judged by, and the ``T``
+"""Temperature scaling: `softmax(log p / T)`, the NLL it is judged by, and the `T`
 that minimises it.
 
-The last step of :meth:`SemanticSoftmax._score` is a temperature, and the post-hoc
+The last step of `SemanticSoftmax._score` is a temperature, and the post-hoc
 baseline of the evaluation is temperature scaling of the constrained softmax: both are
-fitted by :func:`fit_temperature`, with numpy only, so the fit (:mod:`semsoft_plugin.core.fitting`) and
+fitted by `fit_temperature`, with numpy only, so the fit (`semsoft_plugin.core.fitting`) and
 the evaluation package share one NLL and one search.
 """
 
@@ -32,7 +32,7 @@ SUCCESSION_TARGETS = True
 
 
 def apply_temperature(log_probs: Any, temperature: float) -> np.ndarray:
-    """``softmax(log_probs / T)`` row-wise, float64 (the core's final step)."""
+    """`softmax(log_probs / T)` row-wise, float64 (the core's final step)."""
     z = np.asarray(log_probs, dtype=np.float64) / temperature
     z = z - z.max(1, keepdims=True)
     p = np.exp(z)
@@ -46,19 +46,19 @@ def nll(probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def succession_targets(targets: Any, n_labels: int, *, count: float | None = None) -> np.ndarray:
-    """The targets the few-label fit fits to: ``[N, L]`` rows that give each item's
-    label ``(N + 1) / (N + 2)`` and share ``1 / (N + 2)`` evenly among the other labels.
+    """The targets the few-label fit fits to: `[N, L]` rows that give each item's
+    label `(N + 1) / (N + 2)` and share `1 / (N + 2)` evenly among the other labels.
 
     Why: on a few labels that one temperature separates perfectly, the hard targets'
-    NLL keeps falling as ``T -> 0``, so the fit makes every answer nearly certain and the
-    first error on new items costs ``~1/T`` nats (measured: Qwen2.5-Coder-1.5B on SST-2,
+    NLL keeps falling as `T -> 0`, so the fit makes every answer nearly certain and the
+    first error on new items costs `~1/T` nats (measured: Qwen2.5-Coder-1.5B on SST-2,
     25 labels, test NLL .87 against the constrained softmax's .51). By Laplace's rule of
-    succession, after ``N`` answers seen right the chance that the next is wrong is still
-    ``1 / (N + 2)``: the fit may not make an answer surer than its labels show. The
+    succession, after `N` answers seen right the chance that the next is wrong is still
+    `1 / (N + 2)`: the fit may not make an answer surer than its labels show. The
     targets fade to the hard ones as labels grow (Platt, 1999, smooths binary targets
     the same way, per class; per class was worse here, as it pushes rare labels down).
-    The out-of-fold checks still score hard labels. ``count``: the ``N`` of the rule
-    where items are weighted (the sum of their weights; default ``len(targets)``), so
+    The out-of-fold checks still score hard labels. `count`: the `N` of the rule
+    where items are weighted (the sum of their weights; default `len(targets)`), so
     that integer weights give the targets of the items repeated.
 
     >>> succession_targets([0, 0, 1], 2).round(3).tolist()
@@ -76,7 +76,7 @@ def succession_targets(targets: Any, n_labels: int, *, count: float | None = Non
 
 
 def target_rows(targets: Any, n: int, n_labels: int) -> np.ndarray:
-    """``[N, L]`` target rows: one-hot rows for label indices, soft rows as given."""
+    """`[N, L]` target rows: one-hot rows for label indices, soft rows as given."""
     values = np.asarray(targets)
     if values.ndim == 2:
         if values.shape != (n, n_labels) or not np.all(np.isfinite(values)):
@@ -93,16 +93,16 @@ def target_rows(targets: Any, n: int, n_labels: int) -> np.ndarray:
 def fit_temperature(
     log_probs: Any, targets: Any, *, tol: float = 1e-7, sample_weight: Any = None
 ) -> float:
-    """The temperature minimising the mean NLL of ``softmax(log_probs / T)``.
+    """The temperature minimising the mean NLL of `softmax(log_probs / T)`.
 
-    ``targets``: ``[N]`` label indices, or ``[N, L]`` target rows (e.g.
-    :func:`succession_targets`; the loss is then the cross-entropy to them).
-    ``sample_weight``: ``[N]`` weights of the items' losses (the weighted mean; ``None``:
+    `targets`: `[N]` label indices, or `[N, L]` target rows (e.g.
+    `succession_targets`; the loss is then the cross-entropy to them).
+    `sample_weight`: `[N]` weights of the items' losses (the weighted mean; `None`:
     the plain mean).
 
-    The NLL is convex in ``1/T`` (a log-sum-exp of linear functions minus a linear
-    function), hence unimodal in ``log T``: a golden-section search on ``log T`` over
-    ``[0.05, 20]`` finds the minimum to ``tol`` (ties go to the smaller ``T`` end only
+    The NLL is convex in `1/T` (a log-sum-exp of linear functions minus a linear
+    function), hence unimodal in `log T`: a golden-section search on `log T` over
+    `[0.05, 20]` finds the minimum to `tol` (ties go to the smaller `T` end only
     when the loss is flat there).
     """
     z = np.asarray(log_probs, dtype=np.float64)

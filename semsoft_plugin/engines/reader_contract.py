@@ -1,13 +1,13 @@
-"""The reader contract: one entry point, :func:`read_scores`, for every engine's output.
+"""The reader contract: one entry point, `read_scores`, for every engine's output.
 
-Every reader (vLLM offline, ``classify_vllm``, the OpenAI client, a Ray postprocess)
-hands the decision step's ``{token: raw log-prob}`` to :func:`read_scores`
-(``docs/reader-contract.md``) and gets exact scores or a named refusal. What is here is
+Every reader (vLLM offline, `classify_vllm`, the OpenAI client, a Ray postprocess)
+hands the decision step's `{token: raw log-prob}` to `read_scores`
+(`docs/reader-contract.md`) and gets exact scores or a named refusal. What is here is
 the reading: token keys to ids, the decision step among the generated tokens, and the
-checks against the emitted text (:class:`EmittedLabelMismatch`, :class:`CutLabel`). The
+checks against the emitted text (`EmittedLabelMismatch`, `CutLabel`). The
 scores themselves, and the refusal of missing label log-probs
-(:class:`~semsoft_plugin.engines.scoring.MissingLabelLogprobs`), come from
-:func:`semsoft_plugin.engines.scoring.scores_from_top_k`, which readers that hold the
+(`semsoft_plugin.engines.scoring.MissingLabelLogprobs`), come from
+`semsoft_plugin.engines.scoring.scores_from_top_k`, which readers that hold the
 top-k already (the Ray postprocess) call directly.
 """
 
@@ -57,8 +57,8 @@ class EmittedLabelMismatch(ReaderError):
 
 
 class CutLabel(ReaderError):
-    """The emitted text is only the start of a label: a stop string, ``stop_token_ids``
-    or ``max_tokens`` cut it."""
+    """The emitted text is only the start of a label: a stop string, `stop_token_ids`
+    or `max_tokens` cut it."""
 
     def __init__(self, label: str, text: str) -> None:
         self.label, self.text = label, text
@@ -118,43 +118,55 @@ def read_scores(
 ) -> LabelResult:
     """Scores of one output from its returned log-probabilities: the reader contract.
 
-    Every reader (vLLM offline, the OpenAI-compatible client, ``classify_vllm``, a Ray
+    Every reader (vLLM offline, the OpenAI-compatible client, `classify_vllm`, a Ray
     postprocess) ends here, so the rules hold everywhere:
 
     1. **Exact or nothing.** The scores are computed from the decision step's top-k raw
        log-probabilities plus every answer token's exact log-probability the settings
-       read (all of them unless ``semantic_weight=1``; all of them in the 0/0 fallback).
-       A needed answer token missing from ``top_logprobs`` and ``known`` is asked of
-       ``fetch``; if there is no ``fetch`` (or it does not return it) the reader raises
-       :class:`MissingLabelLogprobs` naming the labels. No bound stands in for a
+       read (all of them unless `semantic_weight=1`; all of them in the 0/0 fallback).
+       A needed answer token missing from `top_logprobs` and `known` is asked of
+       `fetch`; if there is no `fetch` (or it does not return it) the reader raises
+       `MissingLabelLogprobs` naming the labels. No bound stands in for a
        missing log-probability.
     2. **The emitted label agrees.** In constrain mode, when the engine applied the
-       constraint (``plugin``) and picked greedily (``greedy``), the result's label
-       is the emitted label and is the argmax of ``probs`` (ties within
-       :data:`ARGMAX_TIE`); otherwise :class:`EmittedLabelMismatch` names both.
+       constraint (`plugin`) and picked greedily (`greedy`), the result's label
+       is the emitted label and is the argmax of `probs` (ties within
+       `ARGMAX_TIE`); otherwise `EmittedLabelMismatch` names both.
     3. **Cut text is said.** An emitted text that is only the start of a label raises
-       :class:`CutLabel`.
+       `CutLabel`.
 
     Parameters
     ----------
-    labels : the label names (with ``config``), or the parsed request
-    top_logprobs : the decision step's ``{token: raw log-prob}`` (its ``k`` highest are
+    labels : SemsoftRequest | Sequence[str]
+        The label names (with `config`), or the parsed request
+    top_logprobs : Logprobs | Sequence[Logprobs | None]
+        The decision step's `{token: raw log-prob}` (its `k` highest are
         the top-k; any further entries, e.g. the sampled token an OpenAI server adds,
         count as known log-probs), or the per-position list of such dicts of the
-        generated tokens (the decision step is found from ``emitted_ids``: 0 without a
-        trigger). Keys: token ids, ``"token_id:N"`` strings, or token texts
-    emitted : the generated text, when known (checked for a cut label)
-    config : method settings when ``labels`` is a list
-    model : a ``vllm.LLM``, a checkpoint directory or a model name (tokenizer and
+        generated tokens (the decision step is found from `emitted_ids`: 0 without a
+        trigger). Keys: token ids, `"token_id:N"` strings, or token texts
+    emitted : str | None
+        The generated text, when known (checked for a cut label)
+    config : SemsoftConfig | None
+        Method settings when `labels` is a list
+    model : Any
+        A `vllm.LLM`, a checkpoint directory or a model name (tokenizer and
         output embeddings)
-    emitted_ids : the generated token ids (the decision step's one names the emitted
+    emitted_ids : Sequence[int] | None
+        The generated token ids (the decision step's one names the emitted
         label; with a trigger they locate the decision step)
-    known : other exact raw log-probs of the decision step (e.g. a follow-up's)
-    fetch : ``fetch(token_ids) -> {token id: raw log-prob}`` at the decision step, for
-        needed answer tokens outside the top-k (e.g. :func:`semsoft_plugin.engines.openai.openai_fetch`)
-    greedy : the engine picked the argmax (temperature 0); a sampled pick may be any label
-    plugin : the plugin constrained the generation (False: a server without it)
-    fitted : the probabilities a fit gave this row inside the engine, in the request's
+    known : Logprobs | None
+        Other exact raw log-probs of the decision step (e.g. a follow-up's)
+    fetch : Fetch | None
+        `fetch(token_ids) -> {token id: raw log-prob}` at the decision step, for needed answer
+        tokens outside the top-k (e.g.
+        [`semsoft_plugin.engines.openai.openai_fetch`][semsoft_plugin.engines.openai.openai_fetch])
+    greedy : bool
+        The engine picked the argmax (temperature 0); a sampled pick may be any label
+    plugin : bool
+        The plugin constrained the generation (False: a server without it)
+    fitted : Sequence[float] | None
+        The probabilities a fit gave this row inside the engine, in the request's
         label order (`semsoft_fit`): they are the result's `probs` (and its label in
         observe mode), and rule 2 holds against them
     """
@@ -204,7 +216,7 @@ def read_scores(
 
 
 def _token_key(model: ModelScorer, token: Any) -> int:
-    """A token id from an int, a ``"token_id:N"`` string or a token's text."""
+    """A token id from an int, a `"token_id:N"` string or a token's text."""
     if isinstance(token, int) and not isinstance(token, bool):
         return token
     if isinstance(token, str):
@@ -231,7 +243,7 @@ def _check_emitted(
     greedy: bool,
     plugin: bool,
 ) -> LabelResult:
-    """Rules 2 and 3 of :func:`read_scores`: the constrained pick is the argmax, and a
+    """Rules 2 and 3 of `read_scores`: the constrained pick is the argmax, and a
     label the text only starts is refused as cut."""
     if request.mode != "constrain" or not plugin:
         return result

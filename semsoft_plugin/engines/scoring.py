@@ -1,14 +1,14 @@
 """Scores from the decision step's top-k log-probabilities, for any engine's output.
 
-Engine-neutral, and shared by the readers and the vLLM processor: a :class:`ModelScorer`
+Engine-neutral, and shared by the readers and the vLLM processor: a `ModelScorer`
 holds a model's tokenizer, its output embeddings (read once from the checkpoint with
-safetensors) and its resolved label sets (:func:`client_model` keeps one per checkpoint);
-the vLLM processor uses the same object inside the engine. :func:`scores_from_top_k`
+safetensors) and its resolved label sets (`client_model` keeps one per checkpoint);
+the vLLM processor uses the same object inside the engine. `scores_from_top_k`
 turns the decision step's top-k raw log-probabilities into exact scores or refuses them
-(:class:`MissingLabelLogprobs`); :func:`decision_step` finds that step among the
+(`MissingLabelLogprobs`); `decision_step` finds that step among the
 generated tokens. The readers' entry point, with the checks against the emitted text, is
-:func:`semsoft_plugin.engines.reader_contract.read_scores` (``docs/reader-contract.md``).
-No vLLM import (a ``vllm.LLM`` is recognised by its ``llm_engine`` attribute), so a
+`semsoft_plugin.engines.reader_contract.read_scores` (`docs/reader-contract.md`).
+No vLLM import (a `vllm.LLM` is recognised by its `llm_engine` attribute), so a
 reader of an OpenAI-compatible server needs no vLLM.
 """
 
@@ -51,7 +51,7 @@ class ModelScorer:
     """Tokenizer, output embeddings and resolved label sets of one model.
 
     Embeddings are read once from the checkpoint (safetensors; tied embeddings and
-    padded vocabularies are handled by :func:`~semsoft_plugin.core.embeddings.from_checkpoint`)
+    padded vocabularies are handled by `semsoft_plugin.core.embeddings.from_checkpoint`)
     and shared by every request and label set. Label sets are cached per distinct
     (labels, leading space, settings), least recently used first out.
     """
@@ -74,7 +74,7 @@ class ModelScorer:
         self._text_to_id: dict[str, int] | None = None
 
     def scoring(self, request: SemsoftRequest) -> LabelScorer:
-        """The resolved label set; ``ValueError`` if the tokenizer cannot tell labels apart."""
+        """The resolved label set; `ValueError` if the tokenizer cannot tell labels apart."""
         with self._lock:
             found = self._cache.get(request.key)
             if found is not None:
@@ -98,7 +98,7 @@ class ModelScorer:
         return scoring
 
     def token_id(self, text: str) -> int | None:
-        """The token whose decoded text is ``text`` (None if none or ambiguous)."""
+        """The token whose decoded text is `text` (None if none or ambiguous)."""
         if self._text_to_id is None:
             table: dict[str, int] = {}
             ambiguous: set[str] = set()
@@ -134,12 +134,12 @@ _MODELS_LOCK = threading.Lock()
 
 
 def client_model(model: Any, *, allow_download: bool = False) -> ModelScorer:
-    """A cached :class:`ModelScorer` for an ``LLM``, a checkpoint path or a known model name.
+    """A cached `ModelScorer` for an `LLM`, a checkpoint path or a known model name.
 
     A name that is not on this machine yet (a known name not cached, a hub name not in
-    the hub cache) is a ``ValueError`` unless ``allow_download``: a reader must not
+    the hub cache) is a `ValueError` unless `allow_download`: a reader must not
     start a download as a side effect of reading scores. A known name reads
-    :func:`~semsoft_plugin.engines.models.resolve_reader`'s directory: the tokenizer
+    `semsoft_plugin.engines.models.resolve_reader`'s directory: the tokenizer
     and output embeddings only, not the full checkpoint.
     """
     if isinstance(model, ModelScorer):
@@ -173,19 +173,19 @@ def client_model(model: Any, *, allow_download: bool = False) -> ModelScorer:
 
 
 def output_embeddings(model: Any, *, allow_download: bool = False) -> OutputEmbeddings:
-    """The output embeddings the scores use for an ``LLM``, checkpoint or model name.
+    """The output embeddings the scores use for an `LLM`, checkpoint or model name.
 
     Read once per checkpoint with safetensors and shared with every reader and
     processor in this process (the matrix the transformers adapter takes from
-    ``lm_head``). A model name not on this machine is refused unless
-    ``allow_download=True``.
+    `lm_head`). A model name not on this machine is refused unless
+    `allow_download=True`.
     """
     return client_model(model, allow_download=allow_download).embeddings
 
 
 def trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, start: int) -> int:
-    """First ``j >= max(start, 1)`` where the generated text ``generated[:j]`` ends with
-    ``trigger`` (checked on a tail window of tokens), or -1."""
+    """First `j >= max(start, 1)` where the generated text `generated[:j]` ends with
+    `trigger` (checked on a tail window of tokens), or -1."""
     window = len(trigger) + 2
     for j in range(max(start, 1), len(generated) + 1):
         if tokenizer.decode(list(generated[max(0, j - window) : j])).endswith(trigger):
@@ -194,7 +194,7 @@ def trigger_position(tokenizer: Any, generated: Sequence[int], trigger: str, sta
 
 
 class ReaderError(ValueError):
-    """A reader refuses to return scores it cannot stand behind (a ``ValueError``, so a
+    """A reader refuses to return scores it cannot stand behind (a `ValueError`, so a
     server answers it with HTTP 400 and a batch names the item)."""
 
 
@@ -203,9 +203,12 @@ class MissingLabelLogprobs(ReaderError):
 
     Attributes
     ----------
-    labels : the labels whose answer token's log-probability is unknown
-    token_ids : those answer tokens
-    cause : why they are needed and what would fetch them
+    labels : Sequence[str]
+        The labels whose answer token's log-probability is unknown
+    token_ids : Sequence[int]
+        Those answer tokens
+    cause : str
+        Why they are needed and what would fetch them
     """
 
     def __init__(self, labels: Sequence[str], token_ids: Sequence[int], cause: str) -> None:
@@ -221,8 +224,8 @@ class MissingLabelLogprobs(ReaderError):
 
 
 class FetchUnavailable(ReaderError):
-    """A :data:`Fetch` cannot ask for the tokens at all (the message says why, e.g. the
-    response lacks its prompt ids); the reader turns it into :class:`MissingLabelLogprobs`
+    """A `Fetch` cannot ask for the tokens at all (the message says why, e.g. the
+    response lacks its prompt ids); the reader turns it into `MissingLabelLogprobs`
     naming the labels whose answer tokens were asked for."""
 
 
@@ -233,7 +236,7 @@ Fetch = Callable[[list[int]], Mapping[int, float]]
 
 def _needed(request: SemsoftRequest, fallback: bool) -> bool:
     """Whether every answer token's exact log-prob is read: the pool with the
-    constrained softmax (``semantic_weight < 1``, or a per-row weight: `silent_vote`)
+    constrained softmax (`semantic_weight < 1`, or a per-row weight: `silent_vote`)
     and the 0/0 fallback read them all; otherwise the top-k is all there is to read."""
     config = request.config
     return config.semantic_weight != 1.0 or config.silent_vote is not None or fallback
@@ -249,11 +252,11 @@ def scores_from_top_k(
     *,
     fetch: Fetch | None = None,
 ) -> LabelResult:
-    """Scores from the decision step's top-k raw log-probabilities ``top`` (token ->
-    log-prob) and any other known raw log-probabilities ``extra`` (the sampled token's,
-    a follow-up's). Needed answer tokens missing from both are asked of ``fetch``, and
-    :class:`MissingLabelLogprobs` is raised if they stay unknown (see
-    :func:`~semsoft_plugin.engines.reader_contract.read_scores`)."""
+    """Scores from the decision step's top-k raw log-probabilities `top` (token ->
+    log-prob) and any other known raw log-probabilities `extra` (the sampled token's,
+    a follow-up's). Needed answer tokens missing from both are asked of `fetch`, and
+    `MissingLabelLogprobs` is raised if they stay unknown (see
+    `semsoft_plugin.engines.reader_contract.read_scores`)."""
     scoring = model.scoring(request)
     names = scoring.labels.names
     k = request.config.k
@@ -349,7 +352,7 @@ def _fetched(fetch: Fetch, token_ids: list[int], scoring: LabelScorer) -> dict[i
 
 
 def decision_step(model: ModelScorer, request: SemsoftRequest, generated: Sequence[int]) -> int:
-    """Index of the decision step among the generated tokens; ``ValueError`` when the
+    """Index of the decision step among the generated tokens; `ValueError` when the
     output carries none (nothing generated, or the trigger never written)."""
     if request.trigger is None:
         if not generated:

@@ -1,32 +1,34 @@
 """Outlines adapter: calibrated probabilities for existing choice generators.
 
-Change one import::
+Change one import:
 
-    # from outlines import Generator
-    from semsoft_plugin.engines.outlines import Generator
+```python
+# from outlines import Generator
+from semsoft_plugin.engines.outlines import Generator
 
-    gen = Generator(model, Literal["joy", "sadness", "anger"])
-    label = gen(prompt)            # "sadness": the same str Outlines returns
-    label.probs                    # {"joy": 0.07, "sadness": 0.88, "anger": 0.05}
+gen = Generator(model, Literal["joy", "sadness", "anger"])
+label = gen(prompt)            # "sadness": the same str Outlines returns
+label.probs                    # {"joy": 0.07, "sadness": 0.88, "anger": 0.05}
+```
 
-or keep a generator that already exists: ``gen = wrap(gen, ["joy", "sadness", "anger"])``.
+or keep a generator that already exists: `gen = wrap(gen, ["joy", "sadness", "anger"])`.
 
-Supported output types are the *choices*: ``Literal[...]``, an ``Enum``,
-``outlines.types.Choice``, and a regex (``outlines.types.Regex`` / ``regex(...)``)
-that spells a finite set of literal strings, such as ``(joy|sadness|anger)``.
-Anything else (JSON schema, free regex, CFG, ``int``...) raises ``ValueError``:
+Supported output types are the *choices*: `Literal[...]`, an `Enum`,
+`outlines.types.Choice`, and a regex (`outlines.types.Regex` / `regex(...)`)
+that spells a finite set of literal strings, such as `(joy|sadness|anger)`.
+Anything else (JSON schema, free regex, CFG, `int`...) raises `ValueError`:
 nothing is generated unscored.
 
-One class per engine, chosen from the model (:func:`.base.model_engine`):
+One class per engine, chosen from the model (`base.model_engine`):
 
-* :mod:`.transformers` (``outlines.from_transformers``): Outlines takes one processor,
+* `transformers` (`outlines.from_transformers`): Outlines takes one processor,
   which runs the Semantic Softmax label constraint first and Outlines' own regex mask
-  second (:class:`~.transformers.TransformersChoiceGenerator`);
-* :mod:`.vllm` (``outlines.from_vllm_offline``): the request goes through the plugin's
+  second (`TransformersChoiceGenerator`);
+* `vllm` (`outlines.from_vllm_offline`): the request goes through the plugin's
   vLLM adapter instead of vLLM's structured outputs
-  (:class:`~.vllm.VLLMChoiceGenerator`);
-* :mod:`.choices`: which output types are choices, and the labels they name;
-* :mod:`.base`: the interface both classes implement (:class:`~.base.ChoiceGenerator`).
+  (`VLLMChoiceGenerator`);
+* `choices`: which output types are choices, and the labels they name;
+* `base`: the interface both classes implement (`ChoiceGenerator`).
 """
 
 from __future__ import annotations
@@ -54,40 +56,44 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
     options: ChoiceOptions | None = None,
     **keywords: Any,
 ) -> ChoiceGenerator:
-    """Drop-in for ``outlines.Generator`` when the output type is a choice.
+    """Drop-in for `outlines.Generator` when the output type is a choice.
 
     Parameters
     ----------
-    model : an Outlines model from ``outlines.from_transformers`` or
-        ``outlines.from_vllm_offline``
-    output_type : a choice
-        ``Literal[...]`` of strings, an ``Enum`` with string values,
-        ``outlines.types.Choice``, or a regex of literal alternatives.
+    model : Any
+        An Outlines model from `outlines.from_transformers` or
+        `outlines.from_vllm_offline`
+    output_type : Any
+        A choice
+        `Literal[...]` of strings, an `Enum` with string values,
+        `outlines.types.Choice`, or a regex of literal alternatives.
     backend : {"outlines_core", "xgrammar", "llguidance"}, optional
         Outlines' structured-generation backend for the regex mask (default
         outlines_core); transformers models only.
-    options : the generator's options as one object (:class:`~.base.ChoiceOptions`),
+    options : ChoiceOptions | None
+        The generator's options as one object (`ChoiceOptions`),
         passed down whole to the engine's class; or, instead, its keywords:
-    **keywords : ``config`` and any of its fields (``k``, ``tau``, ...): the Semantic
+    **keywords : Any
+        `config` and any of its fields (`k`, `tau`, ...): the Semantic
         Softmax settings, the same on every engine (the method's final temperature is
-        ``score_temperature``); ``temperature``: the sampling temperature, on every
-        engine (the calls' default; ``> 0`` samples from the calibrated distribution,
-        ``0`` is greedy; default: greedy); ``variants``: mapping label -> spellings that
-        count as the label (:class:`~semsoft_plugin.core.labels.LabelSet`; transformers
+        `score_temperature`); `temperature`: the sampling temperature, on every
+        engine (the calls' default; `> 0` samples from the calibrated distribution,
+        `0` is greedy; default: greedy); `variants`: mapping label -> spellings that
+        count as the label ([`LabelSet`][semsoft_plugin.core.labels.LabelSet]; transformers
         models only, refused by name on a vLLM model, whose request options carry label
-        names only); ``fitted_correction``: a fit's correction (a bias member's offset or
-        the probe, :class:`~.base.Correction`), applied at the decision step after
-        ``config``, to each row alone (transformers models only; refused by name on a
+        names only); `fitted_correction`: a fit's correction (a bias member's offset or
+        the probe, `Correction`), applied at the decision step after
+        `config`, to each row alone (transformers models only; refused by name on a
         vLLM model). To take the config and the correction from the file
-        ``Classifier.save_fit`` / ``semsoft tune --output`` wrote, use
-        :func:`semsoft_plugin.app.outlines_fit.load_fit`
+        `Classifier.save_fit` / `semsoft tune --output` wrote, use
+        [`semsoft_plugin.app.outlines_fit.load_fit`][semsoft_plugin.app.outlines_fit.load_fit]
 
     Returns
     -------
     ChoiceGenerator
-        The engine's class (:class:`~.transformers.TransformersChoiceGenerator` or
-        :class:`~.vllm.VLLMChoiceGenerator`). Called with a prompt it returns a
-        :class:`~semsoft_plugin.core.result.ScoredLabel`; ``.batch`` a list.
+        The engine's class (`TransformersChoiceGenerator` or
+        `VLLMChoiceGenerator`). Called with a prompt it returns a
+        [`ScoredLabel`][semsoft_plugin.core.result.ScoredLabel]; `.batch` a list.
 
     Raises
     ------
@@ -122,16 +128,23 @@ def wrap(
 
     Parameters
     ----------
-    generator : an ``outlines.Generator`` made with a choice output type
+    generator : Any
+        An `outlines.Generator` made with a choice output type
         Its own mask (any backend) stays and runs after the label constraint.
-    labels : list of str, a LabelSet or a choice output type
+    labels : Any
+        List of str, a LabelSet or a choice output type
         The choices the generator allows. An Outlines transformers generator keeps
         only its compiled mask, not its output type, so they must be given; a
-        mismatch is detected at the first call (``RuntimeError``). A LabelSet gives
+        mismatch is detected at the first call (`RuntimeError`). A LabelSet gives
         its names, and must have been built with the generator's model's tokenizer
-        (``ValueError`` naming both otherwise). A ``str`` is refused, as everywhere
-        (:func:`~semsoft_plugin.core.labels.label_names`).
-    options, **keywords : as in :func:`Generator` (``temperature=`` the sampling one)
+        (`ValueError` naming both otherwise). A `str` is refused, as everywhere
+        ([`label_names`][semsoft_plugin.core.labels.label_names]).
+    options : ChoiceOptions | None
+        As in [`Generator`][semsoft_plugin.engines.outlines.Generator] (`temperature=` the sampling
+        one)
+    **keywords : Any
+        As in [`Generator`][semsoft_plugin.engines.outlines.Generator] (`temperature=` the sampling
+        one)
     """
     from outlines.generator import BlackBoxGenerator, SteerableGenerator
 

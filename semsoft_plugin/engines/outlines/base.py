@@ -1,8 +1,8 @@
 """What the Outlines choice generators of every engine share.
 
-:func:`model_engine` names an Outlines model's engine, so that the package's entry points
-(:func:`semsoft_plugin.engines.outlines.Generator`, :func:`~semsoft_plugin.engines.outlines.wrap`)
-pick the generator class for it; :class:`ChoiceGenerator` is the interface those classes
+`model_engine` names an Outlines model's engine, so that the package's entry points
+([`semsoft_plugin.engines.outlines.Generator`][semsoft_plugin.engines.outlines.Generator], [`wrap`][semsoft_plugin.engines.outlines.wrap])
+pick the generator class for it; `ChoiceGenerator` is the interface those classes
 implement, so a caller holds one type whatever the engine.
 """
 
@@ -30,28 +30,28 @@ Engine = Literal["transformers", "vllm"]
 
 
 class Correction(Protocol):
-    """What a generator needs of a fit's correction (the app's ``FittedCorrection``, read
-    from a config file by ``semsoft_plugin.app.fitted.load_fitted``): engines take the
+    """What a generator needs of a fit's correction (the app's `FittedCorrection`, read
+    from a config file by `semsoft_plugin.app.fitted.load_fitted`): engines take the
     loaded object, as they may not import the app that reads the file."""
 
     @property
     def procedure(self) -> str:
-        """The family member that won (``"offset"``, ``"batch"``, ``"contextual"``,
-        ``"probe"``)."""
+        """The family member that won (`"offset"`, `"batch"`, `"contextual"`,
+        `"probe"`)."""
 
     @property
     def needs_hidden(self) -> bool:
-        """Whether :meth:`apply` reads the decision step's hidden state."""
+        """Whether `apply` reads the decision step's hidden state."""
 
     def check_labels(self, names: Any) -> None:
-        """``ValueError`` unless ``names`` are the fitted labels."""
+        """`ValueError` unless `names` are the fitted labels."""
 
     def apply(self, probs: Any, classes: Any, hidden: Any = None) -> Any:
-        """``[N, L]`` corrected probabilities in ``classes`` order, row by row."""
+        """`[N, L]` corrected probabilities in `classes` order, row by row."""
 
 
 def model_engine(model: Any) -> Engine:
-    """``"transformers"`` or ``"vllm"``; ValueError for any other model."""
+    """`"transformers"` or `"vllm"`; ValueError for any other model."""
     from outlines.models.transformers import Transformers
     from outlines.models.vllm_offline import VLLMOffline
 
@@ -66,20 +66,20 @@ def model_engine(model: Any) -> Engine:
 
 
 def method_config(config: SemsoftConfig | None, overrides: dict[str, Any]) -> SemsoftConfig:
-    """The Semantic Softmax settings of a generator: ``config`` with the keyword
+    """The Semantic Softmax settings of a generator: `config` with the keyword
     overrides, the same on every engine. The method's final temperature is
-    ``score_temperature`` (``temperature`` is the sampling temperature on every
-    engine); anything that is not a setting, or an old name (``method_temperature``), is
-    refused by name (:meth:`SemsoftConfig.replace`)."""
+    `score_temperature` (`temperature` is the sampling temperature on every
+    engine); anything that is not a setting, or an old name (`method_temperature`), is
+    refused by name ([`SemsoftConfig.replace`][semsoft_plugin.core.config.SemsoftConfig.replace])."""
     return (config or SemsoftConfig()).replace(**overrides)
 
 
 @dataclass(frozen=True)
 class ChoiceOptions:
     """What a choice generator is asked to do besides its choices, made once from the
-    keywords of :func:`~semsoft_plugin.engines.outlines.Generator` /
-    :func:`~semsoft_plugin.engines.outlines.wrap` and passed down whole to the engine's
-    class, as vLLM passes ``SamplingParams`` (the request's options travel as one object,
+    keywords of [`Generator`][semsoft_plugin.engines.outlines.Generator] /
+    [`wrap`][semsoft_plugin.engines.outlines.wrap] and passed down whole to the engine's
+    class, as vLLM passes `SamplingParams` (the request's options travel as one object,
     never as a keyword block each layer repeats).
 
     Attributes
@@ -91,7 +91,7 @@ class ChoiceOptions:
     fitted_correction : Correction | None
         A fit's correction applied at the decision step (transformers models only).
     temperature : float | None
-        The sampling temperature, the calls' default (``None``: greedy).
+        The sampling temperature, the calls' default (`None`: greedy).
 
     Examples
     --------
@@ -117,14 +117,14 @@ class ChoiceOptions:
         temperature: float | None = None,
         **overrides: Any,
     ) -> ChoiceOptions:
-        """``options`` as given, or the options the keywords name (not both).
+        """`options` as given, or the options the keywords name (not both).
 
         Parameters
         ----------
         options : ChoiceOptions | None
             Options made earlier.
         config : SemsoftConfig | None
-            The settings (default ``SemsoftConfig()``).
+            The settings (default `SemsoftConfig()`).
         variants : Mapping[str, Iterable[str]] | None
             Label spellings.
         fitted_correction : Correction | None
@@ -132,8 +132,8 @@ class ChoiceOptions:
         temperature : float | None
             The sampling temperature.
         **overrides : Any
-            Any :class:`~semsoft_plugin.core.config.SemsoftConfig` field; an unknown name
-            or an old one is refused by name (:func:`method_config`).
+            Any [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] field; an unknown name
+            or an old one is refused by name (`method_config`).
 
         Returns
         -------
@@ -151,12 +151,13 @@ class ChoiceOptions:
 class ChoiceGenerator(ABC):
     """A choice generator whose outputs carry calibrated probabilities.
 
-    Made by :func:`~semsoft_plugin.engines.outlines.Generator` or
-    :func:`~semsoft_plugin.engines.outlines.wrap`; called like an Outlines generator.
+    Made by [`Generator`][semsoft_plugin.engines.outlines.Generator] or
+    [`wrap`][semsoft_plugin.engines.outlines.wrap]; called like an Outlines generator.
 
     Attributes
     ----------
-    model : the Outlines model
+    model : Any
+        The Outlines model
     labels : LabelSet
         The choices, bound to the model's tokenizer as Outlines writes them.
     """
@@ -176,13 +177,13 @@ class ChoiceGenerator(ABC):
     @abstractmethod
     def __call__(self, prompt: Any, **inference_kwargs: Any) -> ScoredLabel | list[ScoredLabel]:
         """Generate the label for one prompt (a list of labels when
-        ``num_return_sequences`` > 1), as Outlines does."""
+        `num_return_sequences` > 1), as Outlines does."""
 
     def batch(
         self, prompts: list[Any], **inference_kwargs: Any
     ) -> list[ScoredLabel] | list[list[ScoredLabel]]:
         """Generate one label per prompt (a list per prompt when
-        ``num_return_sequences`` > 1), as Outlines does."""
+        `num_return_sequences` > 1), as Outlines does."""
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
             raise ValueError("prompts must be a list of prompts")
         return self._batch(list(prompts), inference_kwargs)
@@ -191,4 +192,4 @@ class ChoiceGenerator(ABC):
     def _batch(
         self, prompts: list[Any], inference_kwargs: dict[str, Any]
     ) -> list[ScoredLabel] | list[list[ScoredLabel]]:
-        """:meth:`batch` on a checked list of prompts."""
+        """[`batch`][semsoft_plugin.engines.vllm.batch] on a checked list of prompts."""

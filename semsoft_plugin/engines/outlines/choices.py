@@ -1,7 +1,7 @@
 """Outlines output types -> the label strings they name (no Outlines import at load).
 
-What :mod:`semsoft_plugin.engines.outlines` accepts as a choice: ``Literal[...]`` of strings, an
-``Enum`` with string values, ``outlines.types.Choice``, or a regex that is an
+What [`semsoft_plugin.engines.outlines`][semsoft_plugin.engines.outlines] accepts as a choice: `Literal[...]` of strings, an
+`Enum` with string values, `outlines.types.Choice`, or a regex that is an
 alternation of literal strings. Anything else is refused naming what is supported:
 Semantic Softmax needs a finite label set.
 """
@@ -26,11 +26,11 @@ _META = set(".^$*+?{}[]")
 
 
 class _LiteralRegex:
-    """Expands a regex made only of literals, groups and ``|`` into its strings.
+    """Expands a regex made only of literals, groups and `|` into its strings.
 
-    A small recursive-descent parser rather than ``re._parser``: that module is
+    A small recursive-descent parser rather than `re._parser`: that module is
     private, and the accepted subset here is tiny on purpose. Anything else (a class,
-    a quantifier, an anchor, ``\\d``...) means the language is not a finite choice.
+    a quantifier, an anchor, `\\d`...) means the language is not a finite choice.
     """
 
     _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
@@ -137,15 +137,16 @@ def choice_labels(output_type: Any) -> list[str]:
 
     Parameters
     ----------
-    output_type : an Outlines output type
-        ``Literal[...]``, an ``Enum``, ``outlines.types.Choice``, or a regex
-        (``outlines.types.Regex`` / ``regex(...)``) of literal alternatives.
+    output_type : Any
+        An Outlines output type
+        `Literal[...]`, an `Enum`, `outlines.types.Choice`, or a regex
+        (`outlines.types.Regex` / `regex(...)`) of literal alternatives.
         The order is the order of the choices (duplicates dropped).
 
     Raises
     ------
     ValueError
-        For any other output type (JSON schema, free regex, CFG, ``int``, None...).
+        For any other output type (JSON schema, free regex, CFG, `int`, None...).
     """
     from outlines.types.dsl import python_types_to_terms
 

@@ -1,21 +1,21 @@
 """Outlines choice generators on vLLM offline models, through the plugin's vLLM adapter.
 
-For ``outlines.from_vllm_offline`` models Outlines would send the regex through vLLM's
+For `outlines.from_vllm_offline` models Outlines would send the regex through vLLM's
 structured outputs, which mask the logits before any logits processor runs, so the
 silent vote would be gone. The request goes through the plugin's vLLM adapter instead
-(:func:`semsoft_plugin.engines.vllm.sampling_params`: its processor does the label
-constraint, the scores are read back with :func:`semsoft_plugin.engines.vllm.label_scores`),
+([`semsoft_plugin.engines.vllm.sampling_params`][semsoft_plugin.engines.vllm.sampling_params]: its processor does the label
+constraint, the scores are read back with [`semsoft_plugin.engines.vllm.label_scores`][semsoft_plugin.engines.vllm.label_scores]),
 with the prompt formatted as Outlines formats it. The engine needs the processor
-(``LLM(..., logits_processors=[semsoft_plugin.engines.vllm.SemanticSoftmaxLogitsProcessor])``
-or the installed entry point) and ``max_logprobs >= k`` (50 by default).
-``constrained_probs`` is None there when a label's first token is outside the
+(`LLM(..., logits_processors=[semsoft_plugin.engines.vllm.SemanticSoftmaxLogitsProcessor])`
+or the installed entry point) and `max_logprobs >= k` (50 by default).
+`constrained_probs` is None there when a label's first token is outside the
 returned top-k.
 
-``temperature`` is vLLM's sampling temperature here as on transformers models (given to
+`temperature` is vLLM's sampling temperature here as on transformers models (given to
 the generator it is the calls' default; 0, the default, is greedy); the method's final
-temperature is ``score_temperature``. ``variants=`` is refused: the engine's processor
-binds the label names it is sent (``semsoft_labels``), and no request option carries
-other spellings, so the scores could not count them. ``fitted_correction=`` is refused
+temperature is `score_temperature`. `variants=` is refused: the engine's processor
+binds the label names it is sent (`semsoft_labels`), and no request option carries
+other spellings, so the scores could not count them. `fitted_correction=` is refused
 too: the probe reads the decision step's hidden state, which vLLM's generate runner does
 not return, and a bias offset would have to act inside the engine's processor (no request
 option carries one) for the emitted label to be the corrected argmax.
@@ -36,15 +36,17 @@ __all__ = ["VLLMChoiceGenerator"]
 
 
 class VLLMChoiceGenerator(ChoiceGenerator):
-    """A choice generator on an ``outlines.from_vllm_offline`` model.
+    """A choice generator on an `outlines.from_vllm_offline` model.
 
     Parameters
     ----------
-    model : an Outlines vLLM offline model
-    choices : the label strings, as Outlines writes them
+    model : Any
+        An Outlines vLLM offline model
+    choices : Sequence[str]
+        The label strings, as Outlines writes them
     options : ChoiceOptions
-        The settings and the sampling temperature (:class:`~.base.ChoiceOptions`); its
-        ``variants`` and ``fitted_correction`` are not supported (``ValueError`` naming
+        The settings and the sampling temperature (`ChoiceOptions`); its
+        `variants` and `fitted_correction` are not supported (`ValueError` naming
         each): vLLM's request options carry label names only, and no option carries an
         offset or returns the hidden state (module docstring)
 

@@ -1,6 +1,6 @@
-"""Opted-in ``SamplingParams``: built (:func:`sampling_params`) and checked at admission.
+"""Opted-in `SamplingParams`: built ([`sampling_params`][semsoft_plugin.engines.vllm.params.sampling_params]) and checked at admission.
 
-:func:`validate_params` is what the processor's ``validate_params`` hook runs in the
+[`validate_params`][semsoft_plugin.engines.vllm.params.validate_params] is what the processor's `validate_params` hook runs in the
 server's frontend process, for every request, before the engine sees it; with the
 engine's config at hand it also resolves the labels with the engine's tokenizer, so a
 label set the decision step cannot tell apart is refused with HTTP 400 instead of
@@ -49,25 +49,25 @@ def validate_params(
 ) -> SemsoftRequest | None:
     """Check an opted-in request's options and its compatibility with the method.
 
-    ``server=True`` for a request that arrived over HTTP: the ``SERVER_*`` limits of
-    :mod:`semsoft_plugin.core.request` apply (the server's admission middleware passes
+    `server=True` for a request that arrived over HTTP: the `SERVER_*` limits of
+    `semsoft_plugin.core.request` apply (the server's admission middleware passes
     it, before the engine sees the request). vLLM's own admission call cannot tell an
-    HTTP request from an in-process one (it hands over the ``SamplingParams`` only, in
+    HTTP request from an in-process one (it hands over the `SamplingParams` only, in
     the frontend process of either), so there the method's own ranges apply, as on
-    every in-process engine; the engine's ``max_logprobs`` bounds ``k`` on both.
+    every in-process engine; the engine's `max_logprobs` bounds `k` on both.
 
     Returns the parsed options (None when the request did not opt in). Raises
-    ``ValueError`` with the reason; the server turns it into HTTP 400 and the other
+    `ValueError` with the reason; the server turns it into HTTP 400 and the other
     requests are not affected.
 
-    With the engine's ``vllm_config`` (given, or found from vLLM's admission call, see
-    :func:`admission_config`) it also resolves the labels with the engine's tokenizer
+    With the engine's `vllm_config` (given, or found from vLLM's admission call, see
+    [`admission_config`][semsoft_plugin.engines.vllm.params.admission_config]) it also resolves the labels with the engine's tokenizer
     and refuses a label set the decision step cannot tell apart (two labels sharing a
     first token), naming both labels, instead of letting it reach the engine.
 
     Besides the options themselves it refuses, for opted-in requests, what would make
     the emitted label or the returned scores disagree with Semantic Softmax on the
-    model's logits: fewer than ``k`` log-probabilities (the scores are read from
+    model's logits: fewer than `k` log-probabilities (the scores are read from
     them), structured outputs / guided choice (they mask the logits before any
     processor and before the raw log-probabilities), and, in constrain mode, token
     edits that act before or after the processor at the decision step (logit bias,
@@ -129,10 +129,10 @@ def validate_params(
 
 
 def check_engine_logprobs(model_config: Any, wanted: int, name: str = "semsoft_k") -> None:
-    """Refuse a top-``wanted`` the engine cannot return, naming the engine setting: its
-    ``max_logprobs`` (vLLM would refuse ``logprobs`` above it with its own message,
-    which does not say what to change) or its vocabulary. ``name`` is what the caller
-    calls the number (``semsoft_k``, ``k``, ``keep_logprobs``)."""
+    """Refuse a top-`wanted` the engine cannot return, naming the engine setting: its
+    `max_logprobs` (vLLM would refuse `logprobs` above it with its own message,
+    which does not say what to change) or its vocabulary. `name` is what the caller
+    calls the number (`semsoft_k`, `k`, `keep_logprobs`)."""
     vocab = model_config.get_vocab_size()
     if wanted > vocab:
         raise ValueError(f"{name}={wanted} exceeds this model's vocabulary size ({vocab})")
@@ -147,7 +147,7 @@ def check_engine_logprobs(model_config: Any, wanted: int, name: str = "semsoft_k
 
 def _check_stops(request: SemsoftRequest, params: SamplingParams) -> None:
     """Refuse stop strings that would cut an emitted label (a stop inside
-    ``" positive"`` ends the text at ``" pos"`` while the scores name the whole label)."""
+    `" positive"` ends the text at `" pos"` while the scores name the whole label)."""
     if request.mode != "constrain" or not params.stop:
         return
     stops = [params.stop] if isinstance(params.stop, str) else list(params.stop)
@@ -187,10 +187,10 @@ def _check_servable(
 
 
 def admission_config() -> Any | None:
-    """The engine's ``VllmConfig`` when called from vLLM's request admission, else None.
+    """The engine's `VllmConfig` when called from vLLM's request admission, else None.
 
-    vLLM hands ``validate_params`` the ``SamplingParams`` only, but it calls it from
-    ``InputProcessor._validate_params`` (every request: ``LLM.generate``, the OpenAI
+    vLLM hands `validate_params` the `SamplingParams` only, but it calls it from
+    `InputProcessor._validate_params` (every request: `LLM.generate`, the OpenAI
     server, V1 and Model Runner V2 validators alike), in the frontend process, which
     holds the engine's config. That caller is found a few frames up. The processor
     itself cannot supply the tokenizer there: it is built in the engine-core process,
@@ -254,8 +254,8 @@ def load_tokenizer(model_config: Any) -> Any:
 
 def check_label_set(request: SemsoftRequest, model_config: Any) -> AdmittedLabels:
     """Refuse labels the engine's tokenizer cannot tell apart or cannot emit as text
-    (``ValueError`` naming them); else what the tokenizer makes of them. Outcomes are
-    cached per distinct label set, at most ``CACHE_SIZE``: the admission check, and the
+    (`ValueError` naming them); else what the tokenizer makes of them. Outcomes are
+    cached per distinct label set, at most `CACHE_SIZE`: the admission check, and the
     server middleware after it, tokenise a label set once."""
     key = (_tokenizer_key(model_config), request.labels, request.leading_space)
     with _TOKENIZERS_LOCK:
@@ -294,25 +294,32 @@ def sampling_params(
     fit: str | None = None,
     **kwargs: Any,
 ) -> SamplingParams:
-    """Ordinary ``SamplingParams`` for a request that opts in to Semantic Softmax.
+    """Ordinary `SamplingParams` for a request that opts in to Semantic Softmax.
 
     Parameters
     ----------
-    labels : label names (whole words after a space unless ``leading_space=False``): a
-        list of at least two distinct strings (a ``str`` is refused, not split; a
+    labels : Sequence[str]
+        Label names (whole words after a space unless `leading_space=False`): a
+        list of at least two distinct strings (a `str` is refused, not split; a
         LabelSet gives its names, which the engine binds to its own tokenizer)
-    config : Semantic Softmax settings; any of its fields given as a keyword (``k``,
-        ``vote``, ``score_temperature``, ...) overrides it (``temperature`` is the
+    config : SemsoftConfig | None
+        Semantic Softmax settings; any of its fields given as a keyword (`k`,
+        `vote`, `score_temperature`, ...) overrides it (`temperature` is the
         ordinary sampling temperature)
-    mode : ``"constrain"`` (default) or ``"observe"``
-    trigger : decide after this generated text (e.g. ``"</think>"``)
-    leading_space : score labels as whole words after a space
-    fit : the name of a fit the engine serves (`semsoft_plugin.app.vllm_fits`): its
+    mode : Mode
+        `"constrain"` (default) or `"observe"`
+    trigger : str | None
+        Decide after this generated text (e.g. `"</think>"`)
+    leading_space : bool
+        Score labels as whole words after a space
+    fit : str | None
+        The name of a fit the engine serves (`semsoft_plugin.app.vllm_fits`): its
         probabilities replace the scores and, in constrain mode, choose the label
-    **kwargs : any other ``SamplingParams`` argument. Defaults: greedy
-        (``temperature=0``), ``logprobs=k``, ``max_tokens`` = the longest label's
+    **kwargs : Any
+        Any other `SamplingParams` argument. Defaults: greedy
+        (`temperature=0`), `logprobs=k`, `max_tokens` = the longest label's
         UTF-8 bytes + 2 without a trigger (EOS ends it earlier), 256 with one, as on
-        every engine (:func:`~semsoft_plugin.core.request.default_max_tokens`).
+        every engine (`semsoft_plugin.core.request.default_max_tokens`).
     """
     for name in kwargs:
         renamed = renamed_message(name) if name != "temperature" else None
@@ -334,9 +341,9 @@ def sampling_params(
 
 
 def unrepaired_output_tokens(vllm_config: Any, runner: str) -> bool:
-    """True when the V1 runner leaves ``-1`` placeholders in the output tokens this
+    """True when the V1 runner leaves `-1` placeholders in the output tokens this
     processor reads: async scheduling on and no processor in
-    ``model_config.logits_processors`` (vLLM sets ``logitsprocs_need_output_token_ids``
+    `model_config.logits_processors` (vLLM sets `logitsprocs_need_output_token_ids`
     from that list alone, not from entry-point plugins)."""
     if runner != "v1":
         return False  # Model Runner V2 writes sampled tokens on the device first

@@ -150,7 +150,8 @@ def record_fits(uses: Sequence[tuple[FitUse, str | None]], picked: Tensor) -> li
 
     Parameters
     ----------
-    uses : sequence of (FitUse, str or None)
+    uses : Sequence[tuple[FitUse, str | None]]
+        Sequence of (FitUse, str or None)
         Per row, its fit and its `fitted_key` (None: no prompt ids to key it by; it is
         scored, but no reader can find it).
     picked : Tensor
