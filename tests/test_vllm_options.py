@@ -203,6 +203,8 @@ ROUND_TRIP = [
      "leading_space": False},  # fmt: skip
     {"score_temperature": 2.0, "trigger": "Answer:", "config": SemsoftConfig(k=12)},
     {"vote": "per_label", "config": SemsoftConfig.preset("shared")},
+    {"config": SemsoftConfig.preset("silent-vote")},  # a per-row pool: one option name
+    {"semantic_weight": 1.0, "silent_vote": 0.2},
 ]
 
 

@@ -28,6 +28,7 @@ def test_request_round_trips_through_http(server, checkpoint):
     for options in (
         {"k": 30, "tau": 0.1, "own_vote": False, "semantic_weight": 1.0},
         {"vote": "nearest", "k": 8, "semantic_weight": 0.5},
+        {"semantic_weight": 0.5, "silent_vote": 0.2, "k": 20},  # the per-row pool
     ):
         request = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, **options)
         response = client.chat.completions.create(
