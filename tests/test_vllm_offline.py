@@ -258,3 +258,21 @@ def test_in_process_vllm_has_the_methods_ranges_as_transformers():
     refused = rf"k={k + 1} exceeds this engine's max_logprobs={k}.*max_logprobs={k + 1}"
     with pytest.raises(ValueError, match=refused):
         sv.classify_vllm(llm, [PROMPTS["short"]], WORDS, k=k + 1)
+
+
+def test_silent_vote_scores_equal_the_transformers_adapter(llm, hf_model, tokenizer):
+    """The per-row pool (`silent_vote`) through the engine processor and the reader: the
+    transformers adapter's scores, and not the unpooled ones."""
+    from semsoft_plugin import SemsoftConfig
+    from semsoft_plugin.engines import hf
+
+    config = SemsoftConfig(semantic_weight=1.0, silent_vote=0.1)
+    params = sv.sampling_params(EMOTIONS, config=config)
+    assert params.extra_args["semsoft_silent_vote"] == 0.1
+    out = llm.generate([token_prompt(tokenizer, PROMPTS["dog"])], params, use_tqdm=False)[0]
+    got = sv.label_scores(out, params, llm)
+    model, tok = hf_model
+    want = hf.classify(model, tok, [PROMPTS["dog"]], EMOTIONS, config=config)[0]
+    for label, p in want.probs.items():
+        assert got.probs[label] == pytest.approx(p, abs=ATOL), label
+    assert got.probs != pytest.approx(want.constrained_probs, abs=1e-4)  # this row is pooled
