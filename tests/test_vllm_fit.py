@@ -58,7 +58,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fits(hf_model, checkpoint, tmp_path_factory) -> dict[str, Any]:
     """A probe fitted on the hook's hidden states (transformers, float32) and a fit
     folder: the good fit and the bad ones, each under its name."""
@@ -103,10 +103,12 @@ def fits(hf_model, checkpoint, tmp_path_factory) -> dict[str, Any]:
             "logits": logits}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fit_llm(checkpoint, fits) -> Any:
     """An in-process engine serving the fit folder (the processor and worker extension
-    of ``semsoft_plugin.app.vllm_fits``)."""
+    of ``semsoft_plugin.app.vllm_fits``). Session-scoped like conftest's engines: an
+    in-process engine torn down mid-session takes vLLM's process-wide parallel state with
+    it, and the session's other engines then fail."""
     from vllm import LLM
 
     with pytest.MonkeyPatch.context() as patch:
