@@ -201,7 +201,7 @@ def test_nan_for_a_jsonl_output_is_refused_before_scoring(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_classifier_takes_arrays_series_tuples_and_generators(model_and_tokenizer):
+def test_classifier_takes_arrays_series_and_tuples_and_refuses_generators(model_and_tokenizer):
     pd = pytest.importorskip("pandas")
     model, tokenizer = model_and_tokenizer
     clf = Classifier(model, tokenizer, LABELS)
@@ -211,7 +211,6 @@ def test_classifier_takes_arrays_series_tuples_and_generators(model_and_tokenize
         np.array(texts),
         pd.Series(texts, index=[10, 3]),  # the values, not the index
         tuple(texts),
-        (t for t in texts),
         pd.DataFrame({"text": texts})["text"],
     ):
         np.testing.assert_array_equal(clf.predict_proba(given), expected)
@@ -221,7 +220,9 @@ def test_classifier_takes_arrays_series_tuples_and_generators(model_and_tokenize
     with pytest.raises(ValueError, match=r"texts\[1\] = nan is a float, not a string"):
         clf.predict_proba(pd.Series([GOOD, np.nan]))  # a missing value in a pandas column
     with pytest.raises(ValueError, match=r"texts\[0\] = 3 is a int, not a string"):
-        clf.predict_proba(iter([3, GOOD]))
+        clf.predict_proba([3, GOOD])
+    with pytest.raises(ValueError, match="not a generator"):  # consumed once: refused
+        clf.predict_proba(t for t in texts)
     with pytest.raises(ValueError, match=r"one-dimensional, got shape \(1, 2\)"):
         clf.predict_proba(np.array([texts]))
     # The transformers adapter's batch function takes the same iterables.

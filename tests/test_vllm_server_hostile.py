@@ -190,7 +190,7 @@ def test_every_refusal_is_a_400_and_the_kept_alive_connection_stays_usable(serve
     )
     cases["NFC and NFD labels"] = (
         _chat_body(SENTIMENT, {**good, "semsoft_labels": ["caf\u00e9", "cafe\u0301"]}),
-        r"U\+0066 U\+00E9\) and 'café' \(U\+0063 U\+0061 U\+0066 U\+0065 U\+0301\) print al",
+        r"U\+0066 U\+00E9\) and '.+' \(U\+0063 U\+0061 U\+0066 U\+0065 U\+0301\) print al",
     )
     cases["hidden character"] = (
         _chat_body(SENTIMENT, {**good, "semsoft_labels": ["yes\x00", "no"]}),

@@ -412,6 +412,8 @@ def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
     todo = [i for i, empty in enumerate(blank) if not empty]
     _check_texts(texts, todo, places, column)
     resuming = job.resume and _has_rows(output)
+    if resuming:  # first: other settings also change the columns, and this names them
+        check_settings(output, job.settings)
     out_columns = columns + result.names
     done = read_output(output, out_columns, required=result.names, kind=kind) if resuming else []
     if len(done) > len(todo):
@@ -424,7 +426,6 @@ def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
             )
     correction = None
     if resuming:
-        check_settings(output, job.settings)
         scored = [texts[i] for i in todo]
         check_fingerprints(output, scored, whole=job.file_strength is not None)
     if job.file_strength is not None:

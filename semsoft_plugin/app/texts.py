@@ -35,8 +35,9 @@ def text_list(texts: Iterable[str]) -> list[str]:
     empty one (whitespace or invisible characters only, `is_blank`) and one that is not
     valid Unicode (a lone surrogate: no UTF-8 encoding, no tokenizer takes it), by index.
     """
+    # An array of another dimension goes on to item_list, whose refusal names its shape.
     ordered = isinstance(texts, list | tuple) or (
-        getattr(texts, "ndim", None) == 1 and hasattr(texts, "tolist")
+        hasattr(texts, "ndim") and hasattr(texts, "tolist")
     )
     if not ordered and not isinstance(texts, str | bytes):
         raise ValueError(
