@@ -35,6 +35,7 @@ from semsoft_plugin.app.file_settings import (
     provenance,
     recorded_calibration,
     run_settings,
+    settings_path,
 )
 from semsoft_plugin.app.table_writers import (
     ParquetTableWriter,
@@ -412,7 +413,11 @@ def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
     todo = [i for i, empty in enumerate(blank) if not empty]
     _check_texts(texts, todo, places, column)
     resuming = job.resume and _has_rows(output)
-    if resuming:  # first: other settings also change the columns, and this names them
+    # A recorded run is checked against this one first: other settings also change the
+    # columns, and this message names the setting. Without a record the rows are compared
+    # first (another input's output says so) and the missing record is refused below.
+    recorded = resuming and settings_path(output).is_file()
+    if recorded:
         check_settings(output, job.settings)
     out_columns = columns + result.names
     done = read_output(output, out_columns, required=result.names, kind=kind) if resuming else []
@@ -426,6 +431,8 @@ def make_plan(job: FileJob, labels: list[str]) -> FilePlan:
             )
     correction = None
     if resuming:
+        if not recorded:
+            check_settings(output, job.settings)  # refuses the missing record, by name
         scored = [texts[i] for i in todo]
         check_fingerprints(output, scored, whole=job.file_strength is not None)
     if job.file_strength is not None:
