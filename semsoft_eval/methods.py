@@ -399,9 +399,13 @@ def _probe(m: MethodInputs) -> MethodResult:
             "'probe' is asked for through semsoft eval)"
         )
     start = time.perf_counter()
+    from semsoft_plugin.app.probe import probe_anchor
+
+    anchor = probe_anchor(m.embeddings, m.labels)
     probs, choices = cross_fit_probe(
-        m.forward.hidden.numpy(), m.targets, m.fold_ids, len(m.labels), seed=m.seed
-    )
+        m.forward.hidden.numpy(), m.targets, m.fold_ids, len(m.labels), anchor=anchor,
+        seed=m.seed,
+    )  # fmt: skip
     return MethodResult(probs, time.perf_counter() - start, extra={"fold_choices": choices})
 
 

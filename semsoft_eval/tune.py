@@ -34,7 +34,7 @@ from semsoft_eval.forward import Forward
 from semsoft_eval.preparation import prepare
 from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256
 from semsoft_plugin.app.fitted import FittedCorrection
-from semsoft_plugin.app.probe import fit_probe, probe_member, probe_refused
+from semsoft_plugin.app.probe import fit_probe, probe_anchor, probe_member, probe_refused
 from semsoft_plugin.core import fit_family, fitting, kept_scores
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.folds import check_fit_data, check_fit_settings
@@ -139,7 +139,8 @@ def tune(
     content_free = kept_scores.grid_probs(
         forward.content_free(), embeddings, labels, [start.replace(score_temperature=1.0)]
     )[0][0]
-    external = _probe_member(forward, targets, len(labels), seed, family)
+    anchor = probe_anchor(embeddings, labels)
+    external = _probe_member(forward, targets, anchor, seed, family)
     if family is None:
         family = fit_family.default_family(content_free, external)
     options = {
@@ -160,7 +161,7 @@ def tune(
         n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=content_free,
         external=external, grid_size=grid_size,
     )  # fmt: skip
-    correction = _correction(fit, forward, targets, labels, seed)
+    correction = _correction(fit, forward, targets, labels, anchor, seed)
     constrained = torch.softmax(forward.label_logits[:, : len(labels)].double(), -1).numpy()
     scaled, _ = calibrate.cross_fit_temperature(constrained, targets, fold_ids)
     cross_validated = {
@@ -177,7 +178,7 @@ def tune(
 
 
 def _probe_member(
-    forward: Forward, targets: np.ndarray, n_labels: int, seed: int, family: Any
+    forward: Forward, targets: np.ndarray, anchor: np.ndarray, seed: int, family: Any
 ) -> dict[str, fitting.External]:
     """The probe as the fit's external member, where the passes kept hidden states; asked
     for without them, refused by name."""
@@ -185,11 +186,17 @@ def _probe_member(
         if family is not None and "probe" in family:
             raise probe_refused(_ADVICE)
         return {}
-    return {"probe": probe_member(forward.hidden.double().numpy(), targets, n_labels, seed=seed)}
+    hidden = forward.hidden.double().numpy()
+    return {"probe": probe_member(hidden, targets, len(anchor), anchor=anchor, seed=seed)}
 
 
 def _correction(
-    fit: fit_family.FitResult, forward: Forward, targets: np.ndarray, labels: LabelSet, seed: int
+    fit: fit_family.FitResult,
+    forward: Forward,
+    targets: np.ndarray,
+    labels: LabelSet,
+    anchor: np.ndarray,
+    seed: int,
 ) -> FittedCorrection | None:
     """What the adopted member adds after the config, fitted on all items."""
     names = tuple(labels.names)
@@ -197,7 +204,8 @@ def _correction(
         return None
     if fit.procedure == "probe":
         assert forward.hidden is not None  # the member was only checked with them
-        probe = fit_probe(forward.hidden.double().numpy(), targets, len(names), seed=seed)
+        hidden = forward.hidden.double().numpy()
+        probe = fit_probe(hidden, targets, len(names), anchor=anchor, seed=seed)
         return FittedCorrection("probe", names, probe=probe)
     return FittedCorrection(fit.procedure, names, offset=tuple(fit.offset or ()))
 

@@ -14,7 +14,7 @@ from typing import Any
 from semsoft_plugin.app.classifier_settings import FitPlan
 from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.fitted_state import FittedState
-from semsoft_plugin.app.probe import fit_probe, probe_member
+from semsoft_plugin.app.probe import fit_probe, probe_anchor, probe_member
 from semsoft_plugin.app.scorer import Scorer
 from semsoft_plugin.app.texts import target_list
 from semsoft_plugin.core import fit_family
@@ -121,18 +121,20 @@ def fit_labelled(
     kept, content_free = _split(kept, len(values))
     y = np.asarray(targets, dtype=np.int64)
     external = {}
+    embeddings = scorer.loaded.embeddings()
     if hidden is not None:
         x = hidden[: len(values)].numpy()
-        external["probe"] = probe_member(x, y, len(names), seed=seed, **weighted)
+        anchor = probe_anchor(embeddings, scorer.labels)
+        external["probe"] = probe_member(x, y, len(names), anchor=anchor, seed=seed, **weighted)
     result = fit_family.fit_config(
-        kept, scorer.loaded.embeddings(), scorer.labels, y, start=start, grid=plan.axes,
+        kept, embeddings, scorer.labels, y, start=start, grid=plan.axes,
         temperature=plan.temperature, n_folds=n_folds, margin=margin, seed=seed,
         family=family, content_free=content_free if "contextual" in family else None,
         external=external, **weighted,
     )  # fmt: skip
     correction = None
     if not result.kept_default and result.procedure == "probe":
-        fitted = fit_probe(x, y, len(names), seed=seed, **weighted)
+        fitted = fit_probe(x, y, len(names), anchor=anchor, seed=seed, **weighted)
         correction = FittedCorrection("probe", tuple(names), probe=fitted)
     elif not result.kept_default and result.procedure not in ("grid", "temperature"):
         offset = tuple(float(v) for v in result.offset or ())
