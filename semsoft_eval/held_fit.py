@@ -29,7 +29,7 @@ from semsoft_plugin.core.folds import check_fit_data
 from semsoft_plugin.core.kept_scores import kept_rows
 from semsoft_plugin.core.labels import LabelSet
 
-__all__ = ["classifier_plan", "cross_fit_classifier", "fold_choice"]
+__all__ = ["classifier_plan", "cross_fit_classifier", "cross_fit_plan", "fold_choice"]
 
 
 def classifier_plan(start: SemsoftConfig, engine: str, seed: int) -> tuple[FitPlan, dict[str, Any]]:
@@ -100,17 +100,69 @@ def cross_fit_classifier(
         `[N, L]` float64 probabilities in `labels` order, and one choice per fold.
     """
     plan, params = classifier_plan(start, engine, seed)
-    y = np.asarray(targets, dtype=np.int64)
-    if len(y) != forward.n or np.shape(fold_ids) != (forward.n,):
-        raise ValueError(
-            f"{len(y)} targets and fold ids of shape {np.shape(fold_ids)} for {forward.n} items"
-        )
     if "probe" in plan.family and forward.hidden is None:
         raise ValueError(
             f"method 'fit' is Classifier.fit's default family on {engine}, "
             f"{', '.join(plan.family)}: the probe needs the decision step's hidden states, "
             f"which these kept passes lack (a {engine} backend that keeps none, or a cache "
             "written before they were kept); it is not fitted without the probe"
+        )
+    return cross_fit_plan(
+        forward, embeddings, labels, targets, fold_ids, start, plan,
+        n_folds=params["n_folds"], margin=params["margin"], seed=seed,
+    )  # fmt: skip
+
+
+def cross_fit_plan(
+    forward: Forward,
+    embeddings: Any,
+    labels: LabelSet,
+    targets: Any,
+    fold_ids: np.ndarray,
+    start: SemsoftConfig,
+    plan: FitPlan,
+    *,
+    n_folds: int,
+    margin: float,
+    seed: int,
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Out-of-fold probabilities of the fit `plan` names (`fit_kept` on the other
+    folds' items, the state applied to the held fold as predictions apply it), and each
+    fold's choice: `cross_fit_classifier` with the classifier's plan, `semsoft tune`
+    with its own.
+
+    Parameters
+    ----------
+    forward : Forward
+        The run's kept passes.
+    embeddings : Any
+        The model's output embeddings.
+    labels : LabelSet
+        The labels, in prompt order.
+    targets : Any
+        `[N]` label indices.
+    fold_ids : np.ndarray
+        `[N]` the fold of each item.
+    start : SemsoftConfig
+        The settings before the fit.
+    plan : FitPlan
+        The members, grid and temperature.
+    n_folds : int
+        Folds of each fit's own out-of-fold check.
+    margin : float
+        The rule's margin in standard errors.
+    seed : int
+        The fit's fold seed.
+
+    Returns
+    -------
+    tuple[np.ndarray, list[dict[str, Any]]]
+        `[N, L]` float64 probabilities in `labels` order, and one choice per fold.
+    """
+    y = np.asarray(targets, dtype=np.int64)
+    if len(y) != forward.n or np.shape(fold_ids) != (forward.n,):
+        raise ValueError(
+            f"{len(y)} targets and fold ids of shape {np.shape(fold_ids)} for {forward.n} items"
         )
     hidden = None if forward.hidden is None else forward.hidden.numpy()
     content_free = forward.content_free() if "contextual" in plan.family else None
@@ -122,14 +174,14 @@ def cross_fit_classifier(
         train, rows = np.flatnonzero(~held), np.flatnonzero(held)
         note = None
         try:
-            check_fit_data(y[train], params["n_folds"], params["margin"])
+            check_fit_data(y[train], n_folds, margin)
         except ValueError as error:
             state, note = FittedState(names, start), str(error)
         else:
             state = fit_kept(
                 kept_rows(forward, train), None if hidden is None else hidden[train],
                 content_free, embeddings, labels, y[train], plan, start,
-                n_folds=params["n_folds"], margin=params["margin"], seed=seed,
+                n_folds=n_folds, margin=margin, seed=seed,
             )  # fmt: skip
         out[rows], _ = state.kept_probs(
             kept_rows(forward, rows), embeddings, labels, names,

@@ -608,6 +608,35 @@ def test_the_fit_method_follows_the_engine_and_refuses_what_it_cannot_fit() -> N
     np.testing.assert_allclose(got.probs[held], want, rtol=0, atol=1e-9)
 
 
+def test_tune_is_the_classifier_fit_and_its_figures_are_the_held_fold_fit() -> None:
+    """`semsoft tune` runs `fit_kept` on all items and, for its figures,
+    `cross_fit_plan` (what the method `fit` runs) with its own plan."""
+    from semsoft_eval.held_fit import cross_fit_plan
+    from semsoft_eval.tune import tune
+    from semsoft_plugin import SemsoftConfig
+    from semsoft_plugin.app.classifier_fit import fit_kept
+    from semsoft_plugin.app.classifier_settings import FitPlan
+    from semsoft_plugin.core.fitting import DEFAULT_WEIGHTS, FAMILY
+
+    inputs = _synthetic_inputs(n=45)
+    forward, y = inputs.forward, inputs.targets
+    result = tune(forward, inputs.embeddings, inputs.labels, y, n_folds=3)
+    plan = FitPlan(FAMILY, {"semantic_weight": DEFAULT_WEIGHTS}, True)
+    options = {"n_folds": 3, "margin": 1.0, "seed": 0}
+    state = fit_kept(forward, forward.hidden.numpy(), forward.content_free(), inputs.embeddings,
+                     inputs.labels, y, plan, SemsoftConfig(), **options)  # fmt: skip
+    assert result.fit.to_dict() == state.result.to_dict() and result.config == state.config
+    if state.correction is None or state.correction.probe is None:
+        assert result.correction == state.correction
+    else:  # the same probe, fitted on the same rows
+        np.testing.assert_array_equal(result.correction.probe.weight, state.correction.probe.weight)
+    folds = calibrate.stratified_folds(y, 3, 0)
+    probs, choices = cross_fit_plan(forward, inputs.embeddings, inputs.labels, y, folds,
+                                    SemsoftConfig(), plan, **options)  # fmt: skip
+    assert result.fold_choices == choices
+    assert result.cross_validated["tuned"] == metrics.classification_metrics(probs, y, None)
+
+
 def test_cli_flags_are_the_config_fields_and_hf_is_an_alias() -> None:
     import argparse
     import dataclasses
