@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from semsoft_eval.metrics import ece_numpy, macro_f1
-from semsoft_plugin.app.probe import fit_probe, probe_anchor, probe_member
+from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
 from semsoft_plugin.core import fitting
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.kept_scores import grid_probs
@@ -93,8 +93,8 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
     constrained = torch.softmax(forward.label_logits[:, :n_labels].double(), -1).numpy()
     log_con = np.log(np.clip(constrained, 1e-30, 1.0))
     hidden = forward.hidden.double().numpy()
-    anchor = probe_anchor(embeddings, labels)
-    member = probe_member(hidden, y, n_labels, anchor=anchor, seed=seed)
+    rows = label_logit_rows(embeddings, labels)
+    member = probe_member(hidden, y, n_labels, label_rows=rows, seed=seed)
     out: dict[str, Any] = {}
     for size in sizes:
         if size >= len(y):
@@ -111,7 +111,7 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # rare labels: unstratified folds
                 if len(np.unique(y[train])) > 1:
-                    alone = fit_probe(hidden[train], y[train], n_labels, anchor=anchor, seed=seed)
+                    alone = fit_probe(hidden[train], y[train], n_labels, label_rows=rows, seed=seed)
                     probe_probs = alone.probs(hidden[test])
                 else:
                     counts = np.bincount(y[train], minlength=n_labels) + 1.0

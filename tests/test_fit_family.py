@@ -14,7 +14,7 @@ from typing import Literal
 
 import numpy as np
 import pytest
-from _probe import fit_plain, zero_anchor
+from _probe import fit_plain, zero_label_rows
 
 from semsoft_plugin.app.fit_file import FitIdentity, run_identity
 from semsoft_plugin.app.probe import LinearProbe, probe_member
@@ -108,7 +108,7 @@ def test_the_whole_family_keeps_the_default_on_its_own_distribution() -> None:
     kept = []
     for seed in range(6):
         y = _sample(np.exp(base), seed)
-        probe = {"probe": probe_member(hidden, y, 4, anchor=zero_anchor(hidden, 4), seed=seed)}
+        probe = {"probe": probe_member(hidden, y, 4, label_rows=zero_label_rows(hidden, 4), seed=seed)}
         _, _, keep, stats = _fit(base, y, _softmax(base[:3]), (*NO_PROBE, "probe"), probe, seed)
         assert set(stats["procedures"]) == set(fitting.FAMILY)
         kept.append(keep)
@@ -175,7 +175,7 @@ def test_the_probe_is_chosen_when_the_hidden_state_separates_the_classes() -> No
     base = np.log(_softmax(rng.normal(size=(80, 2)) * 0.3))
     hidden = rng.normal(size=(80, 12))
     hidden[:, 0] += 3.0 * (2 * y - 1)
-    probe = {"probe": probe_member(hidden, y, 2, anchor=zero_anchor(hidden, 2))}
+    probe = {"probe": probe_member(hidden, y, 2, label_rows=zero_label_rows(hidden, 2))}
     entry, t, kept, stats = _fit(base, y, None, ("grid", "temperature", "offset", "probe"), probe)
     assert not kept and stats["procedure"] == "probe"
     assert stats["procedures"]["probe"]["nll"] < 0.3

@@ -8,7 +8,7 @@ what the model knows before its output layer throws most of it away. A plain L2 
 regression on `h` can separate labels the label logits confuse, but with many labels
 and few items it also forgets the model's ranking: on 28 emotions it cost .08 of
 macro-F1 (issue 41). So the probe here is a *correction* of the model's label logits
-`u = W_L h` (`W_L`: the output layer's row of each label's answer token, `probe_anchor`):
+`u = W_L h` (`W_L`: the output layer's row of each label's answer token, `label_logit_rows`):
 
     p(label | h) = softmax(beta * u + A x + c),    x = (h - mean) / scale
 
@@ -49,7 +49,7 @@ __all__ = [
     "LinearProbe",
     "fit_probe",
     "held_probs",
-    "probe_anchor",
+    "label_logit_rows",
     "probe_member",
     "probe_refused",
 ]
@@ -69,7 +69,7 @@ class LinearProbe:
     mean, scale : np.ndarray
         `[H]` the standardisation of the hidden state
     weight, bias : np.ndarray
-        `[S, H]` and `[S]`, one row per seen label (the anchor `beta * W_L` folded in)
+        `[S, H]` and `[S]`, one row per seen label (`beta * W_L` folded in)
     seen : np.ndarray
         `[S]` the label indices seen in training
     n_labels : int
@@ -216,8 +216,8 @@ class LinearProbe:
 _ARRAYS = ("mean", "scale", "weight", "bias", "seen")
 
 
-def probe_anchor(embeddings: Any, labels: Any) -> np.ndarray:
-    """The probe's anchor: each label's answer-token row of the output layer.
+def label_logit_rows(embeddings: Any, labels: Any) -> np.ndarray:
+    """Each label's answer-token row of the output layer: the rows whose logits the probe corrects.
 
     Parameters
     ----------
@@ -251,13 +251,13 @@ class _Anchored:
     beta: float
     c: np.ndarray
 
-    def scores(self, features: np.ndarray, anchor_logits: np.ndarray) -> np.ndarray:
-        return self.beta * anchor_logits + features @ self.a.T + self.c
+    def scores(self, features: np.ndarray, label_logits: np.ndarray) -> np.ndarray:
+        return self.beta * label_logits + features @ self.a.T + self.c
 
 
 def _fit_anchored(
     features: np.ndarray,
-    anchor_logits: np.ndarray,
+    label_logits: np.ndarray,
     y: np.ndarray,
     w: np.ndarray,
     strength: float,
@@ -270,17 +270,17 @@ def _fit_anchored(
     from scipy.special import logsumexp
 
     n, r = features.shape
-    s = anchor_logits.shape[1]
+    s = label_logits.shape[1]
     onehot = np.zeros((n, s))
     onehot[np.arange(n), y] = 1.0
 
     def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
         a, beta, c = theta[: s * r].reshape(s, r), theta[s * r], theta[s * r + 1 :]
-        z = beta * anchor_logits + features @ a.T + c
+        z = beta * label_logits + features @ a.T + c
         lse = logsumexp(z, axis=1)
         loss = strength * float(w @ (lse - z[np.arange(n), y])) + 0.5 * float(np.sum(a * a))
         g = strength * w[:, None] * (np.exp(z - lse[:, None]) - onehot)
-        grad = np.concatenate([(g.T @ features + a).ravel(), [np.sum(g * anchor_logits)], g.sum(0)])
+        grad = np.concatenate([(g.T @ features + a).ravel(), [np.sum(g * label_logits)], g.sum(0)])
         return loss, grad
 
     if start is None:
@@ -302,7 +302,7 @@ def _choose_strength(
     x: np.ndarray, u: np.ndarray, y: np.ndarray, w: np.ndarray, folds: np.ndarray
 ) -> float:
     """The `CS` entry with the smallest inner-fold weighted NLL among those whose
-    inner-fold macro-F1 is at least the anchor's own (the label logits' ranking); where
+    inner-fold macro-F1 is at least the label logits' own (their ranking); where
     none is, the one with the best macro-F1."""
     from semsoft_plugin.core.fitting import macro_f1
 
@@ -333,7 +333,7 @@ def fit_probe(
     targets: Any,
     n_labels: int,
     *,
-    anchor: Any,
+    label_rows: Any,
     inner_folds: int = 5,
     seed: int = 0,
     sample_weight: Any = None,
@@ -348,9 +348,9 @@ def fit_probe(
         `[N]` label indices, `< n_labels`; at least two labels among them.
     n_labels : int
         Labels in all.
-    anchor : Any
+    label_rows : Any
         `[n_labels, H]` each label's answer-token row of the output layer
-        (`probe_anchor`).
+        (`label_logit_rows`).
     inner_folds : int
         Stratified inner folds that choose the strength (fewer where a label is rarer).
     seed : int
@@ -370,12 +370,12 @@ def fit_probe(
 
     x = np.asarray(hidden, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
-    w_l = np.asarray(anchor, dtype=np.float64)
+    w_l = np.asarray(label_rows, dtype=np.float64)
     if x.ndim != 2 or len(x) != len(y):
         raise ValueError(f"hidden {x.shape} and targets {y.shape} must be [N, H] and [N]")
     if w_l.shape != (n_labels, x.shape[1]):
         raise ValueError(
-            f"anchor of shape {w_l.shape}: the probe needs [n_labels, H] = "
+            f"label_rows of shape {w_l.shape}: the probe needs [n_labels, H] = "
             f"[{n_labels}, {x.shape[1]}] (each label's answer-token output row)"
         )
     seen = np.unique(y)
@@ -404,7 +404,7 @@ def fit_probe(
 
 def held_probs(
     hidden: np.ndarray, targets: np.ndarray, train: np.ndarray, held: np.ndarray, n_labels: int,
-    *, anchor: np.ndarray, seed: int = 0, sample_weight: np.ndarray | None = None,
+    *, label_rows: np.ndarray, seed: int = 0, sample_weight: np.ndarray | None = None,
 ) -> tuple[np.ndarray, LinearProbe | None]:  # fmt: skip
     """The `held` rows' probabilities from the probe fitted on the `train` rows, and
     that probe. A training part with a single label gives its add-one label frequencies
@@ -413,13 +413,13 @@ def held_probs(
         counts = np.bincount(targets[train], minlength=n_labels) + 1.0
         return np.tile(counts / counts.sum(), (len(held), 1)), None
     weights = None if sample_weight is None else sample_weight[train]
-    probe = fit_probe(hidden[train], targets[train], n_labels, anchor=anchor, seed=seed,
+    probe = fit_probe(hidden[train], targets[train], n_labels, label_rows=label_rows, seed=seed,
                       sample_weight=weights)  # fmt: skip
     return probe.probs(hidden[held]), probe
 
 
 def probe_member(
-    hidden: Any, targets: Any, n_labels: int, *, anchor: Any, seed: int = 0,
+    hidden: Any, targets: Any, n_labels: int, *, label_rows: Any, seed: int = 0,
     sample_weight: Any = None,
 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:  # fmt: skip
     """The probe as a member of the few-label fit (`fit_probs(external=...)`):
@@ -427,9 +427,9 @@ def probe_member(
     probabilities (`held_probs`)."""
     x = np.asarray(hidden, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
-    a = np.asarray(anchor, dtype=np.float64)
+    a = np.asarray(label_rows, dtype=np.float64)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    return lambda train, held: held_probs(x, y, train, held, n_labels, anchor=a, seed=seed,
+    return lambda train, held: held_probs(x, y, train, held, n_labels, label_rows=a, seed=seed,
                                           sample_weight=w)[0]  # fmt: skip
 
 
