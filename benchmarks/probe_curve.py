@@ -93,8 +93,8 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
     constrained = torch.softmax(forward.label_logits[:, :n_labels].double(), -1).numpy()
     log_con = np.log(np.clip(constrained, 1e-30, 1.0))
     hidden = forward.hidden.double().numpy()
-    rows = label_logit_rows(embeddings, labels)
-    member = probe_member(hidden, y, n_labels, label_rows=rows, seed=seed)
+    logit_rows = label_logit_rows(embeddings, labels)
+    member = probe_member(hidden, y, n_labels, label_rows=logit_rows, seed=seed)
     out: dict[str, Any] = {}
     for size in sizes:
         if size >= len(y):
@@ -111,7 +111,7 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # rare labels: unstratified folds
                 if len(np.unique(y[train])) > 1:
-                    alone = fit_probe(hidden[train], y[train], n_labels, label_rows=rows, seed=seed)
+                    alone = fit_probe(hidden[train], y[train], n_labels, label_rows=logit_rows, seed=seed)
                     probe_probs = alone.probs(hidden[test])
                 else:
                     counts = np.bincount(y[train], minlength=n_labels) + 1.0
