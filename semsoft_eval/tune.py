@@ -44,7 +44,11 @@ from semsoft_plugin.core.tokens import as_output_embeddings
 __all__ = ["DEFAULT_GRID", "TuneResult", "grid_configs", "tune", "label_cosines"]
 
 DEFAULT_GRID: dict[str, tuple[Any, ...]] = {"semantic_weight": fitting.DEFAULT_WEIGHTS}
-_ADVICE = "use --backend transformers, or leave 'probe' out of --fit-family"
+_ADVICE = (
+    "the passes kept none (a vLLM engine given without the worker extension "
+    "semsoft_plugin.app.vllm_fits.FittedRows, which returns the hidden state read back from "
+    "the logits row): leave 'probe' out of --fit-family, or let semsoft build the engine"
+)
 
 
 def grid_configs(
@@ -272,8 +276,6 @@ def tune_dataset(
     check_fit_settings(n_folds, margin)  # before the data or the model loads
     if family is not None:
         fitting.check_family(family)
-        if "probe" in family and backend == "vllm":
-            raise probe_refused(_ADVICE)
     prepared = prepare(
         model,
         dataset,

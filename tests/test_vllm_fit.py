@@ -181,7 +181,7 @@ def test_a_row_edited_before_the_processor_is_not_scored_with_the_fit(fit_llm) -
     params = sv.sampling_params(SENTIMENT, fit="sentiment", mode="observe", max_tokens=2,
                                 logit_bias={11: 3.0})  # fmt: skip
     out = fit_llm.generate(prompt, params, use_tqdm=False)[0]
-    with pytest.raises(FitNotApplied, match=r"not applied.*residual .* exceeds 0.25.*logit_bias"):
+    with pytest.raises(FitNotApplied, match=r"not applied.*residual .* exceeds the tolerance 0.25.*logit_bias"):
         sv.label_scores(out, params, fit_llm)
 
 
