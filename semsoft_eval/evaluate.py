@@ -124,7 +124,7 @@ def evaluate(
         batch_size=batch_size,
         cache_dir=cache_dir,
         sequence="sequence" in methods,
-        hidden="probe" in methods,
+        hidden="probe" in methods or "fit" in methods,
         backend=backend,
         engine_args=engine_args,
         progress=progress,

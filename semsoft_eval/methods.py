@@ -135,6 +135,12 @@ class MethodInputs:
             probs, base.seconds + spent, base.fallback_rate, base.coverage, extra or None
         )
 
+    @property
+    def engine(self) -> str:
+        """The engine that kept the passes: the backend's (`"transformers"` where no
+        backend is given, as for passes read from a transformers cache)."""
+        return "transformers" if self.backend is None else self.backend.name
+
     def generation(self) -> tuple[Backend, list[str]]:
         if self.backend is None:
             raise ValueError("this method generates text: give the run's backend and prompts")
@@ -194,32 +200,21 @@ def _semantic_temperature(m: MethodInputs) -> MethodResult:
 
 
 @method(
-    "semantic-fit",
-    "the few-label fit on held folds: pool weight and temperature from the run's config, and "
-    "the bias corrections (a per-label offset, batch, contextual), kept unless the fit beats "
-    "it out of fold",
+    "fit",
+    "Classifier.fit on held folds: the classifier's default fit family for the backend "
+    "(the pool weight and temperature, a temperature alone, the bias corrections, and the "
+    "probe where the engine keeps hidden states) from the run's config, the out-of-fold rule "
+    "and its macro-F1 guard included, fitted on the other folds and applied as predictions "
+    "apply it; each fold's choice reported",
 )
-def _semantic_fit(m: MethodInputs) -> MethodResult:
-    from semsoft_eval.tune import grid_configs
-    from semsoft_plugin.core import fitting
-    from semsoft_plugin.core.kept_scores import grid_probs
-    from semsoft_plugin.core.label_offsets import MEMBERS
+def _fit(m: MethodInputs) -> MethodResult:
+    from semsoft_eval.held_fit import cross_fit_classifier
 
     start = time.perf_counter()
-    configs = grid_configs(None, m.config.replace(score_temperature=1.0))
-    grid, _ = grid_probs(m.forward, m.embeddings, m.labels, configs)
-    single = fitting.single_entries(configs, m.config)
-    probs, choices = fitting.cross_fit(
-        grid, m.semantic().probs, m.targets, m.fold_ids, single=single, seed=m.seed,
-        bias=MEMBERS if "temperature" in single else (),
-        content_free=m.score(m.config.replace(score_temperature=1.0), content_free=True).probs,
-    )  # fmt: skip
-    for choice in choices:
-        entry = choice.pop("entry")
-        choice["semantic_weight"] = (
-            m.config.semantic_weight if entry is None else configs[entry].semantic_weight
-        )
-    return m.derived(m.semantic(), probs, start, fold_choices=choices)
+    probs, choices = cross_fit_classifier(
+        m.forward, m.embeddings, m.labels, m.targets, m.fold_ids, m.config, m.engine, seed=m.seed
+    )
+    return MethodResult(probs, time.perf_counter() - start, extra={"fold_choices": choices})
 
 
 @method("pooled", "the semantic pool, label-free: SemsoftConfig.preset('pooled') (a = 0.3)")

@@ -92,6 +92,35 @@ def _interval(row: dict[str, Any], metric: str) -> str:
     return f"{cmp['diff']:+.3f} [{cmp['low']:+.3f}, {cmp['high']:+.3f}]"
 
 
+def _fold_lines(methods: dict[str, Any]) -> list[str]:
+    """One line per method that reports a fit's choice per fold (`fit`:
+    `semsoft_eval.held_fit.fold_choice`): the member adopted on each fold and its
+    parameters, or that the rule kept the start."""
+    lines = []
+    for name, row in methods.items():
+        choices = row.get("fold_choices") or []
+        if not choices or not all(isinstance(c, dict) and "kept_default" in c for c in choices):
+            continue
+        parts = [f"{c['fold'] + 1} {_member(c)}" for c in choices]
+        lines += ["", f"`{name}` per fold: " + "; ".join(parts)]
+    return lines
+
+
+def _member(choice: dict[str, Any]) -> str:
+    """A fold's choice in a few words, e.g. `grid (w=0.3, T=0.912)`."""
+    if choice.get("note"):
+        return "kept the start (too few items to fit)"
+    if choice["kept_default"]:
+        return "kept the start"
+    procedure = choice["procedure"]
+    if procedure == "probe":
+        return f"probe (C={choice['C']:g})"
+    t = f"T={choice['score_temperature']:.3f}"
+    if procedure == "grid":
+        return f"grid (w={choice['semantic_weight']:g}, {t})"
+    return f"{procedure} ({t})"
+
+
 def format_markdown(report: dict[str, Any]) -> str:
     """The results as a Markdown table (one row per method)."""
     run = report["run"]
@@ -113,6 +142,7 @@ def format_markdown(report: dict[str, Any]) -> str:
         cells = [name] + [_fmt(row.get(k)) for k in keys]
         cells += [_interval(row, "ece"), _interval(row, "nll"), _interval(row, "macro_f1")]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _fold_lines(report["methods"])
     multi = run["label_report"]["multi_token_labels"]
     lines.append("")
     lines.append(f"multi-token labels: {', '.join(multi) if multi else 'none'}")

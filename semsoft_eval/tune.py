@@ -1,19 +1,21 @@
 """`semsoft tune`: fit Semantic Softmax's settings on labelled data, honestly.
 
-The fit is [`semsoft_plugin.core.fit_family.fit_from_grid`][semsoft_plugin.core.fit_family.fit_from_grid], the one
-`Classifier.fit` runs: from the starting setting (`--config` or the label-free
+The fit is [`fit_kept`][semsoft_plugin.app.classifier_fit.fit_kept], the one
+`Classifier.fit` runs on its kept passes: from the starting setting (`--config` or the label-free
 default), every member of the family (`--fit-family`: the grid, default the pool weight
 `semantic_weight` with a fitted final temperature, any config field an axis; a
 temperature alone; the bias corrections offset, batch and contextual; the probe on the
 decision step's hidden state where the engine keeps it) is scored on the kept values of
 one forward pass per item (`semsoft_eval.forward`), and the default is kept unless
-one beats it out of fold by `margin` standard errors. The probe is
-`semsoft_plugin.app.probe.fit_probe`, the Classifier's; vLLM keeps no hidden
-states, so there a probe asked for is refused by name.
+one beats it out of fold by `margin` standard errors. The probe is the Classifier's;
+where the kept passes have no hidden states (an engine that keeps none), a probe asked
+for is refused by name.
 
 Honest figures: the whole fit (the rule included) is *nested* in cross-validation. For
-each of `n_folds` stratified folds the setting is fitted on the other folds and applied
-to the held fold; the figures printed are those out-of-fold predictions. The
+each of `n_folds` stratified folds the fit runs on the other folds and is applied to the
+held fold as predictions apply it (`semsoft_eval.held_fit.cross_fit_plan`, what
+`semsoft eval`'s method `fit` runs with the classifier's default plan); the figures
+printed are those out-of-fold predictions. The
 configuration written to `--output` is then fitted on all items, with the correction a
 bias member or the probe adds ([`semsoft_plugin.app.fitted.save_fitted`][semsoft_plugin.app.fitted.save_fitted]), which
 `semsoft classify --config` applies row by row.
@@ -30,11 +32,15 @@ import numpy as np
 import torch
 
 from semsoft_eval import calibrate, metrics
+from semsoft_eval.backends import engine_name
 from semsoft_eval.forward import Forward
+from semsoft_eval.held_fit import cross_fit_plan
 from semsoft_eval.preparation import prepare
+from semsoft_plugin.app.classifier_fit import fit_kept
+from semsoft_plugin.app.classifier_settings import FitPlan, checked_family
 from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256
 from semsoft_plugin.app.fitted import FittedCorrection
-from semsoft_plugin.app.probe import fit_probe, probe_member, probe_refused
+from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.core import fit_family, fitting, kept_scores
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.folds import check_fit_data, check_fit_settings
@@ -126,7 +132,7 @@ def tune(
     gold_sets: Sequence[Sequence[int]] | None = None,
     family: Sequence[str] | None = None,
 ) -> TuneResult:
-    """Fit the settings with [`semsoft_plugin.core.fit_family.fit_from_grid`][semsoft_plugin.core.fit_family.fit_from_grid], nested
+    """Fit the settings with [`fit_kept`][semsoft_plugin.app.classifier_fit.fit_kept], nested
     in cross-validation for the figures (module docstring). `family`: the members
     checked (`None`: all these passes allow; the probe needs `forward.hidden`)."""
     targets = np.asarray(targets, dtype=np.int64)
@@ -136,74 +142,43 @@ def tune(
     start = start or SemsoftConfig()
     grid = dict(DEFAULT_GRID if grid is None else grid)
     started = time.perf_counter()
-    configs, grid_size = fit_family.configs_with_start(grid, start)
-    probs, _ = kept_scores.grid_probs(
-        forward, embeddings, labels, [*configs, start], progress=progress
-    )
-    content_free = kept_scores.grid_probs(
-        forward.content_free(), embeddings, labels, [start.replace(score_temperature=1.0)]
-    )[0][0]
-    external = _probe_member(forward, targets, len(labels), seed, family)
-    if family is None:
-        family = fit_family.default_family(content_free, external)
-    options = {
-        "single": fitting.single_entries(configs, start),
-        "temperature": fit_score_temperature,
-        "n_folds": n_folds,
-        "margin": margin,
-        "seed": seed,
-        "family": fitting.check_family(family),
-        "content_free": content_free,
-        "external": external,
-        "grid_size": grid_size,
-    }
+    plan = FitPlan(_family(family, forward), grid, fit_score_temperature)
+    hidden = None if forward.hidden is None else forward.hidden.numpy()
+    options: dict[str, Any] = {"n_folds": n_folds, "margin": margin, "seed": seed}
     fold_ids = calibrate.stratified_folds(targets, n_folds, seed)
-    tuned, fold_choices = fitting.cross_fit(probs[:-1], probs[-1], targets, fold_ids, **options)
-    fit = fit_family.fit_from_grid(
-        probs, configs, start, targets, axes=list(grid), temperature=fit_score_temperature,
-        n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=content_free,
-        external=external, grid_size=grid_size,
+    tuned, fold_choices = cross_fit_plan(
+        forward, embeddings, labels, targets, fold_ids, start, plan, **options
+    )
+    state = fit_kept(
+        forward, hidden, forward.content_free(), embeddings, labels, targets, plan, start,
+        **options,
     )  # fmt: skip
-    correction = _correction(fit, forward, targets, labels, seed)
+    assert state.result is not None  # a family was searched
+    start_probs = kept_scores.grid_probs(forward, embeddings, labels, [start], progress=progress)
     constrained = torch.softmax(forward.label_logits[:, : len(labels)].double(), -1).numpy()
     scaled, _ = calibrate.cross_fit_temperature(constrained, targets, fold_ids)
     cross_validated = {
         "tuned": metrics.classification_metrics(tuned, targets, gold_sets),
         "constrained": metrics.classification_metrics(constrained, targets, gold_sets),
         "temperature": metrics.classification_metrics(scaled, targets, gold_sets),
-        "semantic-default": metrics.classification_metrics(probs[-1], targets, gold_sets),
+        "semantic-default": metrics.classification_metrics(start_probs[0][0], targets, gold_sets),
     }
-    for choice in fold_choices:
-        entry = choice.pop("entry")
-        choice["config"] = None if entry is None else {k: getattr(configs[entry], k) for k in grid}
     seconds = time.perf_counter() - started
-    return TuneResult(fit.config, fit, cross_validated, fold_choices, seconds, correction)
+    return TuneResult(
+        state.config, state.result, cross_validated, fold_choices, seconds, state.correction
+    )
 
 
-def _probe_member(
-    forward: Forward, targets: np.ndarray, n_labels: int, seed: int, family: Any
-) -> dict[str, fitting.External]:
-    """The probe as the fit's external member, where the passes kept hidden states; asked
-    for without them, refused by name."""
-    if forward.hidden is None:
-        if family is not None and "probe" in family:
-            raise probe_refused(_ADVICE)
-        return {}
-    return {"probe": probe_member(forward.hidden.double().numpy(), targets, n_labels, seed=seed)}
-
-
-def _correction(
-    fit: fit_family.FitResult, forward: Forward, targets: np.ndarray, labels: LabelSet, seed: int
-) -> FittedCorrection | None:
-    """What the adopted member adds after the config, fitted on all items."""
-    names = tuple(labels.names)
-    if fit.kept_default or fit.procedure in ("grid", "temperature"):
-        return None
-    if fit.procedure == "probe":
-        assert forward.hidden is not None  # the member was only checked with them
-        probe = fit_probe(forward.hidden.double().numpy(), targets, len(names), seed=seed)
-        return FittedCorrection("probe", names, probe=probe)
-    return FittedCorrection(fit.procedure, names, offset=tuple(fit.offset or ()))
+def _family(family: Sequence[str] | None, forward: Forward) -> tuple[str, ...]:
+    """The members `tune` checks: `family` checked, or every member these passes
+    allow (the probe where they kept hidden states); the probe asked for without
+    them refused by name."""
+    if family is None:
+        return tuple(m for m in fitting.FAMILY if m != "probe" or forward.hidden is not None)
+    names = fitting.check_family(family)
+    if "probe" in names and forward.hidden is None:
+        raise probe_refused(_ADVICE)
+    return names
 
 
 def format_tune(result: TuneResult) -> str:
@@ -275,7 +250,10 @@ def tune_dataset(
     """
     check_fit_settings(n_folds, margin)  # before the data or the model loads
     if family is not None:
-        fitting.check_family(family)
+        names = fitting.check_family(family)
+        # the probe where the engine's classifier cannot fit it (no hidden states)
+        if "probe" in names and "probe" not in checked_family(None, engine_name(backend)):
+            raise probe_refused(_ADVICE)
     prepared = prepare(
         model,
         dataset,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -453,7 +454,7 @@ def test_reliability_bins_are_the_ece_bins() -> None:
     )
 
 
-def _synthetic_inputs(n: int = 12):  # type: ignore[no-untyped-def]
+def _synthetic_inputs(n: int = 12, folds: int = 2):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
     from semsoft_eval.forward import assemble
@@ -470,8 +471,11 @@ def _synthetic_inputs(n: int = 12):  # type: ignore[no-untyped-def]
     embeddings = torch.randn(vocab, 16, generator=generator)
     label_ids = torch.tensor(label_token_ids(labels))
     kept = compress(logits, 64, label_ids)
-    forward = assemble(kept, kept, label_ids, torch.zeros(n, 3), vocab_size=vocab, seconds=0.0)
     targets = np.arange(n) % 3
+    # hidden states that carry the label, so the probe has something to find
+    hidden = torch.randn(n, 8, generator=generator) + 2.0 * torch.eye(8)[targets]
+    forward = assemble(kept, kept, label_ids, torch.zeros(n, 3), vocab_size=vocab, seconds=0.0,
+                       hidden=hidden)  # fmt: skip
     return MethodInputs(
         forward,
         embeddings,
@@ -479,7 +483,7 @@ def _synthetic_inputs(n: int = 12):  # type: ignore[no-untyped-def]
         targets,
         config=SemsoftConfig(),
         paper=SemsoftConfig.preset("paper"),
-        fold_ids=calibrate.folds(n, 2, 0),
+        fold_ids=calibrate.folds(n, folds, 0),
     )
 
 
@@ -515,6 +519,122 @@ def test_methods_registry_runs_each_default_method_and_takes_new_ones() -> None:
             methods.method("test-half", "again")(_half)
     finally:
         methods.METHODS.pop("test-half")
+
+
+def test_the_fit_method_is_classifier_fit_on_each_held_fold() -> None:
+    """`fit` is `Classifier.fit`'s fit from the kept passes (`fit_kept`, the default
+    family for the engine with its rule and guard) on the other folds' items, applied to
+    the held fold as predictions apply it; each fold's choice is in the report."""
+    from semsoft_eval import methods
+    from semsoft_eval.data import EvalData
+    from semsoft_eval.held_fit import classifier_plan
+    from semsoft_eval.report import build_report, format_markdown
+    from semsoft_plugin.app.classifier_fit import fit_kept
+    from semsoft_plugin.app.classifier_settings import checked_family
+    from semsoft_plugin.core.fitting import F1_GUARD
+    from semsoft_plugin.core.kept_scores import kept_rows
+
+    inputs = _synthetic_inputs(n=60, folds=3)
+    plan, params = classifier_plan(inputs.config, "transformers", inputs.seed)
+    assert plan.family == checked_family(None, "transformers") and "probe" in plan.family
+    assert F1_GUARD and (params["n_folds"], params["margin"]) == (5, 1.0)
+    got = methods.score_methods(["fit"], inputs)["fit"]
+    forward, hidden = inputs.forward, inputs.forward.hidden.numpy()
+    names = tuple(inputs.labels.names)
+    choices = got.extra["fold_choices"]
+    assert [c["fold"] for c in choices] == [0, 1, 2]
+    procedures = set()
+    for fold, choice in enumerate(choices):
+        train = np.flatnonzero(inputs.fold_ids != fold)
+        held = np.flatnonzero(inputs.fold_ids == fold)
+        state = fit_kept(
+            kept_rows(forward, train), hidden[train], forward.content_free(), inputs.embeddings,
+            inputs.labels, inputs.targets[train], plan, inputs.config, n_folds=5, margin=1.0,
+            seed=inputs.seed,
+        )  # fmt: skip
+        want, _ = state.kept_probs(kept_rows(forward, held), inputs.embeddings, inputs.labels,
+                                   names, hidden[held])  # fmt: skip
+        np.testing.assert_allclose(got.probs[held], want, rtol=0, atol=1e-9)
+        assert choice["procedure"] == state.result.procedure
+        assert choice["kept_default"] == state.result.kept_default
+        assert choice["score_temperature"] == state.config.score_temperature
+        assert ("C" in choice) == (state.correction is not None and state.correction.probe is not None)
+        procedures.add("kept" if choice["kept_default"] else choice["procedure"])
+    assert "probe" in procedures  # the hidden states carry the label: the probe wins somewhere
+    np.testing.assert_allclose(got.probs.sum(1), 1.0)
+    # the report carries each fold's choice, the JSON row and the Markdown table
+    data = EvalData("synthetic", ["t"] * 60, list(names), inputs.targets)
+    report = build_report({"fit": got}, data, inputs.fold_ids, n_bootstrap=0)
+    assert report["methods"]["fit"]["fold_choices"] == choices
+    json.dumps(report, allow_nan=False)
+    run = {"dataset": "synthetic", "n": 60, "model": "m", "seconds_per_item": 0.0,
+           "machine": "x", "date": "d", "label_report": {"multi_token_labels": []}}  # fmt: skip
+    table = format_markdown({"run": run, **report})
+    assert "`fit` per fold: 1 " in table and "probe (C=" in table
+
+
+def test_the_fit_method_follows_the_engine_and_refuses_what_it_cannot_fit() -> None:
+    from semsoft_eval import methods
+    from semsoft_eval.held_fit import classifier_plan
+    from semsoft_plugin.app.classifier_fit import fit_kept
+    from semsoft_plugin.app.classifier_settings import checked_family
+    from semsoft_plugin.core.kept_scores import kept_rows
+
+    inputs = _synthetic_inputs(n=30)
+    with pytest.raises(ValueError, match="unknown method 'semantic-fit'; methods are .*\\bfit\\b"):
+        methods.score_methods(["semantic-fit"], inputs)
+    assert "semantic-fit" not in methods.ALL_METHODS and "fit" in methods.DEFAULT_METHODS
+    inputs.forward.hidden = None
+    with pytest.raises(ValueError, match="method 'fit' is Classifier.fit's default family on "
+                       "transformers.*probe needs the decision step's hidden states"):  # fmt: skip
+        methods.score_methods(["fit"], inputs)
+    # on vLLM: the family Classifier(backend="vllm").fit checks, whatever it is
+    inputs.backend = SimpleNamespace(name="vllm")  # type: ignore[assignment]
+    plan, _ = classifier_plan(inputs.config, "vllm", 0)
+    assert plan.family == checked_family(None, "vllm")
+    if "probe" in plan.family:
+        with pytest.raises(ValueError, match="default family on vllm.*hidden states"):
+            methods.score_methods(["fit"], inputs)
+        return
+    got = methods.score_methods(["fit"], inputs)["fit"]
+    held = np.flatnonzero(inputs.fold_ids == 0)
+    train = np.flatnonzero(inputs.fold_ids != 0)
+    forward = inputs.forward
+    state = fit_kept(kept_rows(forward, train), None, forward.content_free(), inputs.embeddings,
+                     inputs.labels, inputs.targets[train], plan, inputs.config, n_folds=5,
+                     margin=1.0, seed=0)  # fmt: skip
+    want, _ = state.kept_probs(kept_rows(forward, held), inputs.embeddings, inputs.labels,
+                               tuple(inputs.labels.names))  # fmt: skip
+    np.testing.assert_allclose(got.probs[held], want, rtol=0, atol=1e-9)
+
+
+def test_tune_is_the_classifier_fit_and_its_figures_are_the_held_fold_fit() -> None:
+    """`semsoft tune` runs `fit_kept` on all items and, for its figures,
+    `cross_fit_plan` (what the method `fit` runs) with its own plan."""
+    from semsoft_eval.held_fit import cross_fit_plan
+    from semsoft_eval.tune import tune
+    from semsoft_plugin import SemsoftConfig
+    from semsoft_plugin.app.classifier_fit import fit_kept
+    from semsoft_plugin.app.classifier_settings import FitPlan
+    from semsoft_plugin.core.fitting import DEFAULT_WEIGHTS, FAMILY
+
+    inputs = _synthetic_inputs(n=45)
+    forward, y = inputs.forward, inputs.targets
+    result = tune(forward, inputs.embeddings, inputs.labels, y, n_folds=3)
+    plan = FitPlan(FAMILY, {"semantic_weight": DEFAULT_WEIGHTS}, True)
+    options = {"n_folds": 3, "margin": 1.0, "seed": 0}
+    state = fit_kept(forward, forward.hidden.numpy(), forward.content_free(), inputs.embeddings,
+                     inputs.labels, y, plan, SemsoftConfig(), **options)  # fmt: skip
+    assert result.fit.to_dict() == state.result.to_dict() and result.config == state.config
+    if state.correction is None or state.correction.probe is None:
+        assert result.correction == state.correction
+    else:  # the same probe, fitted on the same rows
+        np.testing.assert_array_equal(result.correction.probe.weight, state.correction.probe.weight)
+    folds = calibrate.stratified_folds(y, 3, 0)
+    probs, choices = cross_fit_plan(forward, inputs.embeddings, inputs.labels, y, folds,
+                                    SemsoftConfig(), plan, **options)  # fmt: skip
+    assert result.fold_choices == choices
+    assert result.cross_validated["tuned"] == metrics.classification_metrics(probs, y, None)
 
 
 def test_cli_flags_are_the_config_fields_and_hf_is_an_alias() -> None:

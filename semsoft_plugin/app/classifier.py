@@ -39,7 +39,7 @@ from semsoft_plugin.app.classifier_fit import fit_labelled, fit_targets
 from semsoft_plugin.app.classifier_settings import checked_settings, fit_plan
 from semsoft_plugin.app.fit_file import FitIdentity, run_identity
 from semsoft_plugin.app.fitted import FittedCorrection
-from semsoft_plugin.app.fitted_state import FittedState
+from semsoft_plugin.app.fitted_state import FittedState, label_rows
 from semsoft_plugin.app.predictions import Predictions
 from semsoft_plugin.app.scorer import Scorer
 from semsoft_plugin.app.texts import TextFitter, text_list
@@ -729,17 +729,18 @@ class Classifier(ClassifierMixin, BaseEstimator):
         names = list(scorer.labels.names)
         classes = tuple(sorted(names))
         order = [names.index(c) for c in classes]
-        config = scorer.config if state is None else state.config
-        hidden = state is not None and state.needs_hidden
-        result, states = scorer.results(inputs, config, hidden=hidden)
-        probs = _rows(result.probs, order)
-        if state is not None:
-            probs = state.correct(probs, classes, None if states is None else states.numpy())
+        state = FittedState(tuple(names), scorer.config) if state is None else state
+        hidden = state.needs_hidden
+        kept, states = scorer.kept(inputs, state.config.k, hidden=hidden)
+        probs, result = state.kept_probs(
+            kept, scorer.loaded.embeddings(), scorer.labels, classes,
+            None if states is None else states.numpy(),
+        )  # fmt: skip
         return Predictions(
             labels=classes,
             label=[classes[i] for i in probs.argmax(axis=1)] if len(probs) else [],
             probs=probs,
-            constrained_probs=_rows(result.constrained_probs, order),
+            constrained_probs=label_rows(result.constrained_probs, order),
             coverage=result.coverage.double().numpy(),
             fallback=result.fallback.numpy().astype(bool),
             truncated=np.array(cut, dtype=np.int64),
@@ -755,7 +756,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
             inputs = build_inputs(scorer.prompt, list(CONTENT_FREE), names, scorer.loaded.tokenizer)
             result, _ = scorer.results(inputs, config)
             order = [names.index(c) for c in sorted(names)]
-            cache[key] = _rows(result.probs, order).mean(axis=0)
+            cache[key] = label_rows(result.probs, order).mean(axis=0)
         bias: np.ndarray = cache[key]
         return bias
 
@@ -782,15 +783,6 @@ def _same(value: Any, default: Any) -> bool:
         return bool(value == default)
     except (TypeError, ValueError):  # an array compares elementwise
         return False
-
-
-def _rows(probs: Any, order: list[int]) -> np.ndarray:
-    """`[N, L]` float64 rows in `order`'s columns, renormalised to sum to 1 (the core
-    computes in float32; scikit-learn checks the sums)."""
-    rows = probs.double().numpy()[:, order] if len(probs) else np.zeros((0, len(order)))
-    total = rows.sum(axis=1, keepdims=True)
-    out: np.ndarray = rows / np.where(total > 0, total, 1.0)
-    return out
 
 
 def _checked_weights(sample_weight: Any, n: int) -> np.ndarray | None:

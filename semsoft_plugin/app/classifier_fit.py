@@ -4,12 +4,20 @@ names, and the labelled fit (one kept forward pass per text through the
 [`semsoft_plugin.core.fit_family.fit_config`][semsoft_plugin.core.fit_family.fit_config], the one `semsoft tune` runs, with the
 probe fitted here where the engine exposes the hidden state). What the fit leaves is a
 `semsoft_plugin.app.fitted_state.FittedState`.
+
+The fit from the kept passes on is one function, `fit_kept`: `Classifier.fit` runs it
+on the texts it was given, and `semsoft eval`'s method `fit` on each fold's training
+items (then applies the state to the held fold as predictions do,
+[`FittedState.kept_probs`][semsoft_plugin.app.fitted_state.FittedState.kept_probs]), so
+the evaluation measures what a user gets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from semsoft_plugin.app.classifier_settings import FitPlan
 from semsoft_plugin.app.fitted import FittedCorrection
@@ -19,11 +27,13 @@ from semsoft_plugin.app.scorer import Scorer
 from semsoft_plugin.app.texts import target_list
 from semsoft_plugin.core import fit_family
 from semsoft_plugin.core.calibration import CONTENT_FREE
-from semsoft_plugin.core.kept_scores import KeptScores
-from semsoft_plugin.core.labels import label_names
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.fit_family import FitResult
+from semsoft_plugin.core.kept_scores import Kept, kept_rows
+from semsoft_plugin.core.labels import LabelSet, label_names
 from semsoft_plugin.engines.prompting import build_inputs
 
-__all__ = ["fit_labelled", "fit_targets"]
+__all__ = ["fit_kept", "fit_labelled", "fit_targets", "fitted_correction"]
 
 
 def fit_targets(
@@ -64,14 +74,6 @@ def fit_targets(
     return names, None if unlabelled else [index[label] for label in given]
 
 
-def _split(kept: KeptScores, n: int) -> tuple[KeptScores, KeptScores]:
-    def part(rows: slice) -> KeptScores:
-        return KeptScores(kept.top_ids[rows], kept.top_logits[rows], kept.label_ids,
-                          kept.label_logits[rows])  # fmt: skip
-
-    return part(slice(0, n)), part(slice(n, None))
-
-
 def fit_labelled(
     scorer: Scorer,
     values: list[str],
@@ -84,8 +86,8 @@ def fit_labelled(
     sample_weight: Any = None,
 ) -> FittedState:
     """The labelled fit on `values` (label indices `targets` in `scorer.labels`
-    order), from `scorer.config` as `plan` says; what it chose and the correction it
-    adopted (`None`: the config alone).
+    order), from `scorer.config` as `plan` says: one kept forward pass per text (and
+    per content-free input where `"contextual"` is checked), then `fit_kept`.
 
     Parameters
     ----------
@@ -105,11 +107,13 @@ def fit_labelled(
         The fold seed.
     sample_weight : Any
         `[N]` non-negative weights of the items' NLL (`None`: 1 each).
-    """
-    import numpy as np
 
+    Returns
+    -------
+    FittedState
+        What the fit chose and the correction it adopted.
+    """
     family = plan.family
-    weighted = {} if sample_weight is None else {"sample_weight": sample_weight}
     start = scorer.config
     store_k = max(c.k for c in fit_family.configs_with_start(plan.axes, start)[0])
     inputs = scorer.fitter.prompts(values)[0]
@@ -118,23 +122,140 @@ def fit_labelled(
         tokenizer = scorer.loaded.tokenizer
         inputs += build_inputs(scorer.prompt, list(CONTENT_FREE), names, tokenizer)
     kept, hidden = scorer.kept(inputs, store_k, hidden="probe" in family)
-    kept, content_free = _split(kept, len(values))
+    n = len(values)
+    items, content_free = kept_rows(kept, slice(0, n)), kept_rows(kept, slice(n, None))
+    return fit_kept(
+        items, None if hidden is None else hidden[:n].numpy(),
+        content_free if "contextual" in family else None, scorer.loaded.embeddings(),
+        scorer.labels, targets, plan, start, n_folds=n_folds, margin=margin, seed=seed,
+        sample_weight=sample_weight,
+    )  # fmt: skip
+
+
+def fit_kept(
+    kept: Kept,
+    hidden: np.ndarray | None,
+    content_free: Kept | None,
+    embeddings: Any,
+    labels: LabelSet,
+    targets: Sequence[int] | np.ndarray,
+    plan: FitPlan,
+    start: SemsoftConfig,
+    *,
+    n_folds: int,
+    margin: float,
+    seed: int,
+    sample_weight: Any = None,
+) -> FittedState:
+    """`Classifier.fit`'s fit once the forward passes are kept: the family `plan`
+    names searched from `start`
+    ([`fit_config`][semsoft_plugin.core.fit_family.fit_config], the rule and its
+    guard included), the probe fitted here, and the correction the adopted member adds.
+    `semsoft eval`'s method `fit` runs this on each fold's training items (one
+    implementation).
+
+    Parameters
+    ----------
+    kept : Kept
+        The labelled items' kept decision-step scores.
+    hidden : np.ndarray | None
+        `[N, H]` their decision step's hidden states (needed where `plan` checks the
+        probe, else unread).
+    content_free : Kept | None
+        The content-free inputs' kept scores (needed where `plan` checks
+        `"contextual"`, else unread).
+    embeddings : Any
+        The model's output embeddings.
+    labels : LabelSet
+        The labels, in prompt order (the columns of `targets`).
+    targets : Sequence[int] | np.ndarray
+        `[N]` label indices.
+    plan : FitPlan
+        The members, grid and temperature.
+    start : SemsoftConfig
+        The settings the fit starts from and keeps unless beaten.
+    n_folds : int
+        Folds of the out-of-fold check.
+    margin : float
+        The rule's margin in standard errors.
+    seed : int
+        The fold seed.
+    sample_weight : Any
+        `[N]` non-negative weights of the items' NLL (`None`: 1 each).
+
+    Returns
+    -------
+    FittedState
+        The settings, the correction (`None`: the config alone) and the
+        [`FitResult`][semsoft_plugin.core.fit_family.FitResult].
+    """
+    family = plan.family
+    names = list(labels.names)
+    weighted = {} if sample_weight is None else {"sample_weight": sample_weight}
     y = np.asarray(targets, dtype=np.int64)
+    if "probe" in family and hidden is None:
+        raise ValueError(
+            f"the fit family {list(family)} checks the probe, which reads the decision step's "
+            "hidden states: these kept passes have none"
+        )
+    if "contextual" in family and content_free is None:
+        raise ValueError(
+            f"the fit family {list(family)} checks 'contextual', which reads the content-free "
+            "inputs' kept passes: none were given"
+        )
+    x = None if hidden is None or "probe" not in family else np.asarray(hidden)
     external = {}
-    if hidden is not None:
-        x = hidden[: len(values)].numpy()
+    if x is not None:
         external["probe"] = probe_member(x, y, len(names), seed=seed, **weighted)
     result = fit_family.fit_config(
-        kept, scorer.loaded.embeddings(), scorer.labels, y, start=start, grid=plan.axes,
+        kept, embeddings, labels, y, start=start, grid=plan.axes,
         temperature=plan.temperature, n_folds=n_folds, margin=margin, seed=seed,
         family=family, content_free=content_free if "contextual" in family else None,
         external=external, **weighted,
     )  # fmt: skip
-    correction = None
-    if not result.kept_default and result.procedure == "probe":
-        fitted = fit_probe(x, y, len(names), seed=seed, **weighted)
-        correction = FittedCorrection("probe", tuple(names), probe=fitted)
-    elif not result.kept_default and result.procedure not in ("grid", "temperature"):
-        offset = tuple(float(v) for v in result.offset or ())
-        correction = FittedCorrection(result.procedure, tuple(names), offset=offset)
+    correction = fitted_correction(result, tuple(names), x, y, seed=seed, **weighted)
     return FittedState(tuple(names), result.config, correction, result)
+
+
+def fitted_correction(
+    result: FitResult,
+    names: tuple[str, ...],
+    hidden: np.ndarray | None,
+    targets: np.ndarray,
+    *,
+    seed: int,
+    sample_weight: Any = None,
+) -> FittedCorrection | None:
+    """What the member a fit adopted adds after its config, fitted on all its items:
+    the probe (`fit_probe`), or a bias member's offset; `None` where the rule kept
+    the start or a grid or temperature member won (the config alone).
+
+    Parameters
+    ----------
+    result : FitResult
+        The fit's outcome.
+    names : tuple[str, ...]
+        The label names, in the columns of `targets`.
+    hidden : np.ndarray | None
+        `[N, H]` the items' hidden states (read where the probe won).
+    targets : np.ndarray
+        `[N]` label indices.
+    seed : int
+        The probe's inner fold seed.
+    sample_weight : Any
+        `[N]` the items' weights (`None`: 1 each).
+
+    Returns
+    -------
+    FittedCorrection | None
+        The correction.
+    """
+    if result.kept_default or result.procedure in ("grid", "temperature"):
+        return None
+    if result.procedure == "probe":
+        if hidden is None:
+            raise ValueError("the probe won the fit, but no hidden states were given to fit it")
+        fitted = fit_probe(hidden, targets, len(names), seed=seed, sample_weight=sample_weight)
+        return FittedCorrection("probe", names, probe=fitted)
+    offset = tuple(float(v) for v in result.offset or ())
+    return FittedCorrection(result.procedure, names, offset=offset)

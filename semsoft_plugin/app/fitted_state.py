@@ -26,8 +26,11 @@ if TYPE_CHECKING:
 
     from semsoft_plugin.core.calibration import FileCalibration
     from semsoft_plugin.core.fit_family import FitResult
+    from semsoft_plugin.core.kept_scores import Kept
+    from semsoft_plugin.core.labels import LabelSet
+    from semsoft_plugin.core.softmax import SemanticSoftmaxResult
 
-__all__ = ["FittedState"]
+__all__ = ["FittedState", "label_rows"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,45 @@ class FittedState:
         if self.correction is None:
             return probs
         return self.correction.apply(probs, classes, hidden)
+
+    def kept_probs(
+        self,
+        kept: Kept,
+        embeddings: Any,
+        labels: LabelSet,
+        classes: tuple[str, ...],
+        hidden: Any = None,
+    ) -> tuple[np.ndarray, SemanticSoftmaxResult]:
+        """What a prediction gives once the forward passes are kept: Semantic Softmax
+        under `config`, the rows in `classes` order as float64 summing to 1
+        (`label_rows`), then the correction row by row. `Classifier.predict_proba`
+        and `semsoft eval`'s method `fit` (on each held fold) both apply a fit here.
+
+        Parameters
+        ----------
+        kept : Kept
+            `N` kept forward passes with at least `config.k` top scores each.
+        embeddings : Any
+            The model's output embeddings.
+        labels : LabelSet
+            The labels, in prompt order (the kept passes' label tokens).
+        classes : tuple[str, ...]
+            The column order wanted (a permutation of `labels.names`).
+        hidden : Any
+            `[N, H]` the hidden states, read by the probe (else unread).
+
+        Returns
+        -------
+        tuple[np.ndarray, SemanticSoftmaxResult]
+            The corrected `[N, L]` probabilities, and the core's result under `config`
+            (label columns in prompt order) for the uncorrected figures.
+        """
+        from semsoft_plugin.core.kept_scores import kept_result
+
+        result = kept_result(kept, embeddings, labels, self.config)
+        names = list(labels.names)
+        probs = label_rows(result.probs, [names.index(c) for c in classes])
+        return self.correct(probs, classes, hidden), result
 
     def save(self, path: str | Path, identity: FitIdentity | None) -> None:
         """Write the config and correction to a config file (`semsoft classify --config`
@@ -126,3 +168,27 @@ class FittedState:
                     "one or the other"
                 )
         return cls(tuple(names), config, correction)
+
+
+def label_rows(probs: Any, order: list[int]) -> np.ndarray:
+    """`[N, L]` float64 rows in `order`'s columns, renormalised to sum to 1 (the core
+    computes in float32; scikit-learn checks the sums).
+
+    Parameters
+    ----------
+    probs : Any
+        `[N, L]` a tensor of probabilities.
+    order : list[int]
+        The column of each output column.
+
+    Returns
+    -------
+    np.ndarray
+        The rows.
+    """
+    import numpy as np
+
+    rows = probs.double().numpy()[:, order] if len(probs) else np.zeros((0, len(order)))
+    total = rows.sum(axis=1, keepdims=True)
+    out: np.ndarray = rows / np.where(total > 0, total, 1.0)
+    return out

@@ -33,6 +33,7 @@ __all__ = [
     "grid_probs",
     "kept_from_top_logprobs",
     "kept_result",
+    "kept_rows",
     "label_token_ids",
 ]
 
@@ -67,6 +68,30 @@ class KeptScores:
     top_logits: Tensor
     label_ids: Tensor
     label_logits: Tensor
+
+
+def kept_rows(kept: Kept, rows: slice | Sequence[int] | np.ndarray) -> KeptScores:
+    """The kept passes of some items: `rows` a slice or item indices (the label
+    tokens are every item's).
+
+    Parameters
+    ----------
+    kept : Kept
+        `N` kept forward passes (`KeptScores` or the evaluation package's `Forward`).
+    rows : slice | Sequence[int] | np.ndarray
+        Which items, in the order wanted.
+
+    Returns
+    -------
+    KeptScores
+        Those items' kept scores.
+    """
+    index: slice | Tensor = (
+        rows if isinstance(rows, slice) else torch.as_tensor(np.asarray(rows, dtype=np.int64))
+    )
+    return KeptScores(
+        kept.top_ids[index], kept.top_logits[index], kept.label_ids, kept.label_logits[index]
+    )
 
 
 def label_token_ids(labels: Any) -> list[int]:
