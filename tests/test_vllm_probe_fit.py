@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
+import _vllm  # noqa: F401  (the in-process engine's settings, before vLLM loads)
 import numpy as np
 import pytest
 import torch
-from _vllm import ENGINE_ARGS
 from conftest import TEST_DATA
 
 vllm = pytest.importorskip("vllm")
@@ -32,8 +32,6 @@ vllm = pytest.importorskip("vllm")
 from semsoft_plugin import Classifier  # noqa: E402
 from semsoft_plugin.app.pass_cache import PASSES, KeptPass, PassCache  # noqa: E402
 from semsoft_plugin.core.fitting import FAMILY  # noqa: E402
-from semsoft_plugin.core.request import ENTRY_POINT  # noqa: E402
-from semsoft_plugin.engines.vllm.reader_tables import EXTENSION  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
@@ -58,17 +56,13 @@ def hf_fit() -> Classifier:
     )
 
 
-@pytest.fixture(scope="session")
-def probe_llm(checkpoint) -> Any:
-    """An in-process float32 engine with the plugin's processor and the worker extension
-    that returns hidden states. Session-scoped like conftest's engines (a torn-down
-    in-process engine takes vLLM's parallel state with it)."""
-    from vllm import LLM
-
-    engine = LLM(str(checkpoint), logits_processors=[ENTRY_POINT],
-                 worker_extension_cls=EXTENSION, **ENGINE_ARGS)  # fmt: skip
-    yield engine
-    del engine
+@pytest.fixture
+def without_extension(llm, monkeypatch) -> Any:
+    """conftest's engine as if built without the worker extension (what
+    `hidden_refusal` reads), for the refusals decided before any text is scored."""
+    config = llm.llm_engine.vllm_config.parallel_config
+    monkeypatch.setattr(config, "worker_extension_cls", "")
+    return llm
 
 
 def test_a_kept_pass_without_h_is_not_read_back_for_the_probe() -> None:
@@ -85,7 +79,7 @@ def test_a_kept_pass_without_h_is_not_read_back_for_the_probe() -> None:
 
 @pytest.mark.vllm
 def test_a_probe_fitted_through_vllm_equals_one_fitted_through_transformers(
-    probe_llm, hf_fit, monkeypatch
+    llm, hf_fit, monkeypatch
 ) -> None:
     """Same texts, labels and settings: the probe adopted on both engines, its out-of-fold
     NLL and its rows within 1e-2; no transformers model is built while vLLM scores; each
@@ -103,7 +97,7 @@ def test_a_probe_fitted_through_vllm_equals_one_fitted_through_transformers(
 
     monkeypatch.setattr(transformers.PreTrainedModel, "__init__", built)
     monkeypatch.setattr(models, "load", built)
-    clf = Classifier(probe_llm, labels=LABELS, **PROBE_ONLY).fit(texts, y)
+    clf = Classifier(llm, labels=LABELS, **PROBE_ONLY).fit(texts, y)
     got = clf.predict_proba(texts)
     for fitted in (hf_fit, clf):
         assert fitted.fit_result_.procedure == "probe" and not fitted.fit_result_.kept_default
@@ -112,19 +106,19 @@ def test_a_probe_fitted_through_vllm_equals_one_fitted_through_transformers(
     assert nll[0] == pytest.approx(nll[1], abs=1e-2)
     np.testing.assert_allclose(got, want, atol=1e-2)
     assert (got.argmax(1) == want.argmax(1)).all()
-    vocab = probe_llm.llm_engine.model_config.get_vocab_size()
-    kept = [p for p in PASSES._entries.values() if p.hidden is not None and p.top_ids.numel() == 50]
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    kept = [p for key, p in PASSES._entries.items() if key[2] == ("vllm",)]
     assert len(kept) >= len(texts)
     for p in kept:
         assert p.hidden.shape == (576,) and p.hidden.dtype == torch.float32
         assert max(t.numel() for t in (p.top_ids, p.top_logits, p.label_logits)) < vocab
-    default = Classifier(probe_llm, labels=LABELS, n_folds=4).fit(texts, y)
+    default = Classifier(llm, labels=LABELS, n_folds=4).fit(texts, y)
     assert set(default.fit_result_.procedures) == set(FAMILY)
 
 
 @pytest.mark.vllm
 def test_a_row_that_is_not_w_h_b_refuses_the_probe_naming_its_residual(
-    probe_llm, monkeypatch
+    llm, monkeypatch
 ) -> None:
     """The engine judges each row by its reconstruction residual; with a tolerance no
     float32 row meets (0), the fit is refused with the residual and the reason, never
@@ -143,22 +137,24 @@ def test_a_row_that_is_not_w_h_b_refuses_the_probe_naming_its_residual(
         r"cannot be read back.*reconstruction residual .* exceeds the tolerance 0.0.*leave "
         r"'probe' out of fit_family",
     ):
-        Classifier(probe_llm, labels=LABELS, **PROBE_ONLY).fit(fresh, y)
+        Classifier(llm, labels=LABELS, **PROBE_ONLY).fit(fresh, y)
 
 
 @pytest.mark.vllm
-def test_an_engine_without_the_worker_extension_leaves_the_probe_out_or_refuses_it(llm):
+def test_an_engine_without_the_worker_extension_leaves_the_probe_out_or_refuses_it(
+    without_extension,
+) -> None:
     """A `vllm.LLM` given without `FittedRows` cannot return `h`: the default family
     leaves the probe out, a family naming it is refused before any text is scored."""
     texts, y = _sst2()
     with pytest.raises(ValueError, match=r"'probe' needs.*worker_extension_cls="):
-        Classifier(llm, labels=LABELS, **PROBE_ONLY).fit(texts, y)
-    default = Classifier(llm, labels=LABELS, n_folds=4).fit(texts[:16], y[:16])
+        Classifier(without_extension, labels=LABELS, **PROBE_ONLY).fit(texts, y)
+    default = Classifier(without_extension, labels=LABELS, n_folds=4).fit(texts[:16], y[:16])
     assert "probe" not in default.fit_result_.procedures
 
 
 @pytest.mark.vllm
-def test_vllm_structured_outputs_are_refused_with_a_hidden_read(probe_llm) -> None:
+def test_vllm_structured_outputs_are_refused_with_a_hidden_read(llm) -> None:
     """Why Outlines' own route (vLLM's structured outputs) could not carry the probe:
     `GPUModelRunner.sample_tokens` applies the grammar bitmask before the sampler runs any
     logits processor, so the row would be masked; such a request is refused at admission,
@@ -170,19 +166,19 @@ def test_vllm_structured_outputs_are_refused_with_a_hidden_read(probe_llm) -> No
     with pytest.raises(ValueError, match="drop structured outputs"):
         sv.sampling_params(LABELS, mode="observe", max_tokens=1, hidden=True,
                            structured_outputs=StructuredOutputsParams(choice=LABELS))  # fmt: skip
-    tokenizer = probe_llm.get_tokenizer()
+    tokenizer = llm.get_tokenizer()
     prompt = {"prompt_token_ids": tokenizer.encode("Review: great fun. Sentiment:")}
     whole = sv.sampling_params(LABELS, mode="observe", max_tokens=1, hidden=True)
-    out = probe_llm.generate([prompt], whole, use_tqdm=False)
-    assert sv.output_hidden(probe_llm, out, [0])[0].shape == (576,)
+    out = llm.generate([prompt], whole, use_tqdm=False)
+    assert sv.output_hidden(llm, out, [0])[0].shape == (576,)
     with pytest.raises(ValueError, match="kept no hidden state"):  # taken: read once
-        sv.output_hidden(probe_llm, out, [0])
+        sv.output_hidden(llm, out, [0])
 
 
 @pytest.mark.vllm
 @pytest.mark.outlines
 def test_outlines_on_vllm_applies_a_saved_probe_like_outlines_on_transformers(
-    probe_llm, hf_model, hf_fit, tmp_path
+    llm, hf_model, hf_fit, tmp_path
 ) -> None:
     """One fit file, one prompt: Outlines on vLLM (the probe on `h` read back from the
     row) gives Outlines on transformers' rows (the hook's `h`) within 1e-3, and the
@@ -202,20 +198,20 @@ def test_outlines_on_vllm_applies_a_saved_probe_like_outlines_on_transformers(
     choice = Literal["negative", "positive"]
     model, tokenizer = hf_model
     on_hf = load_fit(outlines.from_transformers(model, tokenizer), choice, path)
-    on_vllm = load_fit(outlines.from_vllm_offline(probe_llm), choice, path)
+    on_vllm = load_fit(outlines.from_vllm_offline(llm), choice, path)
     texts = _sst2()[0][::12]
     for hf_row, vllm_row in zip(on_hf.batch(texts), on_vllm.batch(texts), strict=True):
         np.testing.assert_allclose([vllm_row.probs[n] for n in LABELS],
                                    [hf_row.probs[n] for n in LABELS], atol=1e-3)  # fmt: skip
         assert str(vllm_row) == str(hf_row) == max(LABELS, key=vllm_row.probs.__getitem__)
     with pytest.raises(ValueError, match="only greedy decoding is supported"):
-        load_fit(outlines.from_vllm_offline(probe_llm), choice, path, temperature=0.7)
+        load_fit(outlines.from_vllm_offline(llm), choice, path, temperature=0.7)
 
 
 @pytest.mark.vllm
 @pytest.mark.outlines
 def test_outlines_on_an_engine_without_the_worker_extension_refuses_the_probe(
-    llm, hf_fit, tmp_path
+    without_extension, hf_fit, tmp_path
 ) -> None:
     outlines = pytest.importorskip("outlines")
     from semsoft_plugin.app.fit_file import run_identity
@@ -229,7 +225,8 @@ def test_outlines_on_an_engine_without_the_worker_extension_refuses_the_probe(
     save_fitted(path, SemsoftConfig(), FittedCorrection("probe", correction.labels,
                                                         probe=correction.probe), made_on)  # fmt: skip
     with pytest.raises(ValueError, match=r"fitted_correction \(probe\).*worker_extension_cls"):
-        load_fit(outlines.from_vllm_offline(llm), Literal["negative", "positive"], path)
+        load_fit(outlines.from_vllm_offline(without_extension), Literal["negative", "positive"],
+                 path)  # fmt: skip
 
 
 SCRIPT = """
