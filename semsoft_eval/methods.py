@@ -394,9 +394,13 @@ def _probe(m: MethodInputs) -> MethodResult:
             "'probe' is asked for through semsoft eval)"
         )
     start = time.perf_counter()
+    from semsoft_plugin.app.probe import label_logit_rows
+
+    rows = label_logit_rows(m.embeddings, m.labels)
     probs, choices = cross_fit_probe(
-        m.forward.hidden.numpy(), m.targets, m.fold_ids, len(m.labels), seed=m.seed
-    )
+        m.forward.hidden.numpy(), m.targets, m.fold_ids, len(m.labels), label_rows=rows,
+        seed=m.seed,
+    )  # fmt: skip
     return MethodResult(probs, time.perf_counter() - start, extra={"fold_choices": choices})
 
 

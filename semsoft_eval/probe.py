@@ -30,9 +30,11 @@ __all__ = ["cross_fit_probe"]
 
 
 def cross_fit_probe(
-    hidden: Any, targets: Any, fold_ids: np.ndarray, n_labels: int, *, seed: int = 0
-) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Out-of-fold probe probabilities (each fold scored by the probe fitted on the other
+    hidden: Any, targets: Any, fold_ids: np.ndarray, n_labels: int, *, label_rows: Any,
+    seed: int = 0,
+) -> tuple[np.ndarray, list[dict[str, Any]]]:  # fmt: skip
+    """Out-of-fold probe probabilities (`label_rows`: `[n_labels, H]`, the labels'
+    answer-token output rows, `semsoft_plugin.app.probe.label_logit_rows`) (each fold scored by the probe fitted on the other
     folds) and each fold's chosen `C`. A training part with a single label gives that
     part's add-one label frequencies (no regression can be fitted)."""
     x = np.asarray(hidden, dtype=np.float64)
@@ -44,6 +46,6 @@ def cross_fit_probe(
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
         train, rows = np.flatnonzero(~held), np.flatnonzero(held)
-        out[held], probe = held_probs(x, y, train, rows, n_labels, seed=seed)
+        out[held], probe = held_probs(x, y, train, rows, n_labels, label_rows=label_rows, seed=seed)
         choices.append({"C": None if probe is None else probe.strength})
     return out, choices

@@ -473,7 +473,8 @@ def _synthetic_inputs(n: int = 12, folds: int = 2):  # type: ignore[no-untyped-d
     kept = compress(logits, 64, label_ids)
     targets = np.arange(n) % 3
     # hidden states that carry the label, so the probe has something to find
-    hidden = torch.randn(n, 8, generator=generator) + 2.0 * torch.eye(8)[targets]
+    # (of the embeddings' width: the probe reads the label rows of the output layer)
+    hidden = torch.randn(n, 16, generator=generator) + 2.0 * torch.eye(16)[targets]
     forward = assemble(kept, kept, label_ids, torch.zeros(n, 3), vocab_size=vocab, seconds=0.0,
                        hidden=hidden)  # fmt: skip
     return MethodInputs(

@@ -14,9 +14,10 @@ from typing import Literal
 
 import numpy as np
 import pytest
+from _probe import fit_plain, zero_label_rows
 
 from semsoft_plugin.app.fit_file import FitIdentity, run_identity
-from semsoft_plugin.app.probe import LinearProbe, fit_probe, probe_member
+from semsoft_plugin.app.probe import LinearProbe, probe_member
 from semsoft_plugin.core import fit_family, fitting, temperature_scaling
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.temperature_scaling import apply_temperature
@@ -107,7 +108,7 @@ def test_the_whole_family_keeps_the_default_on_its_own_distribution() -> None:
     kept = []
     for seed in range(6):
         y = _sample(np.exp(base), seed)
-        probe = {"probe": probe_member(hidden, y, 4, seed=seed)}
+        probe = {"probe": probe_member(hidden, y, 4, label_rows=zero_label_rows(hidden, 4), seed=seed)}
         _, _, keep, stats = _fit(base, y, _softmax(base[:3]), (*NO_PROBE, "probe"), probe, seed)
         assert set(stats["procedures"]) == set(fitting.FAMILY)
         kept.append(keep)
@@ -174,7 +175,7 @@ def test_the_probe_is_chosen_when_the_hidden_state_separates_the_classes() -> No
     base = np.log(_softmax(rng.normal(size=(80, 2)) * 0.3))
     hidden = rng.normal(size=(80, 12))
     hidden[:, 0] += 3.0 * (2 * y - 1)
-    probe = {"probe": probe_member(hidden, y, 2)}
+    probe = {"probe": probe_member(hidden, y, 2, label_rows=zero_label_rows(hidden, 2))}
     entry, t, kept, stats = _fit(base, y, None, ("grid", "temperature", "offset", "probe"), probe)
     assert not kept and stats["procedure"] == "probe"
     assert stats["procedures"]["probe"]["nll"] < 0.3
@@ -185,12 +186,16 @@ def test_the_probe_is_chosen_when_the_hidden_state_separates_the_classes() -> No
         family=("grid", "probe"), external=probe,
     )  # fmt: skip
     held = folds == 0
-    want = fit_probe(hidden[~held], y[~held], 2).probs(hidden[held])
+    want = fit_plain(hidden[~held], y[~held], 2).probs(hidden[held])
     assert choices[0]["procedure"] == "probe"
     np.testing.assert_allclose(out[held], want)
 
 
 def test_the_probe_as_arrays_is_scikit_learns_and_round_trips(tmp_path) -> None:
+    """With an anchor that reads nothing, the probe is scikit-learn's L2 logistic
+    regression at its strength: the same `C` with three labels (a softmax over all of
+    them), `2 C` with two (two rows `A_0, A_1` cost `|A_1 - A_0|^2 / 4` where the
+    sigmoid's one row costs `|w|^2 / 2`)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
@@ -198,11 +203,12 @@ def test_the_probe_as_arrays_is_scikit_learns_and_round_trips(tmp_path) -> None:
     for n_labels in (2, 3):
         y = np.arange(60) % n_labels
         x = rng.normal(size=(60, 5)) + y[:, None]
-        probe = fit_probe(x, y, n_labels)
+        probe = fit_plain(x, y, n_labels)
         scaler = StandardScaler().fit(x)
-        want = LogisticRegression(C=probe.strength, max_iter=1000).fit(scaler.transform(x), y)
+        c = probe.strength * (2 if n_labels == 2 else 1)
+        want = LogisticRegression(C=c, max_iter=1000, tol=1e-10).fit(scaler.transform(x), y)
         np.testing.assert_allclose(
-            probe.probs(x), want.predict_proba(scaler.transform(x)), atol=1e-3
+            probe.probs(x), want.predict_proba(scaler.transform(x)), atol=1e-4
         )
         probe.save(tmp_path / "p.safetensors", ["a", "b", "c"][:n_labels])
         again, labels = LinearProbe.load(tmp_path / "p.safetensors")
@@ -268,7 +274,7 @@ def test_a_correction_round_trips_through_the_config_file(tmp_path) -> None:
     save_fitted(tmp_path / "plain.json", config, None)
     assert SemsoftConfig.load(tmp_path / "plain.json") == config
     x = np.random.default_rng(0).normal(size=(20, 3))
-    probe = FittedCorrection("probe", ("neg", "pos"), probe=fit_probe(x, np.arange(20) % 2, 2))
+    probe = FittedCorrection("probe", ("neg", "pos"), probe=fit_plain(x, np.arange(20) % 2, 2))
     save_fitted(tmp_path / "b.json", config, probe, made_on)
     assert (tmp_path / "b.json.probe.safetensors").exists()
     saved = json.loads((tmp_path / "b.json").read_text())["fitted"]["probe"]

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _probe import fit_plain
 
 from semsoft_plugin.app.cli import main
 from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256, run_identity
 from semsoft_plugin.app.fitted import FittedCorrection, read_fit, save_fitted
-from semsoft_plugin.app.probe import fit_probe
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate
 
@@ -50,7 +50,7 @@ def offset_fit(path: Path, made_on: FitIdentity, offset=(1.0, -1.0)) -> Path:
 
 def probe_fit(path: Path, made_on: FitIdentity) -> Path:
     x = np.random.default_rng(0).normal(size=(20, 3))
-    probe = fit_probe(x, np.arange(20) % 2, 2)
+    probe = fit_plain(x, np.arange(20) % 2, 2)
     save_fitted(path, SemsoftConfig(), FittedCorrection("probe", LABELS, probe=probe), made_on)
     return path
 
@@ -178,7 +178,7 @@ def test_a_link_out_of_the_folder_is_refused(tmp_path, made_on):
 def test_two_fits_in_one_folder_keep_their_own_probe(tmp_path, made_on):
     a = probe_fit(tmp_path / "fit.json", made_on)
     x = np.random.default_rng(1).normal(size=(20, 3))
-    other = FittedCorrection("probe", LABELS, probe=fit_probe(x, np.arange(20) // 10, 2))
+    other = FittedCorrection("probe", LABELS, probe=fit_plain(x, np.arange(20) // 10, 2))
     save_fitted(tmp_path / "fit.cfg", SemsoftConfig(), other, made_on)
     loaded = read_fit(a).correction
     assert loaded is not None and loaded.probe is not None

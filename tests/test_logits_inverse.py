@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _probe import fit_plain
 
-from semsoft_plugin.app.probe import fit_probe
 from semsoft_plugin.core.logits_inverse import DEFAULT_TOLERANCE, LogitsInverse
 
 
@@ -46,7 +46,7 @@ def test_the_hidden_state_comes_back_from_float32_logits(rows, inverse) -> None:
 def test_a_probe_scores_the_logits_row_as_it_scores_the_hook(rows, inverse) -> None:
     hidden, logits, weight = rows
     x = hidden.double().numpy()
-    probe = fit_probe(np.r_[x, x + 0.01], np.r_[np.arange(8) % 2, np.arange(8) % 2], 2)
+    probe = fit_plain(np.r_[x, x + 0.01], np.r_[np.arange(8) % 2, np.arange(8) % 2], 2)
     back = inverse.read(logits)
     np.testing.assert_allclose(probe.probs(back.hidden.numpy()), probe.probs(x), atol=1e-4)
     # The probe folded into the logits row: one [L, V] matrix, the same scores.
@@ -119,7 +119,7 @@ def test_the_logits_row_probe_equals_the_hook_probe(hook_rows) -> None:
     hidden, logits, weight = hook_rows
     x = hidden.double().numpy()
     targets = np.array([0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 1])  # label 2 never seen
-    probe = fit_probe(x, targets, 3)
+    probe = fit_plain(x, targets, 3)
     rows = probe.on_logits(LogitsInverse(weight)).apply(logits)
     assert rows.readable.all()
     want = probe.probs(x)
@@ -136,7 +136,7 @@ def test_the_logits_row_probe_refuses_a_row_it_cannot_read(hook_rows) -> None:
     other rows of the batch come out exactly as they do alone."""
     hidden, logits, weight = hook_rows
     x = hidden.double().numpy()
-    probe = fit_probe(x, np.arange(12) % 2, 2).on_logits(LogitsInverse(weight))
+    probe = fit_plain(x, np.arange(12) % 2, 2).on_logits(LogitsInverse(weight))
     edited = logits[:4].clone()
     edited[1, 99] += 3.0
     edited[2, 10:] = float("-inf")

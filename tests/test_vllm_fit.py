@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _probe import fit_plain
 from _vllm import ENGINE_ARGS, SENTIMENT, chat, token_prompt
 
 vllm = pytest.importorskip("vllm")
@@ -27,7 +28,6 @@ from vllm import SamplingParams  # noqa: E402
 
 from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256  # noqa: E402
 from semsoft_plugin.app.fitted import FittedCorrection, save_fitted  # noqa: E402
-from semsoft_plugin.app.probe import fit_probe  # noqa: E402
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
 from semsoft_plugin.engines import vllm as sv  # noqa: E402
 from semsoft_plugin.engines.reader_contract import FitNotApplied  # noqa: E402
@@ -73,7 +73,7 @@ def fits(hf_model, checkpoint, tmp_path_factory) -> dict[str, Any]:
                               keep_logits=True)  # fmt: skip
     hidden = hook.rows(tokenizer, PROMPTS, 4).double().numpy()
     targets = np.array([y for _, y in REVIEWS])
-    probe = fit_probe(hidden, targets, 2)
+    probe = fit_plain(hidden, targets, 2)
     folder = tmp_path_factory.mktemp("fits")
     labels = tuple(SENTIMENT)
     layer = output_layer_sha256(checkpoint)
@@ -86,11 +86,11 @@ def fits(hf_model, checkpoint, tmp_path_factory) -> dict[str, Any]:
 
     save("sentiment", FittedCorrection("probe", labels, probe=probe))
     # The same data fitted with the labels the other way round: the request's order is kept.
-    swapped = fit_probe(hidden, 1 - targets, 2)
+    swapped = fit_plain(hidden, 1 - targets, 2)
     save("swapped", FittedCorrection("probe", labels[::-1], probe=swapped))
     save("topics", FittedCorrection("probe", ("sports", "politics"), probe=probe))
     save("other_model", FittedCorrection("probe", labels, probe=probe), "0" * 64)
-    small = fit_probe(hidden[:, :7], targets, 2)  # a probe of another hidden size
+    small = fit_plain(hidden[:, :7], targets, 2)  # a probe of another hidden size
     save("wrong_size", FittedCorrection("probe", labels, probe=small))
     save("offset", FittedCorrection("offset", labels, offset=(0.5, -0.5)))
     save("truncated", FittedCorrection("probe", labels, probe=probe))

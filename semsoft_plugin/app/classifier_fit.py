@@ -22,7 +22,7 @@ import numpy as np
 from semsoft_plugin.app.classifier_settings import FitPlan
 from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.fitted_state import FittedState
-from semsoft_plugin.app.probe import fit_probe, probe_member
+from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
 from semsoft_plugin.app.scorer import Scorer
 from semsoft_plugin.app.texts import target_list
 from semsoft_plugin.core import fit_family
@@ -205,15 +205,17 @@ def fit_kept(
         )
     x = None if hidden is None or "probe" not in family else np.asarray(hidden)
     external = {}
+    label_rows = None if x is None else label_logit_rows(embeddings, labels)
     if x is not None:
-        external["probe"] = probe_member(x, y, len(names), seed=seed, **weighted)
+        external["probe"] = probe_member(x, y, len(names), label_rows=label_rows, seed=seed, **weighted)
     result = fit_family.fit_config(
         kept, embeddings, labels, y, start=start, grid=plan.axes,
         temperature=plan.temperature, n_folds=n_folds, margin=margin, seed=seed,
         family=family, content_free=content_free if "contextual" in family else None,
         external=external, **weighted,
     )  # fmt: skip
-    correction = fitted_correction(result, tuple(names), x, y, seed=seed, **weighted)
+    correction = fitted_correction(result, tuple(names), x, y, label_rows=label_rows, seed=seed,
+                                   **weighted)  # fmt: skip
     return FittedState(tuple(names), result.config, correction, result)
 
 
@@ -223,6 +225,7 @@ def fitted_correction(
     hidden: np.ndarray | None,
     targets: np.ndarray,
     *,
+    label_rows: np.ndarray | None,
     seed: int,
     sample_weight: Any = None,
 ) -> FittedCorrection | None:
@@ -240,6 +243,9 @@ def fitted_correction(
         `[N, H]` the items' hidden states (read where the probe won).
     targets : np.ndarray
         `[N]` label indices.
+    label_rows : np.ndarray | None
+        `[L, H]` the labels' answer-token output rows
+        ([`label_logit_rows`][semsoft_plugin.app.probe.label_logit_rows]; read where the probe won).
     seed : int
         The probe's inner fold seed.
     sample_weight : Any
@@ -253,9 +259,12 @@ def fitted_correction(
     if result.kept_default or result.procedure in ("grid", "temperature"):
         return None
     if result.procedure == "probe":
-        if hidden is None:
-            raise ValueError("the probe won the fit, but no hidden states were given to fit it")
-        fitted = fit_probe(hidden, targets, len(names), seed=seed, sample_weight=sample_weight)
+        if hidden is None or label_rows is None:
+            raise ValueError(
+                "the probe won the fit, but no hidden states and label rows were given to fit it"
+            )
+        fitted = fit_probe(hidden, targets, len(names), label_rows=label_rows, seed=seed,
+                           sample_weight=sample_weight)  # fmt: skip
         return FittedCorrection("probe", names, probe=fitted)
     offset = tuple(float(v) for v in result.offset or ())
     return FittedCorrection(result.procedure, names, offset=offset)

@@ -1,18 +1,31 @@
-"""The probe: regularised logistic regression on the decision step's hidden state
-("hidden calibration", Cho et al., NAACL 2025), the family member of the few-label fit
-that reads more than the label logits.
+"""The probe: a regularised logistic regression on the decision step's hidden state
+("hidden calibration", Cho et al., NAACL 2025), anchored on the model's own label logits:
+the family member of the few-label fit that reads more than the label logits.
 
 Temperature scaling and the bias corrections rescale or shift the label logits, which
-hold one number per label; the last layer's hidden state at the decision step holds
-what the model knows before its output layer throws most of it away. With a few
-labels, an L2 multinomial logistic regression on it (scikit-learn: standardised
-features, its `C` chosen by inner stratified folds on log-loss,
-`LogisticRegressionCV`) can separate labels the label logits confuse.
+hold one number per label; the last layer's hidden state `h` at the decision step holds
+what the model knows before its output layer throws most of it away. A plain L2 logistic
+regression on `h` can separate labels the label logits confuse, but with many labels
+and few items it also forgets the model's ranking: on 28 emotions it cost .08 of
+macro-F1 (issue 41). So the probe here is a *correction* of the model's label logits
+`u = W_L h` (`W_L`: the output layer's row of each label's answer token, `label_logit_rows`):
 
-The fitted probe is kept as plain arrays (`LinearProbe`): predicting needs numpy
-only, one row at a time (a row's probabilities never depend on its batch), and the
-weights are saved with safetensors, never pickle. `semsoft eval`'s `probe` method and
-`Classifier.fit` fit it here (one implementation).
+    p(label | h) = softmax(beta * u + A x + c),    x = (h - mean) / scale
+
+with `beta` (a temperature) and the per-label `c` free, and `A` shrunk toward 0 by an
+L2 penalty: the objective is `C * sum_i w_i NLL_i + |A|^2 / 2`. The strength `C` is
+chosen by inner stratified folds: the smallest inner-fold NLL among the strengths whose
+inner-fold macro-F1 is not below the label logits' own, so with few labels it falls
+back to the model's ranking with a temperature. Since `u` is linear in `h`, the fitted
+probe is again one linear map of `h` (`beta * W_L` folded into the weight), kept as
+plain arrays (`LinearProbe`): predicting needs numpy only, one row at a time (a row's
+probabilities never depend on its batch), and the weights are saved with safetensors,
+never pickle. `semsoft eval`'s `probe` method and `Classifier.fit` fit it here (one
+implementation).
+
+The penalised fit runs in the span of the training rows (the minimiser's `A` lies
+there, so this is exact, not an approximation): at most `N` features, whatever the
+hidden size.
 """
 
 from __future__ import annotations
@@ -36,12 +49,14 @@ __all__ = [
     "LinearProbe",
     "fit_probe",
     "held_probs",
+    "label_logit_rows",
     "probe_member",
     "probe_refused",
 ]
 
-# Inverse L2 strengths searched by the inner folds (on standardised features).
-CS: tuple[float, ...] = tuple(float(c) for c in np.logspace(-4, 2, 7))
+# Inverse L2 strengths on A searched by the inner folds (on standardised features): from
+# next to nothing (the label logits with a temperature and per-label offsets) upward.
+CS: tuple[float, ...] = tuple(float(c) for c in np.logspace(-6, 1, 8))
 
 
 @dataclass(frozen=True)
@@ -54,8 +69,7 @@ class LinearProbe:
     mean, scale : np.ndarray
         `[H]` the standardisation of the hidden state
     weight, bias : np.ndarray
-        `[S, H]` and `[S]`, one row per seen label (a binary fit's single
-        row is written as two, the first zero, which is what its sigmoid is)
+        `[S, H]` and `[S]`, one row per seen label (`beta * W_L` folded in)
     seen : np.ndarray
         `[S]` the label indices seen in training
     n_labels : int
@@ -202,54 +216,195 @@ class LinearProbe:
 _ARRAYS = ("mean", "scale", "weight", "bias", "seen")
 
 
+def label_logit_rows(embeddings: Any, labels: Any) -> np.ndarray:
+    """Each label's answer-token row of the output layer: the rows whose logits the probe corrects.
+
+    Parameters
+    ----------
+    embeddings : Any
+        The model's output embeddings (`OutputEmbeddings` or a `[V, H]` tensor).
+    labels : Any
+        A `LabelSet` or `LabelTokens`, in the probe's label order.
+
+    Returns
+    -------
+    np.ndarray
+        `[n_labels, H]` float64 `W_L`, so that `h @ W_L.T` are the label tokens' logits
+        (less a bias the model may have, which the probe's per-label `c` absorbs).
+    """
+    import torch
+
+    from semsoft_plugin.core.tokens import as_label_tokens
+
+    weight = getattr(embeddings, "weight", embeddings)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"output embeddings must be a [V, H] tensor, got {type(weight).__name__}")
+    ids = torch.tensor(as_label_tokens(labels).answer_token_ids, dtype=torch.int64)
+    return weight.index_select(0, ids.to(weight.device)).detach().to("cpu", torch.float64).numpy()
+
+
+@dataclass(frozen=True)
+class _Anchored:
+    """One penalised fit's parameters on projected features: `[S, r]` A, beta, `[S]` c."""
+
+    a: np.ndarray
+    beta: float
+    c: np.ndarray
+
+    def scores(self, features: np.ndarray, label_logits: np.ndarray) -> np.ndarray:
+        return self.beta * label_logits + features @ self.a.T + self.c
+
+
+def _fit_anchored(
+    features: np.ndarray,
+    label_logits: np.ndarray,
+    y: np.ndarray,
+    w: np.ndarray,
+    strength: float,
+    start: _Anchored | None = None,
+) -> _Anchored:
+    """Minimise `C * sum_i w_i NLL_i + |A|^2 / 2` over `(A, beta, c)` with L-BFGS
+    (convex: a multinomial logistic regression with an unpenalised offset column);
+    `start` warm-starts it (the previous strength of a path)."""
+    from scipy.optimize import minimize
+    from scipy.special import logsumexp
+
+    n, r = features.shape
+    s = label_logits.shape[1]
+    onehot = np.zeros((n, s))
+    onehot[np.arange(n), y] = 1.0
+
+    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        a, beta, c = theta[: s * r].reshape(s, r), theta[s * r], theta[s * r + 1 :]
+        z = beta * label_logits + features @ a.T + c
+        lse = logsumexp(z, axis=1)
+        loss = strength * float(w @ (lse - z[np.arange(n), y])) + 0.5 * float(np.sum(a * a))
+        g = strength * w[:, None] * (np.exp(z - lse[:, None]) - onehot)
+        grad = np.concatenate([(g.T @ features + a).ravel(), [np.sum(g * label_logits)], g.sum(0)])
+        return loss, grad
+
+    if start is None:
+        theta0 = np.concatenate([np.zeros(s * r), [1.0], np.zeros(s)])
+    else:
+        theta0 = np.concatenate([start.a.ravel(), [start.beta], start.c])
+    theta = minimize(objective, theta0, jac=True, method="L-BFGS-B",
+                     options={"maxiter": 1000}).x  # fmt: skip
+    return _Anchored(theta[: s * r].reshape(s, r), float(theta[s * r]), theta[s * r + 1 :])
+
+
+def _span(x: np.ndarray) -> np.ndarray:
+    """`[r, H]` an orthonormal basis of the rows of `x` (the penalised `A` lies in it)."""
+    _, sv, vt = np.linalg.svd(x, full_matrices=False)
+    return vt[sv > 1e-10 * max(float(sv[0]), 1e-300)] if len(sv) else vt
+
+
+def _choose_strength(
+    x: np.ndarray, u: np.ndarray, y: np.ndarray, w: np.ndarray, folds: np.ndarray
+) -> float:
+    """The `CS` entry with the smallest inner-fold weighted NLL among those whose
+    inner-fold macro-F1 is at least the label logits' own (their ranking); where
+    none is, the one with the best macro-F1."""
+    from semsoft_plugin.core.fitting import macro_f1
+
+    s = u.shape[1]
+    held_nll = np.zeros(len(CS))
+    predicted = np.zeros((len(CS), len(y)), dtype=np.int64)
+    for fold in np.unique(folds):
+        train, held = folds != fold, folds == fold
+        basis = _span(x[train])
+        features, held_features = x[train] @ basis.T, x[held] @ basis.T
+        previous = None
+        for i, strength in enumerate(CS):
+            previous = _fit_anchored(features, u[train], y[train], w[train], strength, previous)
+            z = previous.scores(held_features, u[held])
+            z -= z.max(axis=1, keepdims=True)
+            log_p = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+            held_nll[i] -= float(w[held] @ log_p[np.arange(held.sum()), y[held]])
+            predicted[i, held] = z.argmax(axis=1)
+    own = macro_f1(y, u.argmax(axis=1), s, w)
+    f1 = np.array([macro_f1(y, p, s, w) for p in predicted])
+    keeps = f1 >= own
+    return float(CS[int(np.argmin(np.where(keeps, held_nll, np.inf)))] if keeps.any()
+                 else CS[int(np.argmax(f1))])  # fmt: skip
+
+
 def fit_probe(
     hidden: Any,
     targets: Any,
     n_labels: int,
     *,
+    label_rows: Any,
     inner_folds: int = 5,
     seed: int = 0,
     sample_weight: Any = None,
 ) -> LinearProbe:
-    """The probe on `[N, H]` hidden states and `[N]` label indices (`< n_labels`):
-    `StandardScaler` + `LogisticRegressionCV` (L2, `C` over `CS` chosen by
-    inner stratified folds on log-loss). Needs two labels among the targets.
-    `sample_weight`: `[N]` weights of the rows in the scaler and the regression's
-    NLL (`None`: 1 each)."""
-    from sklearn.linear_model import LogisticRegressionCV
-    from sklearn.model_selection import StratifiedKFold
+    """The probe on hidden states, anchored on the label logits (module docstring).
+
+    Parameters
+    ----------
+    hidden : Any
+        `[N, H]` decision-step hidden states.
+    targets : Any
+        `[N]` label indices, `< n_labels`; at least two labels among them.
+    n_labels : int
+        Labels in all.
+    label_rows : Any
+        `[n_labels, H]` each label's answer-token row of the output layer
+        (`label_logit_rows`).
+    inner_folds : int
+        Stratified inner folds that choose the strength (fewer where a label is rarer).
+    seed : int
+        Their seed.
+    sample_weight : Any
+        `[N]` weights of the rows in the standardisation, the NLL and the choice of
+        strength (`None`: 1 each).
+
+    Returns
+    -------
+    LinearProbe
+        `softmax(beta W_L h + A x + c)` folded into one linear map of `h`.
+    """
     from sklearn.preprocessing import StandardScaler
+
+    from semsoft_plugin.core.folds import stratified_folds
 
     x = np.asarray(hidden, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
+    w_l = np.asarray(label_rows, dtype=np.float64)
     if x.ndim != 2 or len(x) != len(y):
         raise ValueError(f"hidden {x.shape} and targets {y.shape} must be [N, H] and [N]")
-    if len(np.unique(y)) < 2:
-        raise ValueError(f"the probe needs two labels among the targets, got {np.unique(y)}")
-    folds = max(2, min(inner_folds, int(np.bincount(y).max()), len(y) // 2))
+    if w_l.shape != (n_labels, x.shape[1]):
+        raise ValueError(
+            f"label_rows of shape {w_l.shape}: the probe needs [n_labels, H] = "
+            f"[{n_labels}, {x.shape[1]}] (each label's answer-token output row)"
+        )
+    seen = np.unique(y)
+    if len(seen) < 2:
+        raise ValueError(f"the probe needs two labels among the targets, got {seen}")
+    w = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    column = np.searchsorted(seen, y)
     scaler = StandardScaler().fit(x, sample_weight=sample_weight)
-    model = LogisticRegressionCV(
-        Cs=list(CS), l1_ratios=(0.0,), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
-        scoring="neg_log_loss", max_iter=1000, use_legacy_attributes=False,
-    )  # fmt: skip
+    mean = np.asarray(scaler.mean_, dtype=np.float64)
+    scale = np.asarray(scaler.scale_, dtype=np.float64)
+    standard = (x - mean) / scale
+    u = x @ w_l[seen].T
+    folds_n = max(2, min(inner_folds, int(np.bincount(column).max()), len(y) // 2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a rare label: fewer members than folds
-        model.fit(scaler.transform(x), y, sample_weight=sample_weight)
-    weight, bias = model.coef_, model.intercept_
-    if len(model.classes_) == 2:  # sigmoid(z) = softmax([0, z])
-        weight, bias = np.vstack([np.zeros_like(weight), weight]), np.r_[0.0, bias]
-    scale = np.asarray(scaler.scale_, dtype=np.float64)
-    return LinearProbe(
-        mean=np.asarray(scaler.mean_, dtype=np.float64), scale=scale,
-        weight=np.asarray(weight, dtype=np.float64), bias=np.asarray(bias, dtype=np.float64),
-        seen=np.asarray(model.classes_, dtype=np.int64), n_labels=int(n_labels),
-        n_train=len(y), strength=float(np.ravel(model.C_)[0]),
-    )  # fmt: skip
+        folds = stratified_folds(column, folds_n, seed)
+    strength = _choose_strength(standard, u, column, w, folds)
+    basis = _span(standard)
+    fitted = _fit_anchored(standard @ basis.T, u, column, w, strength)
+    # beta * W_L h = beta * (W_L * scale) x + beta * W_L mean: one linear map of x.
+    weight = fitted.a @ basis + fitted.beta * w_l[seen] * scale
+    bias = fitted.c + fitted.beta * (w_l[seen] @ mean)
+    return LinearProbe(mean=mean, scale=scale, weight=weight, bias=bias, seen=seen,
+                       n_labels=int(n_labels), n_train=len(y), strength=strength)  # fmt: skip
 
 
 def held_probs(
     hidden: np.ndarray, targets: np.ndarray, train: np.ndarray, held: np.ndarray, n_labels: int,
-    *, seed: int = 0, sample_weight: np.ndarray | None = None,
+    *, label_rows: np.ndarray, seed: int = 0, sample_weight: np.ndarray | None = None,
 ) -> tuple[np.ndarray, LinearProbe | None]:  # fmt: skip
     """The `held` rows' probabilities from the probe fitted on the `train` rows, and
     that probe. A training part with a single label gives its add-one label frequencies
@@ -258,20 +413,23 @@ def held_probs(
         counts = np.bincount(targets[train], minlength=n_labels) + 1.0
         return np.tile(counts / counts.sum(), (len(held), 1)), None
     weights = None if sample_weight is None else sample_weight[train]
-    probe = fit_probe(hidden[train], targets[train], n_labels, seed=seed, sample_weight=weights)
+    probe = fit_probe(hidden[train], targets[train], n_labels, label_rows=label_rows, seed=seed,
+                      sample_weight=weights)  # fmt: skip
     return probe.probs(hidden[held]), probe
 
 
 def probe_member(
-    hidden: Any, targets: Any, n_labels: int, *, seed: int = 0, sample_weight: Any = None
-) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    hidden: Any, targets: Any, n_labels: int, *, label_rows: Any, seed: int = 0,
+    sample_weight: Any = None,
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:  # fmt: skip
     """The probe as a member of the few-label fit (`fit_probs(external=...)`):
     `(train, held)` row indices -> the held rows' `[len(held), n_labels]`
     probabilities (`held_probs`)."""
     x = np.asarray(hidden, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
+    a = np.asarray(label_rows, dtype=np.float64)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    return lambda train, held: held_probs(x, y, train, held, n_labels, seed=seed,
+    return lambda train, held: held_probs(x, y, train, held, n_labels, label_rows=a, seed=seed,
                                           sample_weight=w)[0]  # fmt: skip
 
 
