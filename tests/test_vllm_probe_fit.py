@@ -176,6 +176,24 @@ def test_vllm_structured_outputs_are_refused_with_a_hidden_read(llm) -> None:
 
 
 @pytest.mark.vllm
+def test_hidden_states_are_taken_in_chunks_that_the_worker_table_holds(llm, monkeypatch):
+    """`classify_vllm(hidden=True)` sends `HIDDEN_CHUNK` prompts at a time and takes each
+    chunk's rows from the worker's table before the next: the same `h` as one call, and
+    nothing left behind in the table."""
+    from semsoft_plugin.engines.vllm import batch, reader_tables
+
+    texts = [f"Review: {text}\nSentiment:" for text in _sst2()[0][:5]]
+    whole = batch.classify_vllm(llm, texts, LABELS, mode="observe", max_tokens=1, hidden=True)
+    monkeypatch.setattr(batch, "HIDDEN_CHUNK", 2)
+    before = len(reader_tables._TABLE)
+    chunked = batch.classify_vllm(llm, texts, LABELS, mode="observe", max_tokens=1, hidden=True)
+    assert len(reader_tables._TABLE) == before
+    for a, b in zip(whole, chunked, strict=True):
+        assert a.hidden.shape == (576,)
+        np.testing.assert_allclose(b.hidden.numpy(), a.hidden.numpy(), atol=1e-5)
+
+
+@pytest.mark.vllm
 @pytest.mark.outlines
 def test_outlines_on_vllm_applies_a_saved_probe_like_outlines_on_transformers(
     llm, hf_model, hf_fit, tmp_path

@@ -23,6 +23,7 @@ from semsoft_plugin.engines.vllm.reader import (
     output_hidden,
     request_of,
 )
+from semsoft_plugin.engines.vllm.reader_tables import HiddenNotRead
 
 __all__ = ["HIDDEN_CHUNK", "classify_vllm"]
 
@@ -116,15 +117,17 @@ def classify_vllm(
 
     cfg = (config or SemsoftConfig()).replace(**overrides)
     if hidden and isinstance(prompts, Sequence) and len(prompts) > HIDDEN_CHUNK:
-        return [
-            result
-            for start in range(0, len(prompts), HIDDEN_CHUNK)
-            for result in classify_vllm(
-                llm, prompts[start : start + HIDDEN_CHUNK], labels, cfg, mode=mode,
-                trigger=trigger, constrained=constrained, keep_logprobs=keep_logprobs,
-                token_ids=token_ids, max_tokens=max_tokens, progress=progress, hidden=True,
-            )  # fmt: skip
-        ]
+        results: list[LabelResult] = []
+        for start in range(0, len(prompts), HIDDEN_CHUNK):
+            try:
+                results += classify_vllm(
+                    llm, prompts[start : start + HIDDEN_CHUNK], labels, cfg, mode=mode,
+                    trigger=trigger, constrained=constrained, keep_logprobs=keep_logprobs,
+                    token_ids=token_ids, max_tokens=max_tokens, progress=progress, hidden=True,
+                )  # fmt: skip
+            except HiddenNotRead as error:  # its prompt index counts from the chunk's start
+                raise HiddenNotRead(f"in the prompts from {start} on: {error}") from None
+        return results
     wanted = max(cfg.k, keep_logprobs)
     name = "k" if wanted == cfg.k else "keep_logprobs"
     check_engine_logprobs(llm.llm_engine.model_config, wanted, name)
