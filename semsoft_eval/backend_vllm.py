@@ -1,8 +1,13 @@
 """The vLLM `semsoft_eval.backends.Backend` (a `vllm.LLM` with the plugin).
 
 The decision step goes through [`semsoft_plugin.engines.vllm.classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm], which keeps
-the raw top-`k` log-probabilities and the label tokens' raw log-probabilities. vLLM is
-imported only when a method here runs.
+the raw top-`k` log-probabilities and the label tokens' raw log-probabilities, and the
+decision step's hidden state (the `probe` method, a fit family with the probe): the
+engine's processor reads it back from the logits row (`h = W⁺ (z - b)`, each row judged
+by its residual) and its worker returns it through `collective_rpc`, so the engine needs
+the worker extension `semsoft_plugin.app.vllm_fits.FittedRows` (`load` builds it with
+it; an engine given without it gives no hidden states). vLLM is imported only when a
+method here runs.
 """
 
 from __future__ import annotations
@@ -43,9 +48,12 @@ class VLLMBackend:
         from vllm import LLM
 
         from semsoft_plugin.core.request import ENTRY_POINT
+        from semsoft_plugin.engines.vllm.reader_tables import EXTENSION
 
         # If the entry point is installed too, the second copy of the processor stands down.
-        args = {"max_logprobs": VLLM_STORE_K, "seed": seed, **dict(engine_args or {})}
+        # The worker extension returns the hidden states (the probe).
+        args = {"max_logprobs": VLLM_STORE_K, "seed": seed, "worker_extension_cls": EXTENSION,
+                **dict(engine_args or {})}  # fmt: skip
         return cls(LLM(str(model_dir), logits_processors=[ENTRY_POINT], **args))
 
     def embeddings(self) -> OutputEmbeddings:
@@ -76,12 +84,16 @@ class VLLMBackend:
         batch_size: int = 8,
         progress: bool = True,
     ) -> DecisionStep:
-        """`batch_size` is unused: the engine schedules its own batches."""
+        """`batch_size` is unused: the engine schedules its own batches. The hidden
+        states come back where the engine has the worker extension (module docstring); a
+        row that is not the output layer's `W h + b` is refused naming its residual."""
         from semsoft_plugin.engines.vllm import classify_vllm
+        from semsoft_plugin.engines.vllm.reader_tables import hidden_refusal
 
+        hidden = hidden_refusal(self.model) is None
         results = classify_vllm(
             self.model, list(inputs), labels.names, keep_logprobs=store_k,
-            token_ids=list(token_ids), max_tokens=1, progress=progress,
+            token_ids=list(token_ids), max_tokens=1, progress=progress, hidden=hidden,
         )  # fmt: skip
         kept = kept_from_top_logprobs(results, list(token_ids))
         # Never None here: classify_vllm fetches the label tokens the top-k lacks.
@@ -92,6 +104,9 @@ class VLLMBackend:
             label_values=kept.label_logits,
             check=torch.tensor([[p[n] for n in labels.names] for p in probs]),
             vocab_size=self.embeddings().vocab_size,
+            hidden=torch.stack([r.hidden for r in results if r.hidden is not None])
+            if hidden and results
+            else None,
         )
 
     def sequence_logprobs(

@@ -57,7 +57,8 @@ class DecisionStep:
     row, which every method here is invariant to. `check` is `[N, L]`, the
     probabilities the engine's own adapter returned, to verify a rescoring.
     `hidden` is `[N, H]` float32, the last layer's hidden state at the decision step
-    (what the output layer reads), where the engine gives it (transformers), else None.
+    (what the output layer reads), where the engine gives it (transformers; vLLM with the
+    worker extension that returns it, read back from the logits row), else None.
     """
 
     top_ids: Tensor

@@ -9,19 +9,13 @@ labels the label logits confuse. The `probe` method of `semsoft eval` fits one
 run's training folds and scores the held fold, like `temperature`.
 
 Where the hidden state comes from: `semsoft_eval.forward.Forward` `.hidden`,
-kept by the transformers backend during the decision step itself (no extra pass). A
-cache written before it was kept is extended when `probe` is asked for
-(`collect(hidden=True)`); an engine that gives none is refused by name.
-
-What vLLM can do (0.32, offline, read from its source, not built): its generate runner
-returns token log-probabilities only, no hidden states (the `extract_hidden_states`
-speculative method feeds a drafter or a KV connector, not the output). A *second*
-engine of the same checkpoint can: `LLM(model, runner="pooling", convert="embed",
-pooler_config=PoolerConfig(pooling_type="LAST", use_activation=False))` then
-`llm.embed(prompts)` (`LLM.encode(..., pooling_task="embed")`) returns the last
-position's final hidden state (after the final norm, unnormalised with
-`use_activation=False`). That is one more model load and one more prompt pass per
-item beside the scoring engine.
+kept by the transformers backend during the decision step itself (no extra pass), and by
+the vLLM backend from the same pass: vLLM's generate runner returns no hidden states, so
+the engine's processor reads it back from the decision step's logits row (`h = W⁺ z`,
+each row judged by its residual) and its worker returns it through `collective_rpc`
+(`semsoft_eval.backend_vllm`). A cache written before it was kept is extended when
+`probe` is asked for (`collect(hidden=True)`); an engine that gives none (a vLLM engine
+without the worker extension) is refused by name.
 """
 
 from __future__ import annotations

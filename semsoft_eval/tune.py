@@ -50,7 +50,11 @@ from semsoft_plugin.core.tokens import as_output_embeddings
 __all__ = ["DEFAULT_GRID", "TuneResult", "grid_configs", "tune", "label_cosines"]
 
 DEFAULT_GRID: dict[str, tuple[Any, ...]] = {"semantic_weight": fitting.DEFAULT_WEIGHTS}
-_ADVICE = "use --backend transformers, or leave 'probe' out of --fit-family"
+_ADVICE = (
+    "the passes kept none (a vLLM engine given without the worker extension "
+    "semsoft_plugin.app.vllm_fits.FittedRows, which returns the hidden state read back from "
+    "the logits row): leave 'probe' out of --fit-family, or let semsoft build the engine"
+)
 
 
 def grid_configs(

@@ -114,15 +114,19 @@ def checkpoint(default_checkpoint):
 
 @pytest.fixture(scope="session")
 def llm(checkpoint) -> Iterator[Any]:
-    """A vLLM engine with the plugin loaded by class."""
+    """A vLLM engine with the plugin loaded by class, and the worker extension that
+    returns the hidden states its processor reads back from the logits rows (the probe),
+    as the engines semsoft builds by name have it."""
     from _vllm import ENGINE_ARGS
     from vllm import LLM
 
     from semsoft_plugin.engines import vllm as sv
+    from semsoft_plugin.engines.vllm.reader_tables import EXTENSION
 
     engine = LLM(
-        str(checkpoint), logits_processors=[sv.SemanticSoftmaxLogitsProcessor], **ENGINE_ARGS
-    )
+        str(checkpoint), logits_processors=[sv.SemanticSoftmaxLogitsProcessor],
+        worker_extension_cls=EXTENSION, **ENGINE_ARGS,
+    )  # fmt: skip
     yield engine
     del engine
 

@@ -239,9 +239,16 @@ def test_the_default_family_is_what_the_inputs_allow() -> None:
     assert fit_family.default_family(None, {}) == ("grid", "temperature", "offset", "batch")
     assert fit_family.default_family(np.ones((3, 2)), {"probe": None}) == fitting.FAMILY
     assert checked_family(None, "transformers") == fitting.FAMILY
-    assert "probe" not in checked_family(None, "vllm")
-    with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state.*vLLM"):
-        checked_family(("grid", "probe"), "vllm")
+    # Issue 41: vLLM reads the probe's hidden state back from the logits row.
+    assert checked_family(None, "vllm") == fitting.FAMILY
+    assert checked_family(("grid", "probe"), "vllm") == ("grid", "probe")
+    # An engine that cannot return it (a vllm.LLM without the worker extension): the
+    # default leaves the probe out, a family naming it is refused with the reason.
+    why = "create it with LLM(..., worker_extension_cls=X)"
+    assert "probe" not in checked_family(None, "vllm", why)
+    with pytest.raises(ValueError, match=r"'probe' needs the decision step's hidden state.*"
+                       r"worker_extension_cls=X.*vllm"):  # fmt: skip
+        checked_family(("grid", "probe"), "vllm", why)
 
 
 # -- the config file -----------------------------------------------------------------------
@@ -368,16 +375,14 @@ def test_the_fit_saved_is_what_semsoft_classify_config_applies(probed, tmp_path,
 
 
 @pytest.mark.slow
-def test_the_classifier_refuses_unknown_members_and_the_probe_on_vllm(probed):
-    """Refused before any model loads: the engine is told from the parameters."""
+def test_the_classifier_refuses_unknown_members(probed):
+    """Refused before any model loads (the probe on vLLM is no longer refused: issue 41,
+    tests/test_vllm_probe_fit.py)."""
     from semsoft_plugin import Classifier
 
     _, texts, y = probed
     with pytest.raises(ValueError, match="unknown fit family member 'vector'"):
         Classifier(MODEL, labels=LABELS, fit_family=("grid", "vector")).fit(texts, y)
-    vllm = Classifier(MODEL, labels=LABELS, backend="vllm", fit_family=("offset", "probe"))
-    with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state.*vLLM"):
-        vllm.fit(texts, y)
 
 
 @pytest.mark.slow
@@ -394,11 +399,9 @@ def test_the_family_restricted_to_one_member(probed):
         assert len(clf.fitted_correction_.offset) == 2
 
 
-def test_tune_refuses_the_probe_on_vllm_before_loading() -> None:
+def test_tune_refuses_an_unknown_member_before_loading() -> None:
     from semsoft_eval.tune import tune_dataset
 
-    with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state"):
-        tune_dataset(MODEL, "sst2", backend="vllm", family=("probe",))
     with pytest.raises(ValueError, match="unknown fit family member 'vector'"):
         tune_dataset(MODEL, "sst2", family=("vector",))
 
@@ -510,27 +513,3 @@ def test_an_outlines_generator_applies_a_saved_offset(outlines_probed, tmp_path)
     correction = load_fitted(path)[1]
     wrapped = wrap(outlines.Generator(model, choice), LABELS, fitted_correction=correction)
     assert wrapped(texts[0]).probs == pytest.approx(shifted.probs, abs=1e-9)
-
-
-@pytest.mark.outlines
-def test_an_outlines_generator_on_vllm_refuses_a_correction_by_name(tmp_path):
-    """Refused before the engine is touched (a bare VLLMOffline: no vLLM is loaded)."""
-    pytest.importorskip("outlines")
-    from outlines.models.vllm_offline import VLLMOffline
-
-    from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
-    from semsoft_plugin.app.outlines_fit import load_fit
-
-    on_vllm = VLLMOffline.__new__(VLLMOffline)
-    choice = Literal["negative", "positive"]
-    hidden = np.random.default_rng(0).normal(size=(8, 3)) + np.repeat([[0.0], [3.0]], 4, 0)
-    probe = fit_plain(hidden, np.repeat([0, 1], 4), 2)
-    made_on = FitIdentity(tuple(LABELS), DEFAULT_TEMPLATE.to_dict(), "0" * 64)
-    save_fitted(tmp_path / "p.json", SemsoftConfig(), FittedCorrection("probe", tuple(LABELS),
-                                                                        probe=probe), made_on)  # fmt: skip
-    with pytest.raises(ValueError, match="'probe' needs the decision step's hidden state.*vLLM"):
-        load_fit(on_vllm, choice, tmp_path / "p.json")
-    save_fitted(tmp_path / "o.json", SemsoftConfig(), FittedCorrection("offset", tuple(LABELS),
-                                                                        offset=(1.0, -1.0)), made_on)  # fmt: skip
-    with pytest.raises(ValueError, match=r"fitted_correction \(offset\) is not supported on vLLM"):
-        load_fit(on_vllm, choice, tmp_path / "o.json")

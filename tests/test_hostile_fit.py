@@ -265,10 +265,18 @@ def test_backend_vllm_without_vllm_is_one_line(capsys, monkeypatch):
 # -- 6. late or lost work -----------------------------------------------------------
 
 
-def test_classify_refuses_a_probe_on_vllm_before_the_engine(tmp_path, made_on, capsys, no_model):
+def test_classify_takes_a_probe_on_vllm_up_to_the_engine(tmp_path, made_on, monkeypatch):
+    """Issue 41: the probe is read back from the logits row on vLLM, so a fit holding it
+    is no longer refused there: the command goes on to build the engine (stubbed)."""
+    from semsoft_plugin.app import handles
+
+    def engine(*_: object, **__: object) -> None:
+        raise RuntimeError("the vLLM engine is built")
+
+    monkeypatch.setattr(handles, "_load", engine)
     fit = probe_fit(tmp_path / "fit.json", made_on)
-    err = refusal(capsys, classify(fit, "--labels", ",".join(LABELS), "--backend", "vllm"))
-    assert "'probe' needs the decision step's hidden state" in err
+    with pytest.raises(RuntimeError, match="the vLLM engine is built"):
+        main(classify(fit, "--labels", ",".join(LABELS), "--backend", "vllm"))
 
 
 @pytest.fixture

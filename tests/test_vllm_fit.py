@@ -31,7 +31,11 @@ from semsoft_plugin.app.fitted import FittedCorrection, save_fitted  # noqa: E40
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
 from semsoft_plugin.engines import vllm as sv  # noqa: E402
 from semsoft_plugin.engines.reader_contract import FitNotApplied  # noqa: E402
-from semsoft_plugin.engines.vllm.reader_tables import EXTENSION, FIT_PROCESSOR  # noqa: E402
+from semsoft_plugin.engines.vllm.reader_tables import (  # noqa: E402
+    EXTENSION,
+    FIT_PROCESSOR,
+    fitted_rows,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -181,7 +185,7 @@ def test_a_row_edited_before_the_processor_is_not_scored_with_the_fit(fit_llm) -
     params = sv.sampling_params(SENTIMENT, fit="sentiment", mode="observe", max_tokens=2,
                                 logit_bias={11: 3.0})  # fmt: skip
     out = fit_llm.generate(prompt, params, use_tqdm=False)[0]
-    with pytest.raises(FitNotApplied, match=r"not applied.*residual .* exceeds 0.25.*logit_bias"):
+    with pytest.raises(FitNotApplied, match=r"not applied.*residual .* exceeds the tolerance 0.25.*logit_bias"):
         sv.label_scores(out, params, fit_llm)
 
 
@@ -242,6 +246,54 @@ def test_model_runner_v2_applies_a_fit(fit_llm, fits) -> None:
     assert sorted(torch.isfinite(out[0]).nonzero().flatten().tolist()) == sorted(answers)
     np.testing.assert_allclose(out[0, answers].exp().numpy(), want[0], atol=1e-4)
     assert torch.equal(out[1], original[1])
+
+
+@pytest.mark.vllm
+def test_model_runner_v2_keeps_the_hidden_state(fit_llm, fits) -> None:
+    """Model Runner V2's interface (driven directly: no Triton here) keeps a
+    `semsoft_hidden` request's `h`, read back from its row, equal to the hook's within
+    1e-4, and leaves the observed row as it was."""
+    from _vllm import FreshConfig
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcRequestState
+
+    from semsoft_plugin.engines.vllm.processor import SemanticSoftmaxLogitsProcessor
+    from semsoft_plugin.engines.vllm.reader_tables import HIDDEN, fitted_key, read_hidden
+
+    config = fit_llm.llm_engine.vllm_config.model_config
+    vocab = config.get_vocab_size()
+    all_tokens = torch.zeros((1, 32), dtype=torch.int64)
+    all_tokens[0, :5] = torch.arange(21, 26)
+    prompt_len = np.array([5], dtype=np.int32)
+    state = LogitsProcRequestState(
+        device=torch.device("cpu"), max_num_reqs=1, vocab_size=vocab,
+        all_token_ids=SimpleNamespace(gpu=all_tokens), prompt_len=SimpleNamespace(np=prompt_len),
+        prefill_len=SimpleNamespace(np=prompt_len.copy()),
+        total_len=SimpleNamespace(gpu=torch.zeros(1, dtype=torch.int32)),
+    )  # fmt: skip
+    proc = SemanticSoftmaxLogitsProcessor(FreshConfig(config), state)
+    params = sv.sampling_params(SENTIMENT, mode="observe", max_tokens=1, hidden=True)
+    assert proc.add_request(0, params) is True
+    row = fits["logits"][2:3, :vocab].clone()
+    idx = np.array([0])
+    ctx = LogitsContext(
+        expanded_idx_mapping=torch.tensor(idx), idx_mapping=torch.tensor(idx), idx_mapping_np=idx,
+        expanded_local_pos=torch.zeros(1, dtype=torch.int64), input_ids=torch.zeros(1, dtype=torch.int64),
+        pos=torch.tensor([4]), seq_lens_upper_bound_np=np.array([5]),
+    )  # fmt: skip
+    out = proc.apply(row.clone(), ctx)
+    assert torch.equal(out, row)
+    local = SimpleNamespace(collective_rpc=lambda _m, args: [fitted_rows(*args)])
+    (hidden,) = read_hidden(local, [fitted_key(HIDDEN, list(range(21, 26)), [])])
+    np.testing.assert_allclose(hidden.double().numpy(), fits["hidden"][2], atol=1e-4)
+
+
+def test_a_server_client_cannot_ask_for_a_hidden_state() -> None:
+    from semsoft_plugin.core.request import KEY_HIDDEN, parse_request
+
+    args = {"semsoft_labels": SENTIMENT, KEY_HIDDEN: 1}
+    assert parse_request(args).hidden is True
+    with pytest.raises(ValueError, match="semsoft_hidden keeps a hidden state in the engine"):
+        parse_request(args, server=True)
 
 
 def test_fit_names_are_names_never_paths() -> None:

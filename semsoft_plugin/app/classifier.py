@@ -169,7 +169,9 @@ class Classifier(ClassifierMixin, BaseEstimator):
     fit_family : Sequence[str] | None
         The members [`fit`][semsoft_plugin.app.classifier.Classifier.fit] may choose
         (`semsoft_plugin.core.fitting.FAMILY`: `"grid"`, `"temperature"`, `"offset"`, `"batch"`,
-        `"contextual"`, `"probe"`, the last refused on vLLM); `None`: all the engine supports and
+        `"contextual"`, `"probe"`; on vLLM the probe's hidden state is read back from the logits
+        row, and a `vllm.LLM` given without the worker extension
+        `semsoft_plugin.app.vllm_fits.FittedRows` refuses it); `None`: all the engine supports and
         the parameters leave something to fit; `()`: none (fit only reads the labels). A family that
         can fit nothing, or a member named with nothing to fit, is refused before any text is scored
     n_folds : int
@@ -572,7 +574,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
         names, targets = fit_targets(values, y, given, unlabelled=unlabelled)
         params = self.get_params(deep=False)
         engine = handles.engine_of(self)
-        plan = fit_plan(params, engine)
+        plan = fit_plan(params, engine, handles.hidden_refusal(self))
         weights = _checked_weights(sample_weight, len(values))
         if self.calibrate == "file" and (unlabelled or not plan.family):
             if weights is not None:

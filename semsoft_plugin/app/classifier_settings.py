@@ -37,7 +37,6 @@ __all__ = [
 CALIBRATIONS = (None, "contextual", "file")
 # The settings a classifier parameter can fix (None: the config's, and fit may fit it).
 FIXABLE = ("k", "semantic_weight", "score_temperature")
-_PROBE_ADVICE = "use backend='transformers', or leave 'probe' out of fit_family"
 
 
 def check_file_strength(strength: object, calibrate: object, name: str = "file_strength") -> None:
@@ -111,10 +110,15 @@ def fixed(params: Mapping[str, Any]) -> dict[str, Any]:
     return {name: params[name] for name in FIXABLE if params[name] is not None}
 
 
-def checked_family(family: Sequence[str] | None, engine: str) -> tuple[str, ...]:
+def checked_family(
+    family: Sequence[str] | None, engine: str, no_hidden: str | None = None
+) -> tuple[str, ...]:
     """The members a fit checks on `engine` (`"transformers"`/`"vllm"`): `family`
-    checked (an unknown member refused by name, the probe on vLLM refused), or with
-    `None` every member the engine supports.
+    checked (an unknown member refused by name), or with `None` every member the engine
+    supports. Both engines give the probe its hidden state (vLLM reads it back from the
+    logits row); an engine that cannot (`no_hidden` says why: a `vllm.LLM` given without
+    the worker extension) leaves the probe out of the default family and refuses it by
+    name when `family` names it.
 
     Parameters
     ----------
@@ -122,12 +126,14 @@ def checked_family(family: Sequence[str] | None, engine: str) -> tuple[str, ...]
         The `fit_family` parameter.
     engine : str
         The engine the classifier runs on.
+    no_hidden : str | None
+        Why the engine cannot return the decision step's hidden state, or None.
     """
     if family is None:
-        return tuple(m for m in FAMILY if m != "probe" or engine != "vllm")
+        return tuple(m for m in FAMILY if m != "probe" or no_hidden is None)
     names = check_family(family)
-    if "probe" in names and engine == "vllm":
-        raise probe_refused(_PROBE_ADVICE)
+    if "probe" in names and no_hidden is not None:
+        raise probe_refused(f"{no_hidden} ({engine}); or leave 'probe' out of fit_family")
     return names
 
 
@@ -150,7 +156,7 @@ class FitPlan:
     temperature: bool
 
 
-def fit_plan(params: Mapping[str, Any], engine: str) -> FitPlan:
+def fit_plan(params: Mapping[str, Any], engine: str, no_hidden: str | None = None) -> FitPlan:
     """The labelled fit the parameters ask for, refused before any text is scored where
     it could fit nothing or a setting would be inert.
 
@@ -167,10 +173,12 @@ def fit_plan(params: Mapping[str, Any], engine: str) -> FitPlan:
         A classifier's parameters (`get_params(deep=False)`).
     engine : str
         `"transformers"` or `"vllm"`.
+    no_hidden : str | None
+        Why the engine cannot return the hidden state (`checked_family`), or None.
     """
     check_fit_settings(params["n_folds"], params["margin"])
     named = params["fit_family"]
-    family = checked_family(named, engine)
+    family = checked_family(named, engine, no_hidden)
     given = fixed(params)
     grid = params["fit_grid"]
     if grid is not None and "grid" not in family:

@@ -43,7 +43,6 @@ from semsoft_plugin.app.config_args import (
 from semsoft_plugin.app.file_plan import file_job
 from semsoft_plugin.app.fit_file import run_identity
 from semsoft_plugin.app.fitted import read_fit
-from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.core.labels import LABELS_SYNTAX
 
 __all__ = [
@@ -314,10 +313,6 @@ def _run_classify(args: argparse.Namespace) -> int:
     correction = None if fit is None else fit.correction
     if fit is not None and correction is not None:
         check_fitted_args(args, correction.procedure)
-        if correction.needs_hidden and args.backend == "vllm":
-            raise probe_refused(
-                f"--config {args.config} holds the probe: use --backend hf, or a fit without it"
-            )
         fit.check_run(run_identity(labels, template, args.model, allow_download=True))
     config = config_from_args(args, base=None if fit is None else fit.config)
     fitted = correction is not None

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from semsoft_plugin.app.fit_file import FitIdentity
 from semsoft_plugin.app.fitted import FittedCorrection, read_fit, save_fitted
-from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.core.config import SemsoftConfig
 
 if TYPE_CHECKING:
@@ -148,7 +147,8 @@ class FittedState:
         calibrate : str | None
             The classifier's `calibrate`: no correction on top of a fitted one.
         engine : str
-            `"transformers"` or `"vllm"` (no probe on vLLM).
+            `"transformers"` or `"vllm"` (both apply the probe; vLLM reads its hidden
+            state back from the logits row).
         identity : FitIdentity | None
             The run's labels, prompt and output layer, compared with the fit's.
 
@@ -166,10 +166,6 @@ class FittedState:
                     f"calibrate={calibrate!r} with a fitted correction ({correction.procedure}) "
                     "from a config file: the correction was fitted on uncorrected scores; use "
                     "one or the other"
-                )
-            if correction.needs_hidden and engine == "vllm":
-                raise probe_refused(
-                    "use backend='transformers', or a fit without the probe for vLLM"
                 )
         return cls(tuple(names), config, correction)
 

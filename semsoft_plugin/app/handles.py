@@ -26,7 +26,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BACKENDS", "Loaded", "check_backend", "engine_of", "forget", "is_vllm", "loaded"]
+__all__ = [
+    "BACKENDS",
+    "Loaded",
+    "check_backend",
+    "engine_of",
+    "forget",
+    "hidden_refusal",
+    "is_vllm",
+    "loaded",
+]
 
 BACKENDS = ("transformers", "vllm")
 # Old spellings of an engine, refused naming the new one.
@@ -84,6 +93,17 @@ def check_backend(backend: Any) -> None:
         )
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {BACKENDS} or None")
+
+
+def hidden_refusal(clf: Any) -> str | None:
+    """Why the classifier's engine cannot return the decision step's hidden state (a
+    `vllm.LLM` given without the worker extension that returns it), or None (transformers,
+    or an engine built here by name, which has it)."""
+    if not is_vllm(clf.model):
+        return None
+    from semsoft_plugin.engines.vllm.reader_tables import hidden_refusal as refusal
+
+    return refusal(clf.model)
 
 
 def engine_of(clf: Any) -> str:
@@ -181,8 +201,12 @@ def _load(path: str, backend: str, dtype: str, engine_args: dict[str, Any]) -> L
     from vllm import LLM
 
     from semsoft_plugin.core.request import ENTRY_POINT
+    from semsoft_plugin.engines.vllm.reader_tables import EXTENSION
 
     # If the entry point is installed too, the second copy of the processor stands down.
+    # The worker extension returns the hidden states the processor reads back from the
+    # logits rows (the probe): the one channel out of the engine.
+    engine_args = {"worker_extension_cls": EXTENSION, **engine_args}
     llm = LLM(path, logits_processors=[ENTRY_POINT], **engine_args)
     return Loaded(llm, llm.get_tokenizer(), "vllm")
 

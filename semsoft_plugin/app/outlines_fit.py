@@ -7,9 +7,12 @@ Why here: the file's reader and the probe live in the app, and engines may not i
 the app (tests/test_layout.py), so the Outlines adapter takes the *loaded* correction
 (`fitted_correction=`) and this function, which may import both, reads the file and
 passes the config and the correction on. On a transformers model both are applied at the
-decision step (`semsoft_plugin.engines.outlines.transformers`); on a vLLM model a
-file holding the probe is refused by name (`semsoft_plugin.app.probe.probe_refused`)
-and one holding a bias offset by the adapter, never dropped.
+decision step (`semsoft_plugin.engines.outlines.transformers`); on a vLLM model to the
+decision step's logits row as the engine computed it, the probe's hidden state read back
+from the row (`semsoft_plugin.engines.outlines.vllm`: greedy only; the engine needs the
+worker extension `semsoft_plugin.app.vllm_fits.FittedRows`, else the probe is refused by
+name). vLLM's own structured outputs would mask that row before any processor sees it;
+the adapter does its own label constraint, so the row is whole.
 
 The correction was fitted on the scores at the Classifier's decision step; it means the
 same here only when the Classifier saw the prompt as Outlines formats it (a template with
@@ -24,7 +27,6 @@ from typing import Any
 
 from semsoft_plugin.app.fit_file import run_identity
 from semsoft_plugin.app.fitted import read_fit
-from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.engines.prompting import PromptTemplate
 
 __all__ = ["OUTLINES_PROMPT", "load_fit"]
@@ -32,10 +34,6 @@ __all__ = ["OUTLINES_PROMPT", "load_fit"]
 # The prompt as Outlines gives it to the model: the text alone as the user message, the
 # chat's generation prompt after it, no answer prefix (a fit must be made with it).
 OUTLINES_PROMPT = PromptTemplate("{text}", answer_prefix="")
-
-_ADVICE = (
-    "use a transformers model (outlines.from_transformers), or leave 'probe' out of fit_family"
-)
 
 
 def load_fit(
@@ -72,8 +70,9 @@ def load_fit(
     ------
     ValueError
         For a file whose labels are not the choices, fitted with another prompt than
-        `OUTLINES_PROMPT` or on another model's output layer, and on a vLLM model for a
-        file holding a correction (the probe: `semsoft_plugin.app.probe.probe_refused`).
+        `OUTLINES_PROMPT` or on another model's output layer; on a vLLM model, for a
+        correction with a sampling temperature, or the probe on an engine without the
+        worker extension that returns the hidden state.
     """
     from semsoft_plugin.engines.outlines import Generator
     from semsoft_plugin.engines.outlines.base import ChoiceOptions, model_engine
@@ -81,9 +80,8 @@ def load_fit(
 
     fit = read_fit(path)
     config, correction = fit.config, fit.correction
-    if correction is not None and correction.needs_hidden and model_engine(model) == "vllm":
-        raise probe_refused(_ADVICE)
-    if fit.identity is not None and model_engine(model) != "vllm":  # vLLM: refused below
+    model_engine(model)  # ValueError for a model no generator drives
+    if fit.identity is not None:
         choices = choice_labels(output_type)
         # Outlines' prompt names no labels, so their order is the fit's when the set is.
         same = sorted(choices) == sorted(fit.identity.labels)

@@ -436,10 +436,6 @@ def probe_member(
 
 
 def probe_refused(advice: str) -> ValueError:
-    """The error for a probe asked for where the engine gives no hidden states (vLLM);
-    `advice` says what to do instead."""
-    return ValueError(
-        "fit family member 'probe' needs the decision step's hidden state, which vLLM's "
-        "generate runner does not return (a second, pooling vLLM engine could; not built): "
-        + advice
-    )
+    """The error for a probe asked for where the engine cannot give the decision step's
+    hidden state; `advice` says why and what to do instead."""
+    return ValueError("fit family member 'probe' needs the decision step's hidden state: " + advice)

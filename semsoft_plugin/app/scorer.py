@@ -11,13 +11,14 @@ fit read; `Scorer.results` scores the kept passes under one config
 (`semsoft_plugin.core.kept_scores.kept_result`). Predictions, the fit and the
 content-free bias all go through it, so a text is scored once whatever is asked of it.
 
-Which members an engine supports: transformers gives the decision step's hidden state
-(`semsoft_plugin.engines.hf_hidden.HiddenAtDecision`, read during the same pass),
-so every member; vLLM's generate runner returns token log-probabilities only, so every
-member but the probe, and a probe asked for on vLLM is refused by name, never dropped
-(what vLLM could do: a second engine of the same checkpoint with `runner="pooling"` and
-last-token pooling returns the final hidden state from `llm.embed`, one more model load
-and prompt pass per item; not built).
+Which members an engine supports: every member on both. Transformers gives the decision
+step's hidden state (`semsoft_plugin.engines.hf_hidden.HiddenAtDecision`, read during
+the same pass); on vLLM the engine's processor reads it back from the decision step's
+logits row (`h = W⁺ (z - b)`, judged by its residual) and the worker returns it through
+`collective_rpc` ([`classify_vllm(hidden=True)`][semsoft_plugin.engines.vllm.classify_vllm];
+the engine needs the worker extension `semsoft_plugin.app.vllm_fits.FittedRows`, which an
+engine `Classifier` builds by name has). A row that is not `W h + b` (an edited or
+soft-capped row) is refused by name with its residual, never used.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from semsoft_plugin.engines.prompting import PromptTemplate
 
 __all__ = ["PROBE_ADVICE", "Scorer"]
 
-PROBE_ADVICE = "use backend='transformers', or leave 'probe' out of fit_family"
+PROBE_ADVICE = "leave 'probe' out of fit_family, or use backend='transformers'"
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,8 @@ class Scorer:
         """The decision step's top `store_k` raw scores and every label token's for
         `inputs` (prompts from `fitter`), each distinct input run once and only if
         `semsoft_plugin.app.pass_cache.PASSES` lacks it; with `hidden` also the
-        `[N, H]` hidden states there (transformers; refused on vLLM)."""
-        if hidden and self.loaded.backend == "vllm":
-            raise probe_refused(PROBE_ADVICE)
+        `[N, H]` hidden states there (float32; on vLLM read back from the logits row,
+        refused by name with its residual where the row is not `W h + b`)."""
         token_ids = label_token_ids(self.labels)
         base = pass_key(
             self.loaded.model, self.loaded.tokenizer, self.engine(), tuple(token_ids), store_k
@@ -157,14 +157,20 @@ class Scorer:
         model, tokenizer = self.loaded.model, self.loaded.tokenizer
         if self.loaded.backend == "vllm":
             from semsoft_plugin.engines.vllm import classify_vllm
+            from semsoft_plugin.engines.vllm.reader_tables import HiddenNotRead
 
-            results = classify_vllm(
-                model, inputs, list(self.labels.names), self.config, mode="observe",
-                max_tokens=1, progress=bool(self.progress), keep_logprobs=store_k,
-                token_ids=token_ids,
-            )  # fmt: skip
+            try:
+                results = classify_vllm(
+                    model, inputs, list(self.labels.names), self.config, mode="observe",
+                    max_tokens=1, progress=bool(self.progress), keep_logprobs=store_k,
+                    token_ids=token_ids, hidden=hidden,
+                )  # fmt: skip
+            except HiddenNotRead as error:
+                raise probe_refused(f"{error}: {PROBE_ADVICE}") from None
             kept = kept_from_top_logprobs(results, token_ids)
             states = None
+            if hidden:
+                states = torch.stack([r.hidden for r in results if r.hidden is not None])
         else:
             from semsoft_plugin.engines.hf import classify
             from semsoft_plugin.engines.hf_hidden import HiddenAtDecision

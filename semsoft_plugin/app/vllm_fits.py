@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 from vllm import SamplingParams
 
-from semsoft_plugin.core.logits_inverse import LogitsInverse
 from semsoft_plugin.core.request import KEY_FIT, SemsoftRequest, fit_name
 from semsoft_plugin.core.row_probe import LogitsProbe
 from semsoft_plugin.engines.vllm.params import admission_config, validate_params
@@ -180,7 +179,6 @@ class FittedSemanticSoftmax(SemanticSoftmaxLogitsProcessor):
         super().__init__(vllm_config, *args)
         self._model_config = vllm_config.model_config
         self._uses: dict[str, LogitsProbe] = {}
-        self._inverse: LogitsInverse | None = None
         if not self.inert and any(
             f.refusal is None for f in served_fits(self._model_config).values()
         ):
@@ -193,12 +191,6 @@ class FittedSemanticSoftmax(SemanticSoftmaxLogitsProcessor):
         config = admission_config()
         if request is not None and request.fit is not None and config is not None:
             served_fit(request, config.model_config)
-
-    def _logits_inverse(self) -> LogitsInverse:
-        if self._inverse is None:
-            embeddings = self._engine_model().embeddings
-            self._inverse = LogitsInverse(embeddings.weight, vocab_size=embeddings.vocab_size)
-        return self._inverse
 
     def _fit_use(self, request: SemsoftRequest) -> FitUse | str:
         try:
@@ -216,8 +208,11 @@ class FittedSemanticSoftmax(SemanticSoftmaxLogitsProcessor):
 class FittedRows:
     """vLLM worker extension (`--worker-extension-cls
     semsoft_plugin.app.vllm_fits.FittedRows`): the fitted rows the processor kept in
-    this worker, read by `collective_rpc("semsoft_fitted_rows", args=(keys,))`."""
+    this worker (and the hidden states it read back for `semsoft_hidden` requests), read
+    by `collective_rpc("semsoft_fitted_rows", args=(keys, take))`."""
 
-    def semsoft_fitted_rows(self, keys: list[str]) -> list[dict[str, Any] | None]:
-        """The rows kept under `keys` (None where none is kept)."""
-        return fitted_rows(keys)
+    def semsoft_fitted_rows(
+        self, keys: list[str], take: bool = False
+    ) -> list[dict[str, Any] | None]:
+        """The rows kept under `keys` (None where none is kept); `take` removes them."""
+        return fitted_rows(keys, take)

@@ -64,6 +64,9 @@ KEY_LEADING_SPACE = "semsoft_leading_space"
 KEY_PRESET = "semsoft_preset"
 # The name of a fit the engine loaded at start (never a path: engines/vllm/fits.py).
 KEY_FIT = "semsoft_fit"
+# Keep the decision step's hidden state, read back from its logits row, in the engine's
+# worker table for the offline reader (Classifier.fit's probe on vLLM); never over HTTP.
+KEY_HIDDEN = "semsoft_hidden"
 # The response field in which the server's admission middleware returns each choice's
 # fitted label probabilities, or why the fit was not applied to it.
 RESPONSE_FITTED = "semsoft_fitted"
@@ -75,7 +78,10 @@ MAX_FIT_NAME = 64
 RESPONSE_LABEL_LOGPROBS = "semsoft_label_logprobs"
 # One key per SemsoftConfig field, generated from its table (config.config_field_specs).
 _CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftConfig)}
-_KEYS = {KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, KEY_PRESET, KEY_FIT, *_CONFIG_KEYS}
+_KEYS = {
+    KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, KEY_PRESET, KEY_FIT, KEY_HIDDEN,
+    *_CONFIG_KEYS,
+}  # fmt: skip
 
 # Server clients are untrusted: these bound the work and memory one request can ask
 # for. Named SERVER_* because they are tighter than the method's own ranges
@@ -108,6 +114,10 @@ class SemsoftRequest:
     fit : str | None
         The name of a fit the engine loaded at start (`semsoft_fit`): its
         probabilities replace the scores, and in constrain mode the label follows them
+    hidden : bool
+        Keep the decision step's hidden state, read back from its logits row
+        (`semsoft_hidden`), in the engine's worker table for an offline reader
+        (`classify_vllm(hidden=True)`); refused from a server client
     """
 
     labels: tuple[str, ...]
@@ -116,6 +126,7 @@ class SemsoftRequest:
     trigger: str | None = None
     leading_space: bool = True
     fit: str | None = None
+    hidden: bool = False
 
     def to_extra_args(self) -> dict[str, Any]:
         """Flat `extra_args` / `vllm_xargs` (str, int, float or lists of str)."""
@@ -130,6 +141,8 @@ class SemsoftRequest:
             args[KEY_TRIGGER] = self.trigger
         if self.fit is not None:
             args[KEY_FIT] = self.fit
+        if self.hidden:
+            args[KEY_HIDDEN] = 1
         return args
 
     @property
@@ -383,7 +396,15 @@ def _parse(extra_args: Mapping[str, Any], present: set[str], server: bool) -> Se
     fit = extra_args.get(KEY_FIT)
     if fit is not None:
         fit = fit_name(fit)
-    return SemsoftRequest(tuple(labels), config, cast(Mode, mode), trigger, leading_space, fit)
+    hidden = _flag(KEY_HIDDEN, extra_args.get(KEY_HIDDEN, False))
+    if hidden and server:
+        raise ValueError(
+            f"{KEY_HIDDEN} keeps a hidden state in the engine for an offline reader "
+            "(Classifier.fit, semsoft eval); a server client names a fit (semsoft_fit) instead"
+        )
+    return SemsoftRequest(
+        tuple(labels), config, cast(Mode, mode), trigger, leading_space, fit, hidden
+    )
 
 
 def fit_name(value: Any) -> str:
@@ -414,6 +435,7 @@ def build_request(
     leading_space: bool = True,
     server: bool = False,
     fit: str | None = None,
+    hidden: bool = False,
     **method: Any,
 ) -> SemsoftRequest:
     """A checked `SemsoftRequest` from Python arguments (not from a request body).
@@ -434,6 +456,8 @@ def build_request(
         See `SemsoftRequest`
     fit : str | None
         See `SemsoftRequest`
+    hidden : bool
+        See `SemsoftRequest`
     server : bool
         The request is for a server (the `SERVER_*` limits apply, see
         `parse_request`); False for an in-process engine
@@ -444,7 +468,9 @@ def build_request(
     what comes back is what it parses.
     """
     cfg = (config or SemsoftConfig()).replace(**method)
-    request = SemsoftRequest(tuple(label_names(labels)), cfg, mode, trigger, leading_space, fit)
+    request = SemsoftRequest(
+        tuple(label_names(labels)), cfg, mode, trigger, leading_space, fit, hidden
+    )
     parsed = parse_request(request.to_extra_args(), server=server)
     assert parsed is not None  # it carries semsoft_labels
     return parsed

@@ -63,6 +63,9 @@ class LabelResult:
     token_logprobs : dict[int, float] | None
         Token id -> raw decision-step log-probability of each requested
         token, inside the top-k or not (`classify_vllm(token_ids=...)`)
+    hidden : Tensor | None
+        `[d]` float32 hidden state entering the output layer at the decision step,
+        read back from the logits row (`classify_vllm(hidden=True)`)
     """
 
     label: str | None
@@ -76,6 +79,7 @@ class LabelResult:
     logits: Tensor | None = None
     top_logprobs: dict[int, float] | None = None
     token_logprobs: dict[int, float] | None = None
+    hidden: Tensor | None = None
 
 
 class ScoredLabel(str):

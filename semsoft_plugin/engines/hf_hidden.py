@@ -4,7 +4,8 @@ last position, read by a forward pre-hook during the adapter's own `generate` ca
 A probe on it ("hidden calibration", Cho et al., NAACL 2025) separates labels the label
 logits confuse; reading it here costs no extra pass. It is `output_hidden_states=True`'s
 last entry at the last position (transformers applies the final norm before storing it).
-vLLM's generate runner returns no hidden states, so no vLLM adapter has this.
+vLLM's generate runner returns no hidden states; there the processor reads the same state
+back from the logits row (`h = W⁺ z`, `classify_vllm(hidden=True)`).
 """
 
 from __future__ import annotations

@@ -89,7 +89,8 @@ class ChoiceOptions:
     variants : Mapping[str, Iterable[str]] | None
         Label -> spellings that count as the label (transformers models only).
     fitted_correction : Correction | None
-        A fit's correction applied at the decision step (transformers models only).
+        A fit's correction applied at the decision step (on vLLM models: greedy only,
+        the probe's hidden state read back from the logits row).
     temperature : float | None
         The sampling temperature, the calls' default (`None`: greedy).
 

@@ -15,10 +15,21 @@ returned top-k.
 the generator it is the calls' default; 0, the default, is greedy); the method's final
 temperature is `score_temperature`. `variants=` is refused: the engine's processor
 binds the label names it is sent (`semsoft_labels`), and no request option carries
-other spellings, so the scores could not count them. `fitted_correction=` is refused
-too: the probe reads the decision step's hidden state, which vLLM's generate runner does
-not return, and a bias offset would have to act inside the engine's processor (no request
-option carries one) for the emitted label to be the corrected argmax.
+other spellings, so the scores could not count them.
+
+A fit's correction (`fitted_correction=`: a bias member's offset or the probe) is applied
+to the decision step's logits row as the engine computed it. The request runs in observe
+mode for one token (`max_tokens=1`): the engine's processor reads the row before
+anything is written to it, the probe's hidden state is read back from it (`h = W⁺ (z -
+b)`, `semsoft_hidden`) and taken from the engine's worker through `collective_rpc`
+(the engine needs `LLM(..., worker_extension_cls="semsoft_plugin.app.vllm_fits.FittedRows")`),
+and the label is the corrected argmax (greedy; a sampling temperature is refused with a
+correction). A row that is not the output layer's `W h + b` (a `logit_bias`, penalties,
+an earlier processor) is refused naming its residual, never corrected. The row is
+unmasked here because this adapter does its own label constraint: vLLM's structured
+outputs (what Outlines itself would send) mask the row before any logits processor
+(`GPUModelRunner.sample_tokens` calls `apply_grammar_bitmask` before the sampler runs
+the processors, vLLM 0.32), so under them the hidden state could not be read back.
 """
 
 from __future__ import annotations
@@ -26,11 +37,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from semsoft_plugin.core.result import ScoredLabel
-from semsoft_plugin.engines.outlines.base import ChoiceGenerator, ChoiceOptions, Engine
+from semsoft_plugin.engines.outlines.base import (
+    ChoiceGenerator,
+    ChoiceOptions,
+    Correction,
+    Engine,
+)
 from semsoft_plugin.engines.outlines.choices import choice_label_set
 from semsoft_plugin.engines.vllm.params import check_engine_logprobs, sampling_params
-from semsoft_plugin.engines.vllm.reader import label_scores
+from semsoft_plugin.engines.vllm.reader import label_scores, output_hidden
 
 __all__ = ["VLLMChoiceGenerator"]
 
@@ -45,10 +63,10 @@ class VLLMChoiceGenerator(ChoiceGenerator):
     choices : Sequence[str]
         The label strings, as Outlines writes them
     options : ChoiceOptions
-        The settings and the sampling temperature (`ChoiceOptions`); its
-        `variants` and `fitted_correction` are not supported (`ValueError` naming
-        each): vLLM's request options carry label names only, and no option carries an
-        offset or returns the hidden state (module docstring)
+        The settings, the sampling temperature and a fit's correction
+        (`ChoiceOptions`); `variants` are not supported (`ValueError`): vLLM's request
+        options carry label names only; a correction goes with greedy decoding only
+        (module docstring)
 
     Attributes
     ----------
@@ -69,13 +87,6 @@ class VLLMChoiceGenerator(ChoiceGenerator):
         fitted_correction, variants, temperature = (
             options.fitted_correction, options.variants, options.temperature
         )  # fmt: skip
-        if fitted_correction is not None:
-            raise ValueError(
-                f"fitted_correction ({fitted_correction.procedure}) is not supported on vLLM "
-                "models: the engine's processor decides the label and no vLLM request option "
-                "carries an offset or returns the hidden state; use a transformers model "
-                "(outlines.from_transformers), or a fit without a correction"
-            )
         if variants:  # an empty mapping has nothing to drop
             raise ValueError(
                 "variants= is not supported on vLLM models: the engine's processor scores "
@@ -85,6 +96,16 @@ class VLLMChoiceGenerator(ChoiceGenerator):
         # Checks the choices on the engine's tokenizer exactly as for transformers.
         self.labels = choice_label_set(choices, model.model.get_tokenizer(), None)
         self.processor = None
+        self.correction = fitted_correction
+        if fitted_correction is not None:
+            fitted_correction.check_labels(self.labels.names)
+            _check_greedy(temperature, fitted_correction)
+            if fitted_correction.needs_hidden:
+                from semsoft_plugin.engines.vllm.reader_tables import hidden_refusal
+
+                why = hidden_refusal(model.model)
+                if why is not None:
+                    raise ValueError(f"fitted_correction (probe): {why}")
         cfg = options.config
         check_engine_logprobs(model.model.llm_engine.model_config, cfg.k, "k")
         self._options: dict[str, Any] = {"config": cfg, "leading_space": self.labels.leading_space}
@@ -108,6 +129,11 @@ class VLLMChoiceGenerator(ChoiceGenerator):
                 "semsoft request options; pass the SamplingParams fields as keywords"
             )
         sampling = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("use_tqdm", "lora_request")}
+        correction = self.correction
+        if correction is not None:
+            _check_greedy(sampling.get("temperature"), correction)
+            # The row as the engine computed it, read and never written: one token.
+            sampling.update(mode="observe", max_tokens=1, hidden=correction.needs_hidden)
         params = sampling_params(list(self.labels.names), **{**self._options, **sampling})
         # Formatted as Outlines formats it: a str becomes a user turn when there is a
         # chat template, and goes through LLM.chat (generation prompt added).
@@ -117,6 +143,8 @@ class VLLMChoiceGenerator(ChoiceGenerator):
             outputs = llm.chat(messages=formatted, sampling_params=params, **kwargs)
         else:
             outputs = llm.generate(prompts=formatted, sampling_params=params, **kwargs)
+        if correction is not None:
+            return self._corrected(correction, outputs, params, llm)
         scored = []
         for output in outputs:
             text = output.outputs[0].text
@@ -137,3 +165,45 @@ class VLLMChoiceGenerator(ChoiceGenerator):
                 )
             )
         return scored
+
+    def _corrected(
+        self, correction: Correction, outputs: list[Any], params: Any, llm: Any
+    ) -> list[ScoredLabel]:
+        """Each observed row's scores with the fit's correction applied (the probe on the
+        hidden state read back from the row), and its argmax as the label."""
+        import numpy as np
+
+        names = list(self.labels.names)
+        results = [label_scores(o, params, llm, check_text=False) for o in outputs]
+        if any(r.probs is None for r in results):
+            raise RuntimeError(
+                "no top-k token voted for any label and the label tokens are outside the "
+                "returned top-k: raise k"
+            )
+        probs = np.array([[r.probs[n] for n in names] for r in results if r.probs], float)
+        hidden = None
+        if correction.needs_hidden:
+            steps = [r.decision_step or 0 for r in results]
+            hidden = torch.stack(output_hidden(llm, outputs, steps)).numpy()
+        corrected = correction.apply(probs, tuple(names), hidden)
+        return [
+            ScoredLabel(
+                names[int(np.argmax(row))],
+                {n: float(p) for n, p in zip(names, row, strict=True)},
+                r.constrained_probs,
+                r.fallback,
+                r.coverage,
+            )
+            for row, r in zip(corrected, results, strict=True)
+        ]
+
+
+def _check_greedy(temperature: Any, correction: Correction) -> None:
+    """`ValueError` for a sampling temperature with a fit's correction: the label is the
+    corrected argmax, chosen outside the engine's sampler."""
+    if temperature not in (None, 0, 0.0):
+        raise ValueError(
+            f"temperature={temperature!r} with a fitted correction ({correction.procedure}) on "
+            "a vLLM model: the corrected label is chosen as the argmax outside the engine's "
+            "sampler, so only greedy decoding is supported; leave temperature unset or 0"
+        )

@@ -7,6 +7,7 @@ The floors (vLLM is imported in this package only):
 * [`params`][semsoft_plugin.engines.vllm.params]: [`sampling_params`][semsoft_plugin.engines.vllm.sampling_params] builds an opted-in request,
   [`validate_params`][semsoft_plugin.engines.vllm.validate_params] checks one at admission;
 * [`reader`][semsoft_plugin.engines.vllm.reader]: [`label_scores`][semsoft_plugin.engines.vllm.label_scores] / [`label_probs`][semsoft_plugin.engines.vllm.label_probs] read an offline output;
+  [`output_hidden`][semsoft_plugin.engines.vllm.output_hidden] its decision step's hidden state (`semsoft_hidden`), read back from the logits row in the engine;
 * [`batch`][semsoft_plugin.engines.vllm.batch]: [`classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm], a batch of prompts on a `vllm.LLM`;
 * [`middleware`][semsoft_plugin.engines.vllm.middleware]: [`admission`][semsoft_plugin.engines.vllm.admission], the OpenAI server middleware
   (`--middleware semsoft_plugin.engines.vllm.admission`: vLLM imports this package and
@@ -107,7 +108,7 @@ from semsoft_plugin.engines.vllm.batch import classify_vllm
 from semsoft_plugin.engines.vllm.middleware import admission
 from semsoft_plugin.engines.vllm.params import sampling_params, validate_params
 from semsoft_plugin.engines.vllm.processor import SemanticSoftmaxLogitsProcessor
-from semsoft_plugin.engines.vllm.reader import label_probs, label_scores
+from semsoft_plugin.engines.vllm.reader import label_probs, label_scores, output_hidden
 
 __all__ = [
     "SemanticSoftmaxLogitsProcessor",
@@ -115,6 +116,7 @@ __all__ = [
     "classify_vllm",
     "label_probs",
     "label_scores",
+    "output_hidden",
     "sampling_params",
     "validate_params",
 ]

@@ -20,10 +20,17 @@ from semsoft_plugin.engines.vllm.params import check_engine_logprobs, sampling_p
 from semsoft_plugin.engines.vllm.reader import (
     fetch_logprobs,
     label_scores,
+    output_hidden,
     request_of,
 )
+from semsoft_plugin.engines.vllm.reader_tables import HiddenNotRead
 
-__all__ = ["classify_vllm"]
+__all__ = ["HIDDEN_CHUNK", "classify_vllm"]
+
+# Prompts per engine call when hidden states are kept: each call's rows are read (and
+# taken) from the worker's table before the next, so the table (reader_tables.TABLE_SIZE
+# rows) never drops one, and holds at most this many hidden states at a time.
+HIDDEN_CHUNK = 4096
 
 
 def classify_vllm(
@@ -39,6 +46,7 @@ def classify_vllm(
     token_ids: Sequence[int] = (),
     max_tokens: int | None = None,
     progress: bool = False,
+    hidden: bool = False,
     **overrides: Any,
 ) -> list[LabelResult]:
     """Classify prompts on a vLLM engine; one `LabelResult` per prompt, in order.
@@ -86,6 +94,14 @@ def classify_vllm(
         the scores are wanted
     progress : bool
         Show vLLM's progress bar over the batch
+    hidden : bool
+        Also return the decision step's hidden state (`hidden`, `[d]` float32), read
+        back from its logits row inside the engine and taken from the engine's worker
+        through `collective_rpc` (the engine needs
+        `worker_extension_cls="semsoft_plugin.app.vllm_fits.FittedRows"`); a row that is
+        not the output layer's `W h + b` raises `HiddenNotRead` naming its residual.
+        Prompts are sent `HIDDEN_CHUNK` at a time, so the worker's bounded table never
+        drops a row before it is read
 
     Returns
     -------
@@ -100,6 +116,18 @@ def classify_vllm(
     from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
 
     cfg = (config or SemsoftConfig()).replace(**overrides)
+    if hidden and isinstance(prompts, Sequence) and len(prompts) > HIDDEN_CHUNK:
+        results: list[LabelResult] = []
+        for start in range(0, len(prompts), HIDDEN_CHUNK):
+            try:
+                results += classify_vllm(
+                    llm, prompts[start : start + HIDDEN_CHUNK], labels, cfg, mode=mode,
+                    trigger=trigger, constrained=constrained, keep_logprobs=keep_logprobs,
+                    token_ids=token_ids, max_tokens=max_tokens, progress=progress, hidden=True,
+                )  # fmt: skip
+            except HiddenNotRead as error:  # its prompt index counts from the chunk's start
+                raise HiddenNotRead(f"in the prompts from {start} on: {error}") from None
+        return results
     wanted = max(cfg.k, keep_logprobs)
     name = "k" if wanted == cfg.k else "keep_logprobs"
     check_engine_logprobs(llm.llm_engine.model_config, wanted, name)
@@ -129,6 +157,7 @@ def classify_vllm(
         trigger=trigger,
         leading_space=leading_space,
         logprobs=wanted,
+        hidden=hidden,
         **length,
     )
     request = request_of(params, {})
@@ -205,8 +234,11 @@ def classify_vllm(
             # transformers has it.
             first[i] = reread(i, steps[i])
     scores = [s for s in first if s is not None]
+    states: list[Any] = [None] * len(scores)
+    if hidden:
+        states = list(output_hidden(llm, outputs, [s.decision_step or 0 for s in scores]))
     results = []
-    for s, out, step in zip(scores, outputs, steps, strict=True):
+    for s, out, step, state in zip(scores, outputs, steps, states, strict=True):
         top = None
         if keep_logprobs:
             ranked = out.outputs[0].logprobs[s.decision_step].items()
@@ -221,6 +253,7 @@ def classify_vllm(
                 text=out.outputs[0].text,
                 top_logprobs=top,
                 token_logprobs={t: step[t] for t in extra_ids} if extra_ids else None,
+                hidden=state,
             )
         )
     return results

@@ -292,6 +292,7 @@ def sampling_params(
     trigger: str | None = None,
     leading_space: bool = True,
     fit: str | None = None,
+    hidden: bool = False,
     **kwargs: Any,
 ) -> SamplingParams:
     """Ordinary `SamplingParams` for a request that opts in to Semantic Softmax.
@@ -315,6 +316,10 @@ def sampling_params(
     fit : str | None
         The name of a fit the engine serves (`semsoft_plugin.app.vllm_fits`): its
         probabilities replace the scores and, in constrain mode, choose the label
+    hidden : bool
+        Keep the decision step's hidden state, read back from its logits row, in the
+        engine's worker for the offline reader (`classify_vllm(hidden=True)`; the engine
+        needs the worker extension `semsoft_plugin.app.vllm_fits.FittedRows`)
     **kwargs : Any
         Any other `SamplingParams` argument. Defaults: greedy
         (`temperature=0`), `logprobs=k`, `max_tokens` = the longest label's
@@ -328,7 +333,7 @@ def sampling_params(
     method = {name: kwargs.pop(name) for name in _METHOD_KWARGS if name in kwargs}
     request = build_request(
         labels, config=config, mode=mode, trigger=trigger, leading_space=leading_space, fit=fit,
-        **method,
+        hidden=hidden, **method,
     )  # fmt: skip
     extra = dict(kwargs.pop("extra_args", None) or {})
     extra.update(request.to_extra_args())

@@ -29,6 +29,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 )
 
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.logits_inverse import LogitsInverse
 from semsoft_plugin.core.request import ENTRY_POINT, SemsoftRequest, parse_request
 from semsoft_plugin.engines.scoring import CACHE_SIZE, LabelScorer, ModelScorer, trigger_position
 from semsoft_plugin.engines.vllm.params import (
@@ -37,8 +38,11 @@ from semsoft_plugin.engines.vllm.params import (
     validate_params,
 )
 from semsoft_plugin.engines.vllm.reader_tables import (
+    HIDDEN,
     FitUse,
     apply_fits,
+    fitted_key,
+    keep_hidden,
     keep_reason,
     record_unscored,
 )
@@ -177,6 +181,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         self.inert = _claim_engine(vllm_config, self._runner, self)
         self._model: ModelScorer | None = None
         self._model_lock = threading.Lock()
+        self._inverse: LogitsInverse | None = None  # built on the first fit or hidden read
         self._active: dict[int, _Active] = {}  # V1: batch index; V2: request slot
         # Bounded like the label-set cache: one entry per distinct refusal, so a stream
         # of distinct refused label sets cannot grow it without end.
@@ -225,6 +230,14 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
                 )
             return self._model
 
+    def _logits_inverse(self) -> LogitsInverse:
+        """The output layer's pseudo-inverse (`h = W⁺ (z - b)`), built once per engine
+        from the checkpoint's output embeddings."""
+        if self._inverse is None:
+            embeddings = self._engine_model().embeddings
+            self._inverse = LogitsInverse(embeddings.weight, vocab_size=embeddings.vocab_size)
+        return self._inverse
+
     def _activate(self, params: SamplingParams) -> _Active | None:
         if self.inert:
             return None
@@ -232,7 +245,9 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             request = parse_request(params.extra_args)
         except ValueError:
             return None  # refused at admission by validate_params; never reaches here
-        if request is None or (request.mode != "constrain" and request.fit is None):
+        if request is None or (
+            request.mode != "constrain" and request.fit is None and not request.hidden
+        ):
             return None
         model = self._engine_model()
         eos = params.eos_token_id
@@ -401,6 +416,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         assert scoring is not None  # _plan never groups a refused label set for a decision
         rows = torch.tensor([row for row, _ in group], device=logits.device)
         picked = logits.index_select(0, rows)
+        self._keep_hidden(group, picked)
         nan = torch.isnan(picked).any(-1)
         pos_inf = (picked == float("inf")).any(-1)
         masked = (picked == float("-inf")).all(-1)
@@ -438,6 +454,23 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         logits[rows] = float("-inf")
         logits[rows.unsqueeze(1), answer.unsqueeze(0)] = log_p
         _record_greedy_picks(logits, rows, group)
+
+    def _keep_hidden(self, group: list[tuple[int, _Active]], picked: Tensor) -> None:
+        """Keep the hidden state of each row whose request asked for it
+        (`semsoft_hidden`), read back from the row as the processor got it, before
+        anything is written to it (`reader_tables.keep_hidden`)."""
+        wanted = [i for i, (_, state) in enumerate(group) if state.request.hidden]
+        if not wanted:
+            return
+        keys: list[str | None] = []
+        for i in wanted:
+            state = group[i][1]
+            if state.prompt_ids is None or state.output_ids is None:
+                keys.append(None)  # no key a reader could rebuild
+                continue
+            before = list(state.output_ids)[: state.decided_at or 0]
+            keys.append(fitted_key(HIDDEN, state.prompt_ids, before))
+        keep_hidden(keys, picked[wanted], self._logits_inverse())
 
     def _warn_placeholder(self) -> None:
         self._warn(
@@ -486,7 +519,8 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             def generated(n: int, slot: int = slot, start: int = start) -> list[int]:
                 return all_tokens[slot, start : start + n].tolist()
 
-            if state.fit is not None and state.label is None:  # a fitted row's key
+            if (state.fit is not None or state.request.hidden) and state.label is None:
+                # a fitted row's key, or a kept hidden state's
                 state.prompt_ids = all_tokens[slot, :start].tolist()
                 state.output_ids = all_tokens[slot, start : start + j].tolist()
 

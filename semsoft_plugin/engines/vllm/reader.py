@@ -17,9 +17,15 @@ from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.engines.reader_contract import FitNotApplied, fitted_row, read_scores
 from semsoft_plugin.engines.scoring import client_model, decision_step
 from semsoft_plugin.engines.vllm.params import sampling_params
-from semsoft_plugin.engines.vllm.reader_tables import fitted_key, rpc_rows, unscored_reason
+from semsoft_plugin.engines.vllm.reader_tables import (
+    HIDDEN,
+    fitted_key,
+    read_hidden,
+    rpc_rows,
+    unscored_reason,
+)
 
-__all__ = ["label_probs", "label_scores"]
+__all__ = ["label_probs", "label_scores", "output_hidden"]
 
 
 def request_of(params_or_labels: Any, options: Mapping[str, Any]) -> SemsoftRequest:
@@ -159,6 +165,34 @@ def label_scores(
         greedy=greedy,
         fitted=fitted,
     )
+
+
+def output_hidden(llm: Any, outputs: Sequence[Any], steps: Sequence[int]) -> list[Any]:
+    """The `[d]` float32 decision-step hidden states of offline `RequestOutput`s whose
+    requests asked for them (`sampling_params(..., hidden=True)`), taken from the
+    engine's worker table (`reader_tables.read_hidden`: `HiddenNotRead` naming a row that
+    is not `W h + b`, with its residual).
+
+    Parameters
+    ----------
+    llm : Any
+        The `vllm.LLM` that ran them (with the worker extension
+        `semsoft_plugin.app.vllm_fits.FittedRows`).
+    outputs : Sequence[Any]
+        Its outputs, first completion each.
+    steps : Sequence[int]
+        Each output's decision step (the index of the generated token it decided).
+
+    Returns
+    -------
+    list of Tensor
+        One `[d]` float32 tensor per output.
+    """
+    keys = [
+        fitted_key(HIDDEN, list(out.prompt_token_ids), list(out.outputs[0].token_ids)[:step])
+        for out, step in zip(outputs, steps, strict=True)
+    ]
+    return read_hidden(llm, keys)
 
 
 def _top_k_logprobs(entries: Mapping[int, Any], k: int) -> dict[int, float]:

@@ -23,6 +23,16 @@ step (`fitted_key`), which the reader can rebuild from the ordinary output. vLLM
 middleware calls it once per response and writes each choice's row into the response as
 `semsoft_fitted` (`RESPONSE_FITTED`), which `openai_label_scores` reads.
 
+**Hidden states.** A request with `semsoft_hidden` (what `classify_vllm(hidden=True)`
+sends for `Classifier.fit`'s probe and `semsoft eval`) has its decision step's hidden
+state read back from its logits row (`h = W⁺ (z - b)`,
+[LogitsInverse][semsoft_plugin.core.logits_inverse.LogitsInverse]) and kept in the same
+table, under the key `fitted_key(HIDDEN, prompt, before)` (`HIDDEN` is no fit name), as
+`{"hidden": float32 bytes, "residual": r}`, or `{"residual": r, "reason": ...}` for a row
+that is not `W h + b`; the reader takes it (`take=True` removes it) through the same
+`collective_rpc` method. Only `[d]` float32 per row crosses the process boundary, never
+the vocabulary row.
+
 A row the fit cannot score is recorded with the reason (a residual above the tolerance:
 `logit_bias`, `min_tokens`, allowed-token or bad-word masks, structured outputs, an
 earlier processor; NaN or masked logits); the reader raises `FitNotApplied` with it.
@@ -40,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from semsoft_plugin.core.logits_inverse import DEFAULT_TOLERANCE
+from semsoft_plugin.core.logits_inverse import DEFAULT_TOLERANCE, LogitsInverse
 from semsoft_plugin.core.request import KEY_FIT, SemsoftRequest
 from semsoft_plugin.core.row_probe import LogitsProbe
 from semsoft_plugin.engines.reader_contract import FitNotApplied
@@ -49,12 +59,17 @@ from semsoft_plugin.engines.scoring import CACHE_SIZE, ModelScorer
 __all__ = [
     "EXTENSION",
     "FIT_PROCESSOR",
+    "HIDDEN",
     "RPC_METHOD",
     "FitUse",
+    "HiddenNotRead",
     "apply_fits",
     "keep",
+    "keep_hidden",
     "keep_reason",
     "fitted_key",
+    "hidden_refusal",
+    "read_hidden",
     "fitted_rows",
     "record_fits",
     "record_unscored",
@@ -69,6 +84,9 @@ RPC_METHOD = "semsoft_fitted_rows"
 # Fitted rows kept per worker process: a reader reads its row when the request ends, so
 # only a reader slower than this many later decisions finds its row gone (and is told).
 TABLE_SIZE = 65536
+# The table name of a request's hidden state: a fit name holds no '/', so no fit's key
+# is ever a hidden state's.
+HIDDEN = "/hidden"
 
 
 # Requests the processor could not score, for the readers in this process: (prompt
@@ -179,20 +197,93 @@ def record_fits(uses: Sequence[tuple[FitUse, str | None]], picked: Tensor) -> li
             entry: dict[str, Any] = {"probs": probs.tolist(), "residual": residual}
             out.append(probs)
         else:
-            why = (
-                "its logits hold NaN, inf or a masked token"
-                if residual == float("inf")
-                else f"its reconstruction residual {residual:.3g} exceeds {use.tolerance}"
-            )
-            entry = {
-                "reason": f"fit {use.name!r} not applied: the decision-step row is not the "
-                f"output layer's W h + b ({why}); logit_bias, min_tokens, allowed or bad "
-                "tokens, structured outputs or an earlier processor change the row before "
-                "this processor reads it"
-            }
+            why = row_reason(residual, use.tolerance)
+            entry = {"reason": f"fit {use.name!r} not applied: {why}"}
             out.append(None)
         if key is not None:
             keep(key, entry)
+    return out
+
+
+def row_reason(residual: float, tolerance: float) -> str:
+    """Why a decision-step row with this reconstruction residual is not read as
+    `W h + b` (the residual named, and what makes one)."""
+    why = (
+        "its logits hold NaN, inf or a masked token"
+        if not residual < float("inf")
+        else f"its reconstruction residual {residual:.3g} exceeds the tolerance {tolerance}"
+    )
+    return (
+        f"the decision-step row is not the output layer's W h + b ({why}); logit_bias, "
+        "min_tokens, allowed or bad tokens, structured outputs, soft-capped logits or an "
+        "earlier processor change the row before this processor reads it"
+    )
+
+
+def keep_hidden(
+    keys: Sequence[str | None],
+    picked: Tensor,
+    inverse: LogitsInverse,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> None:
+    """Read each row's hidden state back from `picked` (`[N, V]` decision-step logits)
+    and keep it under its key (`fitted_key(HIDDEN, ...)`; None: not kept), with its
+    residual, or why it cannot be read (`row_reason`)."""
+    back = inverse.read(picked, tolerance)
+    for key, hidden, residual, readable in zip(
+        keys, back.hidden.cpu(), back.residual.tolist(), back.readable.tolist(), strict=True
+    ):
+        if key is None:
+            continue
+        entry: dict[str, Any] = {"residual": residual}
+        if readable:
+            entry["hidden"] = hidden.contiguous().numpy().tobytes()
+        else:
+            entry["reason"] = (
+                "the hidden state cannot be read back from its logits row: "
+                + row_reason(residual, tolerance)
+            )
+        keep(key, entry)
+
+
+class HiddenNotRead(ValueError):
+    """A decision step's hidden state could not be read back from its logits row (the
+    row is not `W h + b`, or the engine kept none); the message names why."""
+
+
+def hidden_refusal(llm: Any) -> str | None:
+    """Why an offline `vllm.LLM` cannot return hidden states (its worker extension is
+    not `EXTENSION`), or None."""
+    parallel = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    found = getattr(getattr(parallel, "parallel_config", None), "worker_extension_cls", "")
+    if found == EXTENSION:
+        return None
+    return (
+        "the decision step's hidden state is read back from its logits row inside the "
+        "engine and returned through its worker, which this engine cannot do: create it "
+        f"with LLM(..., worker_extension_cls={EXTENSION!r})"
+    )
+
+
+def read_hidden(llm: Any, keys: Sequence[str]) -> list[Tensor]:
+    """The `[d]` float32 hidden states kept under `keys` in an offline `vllm.LLM`'s
+    worker, taken from its table; `HiddenNotRead` naming the first row that has none
+    (its index in `keys`, its residual and why)."""
+    try:
+        rows = rpc_rows(llm, keys, take=True)
+    except FitNotApplied:
+        raise HiddenNotRead(hidden_refusal(llm) or "the engine's worker has no table") from None
+    out = []
+    for i, row in enumerate(rows):
+        if row is None:
+            raise HiddenNotRead(
+                f"prompt {i}: the engine kept no hidden state for it (an engine without "
+                "the semsoft processor, or more than "
+                f"{TABLE_SIZE} rows kept before this one was read)"
+            )
+        if row.get("hidden") is None:
+            raise HiddenNotRead(f"prompt {i}: {row.get('reason')}")
+        out.append(torch.frombuffer(bytearray(row["hidden"]), dtype=torch.float32))
     return out
 
 
@@ -258,18 +349,20 @@ def keep(key: str, entry: dict[str, Any]) -> None:
             _TABLE.popitem(last=False)
 
 
-def fitted_rows(keys: Sequence[str]) -> list[dict[str, Any] | None]:
+def fitted_rows(keys: Sequence[str], take: bool = False) -> list[dict[str, Any] | None]:
     """The rows kept under `keys` in this process (None: none kept), for the worker
-    extension's `RPC_METHOD`."""
+    extension's `RPC_METHOD`; `take` removes them from the table."""
     with _LOCK:
+        if take:
+            return [_TABLE.pop(str(k), None) for k in keys]
         return [None if (row := _TABLE.get(str(k))) is None else dict(row) for k in keys]
 
 
-def rpc_rows(llm: Any, keys: Sequence[str]) -> list[dict[str, Any] | None]:
-    """The fitted rows of `keys` from an offline `vllm.LLM`'s workers (the first
-    worker's answer: every tensor-parallel rank computes the same rows)."""
+def rpc_rows(llm: Any, keys: Sequence[str], take: bool = False) -> list[dict[str, Any] | None]:
+    """The rows of `keys` from an offline `vllm.LLM`'s workers (the first worker's
+    answer: every tensor-parallel rank computes the same rows); `take` removes them."""
     try:
-        answers = llm.collective_rpc(RPC_METHOD, args=(list(keys),))
+        answers = llm.collective_rpc(RPC_METHOD, args=(list(keys), take))
     except NotImplementedError:
         raise FitNotApplied(
             f"this engine cannot return fitted rows: create it with "
