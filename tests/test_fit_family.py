@@ -191,13 +191,15 @@ def test_the_probe_is_chosen_when_the_hidden_state_separates_the_classes() -> No
     np.testing.assert_allclose(out[held], want)
 
 
-def test_the_probe_as_arrays_is_scikit_learns_and_round_trips(tmp_path) -> None:
-    """With an anchor that reads nothing, the probe is scikit-learn's L2 logistic
-    regression at its strength: the same `C` with three labels (a softmax over all of
-    them), `2 C` with two (two rows `A_0, A_1` cost `|A_1 - A_0|^2 / 4` where the
+def test_the_probe_as_arrays_is_scikit_learns_and_round_trips(tmp_path, monkeypatch) -> None:
+    """With hard targets and label rows that read nothing, the probe is scikit-learn's L2
+    logistic regression at its strength: the same `C` with three labels (a softmax over
+    all of them), `2 C` with two (two rows `A_0, A_1` cost `|A_1 - A_0|^2 / 4` where the
     sigmoid's one row costs `|w|^2 / 2`)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
+
+    monkeypatch.setattr(temperature_scaling, "SUCCESSION_TARGETS", False)
 
     rng = np.random.default_rng(0)
     for n_labels in (2, 3):

@@ -13,7 +13,9 @@ macro-F1 (issue 41). So the probe here is a *correction* of the model's label lo
     p(label | h) = softmax(beta * u + A x + c),    x = (h - mean) / scale
 
 with `beta` (a temperature) and the per-label `c` free, and `A` shrunk toward 0 by an
-L2 penalty: the objective is `C * sum_i w_i NLL_i + |A|^2 / 2`. The strength `C` is
+L2 penalty: the objective is `C * sum_i w_i CE(t_i, p_i) + |A|^2 / 2`, with `t` the
+few-label fit's succession targets (an item's label `(N + 1) / (N + 2)`), so that label
+logits that separate the items cannot drive `beta` without bound. The strength `C` is
 chosen by inner stratified folds: the smallest inner-fold NLL among the strengths whose
 inner-fold macro-F1 is not below the label logits' own, so with few labels it falls
 back to the model's ranking with a temperature. Since `u` is linear in `h`, the fitted
@@ -265,23 +267,29 @@ def _fit_anchored(
     strength: float,
     start: _Anchored | None = None,
 ) -> _Anchored:
-    """Minimise `C * sum_i w_i NLL_i + |A|^2 / 2` over `(A, beta, c)` with L-BFGS
-    (convex: a multinomial logistic regression with an unpenalised offset column);
-    `start` warm-starts it (the previous strength of a path)."""
+    """Minimise `C * sum_i w_i CE(t_i, p_i) + |A|^2 / 2` over `(A, beta, c)` with
+    L-BFGS (convex: a multinomial logistic regression with unpenalised `beta` and `c`);
+    `start` warm-starts it (the previous strength of a path).
+
+    The targets `t` are the few-label fit's succession targets
+    (`semsoft_plugin.core.temperature_scaling.succession_targets`): where the label logits
+    with an offset separate the training items, hard targets would drive the unpenalised
+    `beta` without bound, and the first error on a new item would cost ~`beta` nats."""
     from scipy.optimize import minimize
     from scipy.special import logsumexp
 
+    from semsoft_plugin.core.temperature_scaling import succession_targets
+
     n, r = features.shape
     s = label_logits.shape[1]
-    onehot = np.zeros((n, s))
-    onehot[np.arange(n), y] = 1.0
+    soft = succession_targets(y, s, count=float(w.sum()))
 
     def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
         a, beta, c = theta[: s * r].reshape(s, r), theta[s * r], theta[s * r + 1 :]
         z = beta * label_logits + features @ a.T + c
         lse = logsumexp(z, axis=1)
-        loss = strength * float(w @ (lse - z[np.arange(n), y])) + 0.5 * float(np.sum(a * a))
-        g = strength * w[:, None] * (np.exp(z - lse[:, None]) - onehot)
+        loss = strength * float(w @ (lse - (soft * z).sum(1))) + 0.5 * float(np.sum(a * a))
+        g = strength * w[:, None] * (np.exp(z - lse[:, None]) - soft)
         grad = np.concatenate([(g.T @ features + a).ravel(), [np.sum(g * label_logits)], g.sum(0)])
         return loss, grad
 
