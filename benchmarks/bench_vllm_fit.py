@@ -47,8 +47,10 @@ def fit_on_transformers(checkpoint: str, prompts: list[Any], folder: Path) -> An
     in `folder` as the fit `FIT`; returns it and the hook probe's rows."""
     from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256
     from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
-    from semsoft_plugin.app.probe import fit_probe
+    from semsoft_plugin.app.probe import fit_probe, label_logit_rows
     from semsoft_plugin.core.config import SemsoftConfig
+    from semsoft_plugin.core.embeddings import from_model
+    from semsoft_plugin.core.labels import LabelSet
     from semsoft_plugin.engines import hf, models
     from semsoft_plugin.engines.hf_hidden import HiddenAtDecision
 
@@ -56,7 +58,8 @@ def fit_on_transformers(checkpoint: str, prompts: list[Any], folder: Path) -> An
     with HiddenAtDecision(model) as hook:
         hf.classify(model, tokenizer, prompts, LABELS, batch_size=8, max_tokens=1)
     hidden = hook.rows(tokenizer, prompts, 8).double().numpy()
-    probe = fit_probe(hidden, np.array(sst2_targets(len(prompts))), len(LABELS))
+    rows = label_logit_rows(from_model(model), LabelSet(LABELS, tokenizer))
+    probe = fit_probe(hidden, np.array(sst2_targets(len(prompts))), len(LABELS), label_rows=rows)
     correction = FittedCorrection("probe", tuple(LABELS), probe=probe)
     prompt = {"user": "Review: {text}\nIs the sentiment positive or negative?",
               "answer_prefix": "Sentiment:", "system": None}  # fmt: skip
