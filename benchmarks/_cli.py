@@ -52,3 +52,31 @@ def write_results(result: dict[str, Any], out: str | Path, text: str) -> None:
     path.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
     path.with_suffix(".md").write_text(text + "\n")
     print(text)
+
+
+def engine_bench_main(
+    description: str, script: str, run: Callable[[str, str, int, int], dict[str, Any]]
+) -> int:
+    """The command line of a one-engine benchmark (`--model`, `--prompts`, `--repeats`,
+    `--dtype`, `--out`): `run(checkpoint, dtype, prompts, repeats)`'s report, with the
+    model, the load average and the command, printed and written as JSON."""
+    import os
+    import sys
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args()
+    from semsoft_plugin.engines import models
+
+    report = run(str(models.resolve(args.model)), args.dtype, args.prompts, args.repeats)
+    report["model"] = args.model
+    report["load"] = [round(x, 2) for x in os.getloadavg()]
+    report["command"] = f"python benchmarks/{script} " + " ".join(sys.argv[1:])
+    print(json.dumps(report, indent=2), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    return 0

@@ -19,8 +19,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -100,23 +98,9 @@ def run(checkpoint: str, dtype: str, n: int, repeats: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--prompts", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
-    args = parser.parse_args()
-    from semsoft_plugin.engines import models
+    from _cli import engine_bench_main  # benchmarks/ is on sys.path when run as a script
 
-    report = run(str(models.resolve(args.model)), args.dtype, args.prompts, args.repeats)
-    report["model"] = args.model
-    report["load"] = [round(x, 2) for x in os.getloadavg()]
-    report["command"] = "python benchmarks/bench_vllm_hidden.py " + " ".join(sys.argv[1:])
-    print(json.dumps(report, indent=2), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
-    return 0
+    return engine_bench_main(__doc__.split("\n")[0], "bench_vllm_hidden.py", run)
 
 
 if __name__ == "__main__":
