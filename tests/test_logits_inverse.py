@@ -49,13 +49,6 @@ def test_a_probe_scores_the_logits_row_as_it_scores_the_hook(rows, inverse) -> N
     probe = fit_plain(np.r_[x, x + 0.01], np.r_[np.arange(8) % 2, np.arange(8) % 2], 2)
     back = inverse.read(logits)
     np.testing.assert_allclose(probe.probs(back.hidden.numpy()), probe.probs(x), atol=1e-4)
-    # The probe folded into the logits row: one [L, V] matrix, the same scores.
-    a = torch.from_numpy(probe.weight / probe.scale)
-    c = torch.from_numpy(probe.bias - (probe.weight / probe.scale) @ probe.mean)
-    folded, offset = inverse.fold(a, c)
-    assert tuple(folded.shape) == (2, weight.shape[0])
-    z = (logits @ folded.T + offset).double().softmax(-1).numpy()
-    np.testing.assert_allclose(z, probe.probs(x), atol=1e-4)
 
 
 def test_a_row_edited_before_the_processor_is_not_read(rows, inverse) -> None:
@@ -85,8 +78,6 @@ def test_refusals_name_the_bad_value() -> None:
         inverse.read(torch.randn(2, 10))
     with pytest.raises(ValueError, match="tolerance=nan"):
         inverse.read(torch.randn(2, 20), tolerance=float("nan"))
-    with pytest.raises(ValueError, match=r"need \[L, 4\]"):
-        inverse.fold(torch.randn(3, 5), torch.randn(3))
 
 
 TEXTS = ["I loved it.", "Awful.", "The plot was fine, I guess.", "Best film of the year!",

@@ -74,8 +74,9 @@ class LogitsInverse:
     -----
     Memory: `W⁺` is kept in float32 beside the weight it was made from, `d x V` (the size
     of the output layer in float32: 113 MB for SmolLM2-135M, 0.93 GB for
-    Qwen2.5-Coder-1.5B). A fitted linear map on `h` folds into one `[L, V]` matrix with
-    `fold`, so applying it needs only that matrix and this object's residual check.
+    Qwen2.5-Coder-1.5B). A fit is applied to the `h` read back, not folded into an
+    `[L, V]` map of the row: the residual check reads `h` anyway, and a fit then keeps
+    only its own weights (`[L, d]`).
 
     Examples
     --------
@@ -159,31 +160,3 @@ class LogitsInverse:
         residual = (z - hidden @ self.weight.T).abs().amax(dim=1)
         residual = torch.where(finite, residual, torch.full_like(residual, float("inf")))
         return ReadBack(hidden=hidden, residual=residual, readable=residual <= tolerance)
-
-    def fold(self, weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
-        """A linear map of the hidden state, `A h + c`, as a map of the logits row.
-
-        Parameters
-        ----------
-        weight : Tensor
-            `[L, d]` the map `A`.
-        bias : Tensor
-            `[L]` the offset `c`.
-
-        Returns
-        -------
-        tuple of Tensor
-            `B = A W⁺` (`[L, V]` float32) and `c - B b` (`[L]`), so that
-            `A h + c = B z + (c - B b)` for a row `z = W h + b`.
-        """
-        a = weight.to(torch.float32)
-        if a.dim() != 2 or a.shape[1] != self.dim or tuple(bias.shape) != (a.shape[0],):
-            raise ValueError(
-                f"a map of shape {tuple(weight.shape)} + {tuple(bias.shape)}: need [L, "
-                f"{self.dim}] + [L]"
-            )
-        folded = a @ self.pinv
-        offset = bias.to(torch.float32)
-        if self.bias is not None:
-            offset = offset - folded @ self.bias
-        return folded, offset
