@@ -236,7 +236,9 @@ def main() -> int:
     if args.merge:
         parts = [json.loads(Path(f).read_text()) for f in args.merge.split(",")]
         pairs = {k: v for part in parts for k, v in part["pairs"].items()}
-        command = "; ".join(part["command"] for part in parts)
+        command = "; ".join(part["command"] for part in parts) + "; then " + " ".join(
+            ["python", "benchmarks/probe_curve.py", *sys.argv[1:]]
+        )
     sizes = tuple(int(v) for v in args.sizes.split(","))
     missing = []
     for model in [] if args.merge else args.models.split(","):
