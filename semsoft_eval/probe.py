@@ -3,7 +3,8 @@
 Temperature scaling and the bias corrections rescale or shift the label logits, which
 hold one number per label. The last layer's hidden state at the decision step holds
 what the model knows about the input before its output layer throws most of it away;
-with a few labels, a regularised multinomial logistic regression on it can separate
+with a few labels, a regularised multinomial logistic regression on it, anchored on the
+label logits so that it keeps their ranking unless the labels show better, can separate
 labels the label logits confuse. The `probe` method of `semsoft eval` fits one
 (`semsoft_plugin.app.probe.fit_probe`, the one `Classifier.fit` uses) on each
 run's training folds and scores the held fold, like `temperature`.
