@@ -55,8 +55,11 @@ class PoisonRows(V1LogitsProcessor):
         return logits
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def poison_llm(checkpoint):
+    """Session-scoped like conftest's engines: an in-process engine torn down mid-session
+    takes vLLM's process-wide parallel state with it, and every engine still open (the
+    session's `llm`) then fails its next step."""
     with pytest.MonkeyPatch.context() as patch:
         without_entry_points(patch)
         engine = LLM(
@@ -65,7 +68,6 @@ def poison_llm(checkpoint):
             **ENGINE_ARGS,
         )
     yield engine
-    del engine
 
 
 def test_a_nan_row_leaves_its_neighbours_alone(poison_llm):
