@@ -79,7 +79,7 @@ def _bootstrap_upper(diffs: list[np.ndarray], seed: int, n: int = 1000) -> tuple
 
 
 def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, margin: float,
-               seed: int) -> dict[str, Any]:  # fmt: skip
+               seed: int, family: tuple[str, ...] = fitting.FAMILY) -> dict[str, Any]:  # fmt: skip
     """Per size: each method's test scores averaged over the draws, the fit's adopted
     members, and fit - temperature with its bootstrap interval."""
     forward, labels, embeddings = pair["forward"], pair["labels"], pair["embeddings"]
@@ -120,7 +120,7 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
                     probe_probs = np.tile(counts / counts.sum(), (len(test), 1))
                 best, t, keep, stats = fitting.fit_probs(
                     grid[:, train], start[train], y[train], single=single, margin=margin,
-                    seed=seed, family=fitting.FAMILY, content_free=content_free,
+                    seed=seed, family=family, content_free=content_free,
                     external={"probe": member}, rows=train,
                 )  # fmt: skip
             if not keep and stats["procedure"] == "probe":
@@ -222,6 +222,8 @@ def main() -> int:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="labels to fit on")
     parser.add_argument("--margin", type=float, default=1.0, help="the rule, in standard errors")
     parser.add_argument("--merge", help="comma-separated result JSONs: their pairs in one table")
+    parser.add_argument("--family", default=",".join(fitting.FAMILY),
+                        help="the members checked (default: Classifier.fit's on transformers)")
     parser.add_argument("--f1-tolerance", type=float, default=fitting.F1_TOLERANCE,
                         help="the rule's macro-F1 guard (fitting.F1_TOLERANCE)")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/probe-curve.json")
@@ -256,7 +258,7 @@ def main() -> int:
             pairs[f"{model}/{dataset}"] = {
                 "n": len(pair["data"].targets),
                 "sizes": pair_curve(pair, sizes=sizes, draws=args.draws, margin=args.margin,
-                                    seed=args.seed),  # fmt: skip
+                                    seed=args.seed, family=tuple(args.family.split(","))),  # fmt: skip
             }
             _write(pairs, missing, args, command, write_results)
     _write(pairs, missing, args, command, write_results)
@@ -273,6 +275,7 @@ def _write(pairs: dict[str, Any], missing: list[str], args: argparse.Namespace, 
         "draws": args.draws,
         "margin": args.margin,
         "f1_tolerance": args.f1_tolerance,
+        "family": args.family,
         "missing_pairs": missing,
         "targets": targets(pairs),
         "pairs": pairs,
