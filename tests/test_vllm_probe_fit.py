@@ -97,6 +97,9 @@ def test_a_probe_fitted_through_vllm_equals_one_fitted_through_transformers(
 
     monkeypatch.setattr(transformers.PreTrainedModel, "__init__", built)
     monkeypatch.setattr(models, "load", built)
+    # The cache is process-wide: earlier tests' vLLM passes (kept without `h`) are not this
+    # fit's, so start from an empty one and look only at what this fit kept.
+    PASSES.clear()
     clf = Classifier(llm, labels=LABELS, **PROBE_ONLY).fit(texts, y)
     got = clf.predict_proba(texts)
     for fitted in (hf_fit, clf):
