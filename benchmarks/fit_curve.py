@@ -52,7 +52,8 @@ SIZES = (50, 100, 200)
 TARGET_SIZE = 100
 
 
-def _scores(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
+def scores(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """`METRICS` of `[N, L]` probabilities against `[N]` labels (also `probe_curve.py`'s)."""
     return {
         "nll": float(nll(probs, y).mean()),
         "ece": float(ece_numpy(probs.max(1), probs.argmax(1) == y)),
@@ -120,20 +121,20 @@ def pair_curve(
 
             common = {"margin": margin, "seed": seed, "single": single}
             fitted, keep, procedure = _fit(grid, start, y, train, test, **common, **family)
-            rows["fit"].append(_scores(fitted, y[test]))
+            rows["fit"].append(scores(fitted, y[test]))
             kept_default += keep
             procedures.append(None if keep else procedure)
             fitted, _, _ = _fit(grid, start, y, train, test, **common)
-            rows["fit-weight-temperature"].append(_scores(fitted, y[test]))
+            rows["fit-weight-temperature"].append(scores(fitted, y[test]))
             t_con = fit_temperature(log_con[train], y[train])
-            rows["temperature"].append(_scores(apply_temperature(log_con[test], t_con), y[test]))
-            rows["default"].append(_scores(start[test], y[test]))
-            rows["constrained"].append(_scores(constrained[test], y[test]))
+            rows["temperature"].append(scores(apply_temperature(log_con[test], t_con), y[test]))
+            rows["default"].append(scores(start[test], y[test]))
+            rows["constrained"].append(scores(constrained[test], y[test]))
             if hidden is not None:
                 probs = fit_probe(hidden[train], y[train], grid.shape[2], seed=seed).probs(
                     hidden[test]
                 )
-                rows["probe"].append(_scores(probs, y[test]))
+                rows["probe"].append(scores(probs, y[test]))
             # Uninformative labels: drawn from the default's own distribution, so the
             # default is right and any move away from it is overfitting.
             rng = np.random.default_rng([seed, size, draw, 1])

@@ -42,29 +42,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from semsoft_eval.metrics import ece_numpy, macro_f1
 from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
 from semsoft_plugin.core import fitting
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.kept_scores import grid_probs
 from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_temperature, nll
 
-SETS = "goemotions:300,ekman:300,sst2:300,agnews:300,trec:300,convabuse:300,davidson:300"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks beside it
+from fit_curve import METRICS, SETS, scores  # noqa: E402  (the same sample and metrics)
+
 SIZES = (25, 50, 100, 200)
 TARGET_SIZE = 100
 METHODS = ("fit", "probe", "temperature", "default", "constrained")
-METRICS = ("nll", "ece", "accuracy", "macro_f1")
 NLL_ABOVE = 0.005
 F1_BELOW = 0.01
-
-
-def _scores(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    return {
-        "nll": float(nll(probs, y).mean()),
-        "ece": float(ece_numpy(probs.max(1), probs.argmax(1) == y)),
-        "accuracy": float((probs.argmax(1) == y).mean()),
-        "macro_f1": macro_f1(probs, y),
-    }
 
 
 def _bootstrap_upper(diffs: list[np.ndarray], seed: int, n: int = 1000) -> tuple[float, float]:
@@ -131,7 +122,7 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
             adopted.append("kept" if keep else stats["procedure"])
             for name, p in (("fit", fitted), ("probe", probe_probs), ("temperature", scaled),
                             ("default", start[test]), ("constrained", constrained[test])):  # fmt: skip
-                rows[name].append(_scores(p, y[test]))
+                rows[name].append(scores(p, y[test]))
             diffs.append(nll(fitted, y[test]) - nll(scaled, y[test]))
         low, high = _bootstrap_upper(diffs, seed)
         mean = {m: {k: float(np.mean([r[k] for r in rows[m]])) for k in METRICS} for m in METHODS}
