@@ -171,7 +171,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Dtype: {result['dtype']}. Draws per size: {result['draws']}; test = the rest of the "
         "set. `fit` is `Classifier.fit`'s default family on transformers (probe included) "
-        "under its rule and macro-F1 guard.",
+        f"under its rule and macro-F1 guard (out-of-fold macro-F1 less {result['f1_z']:g} "
+        f"bootstrap standard errors at least the start's - {result['f1_tolerance']:g}).",
         "",
     ]
     t = result["targets"]
@@ -216,14 +217,16 @@ def main() -> int:
     parser.add_argument("--family", default=",".join(fitting.FAMILY),
                         help="the members checked (default: Classifier.fit's on transformers)")
     parser.add_argument("--f1-tolerance", type=float, default=fitting.F1_TOLERANCE,
-                        help="the rule's macro-F1 guard (fitting.F1_TOLERANCE)")  # fmt: skip
+                        help="the rule's macro-F1 guard (fitting.F1_TOLERANCE)")
+    parser.add_argument("--f1-z", type=float, default=fitting.F1_Z,
+                        help="the guard's standard errors (fitting.F1_Z)")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/probe-curve.json")
     args = parser.parse_args()
 
     from _cli import write_results  # benchmarks/ is on sys.path when run as a script
     from choose_defaults import load_pair
 
-    fitting.F1_TOLERANCE = args.f1_tolerance
+    fitting.F1_TOLERANCE, fitting.F1_Z = args.f1_tolerance, args.f1_z
     command = " ".join(["python", "benchmarks/probe_curve.py", *sys.argv[1:]])
     pairs: dict[str, Any] = {}
     if args.merge:
@@ -266,6 +269,7 @@ def _write(pairs: dict[str, Any], missing: list[str], args: argparse.Namespace, 
         "draws": args.draws,
         "margin": args.margin,
         "f1_tolerance": args.f1_tolerance,
+        "f1_z": args.f1_z,
         "family": args.family,
         "missing_pairs": missing,
         "targets": targets(pairs),

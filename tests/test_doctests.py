@@ -14,6 +14,7 @@ MODULES = [
     "semsoft_plugin.core.softmax",
     "semsoft_plugin.core.labels",
     "semsoft_plugin.core.folds",
+    "semsoft_plugin.core.fitting",
     "semsoft_plugin.core.calibration",
     "semsoft_plugin.core.row_probe",
     "semsoft_eval.metrics",

@@ -231,8 +231,10 @@ def _grid_with_base(base: np.ndarray) -> np.ndarray:
 
 
 def test_the_fit_finds_a_known_label_offset() -> None:
+    """300 items: with 150 this offset's macro-F1 gain (+.025) is within the guard's noise
+    (standard error .048), and the guard stops it."""
     truth = np.array([1.5, -0.5, 0.0, -1.0])
-    base, y = _offset_data(150, truth, 1.0, 10)
+    base, y = _offset_data(300, truth, 1.0, 10)
     start = _softmax(base)
     entry, t, kept, stats = fitting.fit_probs(
         _grid_with_base(base), start, y, single=BASE_GRID, bias=label_offsets.MEMBERS,

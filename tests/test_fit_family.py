@@ -77,13 +77,23 @@ def _member_cases(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def test_each_member_is_recovered_from_labels_it_generated() -> None:
     """Labels drawn from each member's own correction of the scores (300 per draw): the fit
     over the whole family adopts that member (the simplest that ties the best within the
-    margin) in at least 5 of 6 draws, with its parameter. (A member with as many free
-    parameters can tie or win a draw by chance: a 1-SE rule, not an oracle.)"""
+    margin) in at least 5 of 6 draws, with its parameter, or the macro-F1 guard stopped it
+    (its out-of-fold macro-F1 gain not shown at the guard's level) and the fit changed no
+    decision. (A member with as many free parameters can tie or win a draw by chance: a
+    1-SE rule, not an oracle.)"""
     found: dict[str, int] = {}
     for seed in range(6):
         for member, (truth, content_free) in _member_cases(seed).items():
             y = _sample(_softmax(truth), seed + 100)
             _, t, kept, stats = _fit(_scores(seed), y, content_free, seed=seed)
+            checked = stats["procedures"][member]
+            if checked["shows_gain"] and not checked["passes"]:  # the guard stopped it
+                bound = checked["f1_change"] - fitting.F1_Z * checked["f1_change_se"]
+                assert bound < -fitting.F1_TOLERANCE, (member, checked)
+                adopted = stats["procedures"].get(stats["procedure"], {})
+                assert kept or adopted["f1_change_se"] == adopted["f1_change"] == 0
+                found[member] = found.get(member, 0) + 1
+                continue
             assert not kept, (member, stats["procedures"])
             if stats["procedure"] != member:
                 continue
@@ -135,6 +145,64 @@ def test_a_member_that_buys_nll_with_the_winning_label_is_not_adopted(monkeypatc
     assert checked["gain"] > 0.5 and checked["f1_change"] < -0.3
     assert kept and not checked["passes"]
     monkeypatch.setattr(fitting, "F1_GUARD", False)
+    _, _, kept, stats = _fit(base, y, None, family, member)
+    assert not kept and stats["procedure"] == "probe"
+
+
+def test_the_guards_macro_f1_change_is_scikit_learns_over_the_labels_the_items_hold() -> None:
+    """`f1_change` is scikit-learn's macro-F1 difference with `labels=` the labels the
+    targets hold (weights as counts: the items repeated), not each one over the labels it
+    predicts: there, a member that stops naming a label the items lack seems to gain."""
+    from sklearn.metrics import f1_score
+
+    rng = np.random.default_rng(7)
+    y = rng.integers(0, 5, 60)
+    y[y == 4] = 3  # label 4: never a target, named by both below
+    start = np.where(rng.random(60) < 0.6, y, rng.integers(0, 5, 60))
+    member = np.where(rng.random(60) < 0.7, y, rng.integers(0, 5, 60))
+    held = np.unique(y)
+    expected = f1_score(y, member, labels=held, average="macro") - f1_score(
+        y, start, labels=held, average="macro"
+    )
+    change, se = fitting.f1_change(y, start, member, 5)
+    assert change == pytest.approx(expected, abs=1e-12) and 0 < se < 0.2
+    w = rng.integers(1, 4, 60)
+    change_w, _ = fitting.f1_change(y, start, member, 5, w.astype(float))
+    repeated, _ = fitting.f1_change(np.repeat(y, w), np.repeat(start, w), np.repeat(member, w), 5)
+    assert change_w == pytest.approx(repeated, abs=1e-12)
+    # The start names label 2, which no item holds; the member names 1 there instead: label
+    # 1 loses precision. Per own labels, scikit-learn's default counts that as a gain.
+    y, start, member = np.array([0, 0, 1, 1]), np.array([0, 2, 1, 1]), np.array([0, 1, 1, 1])
+    own_labels = f1_score(y, member, average="macro") - f1_score(y, start, average="macro")
+    assert own_labels > 0.1
+    assert fitting.f1_change(y, start, member, 3)[0] == pytest.approx(-0.1, abs=1e-12)
+    assert fitting.f1_change(y, start, start.copy(), 3) == (0.0, 0.0)
+
+
+def test_the_guard_refuses_a_member_whose_macro_f1_gain_is_within_its_noise(monkeypatch) -> None:
+    """A member that rights six wrong decisions and breaks six right ones (its macro-F1
+    about the start's, but within a wide noise) is refused however much NLL it buys;
+    with the bound at the point estimate (`F1_Z = 0`) the same draw passes."""
+    rng = np.random.default_rng(0)
+    y = np.arange(40) % 4
+    named = np.where(rng.random(40) < 0.5, y, (y + 1) % 4)
+    base = np.log(np.full((40, 4), 0.002) + 0.992 * np.eye(4)[named])
+    fix = rng.choice(np.flatnonzero(named != y), 6, replace=False)
+    broken = rng.choice(np.flatnonzero(named == y), 6, replace=False)
+    renamed = named.copy()
+    renamed[fix], renamed[broken] = y[fix], (y[broken] + 2) % 4
+
+    def renaming(train: np.ndarray, held: np.ndarray) -> np.ndarray:
+        return 0.55 * np.eye(4)[renamed[held]] + 0.45 / 4  # a far better NLL than 0.992
+
+    family, member = ("probe",), {"probe": renaming}
+    _, _, _, stats = _fit(base, y, None, family, member)
+    checked = stats["procedures"]["probe"]
+    assert checked["gain"] > 3 * checked["gain_se"] > 0
+    assert checked["f1_change"] >= -fitting.F1_TOLERANCE
+    assert checked["f1_change"] - fitting.F1_Z * checked["f1_change_se"] < -fitting.F1_TOLERANCE
+    assert not checked["passes"]
+    monkeypatch.setattr(fitting, "F1_Z", 0.0)
     _, _, kept, stats = _fit(base, y, None, family, member)
     assert not kept and stats["procedure"] == "probe"
 

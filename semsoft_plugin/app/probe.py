@@ -331,8 +331,9 @@ def _choose_strength(
             log_p = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
             held_nll[i] -= float(w[held] @ log_p[np.arange(held.sum()), y[held]])
             predicted[i, held] = z.argmax(axis=1)
-    own = macro_f1(y, u.argmax(axis=1), s, w)
-    f1 = np.array([macro_f1(y, p, s, w) for p in predicted])
+    seen = np.bincount(y, minlength=s) > 0  # the same labels for each: fitting.fit_probs
+    own = macro_f1(y, u.argmax(axis=1), s, w, labels=seen)
+    f1 = np.array([macro_f1(y, p, s, w, labels=seen) for p in predicted])
     keeps = f1 >= own
     return float(CS[int(np.argmin(np.where(keeps, held_nll, np.inf)))] if keeps.any()
                  else CS[int(np.argmax(f1))])  # fmt: skip

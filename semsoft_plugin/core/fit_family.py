@@ -75,7 +75,10 @@ class FitResult:
         `"temperature"` (a temperature on `start` alone), `"offset"`, `"batch"`,
         `"contextual"` (`config` then `offset`) or `"probe"` (the caller's)
     procedures : dict[str, Any]
-        Each checked member's gain, standard error, pass and NLL
+        Each checked member's gain and its standard error, its out-of-fold macro-F1
+        change and that change's bootstrap standard error (`f1_change`, `f1_change_se`),
+        whether it showed its gain (`shows_gain`), whether it passed the rule with the
+        macro-F1 guard (`passes`), and its NLL
     offset : list[float] | None
         A bias member's per-label log-offset, in the targets' label order, added
         after `config` (`None` for the other members)
