@@ -9,8 +9,9 @@ of the set scored). For each pair and size, the whole family
   before issue 36's second pass);
 * ``succession``: fitted to :func:`~semsoft_plugin.core.temperature_scaling.succession_targets`
   (an answer may not be made surer than ``(N + 1) / (N + 2)`` by ``N`` labels);
-* ``hard + F1 guard``: a member whose out-of-fold macro-F1 falls more than
-  ``fitting.F1_TOLERANCE`` below the start's is not adopted;
+* ``hard + F1 guard``: a member that changes decisions is adopted only where its
+  out-of-fold macro-F1 change less ``fitting.F1_Z`` bootstrap standard errors is at least
+  ``-fitting.F1_TOLERANCE`` (``fitting.fit_probs``);
 * ``succession + F1 guard``: both (what ``Classifier.fit`` and ``semsoft tune`` run).
 
 Beside them: temperature scaling of the constrained softmax on the same labels, and the
@@ -77,8 +78,14 @@ def _rule_run(arrays: dict[str, Any], size: int, draws: int, seed: int) -> dict[
     y, constrained = arrays["y"], arrays["constrained"]
     log_con = np.log(np.clip(constrained, 1e-30, 1.0))
     out: dict[str, Any] = {}
+    # A draw whose items hold one label cannot be fitted (the fit refuses it, as
+    # Classifier.fit does): it is left out of every rule and counted.
     splits = [
-        np.random.default_rng([seed, size, draw]).permutation(len(y)) for draw in range(draws)
+        order
+        for order in (
+            np.random.default_rng([seed, size, draw]).permutation(len(y)) for draw in range(draws)
+        )
+        if len(np.unique(y[order[:size]])) > 1
     ]
     baseline: dict[str, list[float]] = {"temperature": [], "constrained": [], "constrained_f1": []}
     for order in splits:
@@ -91,6 +98,7 @@ def _rule_run(arrays: dict[str, Any], size: int, draws: int, seed: int) -> dict[
         )
         baseline["constrained_f1"].append(macro_f1(constrained[test], y[test]))
     out["baselines"] = {k: float(np.mean(v)) for k, v in baseline.items()}
+    out["one_label_draws_left_out"] = draws - len(splits)
     for name, (succession, guard) in RULES.items():
         temperature_scaling.SUCCESSION_TARGETS, fitting.F1_GUARD = succession, guard
         try:
@@ -134,7 +142,9 @@ def markdown(result: dict[str, Any]) -> str:
     for pair, sizes in result["pairs"].items():
         for size, run in sizes.items():
             base = run["baselines"]
-            head = [pair, size, f"{base['temperature']:.3f}", f"{base['constrained']:.3f}"]
+            left_out = run.get("one_label_draws_left_out", 0)
+            labels = f"{size} ({left_out} one-label draws left out)" if left_out else size
+            head = [pair, labels, f"{base['temperature']:.3f}", f"{base['constrained']:.3f}"]
             for name in RULES:
                 r = run[name]
                 adopted = ", ".join(f"{k} {v}" for k, v in r["adopted"].items())

@@ -186,7 +186,7 @@ def format_tune(result: TuneResult) -> str:
     fit = result.fit
     cfg = result.config
     kept = (
-        "kept the start (the fit did not beat it by the margin)"
+        "kept the start (no member beat it by the margin and kept macro-F1)"
         if fit.kept_default
         else (f"adopted ({fit.procedure})")
     )
@@ -197,6 +197,7 @@ def format_tune(result: TuneResult) -> str:
         f"{fit.margin:g} se)",
         *_correction_lines(result.correction),
         "",
+        *_member_lines(fit.procedures),
         "cross-validated (choice nested in the folds):",
         "",
         "| method | acc | macro-F1 | ECE | Brier | NLL | AUROC |",
@@ -209,6 +210,30 @@ def format_tune(result: TuneResult) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _member_lines(procedures: dict[str, Any]) -> list[str]:
+    """Each member's out-of-fold evidence: what the rule and its macro-F1 guard read."""
+    if not procedures:
+        return []
+    lines = [
+        "each member out of fold (NLL gain and macro-F1 change over the start, with their "
+        "standard errors):",
+        "",
+        "| member | NLL gain | se | macro-F1 change | se | passes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in procedures.items():
+        cells = [
+            name,
+            f"{row['gain']:+.4f}",
+            f"{row['gain_se']:.4f}",
+            f"{row['f1_change']:+.3f}",
+            f"{row['f1_change_se']:.3f}",
+            "yes" if row["passes"] else "no",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _correction_lines(correction: FittedCorrection | None) -> list[str]:

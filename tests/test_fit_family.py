@@ -490,6 +490,12 @@ def test_tune_searches_the_family_and_writes_what_classify_reads(tmp_path, capsy
     tuned = json.loads(report.read_text())
     assert set(tuned["fit"]["procedures"]) == {"temperature", "offset", "batch", "contextual",
                                                "probe"}  # fmt: skip
+    # The printed report gives each member's evidence as the rule read it.
+    printed = capsys.readouterr().out
+    for name, row in tuned["fit"]["procedures"].items():
+        assert (f"| {name} | {row['gain']:+.4f} | {row['gain_se']:.4f} | "
+                f"{row['f1_change']:+.3f} | {row['f1_change_se']:.3f} | "
+                f"{'yes' if row['passes'] else 'no'} |") in printed  # fmt: skip
     config, correction = load_fitted(out)
     assert config == SemsoftConfig().replace(**tuned["config"])
     procedure = tuned["fit"]["procedure"]
