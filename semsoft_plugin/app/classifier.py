@@ -639,9 +639,10 @@ class Classifier(ClassifierMixin, BaseEstimator):
         Classifier
             `self`.
         """
-        engine, names = handles.engine_of(self), self._names()
+        handles.check_backend(self.backend)  # a bad backend fails before the file is read
+        names = self._names()
         self._fitted = FittedState.load(
-            path, names, calibrate=self.calibrate, engine=engine, identity=self._identity(names)
+            path, names, calibrate=self.calibrate, identity=self._identity(names)
         )
         return self
 

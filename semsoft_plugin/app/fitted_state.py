@@ -132,7 +132,6 @@ class FittedState:
         names: list[str],
         *,
         calibrate: str | None,
-        engine: str,
         identity: FitIdentity | None,
     ) -> FittedState:
         """The fit a config file holds ([`read_fit`][semsoft_plugin.app.fitted.read_fit], checked
@@ -146,9 +145,6 @@ class FittedState:
             The classifier's labels, in prompt order.
         calibrate : str | None
             The classifier's `calibrate`: no correction on top of a fitted one.
-        engine : str
-            `"transformers"` or `"vllm"` (both apply the probe; vLLM reads its hidden
-            state back from the logits row).
         identity : FitIdentity | None
             The run's labels, prompt and output layer, compared with the fit's.
 
