@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
+from _reviews import LABELS, NAMES, TEXTS  # noqa: E402
 from sklearn.model_selection import GridSearchCV  # noqa: E402
 
 from semsoft_plugin.app.classifier import Classifier  # noqa: E402
@@ -21,24 +22,8 @@ from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
 from semsoft_plugin.engines import hf  # noqa: E402
 
 MODEL = "smollm2-135m"
-LABELS = ["positive", "negative"]
 F32 = {"dtype": "float32"}
-REVIEWS = [
-    ("A warm, funny film that I would happily watch again.", "positive"),
-    ("The soup was cold and the waiter ignored us all night.", "negative"),
-    ("Brilliant acting and a score that gave me chills.", "positive"),
-    ("It broke after two days and support never answered.", "negative"),
-    ("Lovely little hotel, spotless rooms and kind staff.", "positive"),
-    ("Dull plot, wooden dialogue, I left at the interval.", "negative"),
-    ("Fast delivery and the shoes fit perfectly.", "positive"),
-    ("The battery dies before lunch; a waste of money.", "negative"),
-    ("My kids loved every page of this book.", "positive"),
-    ("Rude staff and a two-hour wait for a table.", "negative"),
-    ("Great value, sturdy build, works exactly as described.", "positive"),
-    ("The sequel is a boring, noisy mess.", "negative"),
-]
-TEXTS = [text for text, _ in REVIEWS]
-Y = [label for _, label in REVIEWS]
+Y = list(NAMES)
 
 
 @pytest.fixture

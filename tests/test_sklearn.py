@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
+from _reviews import LABELS, NAMES, TEXTS  # noqa: E402
 from sklearn.base import clone, is_classifier  # noqa: E402
 from sklearn.metrics import accuracy_score, log_loss  # noqa: E402
 from sklearn.model_selection import GridSearchCV, StratifiedKFold  # noqa: E402
@@ -29,24 +30,7 @@ MODEL = "smollm2-135m"
 # float32 weights: in bf16 a row moves with its batch's padding (by up to .023 on this
 # model), which the batch-invariance check below would see.
 F32 = {"dtype": "float32"}
-LABELS = ["positive", "negative"]
-# A dozen short reviews, written for these tests: six of each label.
-REVIEWS = [
-    ("A warm, funny film that I would happily watch again.", "positive"),
-    ("The soup was cold and the waiter ignored us all night.", "negative"),
-    ("Brilliant acting and a score that gave me chills.", "positive"),
-    ("It broke after two days and support never answered.", "negative"),
-    ("Lovely little hotel, spotless rooms and kind staff.", "positive"),
-    ("Dull plot, wooden dialogue, I left at the interval.", "negative"),
-    ("Fast delivery and the shoes fit perfectly.", "positive"),
-    ("The battery dies before lunch; a waste of money.", "negative"),
-    ("My kids loved every page of this book.", "positive"),
-    ("Rude staff and a two-hour wait for a table.", "negative"),
-    ("Great value, sturdy build, works exactly as described.", "positive"),
-    ("The sequel is a boring, noisy mess.", "negative"),
-]
-TEXTS = [text for text, _ in REVIEWS]
-Y = np.array([label for _, label in REVIEWS])
+Y = np.array(NAMES)
 # fit() that only reads the labels: the search below varies the classifier's own settings.
 FIXED = {"fit_family": ()}
 
