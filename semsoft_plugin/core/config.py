@@ -130,13 +130,13 @@ def _finite(value: Any) -> bool:
 
 
 def _spec(
-    default: Any, kind: type, rule: str, ok: Callable[[Any], bool], help: str, **extra: Any
-) -> Any:
-    """One row of the table: the field's default and its metadata (`kind`: the value
-    type a flag or a key is read as; `rule`: what a value must be, in words; `ok`:
-    the check; `help`: one line for `--help` and the docs)."""
-    meta = {"kind": kind, "rule": rule, "ok": ok, "help": help, **extra}
-    return field(default=default, metadata=meta)
+    kind: type, rule: str, ok: Callable[[Any], bool], help: str, **extra: Any
+) -> dict[str, Any]:
+    """One row of the table's metadata (`kind`: the value type a flag or a key is read
+    as; `rule`: what a value must be, in words; `ok`: the check; `help`: one line for
+    `--help` and the docs). The default stays in `field(default=...)`, where the API
+    reference reads it."""
+    return {"kind": kind, "rule": rule, "ok": ok, "help": help, **extra}
 
 
 @dataclass(frozen=True)
@@ -225,58 +225,58 @@ class SemsoftConfig:
     A config file (`save`, what `semsoft tune` writes) and `--config` take the same fields.
     """
 
-    k: int = _spec(
-        DEFAULT_K, int, f"an integer in [1, {MAX_K}]",
+    k: int = field(default=DEFAULT_K, metadata=_spec(
+        int, f"an integer in [1, {MAX_K}]",
         lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_K,
         "top-K tokens kept from the unconstrained distribution (also the reported coverage)",
-    )  # fmt: skip
-    tau: float = _spec(
-        DEFAULT_TAU, float, "a finite number in [-1, 1)",
+    ))  # fmt: skip
+    tau: float = field(default=DEFAULT_TAU, metadata=_spec(
+        float, "a finite number in [-1, 1)",
         lambda v: _finite(v) and -1.0 <= v < 1.0,
         "cosine threshold: a kept token votes for a label with weight max(0, cos - tau)",
-    )  # fmt: skip
-    center: bool = _spec(
-        DEFAULT_CENTER, bool, "a boolean (true/false or 0/1)",
+    ))  # fmt: skip
+    center: bool = field(default=DEFAULT_CENTER, metadata=_spec(
+        bool, "a boolean (true/false or 0/1)",
         lambda v: isinstance(v, bool),
         "subtract the mean output embedding before the cosine",
-    )  # fmt: skip
-    own_vote: bool = _spec(
-        DEFAULT_OWN_VOTE, bool, "a boolean (true/false or 0/1)",
+    ))  # fmt: skip
+    own_vote: bool = field(default=DEFAULT_OWN_VOTE, metadata=_spec(
+        bool, "a boolean (true/false or 0/1)",
         lambda v: isinstance(v, bool),
         "a label's own tokens vote for that label only",
-    )  # fmt: skip
-    vote: str = _spec(
-        DEFAULT_VOTE, str, "one of " + ", ".join(repr(v) for v in VOTES),
+    ))  # fmt: skip
+    vote: str = field(default=DEFAULT_VOTE, metadata=_spec(
+        str, "one of " + ", ".join(repr(v) for v in VOTES),
         lambda v: isinstance(v, str) and v in VOTES,
         "the vote rule: residual (default), nearest (research), shared, per_label (the "
         "paper's counting; research)",
         choices=VOTES,
-    )  # fmt: skip
-    score_temperature: float = _spec(
-        1.0, float, "a finite number > 0",
+    ))  # fmt: skip
+    score_temperature: float = field(default=1.0, metadata=_spec(
+        float, "a finite number > 0",
         lambda v: _finite(v) and v > 0,
         "final temperature on the scores (not the engine's sampling temperature); 1: none",
-    )  # fmt: skip
-    tau_quantile: float | None = _spec(
-        DEFAULT_TAU_QUANTILE, float, "None or a finite number in (0, 1)",
+    ))  # fmt: skip
+    tau_quantile: float | None = field(default=DEFAULT_TAU_QUANTILE, metadata=_spec(
+        float, "None or a finite number in (0, 1)",
         lambda v: v is None or (_finite(v) and 0.0 < v < 1.0),
         "research option: each label's threshold is this quantile of unrelated tokens' "
         "cosines (instead of tau)",
         nullable=True,
-    )  # fmt: skip
-    semantic_weight: float = _spec(
-        DEFAULT_SEMANTIC_WEIGHT, float, "a finite number in [0, 1]",
+    ))  # fmt: skip
+    semantic_weight: float = field(default=DEFAULT_SEMANTIC_WEIGHT, metadata=_spec(
+        float, "a finite number in [0, 1]",
         lambda v: _finite(v) and 0.0 <= v <= 1.0,
         "pool weight toward the semantic distribution: 0 (default) is the constrained "
         "softmax, 0.3 the semantic pool (preset pooled), 1 the semantic votes alone",
-    )  # fmt: skip
-    silent_vote: float | None = _spec(
-        None, float, "None or a finite number in [0, 1)",
+    ))  # fmt: skip
+    silent_vote: float | None = field(default=None, metadata=_spec(
+        float, "None or a finite number in [0, 1)",
         lambda v: v is None or (_finite(v) and 0.0 <= v < 1.0),
         "per-row pool: a row's weight is semantic_weight * clamp((m - t) / (1 - t), 0, 1), "
         "m its silent vote (top-K mass on label neighbours), t this value; none: one weight",
         nullable=True,
-    )  # fmt: skip
+    ))  # fmt: skip
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
