@@ -130,7 +130,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}` ({result['date']})",
         "",
         "Kept forward passes of `benchmarks/fit_curve.py` (bf16 weights, float32 output "
-        "head); the whole family, margin 1 standard error; mean over "
+        "head); the whole family, margin 1 standard error, the macro-F1 guard at "
+        f"{result['f1_z']:g} bootstrap standard errors; mean over "
         f"{result['draws']} random draws of the labels, test = the rest of the set. "
         "`vs temp.`: NLL minus temperature scaling's on the same labels (negative: "
         "better); `F1 − constr.`: macro-F1 minus the constrained softmax's.",
@@ -169,8 +170,11 @@ def main() -> int:
     parser.add_argument("--sizes", default="25,100", help="labels to fit on")
     parser.add_argument("--draws", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
+    parser.add_argument("--f1-z", type=float, default=fitting.F1_Z,
+                        help="the guard's standard errors (fitting.F1_Z)")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/fit-rule-ablation.json")
     args = parser.parse_args()
+    fitting.F1_Z = args.f1_z
 
     pairs: dict[str, Any] = {}
     for spec in args.pairs.split(","):
@@ -187,6 +191,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "draws": args.draws,
         "f1_tolerance": fitting.F1_TOLERANCE,
+        "f1_z": fitting.F1_Z,
         "pairs": pairs,
     }
     write_results(result, args.out, markdown(result))
