@@ -1,0 +1,172 @@
+"""Does the fit's macro-F1 guard read what new items show? Per draw of labels, each
+decision-changing member's out-of-fold macro-F1 change (what the guard reads,
+`semsoft_plugin.core.fitting.f1_change`, with its bootstrap standard error) beside the
+change the same member, fitted on all the labelled items, makes on the rest of the set.
+
+The pairs and draws are `benchmarks/probe_curve.py`'s (the same kept passes, sizes and
+seeds). Reported per pair and member: the mean of both changes over the draws, their
+correlation, on how many draws the member lost macro-F1 on the test items, and on how many
+of those the guard (point estimate, and the shipped bound) would have passed it.
+
+Usage::
+
+    python benchmarks/guard_evidence.py --pairs qwen2.5-coder-1.5b/ekman,qwen2.5-coder-1.5b/goemotions \\
+        --out benchmarks/results/guard-evidence.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
+from semsoft_plugin.core import fitting
+from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.kept_scores import grid_probs
+from semsoft_plugin.core.label_offsets import MEMBERS, apply_offset, fit_member
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks beside it
+from probe_curve import SIZES  # noqa: E402  (the same sizes and draws)
+
+CHANGING = (*MEMBERS, "probe")  # the members that move decisions
+
+
+def pair_evidence(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int,
+                  seed: int) -> dict[str, Any]:  # fmt: skip
+    """Per member: each draw's out-of-fold change, its standard error and its test change."""
+    forward, labels, embeddings = pair["forward"], pair["labels"], pair["embeddings"]
+    y = np.asarray(pair["data"].targets, dtype=np.int64)
+    n_labels = len(labels)
+    start_config = SemsoftConfig()
+    configs = fitting.grid_configs({"semantic_weight": fitting.DEFAULT_WEIGHTS}, start_config)
+    single = fitting.single_entries(configs, start_config)
+    probs, _ = grid_probs(forward, embeddings, labels, [*configs, start_config])
+    grid, start = probs[:-1], probs[-1]
+    base = np.log(np.clip(grid[single["temperature"]], 1e-30, 1.0))
+    content_free = grid_probs(forward.content_free(), embeddings, labels,
+                              [configs[single["temperature"]]])[0][0]  # fmt: skip
+    hidden = forward.hidden.double().numpy()
+    rows = label_logit_rows(embeddings, labels)
+    member = probe_member(hidden, y, n_labels, label_rows=rows, seed=seed)
+    records: dict[str, list[dict[str, float]]] = {m: [] for m in CHANGING}
+    for size in sizes:
+        for draw in range(draws):
+            order = np.random.default_rng([seed, size, draw]).permutation(len(y))
+            train, test = order[:size], order[size:]
+            if len(np.unique(y[train])) < 2:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # rare labels: unstratified folds
+                _, _, _, stats = fitting.fit_probs(
+                    grid[:, train], start[train], y[train], single=single, seed=seed,
+                    family=fitting.FAMILY, content_free=content_free,
+                    external={"probe": member}, rows=train,
+                )  # fmt: skip
+                tested = {
+                    name: apply_offset(base[test], *fit_member(
+                        name, base[train], y[train], content_free=content_free, seed=seed))
+                    for name in MEMBERS
+                }  # fmt: skip
+                probe = fit_probe(hidden[train], y[train], n_labels, label_rows=rows, seed=seed)
+                tested["probe"] = probe.probs(hidden[test])
+            held = np.bincount(y[test], minlength=n_labels) > 0  # as the guard averages
+            default_f1 = fitting.macro_f1(y[test], start[test].argmax(1), n_labels, labels=held)
+            for name in CHANGING:
+                checked = stats["procedures"][name]
+                chosen = tested[name].argmax(1)
+                test_change = fitting.macro_f1(y[test], chosen, n_labels, labels=held) - default_f1
+                records[name].append({"size": size, "draw": draw,
+                                      "out_of_fold": checked["f1_change"],
+                                      "se": checked["f1_change_se"], "test": test_change})  # fmt: skip
+    return {name: _summary(rows_) for name, rows_ in records.items()}
+
+
+def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
+    oof = np.array([r["out_of_fold"] for r in rows])
+    se = np.array([r["se"] for r in rows])
+    test = np.array([r["test"] for r in rows])
+    lost = test < -fitting.F1_TOLERANCE
+    point = oof >= -fitting.F1_TOLERANCE
+    bound = oof - fitting.F1_Z * se >= -fitting.F1_TOLERANCE
+    return {
+        "draws": len(rows),
+        "out_of_fold_mean": float(oof.mean()),
+        "test_mean": float(test.mean()),
+        "correlation": float(np.corrcoef(oof, test)[0, 1]) if len(rows) > 2 else None,
+        "test_lost": int(lost.sum()),
+        "lost_but_point_estimate_passes": int((lost & point).sum()),
+        "lost_but_bound_passes": int((lost & bound).sum()),
+        "rows": rows,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"Command: `{result['command']}` ({result['date']})",
+        "",
+        "Kept passes: bf16 weights, float32 output head. Per draw of labels (sizes "
+        f"{result['sizes']}, {result['draws']} draws each), each member's out-of-fold "
+        "macro-F1 change over the default (what the guard reads) against the change it "
+        f"makes on the rest of the set. `lost`: draws where the test change is below "
+        f"-{fitting.F1_TOLERANCE}; `point passes` / `bound passes`: of those, the draws "
+        f"the guard's point estimate / its bound at {result['f1_z']:g} standard errors "
+        "would have passed.",
+        "",
+        "| pair | member | draws | out-of-fold mean | test mean | correlation | lost | "
+        "point passes | bound passes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, members in result["pairs"].items():
+        for name, s in members.items():
+            corr = "n/a" if s["correlation"] is None else f"{s['correlation']:+.2f}"
+            lines.append(
+                f"| {key} | {name} | {s['draws']} | {s['out_of_fold_mean']:+.3f} | "
+                f"{s['test_mean']:+.3f} | {corr} | {s['test_lost']} | "
+                f"{s['lost_but_point_estimate_passes']} | {s['lost_but_bound_passes']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    from _cli import write_results  # benchmarks/ is on sys.path when run as a script
+    from choose_defaults import load_pair
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--pairs",
+        default="qwen2.5-coder-1.5b/ekman,qwen2.5-coder-1.5b/goemotions",
+        help="model/data set, comma-separated (300 kept items each)",
+    )
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--draws", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
+    parser.add_argument("--out", default="benchmarks/results/guard-evidence.json")
+    args = parser.parse_args()
+    sizes = tuple(int(v) for v in args.sizes.split(","))
+    pairs: dict[str, Any] = {}
+    for spec in args.pairs.split(","):
+        model, dataset = spec.split("/")
+        pair = load_pair(model, dataset, 300, args.seed, collect=False)
+        pairs[spec] = pair_evidence(pair, sizes=sizes, draws=args.draws, seed=args.seed)
+        print(f"{spec} done", flush=True)
+    result = {
+        "command": " ".join(["python", "benchmarks/guard_evidence.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "sizes": list(sizes),
+        "draws": args.draws,
+        "f1_z": fitting.F1_Z,
+        "f1_tolerance": fitting.F1_TOLERANCE,
+        "pairs": pairs,
+    }
+    write_results(result, args.out, markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
