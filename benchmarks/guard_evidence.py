@@ -25,14 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
+from semsoft_plugin.app.probe import fit_probe
 from semsoft_plugin.core import fitting
-from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.kept_scores import grid_probs
 from semsoft_plugin.core.label_offsets import MEMBERS, apply_offset, fit_member
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks beside it
-from probe_curve import SIZES  # noqa: E402  (the same sizes and draws)
+from probe_curve import SIZES, pair_arrays  # noqa: E402  (the same sizes, draws and arrays)
 
 CHANGING = (*MEMBERS, "probe")  # the members that move decisions
 
@@ -40,20 +38,10 @@ CHANGING = (*MEMBERS, "probe")  # the members that move decisions
 def pair_evidence(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int,
                   seed: int) -> dict[str, Any]:  # fmt: skip
     """Per member: each draw's out-of-fold change, its standard error and its test change."""
-    forward, labels, embeddings = pair["forward"], pair["labels"], pair["embeddings"]
-    y = np.asarray(pair["data"].targets, dtype=np.int64)
-    n_labels = len(labels)
-    start_config = SemsoftConfig()
-    configs = fitting.grid_configs({"semantic_weight": fitting.DEFAULT_WEIGHTS}, start_config)
-    single = fitting.single_entries(configs, start_config)
-    probs, _ = grid_probs(forward, embeddings, labels, [*configs, start_config])
-    grid, start = probs[:-1], probs[-1]
+    a = pair_arrays(pair, seed)
+    y, n_labels, grid, start, single = a["y"], a["n_labels"], a["grid"], a["start"], a["single"]
+    content_free, hidden, rows, member = a["content_free"], a["hidden"], a["logit_rows"], a["member"]
     base = np.log(np.clip(grid[single["temperature"]], 1e-30, 1.0))
-    content_free = grid_probs(forward.content_free(), embeddings, labels,
-                              [configs[single["temperature"]]])[0][0]  # fmt: skip
-    hidden = forward.hidden.double().numpy()
-    rows = label_logit_rows(embeddings, labels)
-    member = probe_member(hidden, y, n_labels, label_rows=rows, seed=seed)
     records: dict[str, list[dict[str, float]]] = {m: [] for m in CHANGING}
     for size in sizes:
         for draw in range(draws):

@@ -69,10 +69,12 @@ def _bootstrap_upper(diffs: list[np.ndarray], seed: int, n: int = 1000) -> tuple
     return float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
 
 
-def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, margin: float,
-               seed: int, family: tuple[str, ...] = fitting.FAMILY) -> dict[str, Any]:  # fmt: skip
-    """Per size: each method's test scores averaged over the draws, the fit's adopted
-    members, and fit - temperature with its bootstrap interval."""
+def pair_arrays(pair: dict[str, Any], seed: int) -> dict[str, Any]:
+    """What every draw of a pair reads: the targets `y`, the default grid's probabilities
+    (`grid`, `[C, N, L]`) and the start's (`start`), the grid's entry of the start at
+    `T = 1` (`single`), the content-free inputs' probabilities at that entry, the answer
+    tokens' softmax (`constrained`), the hidden states, the label logit rows and the probe
+    member over all items (`semsoft_plugin.app.probe.probe_member`)."""
     forward, labels, embeddings = pair["forward"], pair["labels"], pair["embeddings"]
     y = np.asarray(pair["data"].targets, dtype=np.int64)
     n_labels = len(labels)
@@ -80,14 +82,32 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
     configs = fitting.grid_configs({"semantic_weight": fitting.DEFAULT_WEIGHTS}, start_config)
     single = fitting.single_entries(configs, start_config)
     probs, _ = grid_probs(forward, embeddings, labels, [*configs, start_config])
-    grid, start = probs[:-1], probs[-1]
     base = configs[single["temperature"]]
-    content_free = grid_probs(forward.content_free(), embeddings, labels, [base])[0][0]
-    constrained = torch.softmax(forward.label_logits[:, :n_labels].double(), -1).numpy()
-    log_con = np.log(np.clip(constrained, 1e-30, 1.0))
     hidden = forward.hidden.double().numpy()
     logit_rows = label_logit_rows(embeddings, labels)
-    member = probe_member(hidden, y, n_labels, label_rows=logit_rows, seed=seed)
+    return {
+        "y": y,
+        "n_labels": n_labels,
+        "grid": probs[:-1],
+        "start": probs[-1],
+        "single": single,
+        "content_free": grid_probs(forward.content_free(), embeddings, labels, [base])[0][0],
+        "constrained": torch.softmax(forward.label_logits[:, :n_labels].double(), -1).numpy(),
+        "hidden": hidden,
+        "logit_rows": logit_rows,
+        "member": probe_member(hidden, y, n_labels, label_rows=logit_rows, seed=seed),
+    }
+
+
+def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, margin: float,
+               seed: int, family: tuple[str, ...] = fitting.FAMILY) -> dict[str, Any]:  # fmt: skip
+    """Per size: each method's test scores averaged over the draws, the fit's adopted
+    members, and fit - temperature with its bootstrap interval."""
+    a = pair_arrays(pair, seed)
+    y, n_labels, grid, start, single = a["y"], a["n_labels"], a["grid"], a["start"], a["single"]
+    content_free, constrained, hidden = a["content_free"], a["constrained"], a["hidden"]
+    logit_rows, member = a["logit_rows"], a["member"]
+    log_con = np.log(np.clip(constrained, 1e-30, 1.0))
     out: dict[str, Any] = {}
     for size in sizes:
         if size >= len(y):
