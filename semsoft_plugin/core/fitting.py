@@ -394,9 +394,11 @@ def fit_probs(
         fitted_nll = nll(oof, y)
         diff = start_nll - fitted_nll
         gain, se = _mean_se(diff, w)
-        change, change_se = f1_change(y, start_choice, oof.argmax(1), n_labels, w, seed=seed)
+        choice = oof.argmax(1)
+        change, change_se = f1_change(y, start_choice, choice, n_labels, w, seed=seed)
         shows_gain = gain > 0 and gain > margin * se
         checked[name] = {
+            "keeps_decisions": bool(np.array_equal(choice, start_choice)),
             "gain": gain,
             "gain_se": se,
             "f1_change": change,
@@ -432,7 +434,7 @@ def fit_probs(
         "nll_start": _mean(start_nll, w),
         "nll_fitted": checked[chosen]["nll"],
         "procedures": {
-            k: {x: v[x] for x in ("gain", "gain_se", "f1_change", "f1_change_se", "shows_gain", "passes", "nll")}
+            k: {x: v[x] for x in _REPORTED}
             for k, v in checked.items()
         },
         "scores": scores_all.tolist(),
@@ -462,6 +464,10 @@ def _checked_weights(sample_weight: Any, n: int) -> np.ndarray | None:
     return w
 
 
+# What the fit's report gives of each checked member.
+_REPORTED = ("gain", "gain_se", "f1_change", "f1_change_se", "shows_gain", "passes", "nll")
+
+
 def _passing(checked: dict[str, dict[str, Any]]) -> list[str]:
     """The members the rule adopts from: those that pass it; where none does but one
     showed its gain and was stopped by the macro-F1 guard alone, the members that change
@@ -471,11 +477,7 @@ def _passing(checked: dict[str, dict[str, Any]]) -> list[str]:
     passing = [k for k, v in checked.items() if v["passes"]]
     if passing or not any(v["shows_gain"] for v in checked.values()):
         return passing
-    return [
-        k
-        for k, v in checked.items()
-        if v["gain"] > 0 and v["f1_change"] == 0 and v["f1_change_se"] == 0
-    ]
+    return [k for k, v in checked.items() if v["gain"] > 0 and v["keeps_decisions"]]
 
 
 def _simplest(passing: list[str], checked: dict[str, dict[str, Any]], margin: float) -> str:
