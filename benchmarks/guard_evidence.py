@@ -10,7 +10,8 @@ of those the guard (point estimate, and the shipped bound) would have passed it.
 
 Usage::
 
-    python benchmarks/guard_evidence.py --pairs qwen2.5-coder-1.5b/ekman,qwen2.5-coder-1.5b/goemotions \\
+    python benchmarks/guard_evidence.py \\
+        --pairs qwen2.5-coder-1.5b/ekman:300,qwen2.5-coder-1.5b/goemotions:300 \\
         --out benchmarks/results/guard-evidence.json
 """
 
@@ -40,7 +41,8 @@ def pair_evidence(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int,
     """Per member: each draw's out-of-fold change, its standard error and its test change."""
     a = pair_arrays(pair, seed)
     y, n_labels, grid, start, single = a["y"], a["n_labels"], a["grid"], a["start"], a["single"]
-    content_free, hidden, rows, member = a["content_free"], a["hidden"], a["logit_rows"], a["member"]
+    content_free, hidden = a["content_free"], a["hidden"]
+    rows, member = a["logit_rows"], a["member"]
     base = np.log(np.clip(grid[single["temperature"]], 1e-30, 1.0))
     records: dict[str, list[dict[str, float]]] = {m: [] for m in CHANGING}
     for size in sizes:
@@ -122,14 +124,14 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    from _cli import write_results  # benchmarks/ is on sys.path when run as a script
+    from _cli import split_pair, write_results  # benchmarks/ is on sys.path as a script
     from choose_defaults import load_pair
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--pairs",
-        default="qwen2.5-coder-1.5b/ekman,qwen2.5-coder-1.5b/goemotions",
-        help="model/data set, comma-separated (300 kept items each)",
+        default="qwen2.5-coder-1.5b/ekman:300,qwen2.5-coder-1.5b/goemotions:300",
+        help="model/data set:items, comma-separated",
     )
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--draws", type=int, default=5)
@@ -139,10 +141,11 @@ def main() -> int:
     sizes = tuple(int(v) for v in args.sizes.split(","))
     pairs: dict[str, Any] = {}
     for spec in args.pairs.split(","):
-        model, dataset = spec.split("/")
-        pair = load_pair(model, dataset, 300, args.seed, collect=False)
-        pairs[spec] = pair_evidence(pair, sizes=sizes, draws=args.draws, seed=args.seed)
-        print(f"{spec} done", flush=True)
+        model, dataset, limit = split_pair(spec)
+        pair = load_pair(model, dataset, limit, args.seed, collect=False)
+        name = f"{model}/{dataset}"
+        pairs[name] = pair_evidence(pair, sizes=sizes, draws=args.draws, seed=args.seed)
+        print(f"{name} done", flush=True)
     result = {
         "command": " ".join(["python", "benchmarks/guard_evidence.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
