@@ -1,18 +1,23 @@
-"""What each part of the few-label fit's rule changes: succession targets and the macro-F1 guard.
+"""What each part of the few-label fit's rule changes: the rule of succession, the macro-F1 guard, the temperature floor.
 
-Run on demand; reads the kept forward passes ``benchmarks/fit_curve.py`` reads (the same
-pairs, the same draws of labels: ``--draws`` random draws of ``--sizes`` labels, the rest
+Run on demand; reads the kept forward passes `benchmarks/fit_curve.py` reads (the same
+pairs, the same draws of labels: `--draws` random draws of `--sizes` labels, the rest
 of the set scored). For each pair and size, the whole family
-(:func:`semsoft_plugin.core.fitting.fit_probs`) under four rules:
+(`semsoft_plugin.core.fitting.fit_probs`) under five rules:
 
-* ``hard``: temperatures and offsets fitted to the hard labels, no guard (the rule
+* `hard`: temperatures and offsets fitted to the hard labels, no guard (the rule
   before issue 36's second pass);
-* ``succession``: fitted to :func:`~semsoft_plugin.core.temperature_scaling.succession_targets`
-  (an answer may not be made surer than ``(N + 1) / (N + 2)`` by ``N`` labels);
-* ``hard + F1 guard``: a member that changes decisions is adopted only where its
-  out-of-fold macro-F1 change less ``fitting.F1_Z`` bootstrap standard errors is at least
-  ``-fitting.F1_TOLERANCE`` (``fitting.fit_probs``);
-* ``succession + F1 guard``: both (what ``Classifier.fit`` and ``semsoft tune`` run).
+* `succession`: held to the rule of succession (an answer may not be made surer than
+  `(N + 1) / (N + 2)` by `N` labels): temperatures by
+  `semsoft_plugin.core.temperature_scaling.succession_temperature`, offsets fitted to
+  `semsoft_plugin.core.temperature_scaling.succession_targets`;
+* `hard + F1 guard`: a member that changes decisions is adopted only where its
+  out-of-fold macro-F1 change less `fitting.F1_Z` bootstrap standard errors is at least
+  `-fitting.F1_TOLERANCE` (`fitting.fit_probs`);
+* `succession + F1 guard`: both;
+* `+ temperature floor`: both, and the temperature as the rule's floor
+  (`fitting.TEMPERATURE_FLOOR`): always adopted unless another member beats it (what
+  `Classifier.fit` and `semsoft tune` run).
 
 Beside them: temperature scaling of the constrained softmax on the same labels, and the
 constrained softmax. Reported: mean test NLL (and its worst draw), the change against
@@ -40,11 +45,12 @@ from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.kept_scores import grid_probs
 from semsoft_plugin.core.label_offsets import MEMBERS
 
-RULES = {  # name -> (succession targets, F1 guard)
-    "hard": (False, False),
-    "succession": (True, False),
-    "hard + F1 guard": (False, True),
-    "succession + F1 guard": (True, True),
+RULES = {  # name -> (the rule of succession, F1 guard, temperature floor)
+    "hard": (False, False, False),
+    "succession": (True, False, False),
+    "hard + F1 guard": (False, True, False),
+    "succession + F1 guard": (True, True, False),
+    "+ temperature floor": (True, True, True),
 }
 
 
@@ -99,8 +105,9 @@ def _rule_run(arrays: dict[str, Any], size: int, draws: int, seed: int) -> dict[
         baseline["constrained_f1"].append(macro_f1(constrained[test], y[test]))
     out["baselines"] = {k: float(np.mean(v)) for k, v in baseline.items()}
     out["one_label_draws_left_out"] = draws - len(splits)
-    for name, (succession, guard) in RULES.items():
+    for name, (succession, guard, floor) in RULES.items():
         temperature_scaling.SUCCESSION_TARGETS, fitting.F1_GUARD = succession, guard
+        fitting.TEMPERATURE_FLOOR = floor
         try:
             nlls, f1s, adopted = [], [], []
             for order in splits:
@@ -114,6 +121,7 @@ def _rule_run(arrays: dict[str, Any], size: int, draws: int, seed: int) -> dict[
                 adopted.append("kept" if keep else procedure)
         finally:
             temperature_scaling.SUCCESSION_TARGETS, fitting.F1_GUARD = True, True
+            fitting.TEMPERATURE_FLOOR = True
         out[name] = {
             "nll": float(np.mean(nlls)),
             "nll_worst_draw": float(np.max(nlls)),
@@ -125,7 +133,7 @@ def _rule_run(arrays: dict[str, Any], size: int, draws: int, seed: int) -> dict[
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "# The few-label fit's rule: succession targets and the macro-F1 guard",
+        "# The few-label fit's rule: the rule of succession, the macro-F1 guard, the temperature floor",
         "",
         f"Command: `{result['command']}` ({result['date']})",
         "",

@@ -18,7 +18,7 @@ many items at random (`--draws` times), fit on them, and score the rest of the s
 
 Targets (issue 41): at every size and on every pair, the fit's test NLL at most .005
 above temperature scaling and never significantly above it (a paired bootstrap over test
-items, 95%), its macro-F1 at least the default's (the constrained softmax as shipped) - .01; with 100 labels, 10%
+items, 95%: its lower end above `TIE`), its macro-F1 at least the default's (the constrained softmax as shipped) - .01; with 100 labels, 10%
 below temperature scaling on 10 of the 14 pairs.
 
 Usage::
@@ -55,6 +55,11 @@ SIZES = (25, 50, 100, 200)
 TARGET_SIZE = 100
 METHODS = ("fit", "probe", "temperature", "default", "constrained")
 NLL_ABOVE = 0.005
+# A difference in NLL below this is no difference: where the fit adopts the temperature, its
+# T and the baseline's agree to the golden-section search's tolerance, and the start's
+# probabilities come from the kept float32 passes, the baseline's from the label logits
+# (measured: 2e-9, with a bootstrap interval that excluded 0).
+TIE = 1e-6
 F1_BELOW = 0.01
 
 
@@ -168,7 +173,7 @@ def targets(pairs: dict[str, Any]) -> dict[str, Any]:
     for key, pair in pairs.items():
         for size, row in pair["sizes"].items():
             gap = row["fit_minus_temperature_nll"]
-            nll_ok[f"{key}@{size}"] = gap["mean"] <= NLL_ABOVE and gap["ci95"][0] <= 0
+            nll_ok[f"{key}@{size}"] = gap["mean"] <= NLL_ABOVE and gap["ci95"][0] <= TIE
             f1_ok[f"{key}@{size}"] = row["fit_f1_minus_default"] >= -F1_BELOW
         row = pair["sizes"].get(str(TARGET_SIZE))
         if row is not None:
@@ -199,7 +204,7 @@ def markdown(result: dict[str, Any]) -> str:
     tenth = t[f"ten_percent_below_temperature_at_{TARGET_SIZE}"]
     lines += [
         f"- NLL at most +{NLL_ABOVE} above temperature scaling and never significantly above "
-        f"it: {'met' if t['nll_at_most_005_above_and_not_significantly']['met'] else 'NOT met'}"
+        f"it (the 95% interval's lower end above {TIE:g}): {'met' if t['nll_at_most_005_above_and_not_significantly']['met'] else 'NOT met'}"
         f" (failing: {', '.join(t['nll_at_most_005_above_and_not_significantly']['failing']) or 'none'})",  # noqa: E501
         f"- macro-F1 at least the default's (the constrained softmax as shipped) - {F1_BELOW}: "
         f"{'met' if t['macro_f1_at_least_default_minus_01']['met'] else 'NOT met'} "

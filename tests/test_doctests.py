@@ -15,6 +15,7 @@ MODULES = [
     "semsoft_plugin.core.labels",
     "semsoft_plugin.core.folds",
     "semsoft_plugin.core.fitting",
+    "semsoft_plugin.core.temperature_scaling",
     "semsoft_plugin.core.calibration",
     "semsoft_plugin.core.row_probe",
     "semsoft_eval.metrics",

@@ -134,19 +134,29 @@ def _grid_of(start_logits: np.ndarray) -> np.ndarray:
     return np.stack([_softmax((1 - a) * start_logits + a * other) for a in (0.0, 0.2, 0.5, 1.0)])
 
 
-def test_fit_keeps_the_default_when_labels_carry_no_evidence_against_it() -> None:
-    """Labels drawn from the default's own distribution: the default is right, and the
-    fit (a weight and a temperature per fold, 100 labels) must not replace it."""
+def test_labels_without_evidence_keep_the_defaults_decisions_and_nearly_its_scores() -> None:
+    """Labels drawn from the default's own distribution (100 labels): the default is right.
+    The grid (a weight and a temperature per fold) must not replace it; the temperature,
+    the rule's floor, is adopted, near 1, and costs at most 2 / N nats of expected NLL
+    under the true distribution (a one-parameter fit's excess risk is about 1 / (2 N)).
+    Without the temperature in the family, the default is kept."""
     z = np.random.default_rng(4).normal(size=(100, 4)) * 3
     start = _softmax(z)
     grid = _grid_of(z)
+    entropy = (start * -np.log(start)).sum(1).mean()
     for seed in range(8):
         y = _sample(start, seed)
         entry, t, kept, stats = fitting.fit_probs(
             grid, start, y, single={"temperature": 0}, seed=seed
         )
+        assert not kept and stats["procedure"] == "temperature", (seed, stats["procedures"])
+        assert entry == 0 and 0.8 < t < 1.25, (seed, t)
+        fitted = fitting.fitted_probs(grid, start, entry, t, kept, stats["offset"])
+        assert (start * -np.log(fitted)).sum(1).mean() - entropy < 2 / len(y), seed
+        _, _, kept, stats = fitting.fit_probs(
+            grid, start, y, single={"temperature": 0}, seed=seed, family=("grid",)
+        )
         assert kept, (seed, stats["procedures"])
-        assert 0 <= entry < len(grid) and 0.05 <= t <= 20
 
 
 def test_fit_adopts_a_real_improvement_and_finds_its_temperature() -> None:
@@ -294,19 +304,21 @@ def test_the_fit_finds_contextual_calibration() -> None:
     assert t == pytest.approx(1.0, abs=0.3)
 
 
-def test_the_whole_family_keeps_the_default_on_labels_from_its_own_distribution() -> None:
+def test_the_whole_family_keeps_the_defaults_decisions_on_its_own_labels() -> None:
+    """Labels drawn from the start itself: no member that changes a decision replaces
+    it; the fit stays at its floor, the temperature."""
     z = np.random.default_rng(4).normal(size=(100, 4)) * 3
     start = _softmax(z)
     content_free = _softmax(np.random.default_rng(5).normal(size=(3, 4)))
-    kept = []
+    adopted = []
     for seed in range(10):
         _, _, keep, stats = fitting.fit_probs(
             _grid_of(z), start, _sample(start, seed), single={"temperature": 0}, seed=seed,
             bias=label_offsets.MEMBERS, content_free=content_free,
         )  # fmt: skip
         assert set(stats["procedures"]) == {"grid", "temperature", *label_offsets.MEMBERS}
-        kept.append(keep)
-    assert sum(kept) >= 8, kept
+        adopted.append("kept" if keep else stats["procedure"])
+    assert adopted.count("temperature") >= 8, adopted
 
 
 def test_the_bias_members_refuse_what_they_cannot_fit() -> None:

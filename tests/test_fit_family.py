@@ -110,19 +110,20 @@ def test_each_member_is_recovered_from_labels_it_generated() -> None:
     )
 
 
-def test_the_whole_family_keeps_the_default_on_its_own_distribution() -> None:
-    """Labels drawn from the start itself: no member, the probe on uninformative hidden
-    states included, replaces it."""
+def test_the_whole_family_keeps_the_defaults_decisions_on_its_own_distribution() -> None:
+    """Labels drawn from the start itself: no member that changes a decision, the probe
+    on uninformative hidden states included, replaces it; the fit stays at its floor,
+    the temperature."""
     base = _scores(7, 120)
     hidden = np.random.default_rng(8).normal(size=(120, 16))
-    kept = []
+    adopted = []
     for seed in range(6):
         y = _sample(np.exp(base), seed)
         probe = {"probe": probe_member(hidden, y, 4, label_rows=zero_label_rows(hidden, 4), seed=seed)}
         _, _, keep, stats = _fit(base, y, _softmax(base[:3]), (*NO_PROBE, "probe"), probe, seed)
         assert set(stats["procedures"]) == set(fitting.FAMILY)
-        kept.append(keep)
-    assert sum(kept) >= 5, kept
+        adopted.append("kept" if keep else stats["procedure"])
+    assert adopted.count("temperature") >= 5, adopted
 
 
 def test_a_member_that_buys_nll_with_the_winning_label_is_not_adopted(monkeypatch) -> None:
@@ -234,6 +235,34 @@ def test_succession_targets_keep_a_few_separable_labels_from_certainty() -> None
     # many labels: the targets fade to the hard ones
     many = temperature_scaling.succession_targets(np.arange(10_000) % 4, 4)
     assert many.max() == pytest.approx(1.0, abs=1e-3)
+
+
+def test_the_fits_temperature_is_temperature_scaling_held_to_the_rule_of_succession() -> None:
+    """Where the labels do not separate, the fit's `T` is temperature scaling's to the
+    search's precision; where one `T` would make 25 right answers nearly certain, it is the
+    `T` at which their labels get `26 / 27` on average; integer weights count items."""
+    rng = np.random.default_rng(5)
+    y = np.arange(25) % 2
+    margin = rng.uniform(0.5, 2.0, size=25)
+    z = np.stack([margin * (1 - 2 * y), -margin * (1 - 2 * y)], 1) / 2  # always right
+    hard = temperature_scaling.fit_temperature(z, y)
+    held = temperature_scaling.succession_temperature(z, y)
+    assert held > 5 * hard
+    picked = temperature_scaling.apply_temperature(z, held)[np.arange(25), y]
+    assert picked.mean() == pytest.approx(26 / 27, abs=1e-9)
+    # two errors: the labels no longer separate, and nothing is held
+    wrong = y.copy()
+    wrong[:2] = 1 - wrong[:2]
+    hard_wrong = temperature_scaling.fit_temperature(z, wrong)
+    assert temperature_scaling.succession_temperature(z, wrong) == hard_wrong
+    # weights 2 on the first five items: the rule's N and mean of the items repeated
+    weights = np.r_[np.full(5, 2.0), np.ones(20)]
+    repeated = np.r_[np.arange(5), np.arange(25)]
+    np.testing.assert_allclose(
+        temperature_scaling.succession_temperature(z, y, count=30.0, sample_weight=weights),
+        temperature_scaling.succession_temperature(z[repeated], y[repeated]),
+        rtol=1e-9,
+    )
 
 
 def test_the_probe_is_chosen_when_the_hidden_state_separates_the_classes() -> None:

@@ -114,6 +114,20 @@ def test_the_label_rows_fold_into_one_linear_map_and_the_span_is_exact(monkeypat
     np.testing.assert_allclose(fitted.probs(x), want / want.sum(1, keepdims=True), atol=1e-5)
 
 
+def test_the_span_falls_back_to_the_classic_svd_where_numpys_does_not_converge(monkeypatch) -> None:
+    """LAPACK's divide-and-conquer SVD can fail on finite rows (200 hidden states of
+    Qwen2.5-Coder-1.5B did); the probe is then fitted on the classic driver's span, and
+    it is the same probe."""
+    x, rows, y = _label_data(40, 2, 2.0)
+    want = fit_probe(x, y, 4, label_rows=rows).probs(x)
+
+    def no_convergence(*args: object, **kwargs: object) -> None:
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(np.linalg, "svd", no_convergence)
+    np.testing.assert_allclose(fit_probe(x, y, 4, label_rows=rows).probs(x), want, atol=1e-6)
+
+
 def test_the_probe_refuses_an_rows_of_another_shape() -> None:
     x, rows, y = _label_data(40, 3, 0.0)
     with pytest.raises(ValueError, match=r"label_rows of shape \(4, 29\).*\[4, 30\]"):

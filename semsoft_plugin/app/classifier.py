@@ -175,20 +175,16 @@ class Classifier(ClassifierMixin, BaseEstimator):
         the parameters leave something to fit; `()`: none (fit only reads the labels). A family that
         can fit nothing, or a member named with nothing to fit, is refused before any text is scored
     n_folds : int
-        [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s rule: the start is kept unless the
-        fit beats it by `margin` standard errors of out-of-fold NLL over `n_folds` stratified folds
-        (fold seed `random_state`; `semsoft_plugin.core.fitting`); `n_folds` an integer >= 2
-        (lowered to half the items where there are fewer), `margin` a finite number >= 0
+        The stratified folds on which [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s
+        rule scores each member out of fold: an integer >= 2 (lowered to half the items where
+        there are fewer)
     margin : float
-        [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s rule: the start is kept unless the
-        fit beats it by `margin` standard errors of out-of-fold NLL over `n_folds` stratified folds
-        (fold seed `random_state`; `semsoft_plugin.core.fitting`); `n_folds` an integer >= 2
-        (lowered to half the items where there are fewer), `margin` a finite number >= 0
+        [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s rule: a fitted temperature is
+        the floor (where `fit_family` has `"temperature"`; else the start), and another member
+        replaces it only if it beats the start and the temperature by `margin` standard errors
+        of out-of-fold NLL (`semsoft_plugin.core.fitting`); a finite number >= 0
     random_state : int
-        [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s rule: the start is kept unless the
-        fit beats it by `margin` standard errors of out-of-fold NLL over `n_folds` stratified folds
-        (fold seed `random_state`; `semsoft_plugin.core.fitting`); `n_folds` an integer >= 2
-        (lowered to half the items where there are fewer), `margin` a finite number >= 0
+        The seed of the folds [`fit`][semsoft_plugin.app.classifier.Classifier.fit] draws
 
     Attributes
     ----------
@@ -521,9 +517,13 @@ class Classifier(ClassifierMixin, BaseEstimator):
         settings (`config` with `k`, `semantic_weight`, `score_temperature`),
         each member of `fit_family` is checked out of fold (the fields of `fit_grid`
         with a final temperature if `fit_score_temperature`, a temperature alone, the
-        bias corrections, the probe), and the start is *kept* unless one beats it by
-        `margin` standard errors of out-of-fold NLL (stratified `n_folds` folds), so
-        a few uninformative labels leave the classifier as it was.
+        bias corrections, the probe). The temperature is the floor: with labels the
+        classifier gets at least temperature scaling (held to the rule of succession), and
+        another member replaces it only if it beats the start and the temperature by
+        `margin` standard errors of out-of-fold NLL (stratified `n_folds` folds), so a few
+        uninformative labels leave the classifier's decisions as they were. Without
+        `"temperature"` in `fit_family` (or with `score_temperature` fixed) the start is
+        *kept* unless a member beats it.
 
         **What the user fixed is kept.** `k`, `semantic_weight` and
         `score_temperature` given (not `None`) are fixed: the fit searches only the

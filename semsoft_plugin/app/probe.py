@@ -303,8 +303,18 @@ def _fit_anchored(
 
 
 def _span(x: np.ndarray) -> np.ndarray:
-    """`[r, H]` an orthonormal basis of the rows of `x` (the penalised `A` lies in it)."""
-    _, sv, vt = np.linalg.svd(x, full_matrices=False)
+    """`[r, H]` an orthonormal basis of the rows of `x` (the penalised `A` lies in it).
+
+    LAPACK's divide-and-conquer SVD (`gesdd`, numpy's) can fail to converge on finite
+    rows: it did on 200 standardised hidden states of Qwen2.5-Coder-1.5B (abuse, one of
+    10 draws), where the classic driver (`gesvd`, slower) converges; so that one is the
+    fallback."""
+    try:
+        _, sv, vt = np.linalg.svd(x, full_matrices=False)
+    except np.linalg.LinAlgError:
+        from scipy.linalg import svd
+
+        _, sv, vt = svd(x, full_matrices=False, lapack_driver="gesvd")
     return vt[sv > 1e-10 * max(float(sv[0]), 1e-300)] if len(sv) else vt
 
 

@@ -6,8 +6,9 @@ the label-free start: the pool weight over a grid with a temperature (`"grid"`),
 temperature alone (`"temperature"`), the bias corrections (`"offset"`, `"batch"`,
 `"contextual"`: `semsoft_plugin.core.label_offsets`) and a probe on the decision
 step's hidden state (`"probe"`, fitted by the caller, who has scikit-learn and the
-hidden states). Each member is scored out of fold and the start is kept unless one beats
-it by `margin` standard errors (`semsoft_plugin.core.fitting.fit_probs`).
+hidden states). Each member is scored out of fold; the temperature is the floor, and
+another member replaces it only where it beats the start and the temperature by `margin`
+standard errors (`semsoft_plugin.core.fitting.fit_probs`).
 
 What the fit gives is applied to each row alone, so a row's score never depends on
 its batch: a [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] (whose `score_temperature` is the last step), and for a
