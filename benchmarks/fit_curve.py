@@ -97,8 +97,11 @@ def pair_curve(
     single: dict[str, int],
     content_free: np.ndarray | None = None,
     hidden: np.ndarray | None = None,
+    label_rows: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Per size: each method's test scores averaged over the draws, and fit - temperature."""
+    """Per size: each method's test scores averaged over the draws, and fit - temperature.
+    `hidden` `[N, H]` with `label_rows` `[L, H]` (the labels' output rows,
+    `semsoft_plugin.app.probe.label_logit_rows`): the probe is scored too."""
     from semsoft_plugin.app.probe import fit_probe
 
     log_con = np.log(np.clip(constrained, 1e-30, 1.0))
@@ -131,9 +134,8 @@ def pair_curve(
             rows["default"].append(scores(start[test], y[test]))
             rows["constrained"].append(scores(constrained[test], y[test]))
             if hidden is not None:
-                probs = fit_probe(hidden[train], y[train], grid.shape[2], seed=seed).probs(
-                    hidden[test]
-                )
+                probs = fit_probe(hidden[train], y[train], grid.shape[2], label_rows=label_rows,
+                                  seed=seed).probs(hidden[test])  # fmt: skip
                 rows["probe"].append(scores(probs, y[test]))
             # Uninformative labels: drawn from the default's own distribution, so the
             # default is right and any move away from it is overfitting.
@@ -237,9 +239,10 @@ def main() -> int:
     )
     parser.add_argument("--out", default="benchmarks/results/fit-curve.json")
     args = parser.parse_args()
-
     # benchmarks/ is on sys.path when run as a script
     from _cli import write_results
+
+    from semsoft_plugin.app.probe import label_logit_rows  # scikit-learn: the probe's extra
 
     if args.merge:
         return _merge(args.merge.split(","), args.out)
@@ -267,6 +270,7 @@ def main() -> int:
             content_free, _ = grid_probs(forward.content_free(), pair["embeddings"], labels, [base])
             constrained = torch.softmax(forward.label_logits[:, : len(labels)].double(), -1).numpy()
             hidden = forward.hidden.numpy() if args.probe and forward.hidden is not None else None
+            label_rows = label_logit_rows(pair["embeddings"], labels) if hidden is not None else None
             pairs[f"{model}/{dataset}"] = {
                 "model": model,
                 "kind": dataset,
@@ -283,6 +287,7 @@ def main() -> int:
                     single=single,
                     content_free=content_free[0],
                     hidden=hidden,
+                    label_rows=label_rows,
                 ),  # fmt: skip
             }
             print(f"{model}/{dataset} done", flush=True)
@@ -296,7 +301,11 @@ def main() -> int:
 
 
 def summarize(
-    pairs: dict[str, Any], missing: list[str], sizes: tuple[int, ...], draws: int, margin: float
+    pairs: dict[str, Any],
+    missing: list[str],
+    sizes: tuple[int, ...],
+    draws: int | list[int],
+    margin: float,
 ) -> dict[str, Any]:
     """The result: the pairs and the target checked at ``TARGET_SIZE`` labels."""
     start_config = SemsoftConfig()

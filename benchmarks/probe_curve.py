@@ -191,13 +191,19 @@ def targets(pairs: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    floor = (
+        "the temperature its floor"
+        if result.get("temperature_floor", True)
+        else "without its temperature floor: the default kept unless a member shows its gain"
+    )
     lines = [
         f"Command: `{result['command']}` ({result['date']})",
         "",
         f"Dtype: {result['dtype']}. Draws per size: {result['draws']}; test = the rest of the "
         "set. `fit` is `Classifier.fit`'s default family on transformers (probe included) "
-        f"under its rule and macro-F1 guard (out-of-fold macro-F1 less {result['f1_z']:g} "
-        f"bootstrap standard errors at least the start's - {result['f1_tolerance']:g}).",
+        f"under its rule ({floor}) and macro-F1 guard (out-of-fold macro-F1 less "
+        f"{result['f1_z']:g} bootstrap standard errors at least the start's - "
+        f"{result['f1_tolerance']:g}).",
         "",
     ]
     t = result["targets"]
@@ -245,6 +251,9 @@ def main() -> int:
                         help="the rule's macro-F1 guard (fitting.F1_TOLERANCE)")
     parser.add_argument("--f1-z", type=float, default=fitting.F1_Z,
                         help="the guard's standard errors (fitting.F1_Z)")  # fmt: skip
+    parser.add_argument("--no-temperature-floor", action="store_true",
+                        help="the rule without its floor (fitting.TEMPERATURE_FLOOR off): "
+                        "what the floor changes")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/probe-curve.json")
     args = parser.parse_args()
 
@@ -252,11 +261,18 @@ def main() -> int:
     from choose_defaults import load_pair
 
     fitting.F1_TOLERANCE, fitting.F1_Z = args.f1_tolerance, args.f1_z
+    fitting.TEMPERATURE_FLOOR = not args.no_temperature_floor
     command = " ".join(["python", "benchmarks/probe_curve.py", *sys.argv[1:]])
     pairs: dict[str, Any] = {}
     if args.merge:
         parts = [json.loads(Path(f).read_text()) for f in args.merge.split(",")]
         pairs = {k: v for part in parts for k, v in part["pairs"].items()}
+        for key in _SETTINGS:  # the parts' own settings, one for all, not this command's
+            values = {json.dumps(part.get(key, _SETTINGS[key])) for part in parts}
+            if len(values) > 1:
+                raise SystemExit(f"--merge: the parts ran with different {key}: {sorted(values)}")
+            setattr(args, key, json.loads(values.pop()))
+        args.no_temperature_floor = not args.temperature_floor
         command = "; ".join(part["command"] for part in parts) + "; then " + " ".join(
             ["python", "benchmarks/probe_curve.py", *sys.argv[1:]]
         )
@@ -284,6 +300,12 @@ def main() -> int:
     return 0
 
 
+# What a result records of the run, with its value in a result written before it was recorded.
+_SETTINGS: dict[str, Any] = {"draws": 5, "margin": 1.0, "f1_tolerance": fitting.F1_TOLERANCE,
+                             "f1_z": fitting.F1_Z, "family": ",".join(fitting.FAMILY),
+                             "temperature_floor": True}  # fmt: skip
+
+
 def _write(pairs: dict[str, Any], missing: list[str], args: argparse.Namespace, command: str,
            write_results: Any) -> None:  # fmt: skip
     result = {
@@ -295,6 +317,7 @@ def _write(pairs: dict[str, Any], missing: list[str], args: argparse.Namespace, 
         "margin": args.margin,
         "f1_tolerance": args.f1_tolerance,
         "f1_z": args.f1_z,
+        "temperature_floor": not args.no_temperature_floor,
         "family": args.family,
         "missing_pairs": missing,
         "targets": targets(pairs),
