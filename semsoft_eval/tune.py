@@ -218,7 +218,7 @@ def _member_lines(procedures: dict[str, Any]) -> list[str]:
         return []
     lines = [
         "each member out of fold (NLL gain and macro-F1 change over the start, with their "
-        "standard errors):",
+        "standard errors; the temperature is the rule's floor and always passes):",
         "",
         "| member | NLL gain | se | macro-F1 change | se | passes |",
         "|---|---|---|---|---|---|",

@@ -337,7 +337,11 @@ def test_tune_on_a_tiny_set_writes_a_config_eval_accepts(tmp_path, capsys) -> No
     chosen = SemsoftConfig.load(config)
     tuned = json.loads((tmp_path / "t.json").read_text())
     fitted = SemsoftConfig().replace(**tuned["fit"]["fitted"])
-    assert fitted.semantic_weight in (0.3, 0.5, 1.0) and fitted.tau in (0.0, 0.2)
+    if tuned["fit"]["procedure"] == "grid":  # an entry of the grid searched
+        assert fitted.semantic_weight in (0.3, 0.5, 1.0) and fitted.tau in (0.0, 0.2)
+    else:  # the rule's floor: the start with a temperature
+        assert tuned["fit"]["procedure"] == "temperature"
+        assert fitted == SemsoftConfig(score_temperature=fitted.score_temperature)
     assert chosen == (SemsoftConfig() if tuned["fit"]["kept_default"] else fitted)
     assert set(tuned["cross_validated"]) == {
         "tuned",

@@ -67,7 +67,9 @@ class FitResult:
     gain_se : float
         Its standard error (paired over items)
     margin : float
-        The rule: adopt when `gain > margin * gain_se` and `gain > 0`
+        The rule: a member other than the temperature (the floor, always adopted where
+        no other wins) is adopted when `gain > margin * gain_se`, `gain > 0` and it beats
+        the temperature by `margin` standard errors
     nll_start, nll_fitted : float
         Out-of-fold mean NLL of `start` and of the procedure
     procedure : str
@@ -79,7 +81,7 @@ class FitResult:
         Each checked member's gain and its standard error, its out-of-fold macro-F1
         change and that change's bootstrap standard error (`f1_change`, `f1_change_se`),
         whether it showed its gain (`shows_gain`), whether it passed the rule with the
-        macro-F1 guard (`passes`), and its NLL
+        macro-F1 guard (`passes`: the temperature, the floor, always does), and its NLL
     offset : list[float] | None
         A bias member's per-label log-offset, in the targets' label order, added
         after `config` (`None` for the other members)
