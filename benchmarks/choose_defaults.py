@@ -184,7 +184,7 @@ def mechanism(pair: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _scores(p: np.ndarray, y: np.ndarray) -> dict[str, float]:
+def _scores(p: np.ndarray, y: np.ndarray) -> dict[str, float | None]:
     m = metrics.classification_metrics(p, y)
     return {k: m[k] for k in ("accuracy", "macro_f1", "ece", "brier", "nll", "auroc")}
 

@@ -32,8 +32,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -180,9 +182,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
     parser.add_argument("--f1-z", type=float, default=fitting.F1_Z,
                         help="the guard's standard errors (fitting.F1_Z)")  # fmt: skip
+    parser.add_argument("--merge", help="comma-separated result JSONs (runs of parts of the "
+                        "pairs, side by side): their pairs in one table")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/fit-rule-ablation.json")
     args = parser.parse_args()
     fitting.F1_Z = args.f1_z
+    if args.merge:
+        return _merge(args.merge.split(","), args.out, write_results)
 
     pairs: dict[str, Any] = {}
     for spec in args.pairs.split(","):
@@ -203,6 +209,24 @@ def main() -> int:
         "pairs": pairs,
     }
     write_results(result, args.out, markdown(result))
+    return 0
+
+
+def _merge(files: list[str], out: str, write_results: Any) -> int:
+    """One result from runs of parts of the pairs, each part's command kept; parts that
+    ran with other draws or another guard are refused."""
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    for key in ("draws", "f1_tolerance", "f1_z"):
+        values = {part[key] for part in parts}
+        if len(values) > 1:
+            raise SystemExit(f"--merge: the parts ran with different {key}: {sorted(values)}")
+    result = {
+        **parts[0],
+        "command": "; ".join(part["command"] for part in parts) + " (their pairs joined by "
+        + " ".join(["python", "benchmarks/fit_rule_ablation.py", *sys.argv[1:]]) + ")",
+        "pairs": {k: v for part in parts for k, v in part["pairs"].items()},
+    }
+    write_results(result, out, markdown(result))
     return 0
 
 
