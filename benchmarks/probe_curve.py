@@ -251,9 +251,9 @@ def main() -> int:
                         help="the rule's macro-F1 guard (fitting.F1_TOLERANCE)")
     parser.add_argument("--f1-z", type=float, default=fitting.F1_Z,
                         help="the guard's standard errors (fitting.F1_Z)")  # fmt: skip
-    parser.add_argument("--no-temperature-floor", action="store_true",
-                        help="the rule without its floor (fitting.TEMPERATURE_FLOOR off): "
-                        "what the floor changes")  # fmt: skip
+    parser.add_argument("--temperature-floor", choices=("on", "off"), default="on",
+                        help="the rule's floor (fitting.TEMPERATURE_FLOOR); off: what the "
+                        "floor changes")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/probe-curve.json")
     args = parser.parse_args()
 
@@ -261,7 +261,7 @@ def main() -> int:
     from choose_defaults import load_pair
 
     fitting.F1_TOLERANCE, fitting.F1_Z = args.f1_tolerance, args.f1_z
-    fitting.TEMPERATURE_FLOOR = not args.no_temperature_floor
+    fitting.TEMPERATURE_FLOOR = args.temperature_floor == "on"
     command = " ".join(["python", "benchmarks/probe_curve.py", *sys.argv[1:]])
     pairs: dict[str, Any] = {}
     if args.merge:
@@ -272,7 +272,7 @@ def main() -> int:
             if len(values) > 1:
                 raise SystemExit(f"--merge: the parts ran with different {key}: {sorted(values)}")
             setattr(args, key, json.loads(values.pop()))
-        args.no_temperature_floor = not args.temperature_floor
+        args.temperature_floor = "on" if args.temperature_floor else "off"
         command = "; ".join(part["command"] for part in parts) + "; then " + " ".join(
             ["python", "benchmarks/probe_curve.py", *sys.argv[1:]]
         )
@@ -317,7 +317,7 @@ def _write(pairs: dict[str, Any], missing: list[str], args: argparse.Namespace, 
         "margin": args.margin,
         "f1_tolerance": args.f1_tolerance,
         "f1_z": args.f1_z,
-        "temperature_floor": not args.no_temperature_floor,
+        "temperature_floor": args.temperature_floor == "on",
         "family": args.family,
         "missing_pairs": missing,
         "targets": targets(pairs),
