@@ -259,7 +259,7 @@ def test_the_fits_temperature_is_temperature_scaling_held_to_the_rule_of_success
     weights = np.r_[np.full(5, 2.0), np.ones(20)]
     repeated = np.r_[np.arange(5), np.arange(25)]
     np.testing.assert_allclose(
-        temperature_scaling.succession_temperature(z, y, count=30.0, sample_weight=weights),
+        temperature_scaling.succession_temperature(z, y, sample_weight=weights),
         temperature_scaling.succession_temperature(z[repeated], y[repeated]),
         rtol=1e-9,
     )

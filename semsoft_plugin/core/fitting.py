@@ -177,10 +177,9 @@ def _choose(
     and T."""
     scores = np.empty(len(log_grid))
     temps = np.ones(len(log_grid))
-    count = None if weights is None else float(weights.sum())
     for c, log_p in enumerate(log_grid):
         if temperature:
-            temps[c] = succession_temperature(log_p, targets, count=count, sample_weight=weights)
+            temps[c] = succession_temperature(log_p, targets, sample_weight=weights)
         scores[c] = _mean(nll(apply_temperature(log_p, temps[c]), targets), weights)
     best = int(np.argmin(scores))  # the first of equal scores: the grid's order decides
     return best, float(temps[best]), scores, temps

@@ -147,9 +147,7 @@ def fit_temperature(
     return float(math.exp(best)) if loss(best) < loss(0.0) else 1.0
 
 
-def succession_temperature(
-    log_probs: Any, targets: Any, *, count: float | None = None, sample_weight: Any = None
-) -> float:
+def succession_temperature(log_probs: Any, targets: Any, *, sample_weight: Any = None) -> float:
     """Temperature scaling held to the rule of succession: the few-label fit's `T`.
 
     `fit_temperature` on the hard labels, unless at that `T` the items' labels get more
@@ -158,8 +156,8 @@ def succession_temperature(
     above the hard optimum). Where the labels do not separate, this is temperature
     scaling itself: fitting every `T` to the smoothed targets instead raised it on every
     fit, and Qwen2.5-Coder-1.5B on Ekman's emotions (50 labels) paid .002 of test NLL
-    against temperature scaling on each of 5 draws. `count`: the rule's `N` where items
-    are weighted (default `len(targets)`); `sample_weight`: as in `fit_temperature`.
+    against temperature scaling on each of 5 draws. `sample_weight`: as in
+    `fit_temperature`; the weights count items, so the rule's `N` is their sum.
 
     >>> z = np.array([[2.0, 0.0], [0.0, 2.0], [3.0, 0.0]])  # three right answers
     >>> t = succession_temperature(z, [0, 1, 0])
@@ -175,7 +173,7 @@ def succession_temperature(
     if not SUCCESSION_TARGETS:
         return hard
     weights = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, np.float64)
-    most = 1.0 - 1.0 / ((len(y) if count is None else float(count)) + 2.0)
+    most = 1.0 - 1.0 / (float(weights.sum()) + 2.0)
 
     def sureness(log_t: float) -> float:
         picked = apply_temperature(z, math.exp(log_t))[np.arange(len(y)), y]
