@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,25 @@ def write_results(result: dict[str, Any], out: str | Path, text: str) -> None:
     path.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
     path.with_suffix(".md").write_text(text + "\n")
     print(text)
+
+
+def merge_parts(files: Sequence[str], settings: Mapping[str, Any], script: str) -> dict[str, Any]:
+    """Results of runs over parts of a benchmark's pairs (run side by side) as one: `pairs`
+    joined, `command` each part's command then this one's (`script`), and each setting
+    of `settings` (key -> its value in a result written before the key was recorded)
+    one for all, the parts' own; parts that ran with different settings are refused."""
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    merged: dict[str, Any] = {}
+    for key, before in settings.items():
+        values = {json.dumps(part.get(key, before)) for part in parts}
+        if len(values) > 1:
+            raise SystemExit(f"--merge: the parts ran with different {key}: {sorted(values)}")
+        merged[key] = json.loads(values.pop())
+    merged["pairs"] = {k: v for part in parts for k, v in part["pairs"].items()}
+    merged["command"] = "; ".join(part["command"] for part in parts) + "; then " + " ".join(
+        ["python", script, *sys.argv[1:]]
+    )
+    return merged
 
 
 def engine_bench_main(

@@ -173,7 +173,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    from _cli import KEPT_PAIRS, split_pair, write_results  # benchmarks/ is on sys.path
+    from _cli import KEPT_PAIRS, merge_parts, split_pair, write_results  # on sys.path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default=KEPT_PAIRS, help="model/dataset:items, comma-separated")
@@ -187,8 +187,13 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/fit-rule-ablation.json")
     args = parser.parse_args()
     fitting.F1_Z = args.f1_z
-    if args.merge:
-        return _merge(args.merge.split(","), args.out, write_results)
+    if args.merge:  # one result, the first part's date and the parts' own settings
+        settings = {"draws": args.draws, "f1_tolerance": fitting.F1_TOLERANCE, "f1_z": args.f1_z}
+        parts = args.merge.split(",")
+        first = json.loads(Path(parts[0]).read_text())
+        result = {**first, **merge_parts(parts, settings, "benchmarks/fit_rule_ablation.py")}
+        write_results(result, args.out, markdown(result))
+        return 0
 
     pairs: dict[str, Any] = {}
     for spec in args.pairs.split(","):
@@ -209,24 +214,6 @@ def main() -> int:
         "pairs": pairs,
     }
     write_results(result, args.out, markdown(result))
-    return 0
-
-
-def _merge(files: list[str], out: str, write_results: Any) -> int:
-    """One result from runs of parts of the pairs, each part's command kept; parts that
-    ran with other draws or another guard are refused."""
-    parts = [json.loads(Path(f).read_text()) for f in files]
-    for key in ("draws", "f1_tolerance", "f1_z"):
-        values = {part[key] for part in parts}
-        if len(values) > 1:
-            raise SystemExit(f"--merge: the parts ran with different {key}: {sorted(values)}")
-    result = {
-        **parts[0],
-        "command": "; ".join(part["command"] for part in parts) + " (their pairs joined by "
-        + " ".join(["python", "benchmarks/fit_rule_ablation.py", *sys.argv[1:]]) + ")",
-        "pairs": {k: v for part in parts for k, v in part["pairs"].items()},
-    }
-    write_results(result, out, markdown(result))
     return 0
 
 

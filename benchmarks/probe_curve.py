@@ -257,25 +257,20 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/probe-curve.json")
     args = parser.parse_args()
 
-    from _cli import write_results  # benchmarks/ is on sys.path when run as a script
+    from _cli import merge_parts, write_results  # benchmarks/ is on sys.path as a script
     from choose_defaults import load_pair
 
+    settings = {"draws": args.draws, "margin": args.margin, "f1_tolerance": args.f1_tolerance,
+                "f1_z": args.f1_z, "family": args.family,
+                "temperature_floor": args.temperature_floor == "on"}  # fmt: skip
     fitting.F1_TOLERANCE, fitting.F1_Z = args.f1_tolerance, args.f1_z
-    fitting.TEMPERATURE_FLOOR = args.temperature_floor == "on"
+    fitting.TEMPERATURE_FLOOR = settings["temperature_floor"]
     command = " ".join(["python", "benchmarks/probe_curve.py", *sys.argv[1:]])
     pairs: dict[str, Any] = {}
-    if args.merge:
-        parts = [json.loads(Path(f).read_text()) for f in args.merge.split(",")]
-        pairs = {k: v for part in parts for k, v in part["pairs"].items()}
-        for key in _SETTINGS:  # the parts' own settings, one for all, not this command's
-            values = {json.dumps(part.get(key, _SETTINGS[key])) for part in parts}
-            if len(values) > 1:
-                raise SystemExit(f"--merge: the parts ran with different {key}: {sorted(values)}")
-            setattr(args, key, json.loads(values.pop()))
-        args.temperature_floor = "on" if args.temperature_floor else "off"
-        command = "; ".join(part["command"] for part in parts) + "; then " + " ".join(
-            ["python", "benchmarks/probe_curve.py", *sys.argv[1:]]
-        )
+    if args.merge:  # the parts' own settings, one for all, not this command's
+        merged = merge_parts(args.merge.split(","), _SETTINGS, "benchmarks/probe_curve.py")
+        pairs, command = merged.pop("pairs"), merged.pop("command")
+        settings = merged
     sizes = tuple(int(v) for v in args.sizes.split(","))
     missing = []
     for model in [] if args.merge else args.models.split(","):
@@ -295,8 +290,8 @@ def main() -> int:
                 "sizes": pair_curve(pair, sizes=sizes, draws=args.draws, margin=args.margin,
                                     seed=args.seed, family=tuple(args.family.split(","))),  # fmt: skip
             }
-            _write(pairs, missing, args, command, write_results)
-    _write(pairs, missing, args, command, write_results)
+            _write(pairs, missing, settings, command, args.out, write_results)
+    _write(pairs, missing, settings, command, args.out, write_results)
     return 0
 
 
@@ -306,24 +301,19 @@ _SETTINGS: dict[str, Any] = {"draws": 5, "margin": 1.0, "f1_tolerance": fitting.
                              "temperature_floor": True}  # fmt: skip
 
 
-def _write(pairs: dict[str, Any], missing: list[str], args: argparse.Namespace, command: str,
-           write_results: Any) -> None:  # fmt: skip
+def _write(pairs: dict[str, Any], missing: list[str], settings: dict[str, Any], command: str,
+           out: str, write_results: Any) -> None:  # fmt: skip
     result = {
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "dtype": "bfloat16 weights where the passes were collected with models.load's 'auto' "
         "on an AVX512-BF16 machine, float32 output head (the kept passes' own dtype)",
-        "draws": args.draws,
-        "margin": args.margin,
-        "f1_tolerance": args.f1_tolerance,
-        "f1_z": args.f1_z,
-        "temperature_floor": args.temperature_floor == "on",
-        "family": args.family,
+        **settings,
         "missing_pairs": missing,
         "targets": targets(pairs),
         "pairs": pairs,
     }
-    write_results(result, args.out, markdown(result))
+    write_results(result, out, markdown(result))
 
 
 if __name__ == "__main__":
