@@ -169,7 +169,7 @@ def test_a_bad_fit_is_refused_before_any_text_is_scored(fit_llm, name, refused) 
     from vllm.exceptions import VLLMValidationError
 
     prompt = _prompts(fit_llm)[:1]
-    extra = {**sv.sampling_params(SENTIMENT).extra_args, "semsoft_fit": name}
+    extra = {**sv.sampling_params(SENTIMENT, fit="sentiment").extra_args, "semsoft_fit": name}
     params = SamplingParams(max_tokens=3, temperature=0, logprobs=50, extra_args=extra)
     with pytest.raises((VLLMValidationError, ValueError), match=refused):
         fit_llm.generate(prompt, params, use_tqdm=False)
@@ -226,7 +226,8 @@ def test_model_runner_v2_applies_a_fit(fit_llm, fits) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SEMSOFT_FIT_DIR", str(fits["folder"]))
         proc = FittedSemanticSoftmax(FreshConfig(config), state)
-    assert proc.add_request(0, sv.sampling_params(SENTIMENT, fit="sentiment")) is True
+    constrain = sv.sampling_params(SENTIMENT, fit="sentiment")
+    assert proc.add_request(0, constrain) is True
     observe = sv.sampling_params(SENTIMENT, fit="sentiment", mode="observe", max_tokens=3)
     assert proc.add_request(1, observe) is True
     original = fits["logits"][:2, :vocab].clone()
@@ -238,8 +239,9 @@ def test_model_runner_v2_applies_a_fit(fit_llm, fits) -> None:
     )  # fmt: skip
     out = proc.apply(original.clone(), ctx)
     want = fits["probe"].probs(fits["hidden"][:2])
-    rows = fitted_rows([fitted_key("sentiment", list(range(1, 6)), []),
-                        fitted_key("sentiment", list(range(6, 11)), [])])  # fmt: skip
+    keys = [p.extra_args["semsoft_row_key"] for p in (constrain, observe)]
+    rows = fitted_rows([fitted_key(keys[0], "sentiment", list(range(1, 6)), []),
+                        fitted_key(keys[1], "sentiment", list(range(6, 11)), [])])  # fmt: skip
     for i in range(2):
         np.testing.assert_allclose(rows[i]["probs"], want[i], atol=1e-4)
     answers = list(LabelSet(SENTIMENT, fit_llm.get_tokenizer()).answer_token_ids)
@@ -283,7 +285,8 @@ def test_model_runner_v2_keeps_the_hidden_state(fit_llm, fits) -> None:
     out = proc.apply(row.clone(), ctx)
     assert torch.equal(out, row)
     local = SimpleNamespace(collective_rpc=lambda _m, args: [fitted_rows(*args)])
-    (hidden,) = read_hidden(local, [fitted_key(HIDDEN, list(range(21, 26)), [])])
+    key = fitted_key(params.extra_args["semsoft_row_key"], HIDDEN, list(range(21, 26)), [])
+    (hidden,) = read_hidden(local, [key])
     np.testing.assert_allclose(hidden.double().numpy(), fits["hidden"][2], atol=1e-4)
 
 
@@ -344,7 +347,7 @@ def test_server_rows_equal_the_hook_probe_and_bad_fits_are_400(fit_server, fits,
         "truncated": "refused at load",
     }
     for name, message in refused.items():
-        bad = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE)
+        bad = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, fit="sentiment")
         bad["extra_body"]["vllm_xargs"]["semsoft_fit"] = name
         with pytest.raises(openai.BadRequestError, match=message):
             client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **bad)
@@ -395,3 +398,177 @@ def test_offline_engine_in_its_own_process(checkpoint, fits, tmp_path) -> None:
     want = fits["probe"].probs(fits["hidden"][:3])
     got = np.array([[row[label] for label in SENTIMENT] for row in rows])
     np.testing.assert_allclose(got, want, atol=1e-3)
+
+
+# -- a fitted row, or a kept hidden state, belongs to one request ---------------------------
+
+
+def _row(result: Any) -> np.ndarray:
+    return np.array([result.probs[label] for label in SENTIMENT])
+
+
+@pytest.mark.vllm
+def test_each_request_reads_its_own_fitted_row_offline(fit_llm) -> None:
+    """One prompt, one fit, in one `generate`: labels in opposite orders, a clean request
+    beside a `logit_bias` one, a duplicate prompt under one `SamplingParams`. Each
+    request reads its own row (within 1e-6 of the row sent alone), whatever else shares
+    the batch; a second read of one output gives the same row."""
+    prompt = _prompts(fit_llm)[:1]
+    forward = sv.sampling_params(SENTIMENT, fit="sentiment")
+    backward = sv.sampling_params(SENTIMENT[::-1], fit="sentiment")
+    alone = _row(sv.label_scores(fit_llm.generate(prompt, forward, use_tqdm=False)[0],
+                                 forward, fit_llm))  # fmt: skip
+    assert alone.max() > 0.9  # a confident row: a swap would show as 1 - p
+    outs = fit_llm.generate(prompt * 2, [forward, backward], use_tqdm=False)
+    for out, params in zip(outs, (forward, backward), strict=True):
+        result = sv.label_scores(out, params, fit_llm)
+        np.testing.assert_allclose(_row(result), alone, atol=1e-6)
+        assert out.outputs[0].text.strip() == result.label == SENTIMENT[int(alone.argmax())]
+        np.testing.assert_array_equal(_row(sv.label_scores(out, params, fit_llm)), _row(result))
+
+    clean = sv.sampling_params(SENTIMENT, fit="sentiment", mode="observe", max_tokens=1)
+    biased = sv.sampling_params(SENTIMENT, fit="sentiment", mode="observe", max_tokens=1,
+                                logit_bias={11: 3.0})  # fmt: skip
+    for order in ([clean, biased], [biased, clean]):
+        outs = fit_llm.generate(prompt * 2, order, use_tqdm=False)
+        for out, params in zip(outs, order, strict=True):
+            if params is clean:
+                got = _row(sv.label_scores(out, params, fit_llm, check_text=False))
+                np.testing.assert_allclose(got, alone, atol=1e-6)
+            else:
+                with pytest.raises(FitNotApplied, match="residual"):
+                    sv.label_scores(out, params, fit_llm, check_text=False)
+
+    twins = fit_llm.generate(prompt * 2, forward, use_tqdm=False)  # one SamplingParams
+    rows = [_row(sv.label_scores(out, forward, fit_llm)) for out in twins]
+    np.testing.assert_allclose(rows[0], alone, atol=1e-6)
+    np.testing.assert_array_equal(rows[0], rows[1])
+
+
+@pytest.mark.vllm
+def test_a_duplicate_prompt_gets_its_own_hidden_state(fit_llm) -> None:
+    """`classify_vllm(hidden=True)` gives each prompt its own row key: a prompt listed
+    twice returns two equal hidden states (the first read took a shared one before)."""
+    results = sv.classify_vllm(fit_llm, [PROMPTS[0], PROMPTS[0], PROMPTS[1]], SENTIMENT,
+                               mode="observe", max_tokens=1, hidden=True)  # fmt: skip
+    hidden = [r.hidden for r in results]
+    assert all(h is not None and h.shape == (576,) for h in hidden)
+    torch.testing.assert_close(hidden[0], hidden[1], rtol=0, atol=1e-6)
+    assert not torch.allclose(hidden[0], hidden[2])
+
+
+def test_a_row_key_is_minted_per_request_and_never_taken_from_a_server_client() -> None:
+    """Each `sampling_params` call mints its own key (two requests that the processor
+    cannot tell apart, such as two LoRA adapters, still keep two rows); a server
+    client's key is refused; a request built by hand without one is refused."""
+    from semsoft_plugin.core.request import KEY_ROW_KEY, parse_request
+    from semsoft_plugin.engines.vllm.params import validate_params
+    from semsoft_plugin.engines.vllm.reader_tables import fitted_key
+
+    one, two = (sv.sampling_params(SENTIMENT, fit="sentiment") for _ in range(2))
+    keys = [p.extra_args[KEY_ROW_KEY] for p in (one, two)]
+    assert keys[0] != keys[1] and len(keys[0]) == 32
+    prompt = list(range(1, 6))
+    assert fitted_key(keys[0], "sentiment", prompt, []) != fitted_key(keys[1], "sentiment", prompt, [])
+    assert KEY_ROW_KEY not in sv.sampling_params(SENTIMENT).extra_args  # no row kept
+    with pytest.raises(ValueError, match="semsoft_row_key is minted by the server"):
+        parse_request(dict(one.extra_args), server=True)
+    for bad in ("x" * 32, 7, "ABCDEF" * 5 + "00"):
+        with pytest.raises(ValueError, match="semsoft_row_key=.* must be 32 lower-case hex"):
+            parse_request({**one.extra_args, KEY_ROW_KEY: bad})
+    hand = SamplingParams(max_tokens=1, logprobs=50, extra_args={
+        k: v for k, v in one.extra_args.items() if k != KEY_ROW_KEY})  # fmt: skip
+    with pytest.raises(ValueError, match="needs its own semsoft_row_key"):
+        validate_params(hand)
+    with pytest.raises(ValueError, match="names the engine's row of a request that names a fit"):
+        parse_request({"semsoft_labels": SENTIMENT, KEY_ROW_KEY: keys[0]})
+
+
+def test_rows_that_share_a_key_in_one_step_are_never_handed_across() -> None:
+    """Two requests that share a row key and a prompt (one `SamplingParams` for both)
+    but got different rows (a LoRA adapter the processor cannot see): neither row is
+    kept for the other's reader; equal rows are kept once."""
+    from semsoft_plugin.engines.vllm.reader_tables import _one_row
+
+    row = {"probs": [0.9, 0.1], "residual": 0.01}
+    assert _one_row(None, row, "f") is row
+    assert _one_row(row, {"probs": [0.9 + 1e-9, 0.1], "residual": 0.02}, "f") is row
+    refused = _one_row(row, {"probs": [0.2, 0.8], "residual": 0.01}, "f")
+    assert "probs" not in refused and "shared one semsoft_row_key" in refused["reason"]
+
+
+@pytest.mark.vllm
+def test_concurrent_server_clients_each_get_their_own_fitted_row(fit_server, checkpoint) -> None:
+    """Two clients, the same prompt and fit, labels in opposite orders, 24 concurrent
+    rounds, both sending the same `X-Request-Id`; a clean client beside a `logit_bias`
+    one: every response holds its own row, within 1e-6 of the row sent alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+    from _vllm import CONTINUE
+
+    from semsoft_plugin.engines import openai as sopenai
+
+    client = openai.OpenAI(base_url=fit_server, api_key="none", max_retries=0)
+    forward = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, fit="sentiment")
+    backward = sopenai.openai_request(SENTIMENT[::-1], extra_body=CONTINUE, fit="sentiment")
+    observe = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, fit="sentiment",
+                                     mode="observe")  # fmt: skip
+    same_id = {"X-Request-Id": "semsoft-shared-id"}
+
+    def row(request: Any, **extra: Any) -> np.ndarray:
+        response = client.chat.completions.create(
+            model="smollm2", messages=PROMPTS[0], extra_headers=same_id, **request, **extra
+        )
+        probs = sopenai.openai_label_probs(response, request, checkpoint)
+        return np.array([probs[label] for label in SENTIMENT])
+
+    alone = row(forward)
+    assert alone.max() > 0.9
+    np.testing.assert_allclose(row(backward), alone, atol=1e-6)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [pool.submit(row, r) for _ in range(24) for r in (forward, backward)]
+        for future in futures:
+            np.testing.assert_allclose(future.result(), alone, atol=1e-6)
+
+    def biased() -> None:
+        with pytest.raises(FitNotApplied, match="residual"):
+            row(observe, logit_bias={"11": 3.0})
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [pool.submit(f) for _ in range(8) for f in (lambda: row(observe), biased)]
+        for future in futures:
+            got = future.result()
+            if got is not None:
+                np.testing.assert_allclose(got, alone, atol=1e-6)
+
+
+@pytest.mark.vllm
+def test_the_server_refuses_what_cannot_carry_or_would_ignore_a_fit(fit_server) -> None:
+    """Settings a fit makes meaningless, a client's own row key, a stream and a request
+    without its token ids are each a 400 naming why; the connection goes on serving."""
+    import openai
+    from _vllm import CONTINUE
+
+    from semsoft_plugin.engines import openai as sopenai
+
+    client = openai.OpenAI(base_url=fit_server, api_key="none", max_retries=0)
+    good = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, fit="sentiment")
+    cases = {
+        "semsoft_score_temperature": ("semsoft_score_temperature'\\] beside semsoft_fit", 2.0),
+        "semsoft_semantic_weight": ("semsoft_semantic_weight'\\] beside semsoft_fit", 0.3),
+        "semsoft_preset": ("semsoft_preset'\\] beside semsoft_fit", "pooled"),
+        "semsoft_row_key": ("semsoft_row_key is minted by the server", "0" * 32),
+    }
+    for key, (message, value) in cases.items():
+        bad = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, fit="sentiment")
+        bad["extra_body"]["vllm_xargs"][key] = value
+        with pytest.raises(openai.BadRequestError, match=message):
+            client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **bad)
+    with pytest.raises(openai.BadRequestError, match="semsoft_fit with stream=true"):
+        client.chat.completions.create(model="smollm2", messages=PROMPTS[0], stream=True, **good)
+    quiet = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, fit="sentiment")
+    quiet["extra_body"].pop("return_token_ids")
+    with pytest.raises(openai.BadRequestError, match="semsoft_fit needs return_token_ids=true"):
+        client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **quiet)
+    assert client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **good)

@@ -185,9 +185,9 @@ def test_vllm_structured_outputs_are_refused_with_a_hidden_read(llm) -> None:
     prompt = {"prompt_token_ids": tokenizer.encode("Review: great fun. Sentiment:")}
     whole = sv.sampling_params(LABELS, mode="observe", max_tokens=1, hidden=True)
     out = llm.generate([prompt], whole, use_tqdm=False)
-    assert sv.output_hidden(llm, out, [0])[0].shape == (576,)
+    assert sv.output_hidden(llm, out, whole, [0])[0].shape == (576,)
     with pytest.raises(ValueError, match="kept no hidden state"):  # taken: read once
-        sv.output_hidden(llm, out, [0])
+        sv.output_hidden(llm, out, whole, [0])
 
 
 @pytest.mark.vllm

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -47,6 +48,7 @@ __all__ = [
     "Mode",
     "SemsoftRequest",
     "build_request",
+    "mint_row_key",
     "parse_request",
 ]
 
@@ -67,6 +69,12 @@ KEY_FIT = "semsoft_fit"
 # Keep the decision step's hidden state, read back from its logits row, in the engine's
 # worker table for the offline reader (Classifier.fit's probe on vLLM); never over HTTP.
 KEY_HIDDEN = "semsoft_hidden"
+# The key of this request's rows in the engine's worker table (a fitted row, a kept hidden
+# state), minted by semsoft for each request (`mint_row_key`: `sampling_params` and
+# `classify_vllm` offline, the admission middleware on a server), never chosen by a client:
+# two requests never share a row, whatever else they have in common.
+KEY_ROW_KEY = "semsoft_row_key"
+ROW_KEY_HEX = 32
 # The response field in which the server's admission middleware returns each choice's
 # fitted label probabilities, or why the fit was not applied to it.
 RESPONSE_FITTED = "semsoft_fitted"
@@ -80,8 +88,15 @@ RESPONSE_LABEL_LOGPROBS = "semsoft_label_logprobs"
 _CONFIG_KEYS = {f"semsoft_{f.name}": f.name for f in dataclasses.fields(SemsoftConfig)}
 _KEYS = {
     KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, KEY_PRESET, KEY_FIT, KEY_HIDDEN,
-    *_CONFIG_KEYS,
+    KEY_ROW_KEY, *_CONFIG_KEYS,
 }  # fmt: skip
+
+# The keys that may accompany semsoft_fit: the fit's probe gives the scores, so every other
+# Semantic Softmax setting (and a preset) would change nothing and is refused by name.
+FIT_KEYS = (
+    KEY_LABELS, KEY_MODE, KEY_TRIGGER, KEY_LEADING_SPACE, KEY_FIT, KEY_HIDDEN, KEY_ROW_KEY,
+    "semsoft_k",
+)  # fmt: skip
 
 # Server clients are untrusted: these bound the work and memory one request can ask
 # for. Named SERVER_* because they are tighter than the method's own ranges
@@ -118,6 +133,10 @@ class SemsoftRequest:
         Keep the decision step's hidden state, read back from its logits row
         (`semsoft_hidden`), in the engine's worker table for an offline reader
         (`classify_vllm(hidden=True)`); refused from a server client
+    row_key : str | None
+        The key of this request's rows in the engine's worker table
+        (`semsoft_row_key`, 32 hex digits), minted by semsoft for each request
+        (`mint_row_key`); required with `fit` or `hidden`, refused from a server client
     """
 
     labels: tuple[str, ...]
@@ -127,6 +146,7 @@ class SemsoftRequest:
     leading_space: bool = True
     fit: str | None = None
     hidden: bool = False
+    row_key: str | None = None
 
     def to_extra_args(self) -> dict[str, Any]:
         """Flat `extra_args` / `vllm_xargs` (str, int, float or lists of str)."""
@@ -134,6 +154,8 @@ class SemsoftRequest:
         for key, name in _CONFIG_KEYS.items():
             value = getattr(self.config, name)
             if value is None:  # an unset option (tau_quantile): the default applies
+                continue
+            if self.fit is not None and key not in FIT_KEYS:  # the fit gives the scores
                 continue
             args[key] = int(value) if isinstance(value, bool) else value
         args[KEY_LEADING_SPACE] = int(self.leading_space)
@@ -143,7 +165,15 @@ class SemsoftRequest:
             args[KEY_FIT] = self.fit
         if self.hidden:
             args[KEY_HIDDEN] = 1
+        if self.row_key is not None:
+            args[KEY_ROW_KEY] = self.row_key
         return args
+
+    @property
+    def keeps_rows(self) -> bool:
+        """Whether the engine keeps a row for this request in its worker table (a fit's
+        row or a hidden state), which then needs the request's own `row_key`."""
+        return self.fit is not None or self.hidden
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -282,21 +312,61 @@ def parse_request(
     present = {k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")}
     if not present:
         return None
-    frozen = _frozen(extra_args)
+    row_key = _row_key(extra_args, server)
+    # The row key is unique per request: the rest of the options is what repeats.
+    options = {k: v for k, v in extra_args.items() if k != KEY_ROW_KEY}
+    frozen = _frozen(options)
     key = None if frozen is None else (server, frozen)
+    request: SemsoftRequest | None = None
     if key is not None:
         with _PARSED_LOCK:
-            found = _PARSED.get(key)
-            if found is not None:
+            request = _PARSED.get(key)
+            if request is not None:
                 _PARSED.move_to_end(key)
-                return found
-    request = _parse(extra_args, present, server)
-    if key is not None:
-        with _PARSED_LOCK:
-            _PARSED[key] = request
-            while len(_PARSED) > _PARSED_SIZE:
-                _PARSED.popitem(last=False)
-    return request
+    if request is None:
+        request = _parse(options, present - {KEY_ROW_KEY}, server)
+        if key is not None:
+            with _PARSED_LOCK:
+                _PARSED[key] = request
+                while len(_PARSED) > _PARSED_SIZE:
+                    _PARSED.popitem(last=False)
+    if row_key is None:
+        return request
+    if not request.keeps_rows:
+        raise ValueError(
+            f"{KEY_ROW_KEY} names the engine's row of a request that names a fit "
+            f"({KEY_FIT}) or keeps a hidden state ({KEY_HIDDEN}); this one does neither: "
+            f"drop {KEY_ROW_KEY}"
+        )
+    return dataclasses.replace(request, row_key=row_key)
+
+
+def mint_row_key() -> str:
+    """A fresh `semsoft_row_key` (128 random bits, hex): the key of one request's rows in
+    the engine's worker table, never shared with another request."""
+    return secrets.token_hex(ROW_KEY_HEX // 2)
+
+
+def _row_key(extra_args: Mapping[str, Any], server: bool) -> str | None:
+    """The request's `semsoft_row_key`, checked; a server client's is refused (the
+    server's admission middleware mints each request's own)."""
+    if KEY_ROW_KEY not in extra_args:
+        return None
+    value = extra_args[KEY_ROW_KEY]
+    if server:
+        raise ValueError(
+            f"{KEY_ROW_KEY} is minted by the server for each request (its rows in the "
+            "engine belong to it alone); a client cannot set it: drop it"
+        )
+    if (
+        not isinstance(value, str)
+        or len(value) != ROW_KEY_HEX
+        or any(c not in "0123456789abcdef" for c in value)
+    ):
+        raise _refuse(
+            KEY_ROW_KEY, value, f"{ROW_KEY_HEX} lower-case hex digits, minted by mint_row_key()"
+        )
+    return value
 
 
 def near_misses(keys: Iterable[Any]) -> list[tuple[str, str | None]]:
@@ -396,6 +466,7 @@ def _parse(extra_args: Mapping[str, Any], present: set[str], server: bool) -> Se
     fit = extra_args.get(KEY_FIT)
     if fit is not None:
         fit = fit_name(fit)
+        check_fit_company(sorted(present - set(FIT_KEYS)))
     hidden = _flag(KEY_HIDDEN, extra_args.get(KEY_HIDDEN, False))
     if hidden and server:
         raise ValueError(
@@ -405,6 +476,17 @@ def _parse(extra_args: Mapping[str, Any], present: set[str], server: bool) -> Se
     return SemsoftRequest(
         tuple(labels), config, cast(Mode, mode), trigger, leading_space, fit, hidden
     )
+
+
+def check_fit_company(keys: Sequence[str]) -> None:
+    """`ValueError` naming `keys`, settings given beside `semsoft_fit` that the fit makes
+    meaningless (its probe gives the scores), with the keys that may accompany it."""
+    if keys:
+        raise ValueError(
+            f"{show_value(list(keys), 120)} beside {KEY_FIT}: the fit's probe gives the "
+            "scores, so these settings would change nothing; the semsoft keys that may "
+            f"accompany {KEY_FIT} are {', '.join(FIT_KEYS)}"
+        )
 
 
 def fit_name(value: Any) -> str:
@@ -468,6 +550,15 @@ def build_request(
     what comes back is what it parses.
     """
     cfg = (config or SemsoftConfig()).replace(**method)
+    if fit is not None:  # the fit gives the scores: any other setting is refused by name
+        unset = SemsoftConfig(k=cfg.k)
+        check_fit_company(
+            [
+                f"semsoft_{f.name}"
+                for f in dataclasses.fields(cfg)
+                if getattr(cfg, f.name) != getattr(unset, f.name)
+            ]
+        )
     request = SemsoftRequest(
         tuple(label_names(labels)), cfg, mode, trigger, leading_space, fit, hidden
     )

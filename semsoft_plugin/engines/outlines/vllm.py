@@ -47,7 +47,7 @@ from semsoft_plugin.engines.outlines.base import (
     Engine,
 )
 from semsoft_plugin.engines.outlines.choices import choice_label_set
-from semsoft_plugin.engines.vllm.params import check_engine_logprobs, sampling_params
+from semsoft_plugin.engines.vllm.params import check_engine_logprobs, own_row_key, sampling_params
 from semsoft_plugin.engines.vllm.reader import label_scores, output_hidden
 
 __all__ = ["VLLMChoiceGenerator"]
@@ -139,12 +139,15 @@ class VLLMChoiceGenerator(ChoiceGenerator):
         # chat template, and goes through LLM.chat (generation prompt added).
         formatted = [self.model.type_adapter.format_input(p) for p in prompts]
         llm = self.model.model
+        # A kept hidden state is one request's row: one row key per prompt.
+        hidden = correction is not None and correction.needs_hidden
+        each = [own_row_key(params) for _ in formatted] if hidden else params
         if formatted and isinstance(formatted[0], list):
-            outputs = llm.chat(messages=formatted, sampling_params=params, **kwargs)
+            outputs = llm.chat(messages=formatted, sampling_params=each, **kwargs)
         else:
-            outputs = llm.generate(prompts=formatted, sampling_params=params, **kwargs)
+            outputs = llm.generate(prompts=formatted, sampling_params=each, **kwargs)
         if correction is not None:
-            return self._corrected(correction, outputs, params, llm)
+            return self._corrected(correction, outputs, each, llm)
         scored = []
         for output in outputs:
             text = output.outputs[0].text
@@ -174,7 +177,10 @@ class VLLMChoiceGenerator(ChoiceGenerator):
         import numpy as np
 
         names = list(self.labels.names)
-        results = [label_scores(o, params, llm, check_text=False) for o in outputs]
+        each = params if isinstance(params, list) else [params] * len(outputs)
+        results = [
+            label_scores(o, p, llm, check_text=False) for o, p in zip(outputs, each, strict=True)
+        ]
         if any(r.probs is None for r in results):
             raise RuntimeError(
                 "no top-k token voted for any label and the label tokens are outside the "
@@ -184,7 +190,7 @@ class VLLMChoiceGenerator(ChoiceGenerator):
         hidden = None
         if correction.needs_hidden:
             steps = [r.decision_step or 0 for r in results]
-            hidden = torch.stack(output_hidden(llm, outputs, steps)).numpy()
+            hidden = torch.stack(output_hidden(llm, outputs, each, steps)).numpy()
         corrected = correction.apply(probs, tuple(names), hidden)
         return [
             ScoredLabel(

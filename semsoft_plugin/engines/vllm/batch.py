@@ -16,7 +16,11 @@ from semsoft_plugin.core.request import Mode
 from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.engines.reader_contract import read_scores
 from semsoft_plugin.engines.scoring import MissingLabelLogprobs, client_model, decision_step
-from semsoft_plugin.engines.vllm.params import check_engine_logprobs, sampling_params
+from semsoft_plugin.engines.vllm.params import (
+    check_engine_logprobs,
+    own_row_key,
+    sampling_params,
+)
 from semsoft_plugin.engines.vllm.reader import (
     fetch_logprobs,
     label_scores,
@@ -167,7 +171,10 @@ def classify_vllm(
             f"LabelSet {list(labels.names)!r} has verbalizers or variants the engine does "
             "not know (it binds label names itself): pass the label names"
         )
-    outputs = llm.generate(token_prompts, params, use_tqdm=progress)
+    # A kept hidden state is one request's row: each prompt gets its own row key, so a
+    # duplicate prompt reads its own row, never another's.
+    each = [own_row_key(params) for _ in token_prompts] if hidden else params
+    outputs = llm.generate(token_prompts, each, use_tqdm=progress)
     answer_ids = list(scoring.labels.answer_token_ids)
     greedy = params.temperature == 0.0
     # A max_tokens the caller set may cut the text on purpose (1: scores only); the
@@ -236,7 +243,7 @@ def classify_vllm(
     scores = [s for s in first if s is not None]
     states: list[Any] = [None] * len(scores)
     if hidden:
-        states = list(output_hidden(llm, outputs, [s.decision_step or 0 for s in scores]))
+        states = list(output_hidden(llm, outputs, each, [s.decision_step or 0 for s in scores]))
     results = []
     for s, out, step, state in zip(scores, outputs, steps, states, strict=True):
         top = None

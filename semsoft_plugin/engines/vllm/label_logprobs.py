@@ -121,10 +121,10 @@ async def _fill_fitted(
     from the engine's workers with one `collective_rpc` (`reader_tables`); True when some
     choice got one."""
     decisions = _decisions(reply, request, tokenizer)
-    if request.fit is None or not decisions:
+    if request.fit is None or request.row_key is None or not decisions:
         return False
     keys = [
-        fitted_key(request.fit, prompt, generated[:step])
+        fitted_key(request.row_key, request.fit, prompt, generated[:step])
         for _, prompt, generated, step in decisions
     ]
     engine: Any = getattr(http_request.app.state, "engine_client", None)

@@ -7,6 +7,7 @@ module never shadow each other).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -14,8 +15,11 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMClientError
 
 from semsoft_plugin.core.request import (
+    KEY_FIT,
+    KEY_ROW_KEY,
     SemsoftRequest,
     check_near_misses,
+    mint_row_key,
     near_misses,
     parse_request,
     show_value,
@@ -66,9 +70,30 @@ async def admission(request: Any, call_next: Any) -> Any:
             error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
             return JSONResponse({"error": error}, status_code=400)
         semsoft = _fillable(body, path)
+        if semsoft is not None and semsoft.fit is not None:
+            semsoft = _own_row_key(request, body, semsoft)
         if semsoft is not None and config is not None:
             return await fill_label_logprobs(request, await call_next(request), semsoft, config)
     return await call_next(request)
+
+
+def _own_row_key(request: Any, body: bytes, semsoft: SemsoftRequest) -> SemsoftRequest:
+    """Mint the request's own `semsoft_row_key` and put it in the body vLLM reads (a
+    client cannot send one: `parse_request(server=True)` refuses it), so that its fitted
+    row in the engine is found by this request's response alone, whatever another client
+    sends (the same prompt, labels in another order, `logit_bias`, a LoRA adapter, the
+    same `X-Request-Id`)."""
+    data = json.loads(body)
+    key = mint_row_key()
+    data["vllm_xargs"][KEY_ROW_KEY] = key
+    rewritten = json.dumps(data).encode()
+    # Starlette's BaseHTTPMiddleware hands the downstream app the body it cached.
+    request._body = rewritten
+    request.scope["headers"] = [
+        (name, str(len(rewritten)).encode() if name.lower() == b"content-length" else value)
+        for name, value in request.scope["headers"]
+    ]
+    return dataclasses.replace(semsoft, row_key=key)
 
 
 def _fillable(body: bytes, path: str) -> SemsoftRequest | None:
@@ -153,7 +178,9 @@ def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
         # The raw JSON values (a true is still a bool here), with the SERVER_* limits:
         # the engine's processor and vLLM's admission call cannot tell an HTTP request
         # from an in-process one and apply the method's ranges, so they are enforced here.
-        parse_request(xargs, server=True)
+        semsoft = parse_request(xargs, server=True)
+        if semsoft is not None and semsoft.fit is not None:
+            _check_fit_reply(data)
         if data.get("use_beam_search"):
             raise ValueError(
                 f"use_beam_search={show_value(data['use_beam_search'])}: semsoft requests "
@@ -170,6 +197,21 @@ def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
         # kept-alive connection. Its str names the field and the value.
         return str(error)
     return None
+
+
+def _check_fit_reply(data: dict[str, Any]) -> None:
+    """Refuse a request naming a fit whose response cannot carry its fitted row: the
+    row is written into a whole, non-streamed response, found by the choice's token ids."""
+    if data.get("stream"):
+        raise ValueError(
+            f"{KEY_FIT} with stream=true: the fitted row is written into the whole response "
+            "(semsoft_fitted), which a stream never is; send the request without stream"
+        )
+    if data.get("return_token_ids") is not True:
+        raise ValueError(
+            f"{KEY_FIT} needs return_token_ids=true: the fitted row is found by the choice's "
+            "prompt and generated token ids (openai_request sets it)"
+        )
 
 
 def _body_sampling_params(data: dict[str, Any], path: str) -> SamplingParams | None:

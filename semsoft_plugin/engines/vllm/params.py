@@ -24,13 +24,17 @@ from semsoft_plugin.core.config import SemsoftConfig, renamed_message
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.request import (
     ENTRY_POINT,
+    KEY_FIT,
+    KEY_HIDDEN,
     KEY_LABELS,
     KEY_MODE,
+    KEY_ROW_KEY,
     KEY_TRIGGER,
     Mode,
     SemsoftRequest,
     build_request,
     default_max_tokens,
+    mint_row_key,
     parse_request,
 )
 from semsoft_plugin.engines.scoring import CACHE_SIZE
@@ -125,6 +129,14 @@ def validate_params(
                 f"stop_token_ids {cut[:5]} are tokens of the labels: the engine would stop "
                 "inside a label and the text would be cut; drop them"
             )
+    if request.keeps_rows and request.row_key is None and not server:
+        raise ValueError(
+            f"a request that names a fit ({KEY_FIT}) or keeps a hidden state ({KEY_HIDDEN}) "
+            f"needs its own {KEY_ROW_KEY}, the key of its row in the engine: build its "
+            "SamplingParams with semsoft_plugin.engines.vllm.sampling_params (one per "
+            "request), or on a server start it with --middleware "
+            "semsoft_plugin.engines.vllm.admission, which mints it"
+        )
     return request
 
 
@@ -337,12 +349,22 @@ def sampling_params(
     )  # fmt: skip
     extra = dict(kwargs.pop("extra_args", None) or {})
     extra.update(request.to_extra_args())
+    if request.keeps_rows:  # this request's own row in the engine's worker table
+        extra[KEY_ROW_KEY] = mint_row_key()
     kwargs.setdefault("temperature", 0.0)
     kwargs.setdefault("logprobs", request.config.k)
     kwargs.setdefault("max_tokens", default_max_tokens(request.labels, request.trigger))
     params = SamplingParams(extra_args=extra, **kwargs)
     validate_params(params)
     return params
+
+
+def own_row_key(params: SamplingParams) -> SamplingParams:
+    """A copy of `params` with a fresh `semsoft_row_key`: one request's own rows in the
+    engine, for a prompt list that would otherwise share one `SamplingParams`."""
+    fresh = params.clone()
+    fresh.extra_args = {**(params.extra_args or {}), KEY_ROW_KEY: mint_row_key()}
+    return fresh
 
 
 def unrepaired_output_tokens(vllm_config: Any, runner: str) -> bool:

@@ -41,10 +41,10 @@ from semsoft_plugin.engines.vllm.reader_tables import (
     HIDDEN,
     FitUse,
     apply_fits,
-    fitted_key,
     keep_hidden,
     keep_reason,
     record_unscored,
+    row_table_key,
 )
 
 if TYPE_CHECKING:
@@ -443,7 +443,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             for _, state in group:
                 self._leave_unscored(state, f"scoring failed: {error}")
             return
-        decisions = [(st.fit, st.request.fit, st.prompt_ids, st.output_ids, st.decided_at)
+        decisions = [(st.fit, st.request, st.prompt_ids, st.output_ids, st.decided_at)
                      for _, st in group]  # fmt: skip
         probs = apply_fits(decisions, picked, result.probs)
         log_p = probs.clamp_min(1e-30).log().to(logits.device, logits.dtype)
@@ -465,11 +465,11 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         keys: list[str | None] = []
         for i in wanted:
             state = group[i][1]
-            if state.prompt_ids is None or state.output_ids is None:
+            if state.output_ids is None:
                 keys.append(None)  # no key a reader could rebuild
                 continue
             before = list(state.output_ids)[: state.decided_at or 0]
-            keys.append(fitted_key(HIDDEN, state.prompt_ids, before))
+            keys.append(row_table_key(state.request, HIDDEN, state.prompt_ids, before))
         keep_hidden(keys, picked[wanted], self._logits_inverse())
 
     def _warn_placeholder(self) -> None:
@@ -490,9 +490,9 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         )
         if state.prompt_ids is not None and state.output_ids is not None:
             before = state.output_ids[: state.decided_at or 0]
-            record_unscored(state.prompt_ids, before, reason)
+            record_unscored(state.request, state.prompt_ids, before, reason)
             if state.fit is not None:
-                keep_reason(state.request.fit or "", state.prompt_ids, before, reason)
+                keep_reason(state.request, state.prompt_ids, before, reason)
 
     def _v2_rows(self, logits: Tensor, ctx: LogitsContext) -> list[tuple[int, _Active, Any, int]]:
         slots = ctx.idx_mapping_np

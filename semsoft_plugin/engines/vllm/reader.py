@@ -12,15 +12,16 @@ from typing import Any
 
 from vllm import SamplingParams
 
-from semsoft_plugin.core.request import SemsoftRequest, parse_request
+from semsoft_plugin.core.request import KEY_ROW_KEY, SemsoftRequest, parse_request
 from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.engines.reader_contract import FitNotApplied, fitted_row, read_scores
 from semsoft_plugin.engines.scoring import client_model, decision_step
 from semsoft_plugin.engines.vllm.params import sampling_params
 from semsoft_plugin.engines.vllm.reader_tables import (
     HIDDEN,
-    fitted_key,
+    HiddenNotRead,
     read_hidden,
+    row_table_key,
     rpc_rows,
     unscored_reason,
 )
@@ -153,7 +154,13 @@ def label_scores(
                 f"semsoft_fit={request.fit!r}: a fitted row is kept in the engine; read it "
                 "with the vllm.LLM that ran the request (model=llm)"
             )
-        key = fitted_key(request.fit, list(prompt_ids), generated[:step])
+        key = row_table_key(request, request.fit, list(prompt_ids), generated[:step])
+        if key is None:
+            raise FitNotApplied(
+                f"semsoft_fit={request.fit!r}: the request's row is kept under its own "
+                f"{KEY_ROW_KEY}: give label_scores the request's SamplingParams (from "
+                "sampling_params), not its label list"
+            )
         fitted = fitted_row(request, rpc_rows(model, [key])[0])
     return read_scores(
         request,
@@ -167,11 +174,17 @@ def label_scores(
     )
 
 
-def output_hidden(llm: Any, outputs: Sequence[Any], steps: Sequence[int]) -> list[Any]:
+def output_hidden(
+    llm: Any,
+    outputs: Sequence[Any],
+    params: SamplingParams | Sequence[SamplingParams],
+    steps: Sequence[int],
+) -> list[Any]:
     """The `[d]` float32 decision-step hidden states of offline `RequestOutput`s whose
     requests asked for them (`sampling_params(..., hidden=True)`), taken from the
     engine's worker table (`reader_tables.read_hidden`: `HiddenNotRead` naming a row that
-    is not `W h + b`, with its residual).
+    is not `W h + b`, with its residual). Each row is taken once: outputs that share one
+    (the same prompt under one `SamplingParams`) get the same row.
 
     Parameters
     ----------
@@ -180,6 +193,9 @@ def output_hidden(llm: Any, outputs: Sequence[Any], steps: Sequence[int]) -> lis
         `semsoft_plugin.app.vllm_fits.FittedRows`).
     outputs : Sequence[Any]
         Its outputs, first completion each.
+    params : SamplingParams | Sequence[SamplingParams]
+        The requests' `SamplingParams` (one for all, or one per output): each carries
+        its `semsoft_row_key`, the key of its rows in the engine.
     steps : Sequence[int]
         Each output's decision step (the index of the generated token it decided).
 
@@ -188,11 +204,23 @@ def output_hidden(llm: Any, outputs: Sequence[Any], steps: Sequence[int]) -> lis
     list of Tensor
         One `[d]` float32 tensor per output.
     """
-    keys = [
-        fitted_key(HIDDEN, list(out.prompt_token_ids), list(out.outputs[0].token_ids)[:step])
-        for out, step in zip(outputs, steps, strict=True)
-    ]
-    return read_hidden(llm, keys)
+    each = [params] * len(outputs) if isinstance(params, SamplingParams) else list(params)
+    if len(each) != len(outputs):
+        raise ValueError(f"{len(each)} SamplingParams for {len(outputs)} outputs")
+    keys = []
+    for i, (out, one, step) in enumerate(zip(outputs, each, steps, strict=True)):
+        request = request_of(one, {})
+        before = list(out.outputs[0].token_ids)[:step]
+        key = row_table_key(request, HIDDEN, list(out.prompt_token_ids), before)
+        if key is None or not request.hidden:
+            raise HiddenNotRead(
+                f"prompt {i}: its request kept no hidden state (build its SamplingParams "
+                "with sampling_params(..., hidden=True))"
+            )
+        keys.append(key)
+    unique = list(dict.fromkeys(keys))
+    rows = dict(zip(unique, read_hidden(llm, unique), strict=True))
+    return [rows[key] for key in keys]
 
 
 def _top_k_logprobs(entries: Mapping[int, Any], k: int) -> dict[int, float]:

@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from semsoft_plugin.core.logits_inverse import DEFAULT_TOLERANCE, LogitsInverse
-from semsoft_plugin.core.request import KEY_FIT, SemsoftRequest
+from semsoft_plugin.core.request import KEY_FIT, KEY_ROW_KEY, SemsoftRequest
 from semsoft_plugin.core.row_probe import LogitsProbe
 from semsoft_plugin.engines.reader_contract import FitNotApplied
 from semsoft_plugin.engines.scoring import CACHE_SIZE, ModelScorer
@@ -68,6 +68,7 @@ __all__ = [
     "keep_hidden",
     "keep_reason",
     "fitted_key",
+    "row_table_key",
     "hidden_refusal",
     "read_hidden",
     "fitted_rows",
@@ -93,12 +94,20 @@ HIDDEN = "/hidden"
 # token ids, output tokens before the decision step) -> the reason. Bounded like the
 # label-set cache. Only in-process readers see it (the engine process of a server
 # is another one); there a model-made NaN still shows in the raw log-probabilities.
-_UNSCORED: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], str] = OrderedDict()
+_UNSCORED: OrderedDict[tuple[str | None, tuple[int, ...], tuple[int, ...]], str] = OrderedDict()
 _UNSCORED_LOCK = threading.Lock()
 
 
-def record_unscored(prompt: Sequence[int], before: Sequence[int], reason: str) -> None:
-    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in before))
+def _unscored_key(
+    request: SemsoftRequest, prompt: Sequence[int], before: Sequence[int]
+) -> tuple[str | None, tuple[int, ...], tuple[int, ...]]:
+    return (request.row_key, tuple(int(t) for t in prompt), tuple(int(t) for t in before))
+
+
+def record_unscored(
+    request: SemsoftRequest, prompt: Sequence[int], before: Sequence[int], reason: str
+) -> None:
+    key = _unscored_key(request, prompt, before)
     with _UNSCORED_LOCK:
         _UNSCORED[key] = reason
         _UNSCORED.move_to_end(key)
@@ -119,7 +128,7 @@ def unscored_reason(
         return None
     if len(generated) > step and int(generated[step]) in model.scoring(request).answer_to_label:
         return None
-    key = (tuple(int(t) for t in prompt), tuple(int(t) for t in generated[:step]))
+    key = _unscored_key(request, prompt, generated[:step])
     with _UNSCORED_LOCK:
         return _UNSCORED.get(key)
 
@@ -150,11 +159,14 @@ _TABLE: OrderedDict[str, dict[str, Any]] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def fitted_key(fit: str, prompt: Sequence[int], before: Sequence[int]) -> str:
-    """The table key of a request's decision step: its fit's name, its prompt's token
-    ids and the tokens generated before the decision step (hex, 32 characters)."""
+def fitted_key(row_key: str, table: str, prompt: Sequence[int], before: Sequence[int]) -> str:
+    """The table key of a request's decision step: the request's own `semsoft_row_key`
+    (minted by semsoft for it alone), the table (its fit's name, or `HIDDEN`), its
+    prompt's token ids and the tokens generated before the decision step (hex, 32
+    characters). Requests that share a row key (one `SamplingParams` given for several
+    prompts) still differ by prompt; where even that is the same, see `record_fits`."""
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(fit.encode("utf-8") + b"\0")
+    digest.update(row_key.encode("ascii") + b"\0" + table.encode("utf-8") + b"\0")
     digest.update(
         torch.tensor([len(prompt), *prompt, *before], dtype=torch.int64).numpy().tobytes()
     )
@@ -188,6 +200,7 @@ def record_fits(uses: Sequence[tuple[FitUse, str | None]], picked: Tensor) -> li
         inverse = uses[index[0]][0].probe.inverse
         reads[key_] = (index, inverse.read(picked[index], key_[1]))
     out: list[Tensor | None] = []
+    entries: dict[str, dict[str, Any]] = {}
     for i, (use, key) in enumerate(uses):
         index, back = reads[(id(use.probe.inverse), use.tolerance)]
         j = index.index(i)
@@ -201,8 +214,39 @@ def record_fits(uses: Sequence[tuple[FitUse, str | None]], picked: Tensor) -> li
             entry = {"reason": f"fit {use.name!r} not applied: {why}"}
             out.append(None)
         if key is not None:
-            keep(key, entry)
+            entries[key] = _one_row(entries.get(key), entry, use.name)
+    for key, entry in entries.items():
+        keep(key, entry)
     return out
+
+
+# Two rows of one key in one step closer than this are the same row (a duplicate prompt
+# under one SamplingParams); farther apart, they came from requests that differ in what the
+# processor cannot see (a LoRA adapter), and neither may be handed to the other's reader.
+SAME_ROW_ATOL = 1e-6
+
+
+def _one_row(kept: dict[str, Any] | None, entry: dict[str, Any], fit: str) -> dict[str, Any]:
+    """The entry to keep under a key that two requests of one step share (`kept`, the
+    first one's; None: the key is not shared): the row when both are the same, else a
+    refusal that names the cause, never one request's row for the other."""
+    if kept is None or kept == entry:
+        return entry
+    same = (
+        "probs" in kept
+        and "probs" in entry
+        and all(
+            abs(a - b) <= SAME_ROW_ATOL
+            for a, b in zip(kept["probs"], entry["probs"], strict=True)
+        )
+    )
+    if same:
+        return kept
+    return {
+        "reason": f"fit {fit!r} not applied: two requests shared one {KEY_ROW_KEY} and one "
+        "prompt and got different rows (they differ in what the engine's processor cannot "
+        "see, such as a LoRA adapter): give each request its own sampling_params(...)"
+    }
 
 
 def row_reason(residual: float, tolerance: float) -> str:
@@ -289,7 +333,7 @@ def read_hidden(llm: Any, keys: Sequence[str]) -> list[Tensor]:
 
 def apply_fits(
     decisions: Sequence[
-        tuple[Any, str | None, Sequence[int] | None, Sequence[int] | None, int | None]
+        tuple[Any, SemsoftRequest, Sequence[int] | None, Sequence[int] | None, int | None]
     ],
     picked: Tensor,
     probs: Tensor,
@@ -302,7 +346,7 @@ def apply_fits(
     ----------
     decisions : sequence of tuples
         Per row of `picked`: its `FitUse` (or why the engine cannot apply the fit it
-        names, or None: no fit), the fit's name, the prompt's token ids, the output token
+        names, or None: no fit), the request, the prompt's token ids, the output token
         ids and the index of the decision step among them.
     picked : Tensor
         `[N, V]` the decision-step logits rows, as the processor got them.
@@ -315,11 +359,10 @@ def apply_fits(
         `probs`, with the fitted rows replaced (a copy when any is).
     """
     uses: list[tuple[int, FitUse, str | None]] = []
-    for i, (fit, name, prompt, output, step) in enumerate(decisions):
+    for i, (fit, request, prompt, output, step) in enumerate(decisions):
         if fit is None:
             continue
-        before = list(output or [])[: step or 0]
-        key = None if prompt is None else fitted_key(name or "", prompt, before)
+        key = row_table_key(request, request.fit or "", prompt, list(output or [])[: step or 0])
         if isinstance(fit, str):
             if key is not None:
                 keep(key, {"reason": fit})
@@ -335,9 +378,25 @@ def apply_fits(
     return probs
 
 
-def keep_reason(fit: str, prompt: Sequence[int], before: Sequence[int], reason: str) -> None:
+def row_table_key(
+    request: SemsoftRequest, table: str, prompt: Sequence[int] | None, before: Sequence[int]
+) -> str | None:
+    """`fitted_key` of a request's row in `table`, or None where it cannot be kept for a
+    reader: no row key (admission refuses such a request; the check is repeated here
+    because a row must never be kept under a key another request can rebuild) or no
+    prompt ids."""
+    if request.row_key is None or prompt is None:
+        return None
+    return fitted_key(request.row_key, table, prompt, before)
+
+
+def keep_reason(
+    request: SemsoftRequest, prompt: Sequence[int], before: Sequence[int], reason: str
+) -> None:
     """Keep why the processor left a fitted request's row unscored (`reason`)."""
-    keep(fitted_key(fit, prompt, before), {"reason": f"fit {fit!r} not applied: {reason}"})
+    key = row_table_key(request, request.fit or "", prompt, before)
+    if key is not None:
+        keep(key, {"reason": f"fit {request.fit!r} not applied: {reason}"})
 
 
 def keep(key: str, entry: dict[str, Any]) -> None:
