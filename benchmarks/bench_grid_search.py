@@ -13,7 +13,8 @@ process on the same loaded model:
 
 Passes are counted where they run (the transformers adapter's ``classify``). The fit is the
 default family (every member; ``semantic_weight`` is the search's, so fit keeps it). The
-scores of both runs are compared: the cache never changes one. Run::
+scores of both runs are compared: the cache never changes one. The freshness check that
+keys each kept pass by the model's and tokenizer's state now is timed where it runs. Run::
 
     python benchmarks/bench_grid_search.py --texts 60 --model smollm2-135m --dtype float32 \\
         --out benchmarks/results/grid-search-passes.json
@@ -35,6 +36,7 @@ from sklearn.model_selection import GridSearchCV
 
 import semsoft_plugin.engines.hf as hf
 from semsoft_plugin import Classifier
+from semsoft_plugin.app.handles import Loaded
 from semsoft_plugin.app.pass_cache import PASSES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +66,20 @@ def _search(model: str, dtype: str, texts: list[str], y: np.ndarray) -> dict[str
         passes.append(len(inputs))
         return real(model_, tokenizer, inputs, labels, **kwargs)
 
+    # The freshness check of kept passes (the model's and tokenizer's state, read on every
+    # call) is timed where it runs.
+    checks: list[float] = []
+    real_state = Loaded.state
+
+    def timed_state(self: Loaded) -> str:
+        start = time.perf_counter()
+        try:
+            return real_state(self)
+        finally:
+            checks.append(time.perf_counter() - start)
+
     hf.classify = counting  # type: ignore[assignment]
+    Loaded.state = timed_state  # type: ignore[method-assign]
     try:
         start = time.perf_counter()
         search = GridSearchCV(Classifier(model, labels=["negative", "positive"], dtype=dtype),
@@ -72,9 +87,14 @@ def _search(model: str, dtype: str, texts: list[str], y: np.ndarray) -> dict[str
         seconds = time.perf_counter() - start
     finally:
         hf.classify = real  # type: ignore[assignment]
+        Loaded.state = real_state  # type: ignore[method-assign]
     return {
         "forward_passes": int(sum(passes)),
         "seconds": round(seconds, 1),
+        "state_checks": len(checks),
+        "state_check_seconds": round(sum(checks), 2),
+        "state_check_median_ms": round(1000 * float(np.median(checks)), 1) if checks else None,
+        "state_check_share": round(sum(checks) / seconds, 4),
         "mean_test_score": [float(s) for s in search.cv_results_["mean_test_score"]],
         "best_params": search.best_params_,
     }
@@ -121,6 +141,12 @@ def main() -> None:
         f"| without the cache (every fit and prediction runs its passes) | "
         f"{before['forward_passes']} | {before['seconds']} |",
         f"| with the cache of kept passes | {after['forward_passes']} | {after['seconds']} |",
+        "",
+        "The freshness check (the model's and the tokenizer's state, read on every call so "
+        "that a model changed in place is never read from old passes): "
+        f"{after['state_checks']} checks, median {after['state_check_median_ms']} ms, "
+        f"{after['state_check_seconds']} s in all: {100 * after['state_check_share']:.1f}% "
+        "of the run with the cache.",
     ])  # fmt: skip
     write_results(result, args.out, text)
 

@@ -182,3 +182,156 @@ def test_a_kept_pass_never_changes_a_score(passes) -> None:
         np.testing.assert_array_equal(got.probs, fresh.probs)
         np.testing.assert_array_equal(got.constrained_probs, fresh.constrained_probs)
         np.testing.assert_array_equal(got.coverage, fresh.coverage)
+
+
+# -- never a stale pass: a model or tokenizer changed in place ------------------------
+
+
+def _uncached(clf: Classifier, texts: list[str]) -> np.ndarray:
+    """What a fresh process returns: the same classifier with nothing kept."""
+    old = PASSES.resize(0)
+    try:
+        return clone(clf).predict_proba(texts)
+    finally:
+        PASSES.resize(old)
+
+
+def _mlp(model):  # type: ignore[no-untyped-def]
+    return model.model.layers[3].mlp.down_proj.weight
+
+
+@pytest.mark.slow
+def test_weights_changed_in_place_are_never_read_from_old_passes(default_checkpoint) -> None:
+    """After each in-place change of the weights (under `no_grad`, an optimizer step,
+    `load_state_dict`, and through `p.data`, which version counters miss) both the same
+    classifier and a new one return what a fresh process returns, within 1e-6."""
+    from semsoft_plugin.engines import models
+
+    PASSES.clear()
+    texts = ["A tender, funny and beautifully acted film.", "Dull, slow and far too long."]
+    model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
+    generator = torch.Generator().manual_seed(0)
+
+    def noise() -> torch.Tensor:
+        return 0.05 * torch.randn(_mlp(model).shape, generator=generator)
+
+    def with_no_grad() -> None:
+        with torch.no_grad():
+            _mlp(model).add_(noise())
+
+    def optimizer_step() -> None:
+        weight = _mlp(model)
+        optimizer = torch.optim.SGD([weight], lr=1.0)
+        weight.grad = noise()
+        optimizer.step()
+        weight.grad = None
+
+    def load_state_dict() -> None:
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        state["model.layers.3.mlp.down_proj.weight"] += noise()
+        model.load_state_dict(state)
+
+    def through_data() -> None:
+        _mlp(model).data.add_(noise())
+
+    clf = Classifier(model, tokenizer, LABELS)
+    for change in (with_no_grad, optimizer_step, load_state_dict, through_data):
+        before = clf.predict_proba(texts)
+        change()
+        fresh = _uncached(clf, texts)
+        assert np.abs(fresh - before).max() > 1e-3, f"{change.__name__} changed nothing"
+        np.testing.assert_allclose(clf.predict_proba(texts), fresh, atol=1e-6, rtol=0)
+        again = Classifier(model, tokenizer, LABELS).predict_proba(texts)
+        np.testing.assert_allclose(again, fresh, atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_peft_adapter_switched_off_and_on_is_seen(default_checkpoint) -> None:
+    """A LoRA adapter with non-zero weights (`init_lora_weights=False`): switched off
+    with `disable_adapter()` the base model's scores come back, switched on again the
+    adapter's, each what a fresh process returns."""
+    peft = pytest.importorskip("peft")
+    from semsoft_plugin.engines import models
+
+    PASSES.clear()
+    texts = ["A tender, funny and beautifully acted film.", "Dull, slow and far too long."]
+    model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
+    base = _uncached(Classifier(model, tokenizer, LABELS), texts)
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"],
+                             init_lora_weights=False)  # fmt: skip
+    tuned = peft.get_peft_model(model, config)
+    clf = Classifier(tuned, tokenizer, LABELS)
+    adapted = clf.predict_proba(texts)
+    np.testing.assert_allclose(adapted, _uncached(clf, texts), atol=1e-6, rtol=0)
+    assert np.abs(adapted - base).max() > 1e-3  # the adapter moves the scores
+    with tuned.disable_adapter():
+        np.testing.assert_allclose(clf.predict_proba(texts), base, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(clf.predict_proba(texts), adapted, atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_an_edited_chat_template_is_seen(default_checkpoint) -> None:
+    from semsoft_plugin.engines import models
+
+    PASSES.clear()
+    texts = ["A tender, funny and beautifully acted film.", "Dull, slow and far too long."]
+    model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
+    before = Classifier(model, tokenizer, LABELS).predict_proba(texts)
+    tokenizer.chat_template = (
+        "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}### assistant:{% endif %}"
+    )
+    clf = Classifier(model, tokenizer, LABELS)
+    fresh = _uncached(clf, texts)
+    assert np.abs(fresh - before).max() > 1e-3
+    np.testing.assert_allclose(clf.predict_proba(texts), fresh, atol=1e-6, rtol=0)
+
+
+def test_the_state_digest_sees_every_kind_of_change() -> None:
+    """`module_state` changes with a weight's bytes (however written), a buffer, a hook;
+    `tokenizer_state` with the chat template. Unchanged, it is the same."""
+    from semsoft_plugin.app.pass_cache import module_state
+
+    module = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    first = module_state(module)
+    assert module_state(module) == first
+    module[0].weight.data[1, 2] += 1e-7  # one element, below float32's sum resolution
+    second = module_state(module)
+    assert second != first
+    module[1].running_mean.add_(1.0)
+    third = module_state(module)
+    assert third != second
+    handle = module[0].register_forward_hook(lambda *_: None)
+    assert module_state(module) != third
+    handle.remove()
+    assert module_state(module) == third
+
+
+def _norm_weight(worker, delta):  # type: ignore[no-untyped-def]
+    """Runs in the vLLM worker: add `delta` to one RMSNorm weight in place (None: report
+    the weight's shape). A norm, because vLLM's CPU linear layers run from weights
+    packed at load, which an edit of `weight` does not reach."""
+    weight = worker.model_runner.get_model().model.layers[3].input_layernorm.weight
+    if delta is not None:
+        weight.data.add_(delta.to(weight.device, weight.dtype))
+    return tuple(weight.shape)
+
+
+@pytest.mark.vllm
+def test_a_vllm_engine_whose_weights_changed_in_place_is_not_read_from_old_passes(llm) -> None:
+    """The passes a vLLM-backed classifier keeps are read back only while the worker's
+    weights are the ones that made them (read through the worker extension)."""
+    PASSES.clear()
+    texts = ["A tender, funny and beautifully acted film.", "Dull, slow and far too long."]
+    clf = Classifier(llm, labels=LABELS)
+    before = clf.predict_proba(texts)
+    (shape,) = llm.collective_rpc(_norm_weight, args=(None,))
+    delta = 0.5 * torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    llm.collective_rpc(_norm_weight, args=(delta,))
+    try:
+        fresh = _uncached(clf, texts)
+        assert np.abs(fresh - before).max() > 1e-3
+        np.testing.assert_allclose(clf.predict_proba(texts), fresh, atol=1e-6, rtol=0)
+    finally:
+        llm.collective_rpc(_norm_weight, args=(-delta,))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,6 +61,22 @@ class Loaded:
             return int(self.model.llm_engine.model_config.max_model_len)
         n = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         return int(n) if isinstance(n, int) and n > 0 else None
+
+    def state(self) -> str:
+        """The model's and the tokenizer's state now, for the keys of kept passes
+        (`pass_cache.module_state`, `pass_cache.tokenizer_state`). A vLLM engine's
+        weights are read in its worker (the worker extension's `semsoft_weights_state`);
+        an engine without it gets a state never seen before, so its passes are never
+        read back."""
+        from semsoft_plugin.app.pass_cache import module_state, tokenizer_state
+
+        if self.backend == "vllm":
+            from semsoft_plugin.engines.vllm.reader_tables import weights_state
+
+            weights = weights_state(self.model) or secrets.token_hex(16)
+        else:
+            weights = module_state(self.model)
+        return f"{weights}:{tokenizer_state(self.tokenizer)}"
 
     def embeddings(self) -> Any:
         """The model's output embeddings (the rows Semantic Softmax compares)."""

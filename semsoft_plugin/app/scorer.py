@@ -104,8 +104,9 @@ class Scorer:
         refused by name with its residual where the row is not `W h + b`)."""
         token_ids = label_token_ids(self.labels)
         base = pass_key(
-            self.loaded.model, self.loaded.tokenizer, self.engine(), tuple(token_ids), store_k
-        )
+            self.loaded.model, self.loaded.tokenizer, self.engine(), tuple(token_ids), store_k,
+            self.loaded.state(),
+        )  # fmt: skip
         keys = [(*base, json.dumps(item, sort_keys=True, ensure_ascii=False)) for item in inputs]
         found: dict[Hashable, KeptPass] = {}
         todo: dict[Hashable, Any] = {}

@@ -211,8 +211,17 @@ class FittedRows:
     this worker (and the hidden states it read back for `semsoft_hidden` requests), read
     by `collective_rpc("semsoft_fitted_rows", args=(keys, take))`."""
 
+    model_runner: Any  # the vLLM worker's, into which this extension is mixed
+
     def semsoft_fitted_rows(
         self, keys: list[str], take: bool = False
     ) -> list[dict[str, Any] | None]:
         """The rows kept under `keys` (None where none is kept); `take` removes them."""
         return fitted_rows(keys, take)
+
+    def semsoft_weights_state(self) -> str:
+        """The digest of this worker's model now (`pass_cache.module_state`): kept passes
+        are read back only while it is unchanged, so weights updated in place are seen."""
+        from semsoft_plugin.app.pass_cache import module_state
+
+        return module_state(self.model_runner.get_model())

@@ -431,6 +431,19 @@ def rpc_rows(llm: Any, keys: Sequence[str], take: bool = False) -> list[dict[str
     return list(answers[0])
 
 
+STATE_METHOD = "semsoft_weights_state"
+
+
+def weights_state(llm: Any) -> str | None:
+    """The digest of an offline `vllm.LLM`'s model as its worker holds it now
+    (`pass_cache.module_state`, through the worker extension's `STATE_METHOD`), or None
+    where the engine has no such extension (its passes are then never read back)."""
+    try:
+        return str(llm.collective_rpc(STATE_METHOD)[0])
+    except (NotImplementedError, AttributeError):
+        return None
+
+
 def fit_refusal(model_config: Any, parallel_config: Any) -> str | None:
     """Why an engine with these configs cannot serve a `semsoft_fit` request (its
     processor and worker extension not loaded), or None."""
