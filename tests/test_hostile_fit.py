@@ -48,8 +48,8 @@ def offset_fit(path: Path, made_on: FitIdentity, offset=(1.0, -1.0)) -> Path:
     return path
 
 
-def probe_fit(path: Path, made_on: FitIdentity) -> Path:
-    x = np.random.default_rng(0).normal(size=(20, 3))
+def probe_fit(path: Path, made_on: FitIdentity, width: int = 3) -> Path:
+    x = np.random.default_rng(0).normal(size=(20, width))
     probe = fit_plain(x, np.arange(20) % 2, 2)
     save_fitted(path, SemsoftConfig(), FittedCorrection("probe", LABELS, probe=probe), made_on)
     return path
@@ -190,12 +190,18 @@ def test_two_fits_in_one_folder_keep_their_own_probe(tmp_path, made_on):
 
 
 def _rewrite_probe(path: Path, **arrays: np.ndarray) -> None:
+    """Rewrite a probe's arrays and pin the new bytes in its fit, as a tamperer who edits
+    both files would: the probe's own checks must still refuse it."""
     from safetensors import safe_open
     from safetensors.numpy import save_file
+
+    from semsoft_plugin.app.fit_file import file_sha256
 
     with safe_open(str(path), framework="numpy") as f:
         meta, old = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
     save_file({**old, **arrays}, str(path), metadata=meta)
+    fit = path.with_name(path.name.removesuffix(".probe.safetensors"))
+    edited(fit, lambda block: block.update(probe_sha256=file_sha256(path.read_bytes())))
 
 
 @pytest.mark.parametrize(
@@ -205,6 +211,9 @@ def _rewrite_probe(path: Path, **arrays: np.ndarray) -> None:
         ({"weight": np.full((2, 3), np.nan)}, "weight holds a number that is not finite"),
         ({"seen": np.array([0, 5])}, r"seen \[0, 5\] must be distinct label indices"),
         ({"bias": np.zeros(3)}, r"bias has shape \[3\], not \[2\]"),
+        # finite values that would overflow the scores to NaN
+        ({"weight": np.full((2, 3), 1e308)}, r"weight holds 1e\+308, outside \[0, 1e\+08\]"),
+        ({"scale": np.full(3, 1e-320)}, r"scale holds 9.99989e-321, outside \[1e-12, 1e\+12\]"),
     ],
 )
 def test_a_bad_probe_is_refused_at_load(tmp_path, made_on, arrays, message):
@@ -219,7 +228,16 @@ def test_a_truncated_probe_is_one_line(tmp_path, made_on, capsys, no_model):
     probe = tmp_path / "fit.json.probe.safetensors"
     probe.write_bytes(probe.read_bytes()[:100])
     err = refusal(capsys, classify(fit, "--labels", ",".join(LABELS)))
+    assert "it was replaced or edited after the fit was saved" in err
+    _rewrite_pin(fit, probe)
+    err = refusal(capsys, classify(fit, "--labels", ",".join(LABELS)))
     assert "is not a probe written by semsoft" in err
+
+
+def _rewrite_pin(fit: Path, probe: Path) -> None:
+    from semsoft_plugin.app.fit_file import file_sha256
+
+    edited(fit, lambda block: block.update(probe_sha256=file_sha256(probe.read_bytes())))
 
 
 # -- 5. tracebacks instead of one line ---------------------------------------------
@@ -274,7 +292,7 @@ def test_classify_takes_a_probe_on_vllm_up_to_the_engine(tmp_path, made_on, monk
         raise RuntimeError("the vLLM engine is built")
 
     monkeypatch.setattr(handles, "_load", engine)
-    fit = probe_fit(tmp_path / "fit.json", made_on)
+    fit = probe_fit(tmp_path / "fit.json", made_on, width=576)  # SmolLM2's hidden size
     with pytest.raises(RuntimeError, match="the vLLM engine is built"):
         main(classify(fit, "--labels", ",".join(LABELS), "--backend", "vllm"))
 
@@ -579,3 +597,118 @@ def test_a_correction_saved_with_nfd_labels_applies_to_nfc_ones():
     np.testing.assert_allclose(got[0], want)
     with pytest.raises(ValueError, match=r"'caf.*U\+0301.*not 'tea' \(U\+0074"):
         correction.check_labels(["tea", "coffee"])
+
+
+# -- a fit is one unit; what a fit cannot use is refused before any scoring -----------------
+
+
+def test_a_swapped_probe_is_refused_at_load(tmp_path, made_on, capsys, no_model):
+    """Two fits of the same labels and shape: the probe of one put in place of the other's
+    is refused by the fit's recorded sha256, naming the file."""
+    a = probe_fit(tmp_path / "a.json", made_on)
+    x = np.random.default_rng(1).normal(size=(20, 3))
+    other = FittedCorrection("probe", LABELS, probe=fit_plain(x, np.arange(20) % 2, 2))
+    save_fitted(tmp_path / "b.json", SemsoftConfig(), other, made_on)
+    probe = tmp_path / "a.json.probe.safetensors"
+    probe.write_bytes((tmp_path / "b.json.probe.safetensors").read_bytes())
+    with pytest.raises(ValueError, match=r"a.json.probe.safetensors: the probe file has sha256 .* "
+                       r"the fit a.json recorded .*replaced or edited"):  # fmt: skip
+        read_fit(a)
+    err = refusal(capsys, classify(a, "--labels", ",".join(LABELS)))
+    assert "replaced or edited" in err
+
+
+def test_resume_refuses_a_probe_swapped_under_its_fit(tmp_path, capsys, fake_model, made_on):
+    """A run killed after 8 rows, whose probe is then replaced by another fit's (and the fit
+    file re-pinned to it by hand): the settings record hashes both files, so --resume
+    refuses to mix two probes in one output."""
+    a = probe_fit(tmp_path / "a.json", made_on)
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(FitIdentity, "__init__", _identity_without_width(FitIdentity.__init__))
+    try:
+        inp, out = _half_done(tmp_path, _texts(20), "--config", str(a))
+        capsys.readouterr()
+        probe = tmp_path / "a.json.probe.safetensors"
+        x = np.random.default_rng(2).normal(size=(20, 3))
+        fit_plain(x, np.arange(20) % 2, 2).save(probe, LABELS)
+        argv = ["classify", "--input", str(inp), "--output", str(out), "--labels", ",".join(LABELS),
+                "--model", MODEL, "--batch-size", "8", "--config", str(a), "--resume"]  # fmt: skip
+        assert "replaced or edited" in refusal(capsys, argv)
+        _rewrite_pin(a, probe)
+        assert "another fitted correction" in refusal(capsys, argv)
+    finally:
+        monkey.undo()
+
+
+def _identity_without_width(init):  # type: ignore[no-untyped-def]
+    """The run's identity without the model's hidden size: the fake model scores rows, so
+    a 3-wide test probe stands for a real one (its width is checked in its own test)."""
+
+    def patched(self, labels, prompt, output_layer, hidden_size=None):  # type: ignore[no-untyped-def]
+        init(self, labels, prompt, output_layer, None)
+
+    return patched
+
+
+def test_an_older_fit_is_refused_with_the_command_that_rewrites_it(tmp_path, made_on, capsys):
+    fit = probe_fit(tmp_path / "fit.json", made_on)
+
+    def older(block: dict) -> None:
+        block["format"] = 2
+        del block["probe_sha256"]
+
+    edited(fit, older)
+    with pytest.raises(ValueError, match=rf"format 2, which does not pin its probe file's bytes.*"
+                       rf"`semsoft upgrade-fit {fit}`"):  # fmt: skip
+        read_fit(fit)
+    assert main(["upgrade-fit", str(fit)]) == 0
+    assert "format 2 rewritten as format 3; its probe fit.json.probe.safetensors pinned" in (
+        capsys.readouterr().out
+    )
+    assert read_fit(fit).correction.probe is not None
+    broken = offset_fit(tmp_path / "broken.json", made_on)
+    edited(broken, lambda block: block.update(format=2, offset=[1.0]))
+    before = broken.read_bytes()
+    assert "must be a list of 2 numbers" in refusal(capsys, ["upgrade-fit", str(broken)])
+    assert broken.read_bytes() == before  # a file this version refuses is left as it was
+
+
+def test_a_probe_of_another_hidden_size_is_refused_at_load(tmp_path, made_on, no_model):
+    """The 3-wide test probe on SmolLM2 (576): refused when the classifier takes the fit,
+    before any model loads or any text is scored."""
+    from semsoft_plugin.app.classifier import Classifier
+
+    fit = probe_fit(tmp_path / "fit.json", made_on)
+    with pytest.raises(ValueError, match="its probe reads hidden states of size 3, this model's are 576"):
+        Classifier(MODEL, labels=list(LABELS)).load_fit(fit)
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path, made_on):
+    fit = probe_fit(tmp_path / "fit.json", made_on)
+    probe = tmp_path / "fit.json.probe.safetensors"
+    probe.unlink()
+    os.mkfifo(probe)
+    with pytest.raises(ValueError, match="probe weights .* is not a regular file"):
+        read_fit(fit)
+    pipe = tmp_path / "pipe.json"
+    os.mkfifo(pipe)
+    with pytest.raises(ValueError, match="config file .*pipe.json is not a regular file"):
+        read_fit(pipe)
+
+
+def test_a_duplicate_key_is_refused(tmp_path, made_on):
+    fit = offset_fit(tmp_path / "fit.json", made_on)
+    text = fit.read_text()
+    fit.write_text(text.replace('"fitted": {', '"fitted": {"procedure": "batch", ', 1))
+    with pytest.raises(ValueError, match="holds the key 'procedure' twice: keep one"):
+        read_fit(fit)
+
+
+@pytest.mark.parametrize("name, value", [("truncate", "no"), ("exact_head", "yes"),
+                                         ("progress", "no")])  # fmt: skip
+def test_a_flag_set_later_is_checked_when_used(name, value, no_model):
+    from semsoft_plugin.app.classifier import Classifier
+
+    clf = Classifier(MODEL, labels=list(LABELS)).set_params(**{name: value})
+    with pytest.raises(ValueError, match=f"{name}={value!r} must be True"):
+        clf.predict(["Great fun."])

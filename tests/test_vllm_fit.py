@@ -12,6 +12,7 @@ reason. The probe is fitted on transformers before any engine starts.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -97,6 +98,11 @@ def fits(hf_model, checkpoint, tmp_path_factory) -> dict[str, Any]:
     small = fit_plain(hidden[:, :7], targets, 2)  # a probe of another hidden size
     save("wrong_size", FittedCorrection("probe", labels, probe=small))
     save("offset", FittedCorrection("offset", labels, offset=(0.5, -0.5)))
+    # Finite values that would overflow the scores to NaN: refused at load.
+    huge = dataclasses.replace(probe, weight=np.full_like(probe.weight, 1e308))
+    save("huge", FittedCorrection("probe", labels, probe=huge))
+    tiny = dataclasses.replace(probe, scale=np.full_like(probe.scale, 1e-320))
+    save("tiny_scale", FittedCorrection("probe", labels, probe=tiny))
     save("truncated", FittedCorrection("probe", labels, probe=probe))
     weights = folder / "truncated.json.probe.safetensors"
     weights.write_bytes(weights.read_bytes()[:300])
@@ -160,6 +166,8 @@ def test_vllm_rows_equal_the_hook_probe(fit_llm, fits) -> None:
         ("other_model", r"other_model.*output layer has sha256 0000000000000000"),
         ("wrong_size", r"wrong_size.*hidden states of size 7, this model's are 576"),
         ("offset", r"offset.*only a probe fit is applied inside the engine"),
+        ("huge", r"huge.*refused at load.*weight holds 1e\+308, outside"),
+        ("tiny_scale", r"tiny_scale.*refused at load.*scale holds 9.99989e-321, outside"),
         ("truncated", r"truncated.*refused at load"),
         ("tampered", r"tampered.*refused at load"),
         ("../sentiment", r"semsoft_fit='../sentiment' must be the name of a fit"),

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.core.calibration import check_strength
 from semsoft_plugin.core.config import SemsoftConfig
@@ -83,6 +85,11 @@ def checked_settings(params: Mapping[str, Any]) -> tuple[PromptTemplate, Semsoft
     if calibrate not in CALIBRATIONS:
         raise ValueError(f"calibrate={calibrate!r} must be one of {CALIBRATIONS}")
     check_file_strength(params["file_strength"], calibrate)
+    for name in ("truncate", "exact_head"):  # "no" is truthy: never read a flag by truth
+        if not isinstance(params[name], bool | np.bool_):
+            raise ValueError(f"{name}={params[name]!r} must be True or False")
+    if params["progress"] is not None and not isinstance(params["progress"], bool | np.bool_):
+        raise ValueError(f"progress={params['progress']!r} must be True, False or None")
     size = params["batch_size"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"batch_size={size!r} must be a positive int")

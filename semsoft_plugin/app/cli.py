@@ -69,6 +69,10 @@ class Command:
     install: str
 
 
+# The subcommands this package defines itself; another package cannot replace them.
+BUILT_IN = ("classify", "upgrade-fit")
+
+
 def discover_commands() -> dict[str, Command]:
     """Subcommands registered in the entry-point group `semsoft.commands`, without
     importing any of them.
@@ -84,7 +88,7 @@ def discover_commands() -> dict[str, Command]:
         found = []
     commands = {}
     for ep in sorted(found, key=lambda e: e.name):
-        if ep.name == "classify" or ep.name in commands:
+        if ep.name in BUILT_IN or ep.name in commands:
             continue
         dist = getattr(getattr(ep, "dist", None), "name", None) or ep.module.split(".")[0]
         extras = f"[{','.join(ep.extras)}]" if ep.extras else ""
@@ -141,6 +145,28 @@ def _backend(text: str) -> str:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
+
+
+def _add_upgrade_fit_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "upgrade-fit",
+        allow_abbrev=False,
+        help="rewrite a fit file of an older format in this one",
+        description="Rewrite fit files saved by an older version in this version's format: a "
+        "probe fit then records its probe file's sha256 as the file is now, so that a probe "
+        "replaced later is refused. Each file is read back with this version's checks; one "
+        "they refuse is left as it was.",
+    )
+    parser.add_argument("fits", nargs="+", metavar="FIT", help="fit files (JSON)")
+    parser.set_defaults(func=_run_upgrade_fit)
+
+
+def _run_upgrade_fit(args: argparse.Namespace) -> int:
+    from semsoft_plugin.app.fitted import upgrade_fit
+
+    for path in args.fits:
+        print(upgrade_fit(path))
+    return 0
 
 
 def _add_classify_parser(subparsers: Any) -> None:
@@ -404,6 +430,7 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_classify_parser(subparsers)
+    _add_upgrade_fit_parser(subparsers)
     for name, command in discover_commands().items():
         if name == load:
             _load_command(command, subparsers)
@@ -418,7 +445,7 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
     (`scripts/mkdocs_cli_reference.py`) and the test that every documented flag exists.
     A subcommand whose module cannot be imported is left out."""
     parsers: dict[str, argparse.ArgumentParser] = {}
-    for name in ("classify", *discover_commands()):
+    for name in (*BUILT_IN, *discover_commands()):
         try:
             root = build_parser(load=name)
         except MissingExtra:

@@ -20,6 +20,9 @@ key                  members           value
 `output_layer`     all               sha256 of the checkpoint's output layer, as stored
 `offset`           offset members    one finite log-offset per label
 `probe`            probe             the probe's weights file, beside the fit
+`probe_sha256`     probe             sha256 of the probe file's bytes: the fit and its
+                                       probe are one unit, and a probe replaced or edited
+                                       after the fit was saved is refused
 ==================== ================= ====================================================
 
 What a run is checked against (`FitIdentity`) is compared field by field, and a
@@ -49,6 +52,8 @@ from semsoft_plugin.core.text_rules import code_points
 __all__ = [
     "FITTED_KEYS",
     "FIT_FORMAT",
+    "UPGRADABLE_FORMATS",
+    "UPGRADE_COMMAND",
     "MEMBERS",
     "FitIdentity",
     "file_sha256",
@@ -58,7 +63,10 @@ __all__ = [
     "run_identity",
 ]
 
-FIT_FORMAT = 2
+FIT_FORMAT = 3
+# Format 2 did not pin the probe file's bytes; `semsoft upgrade-fit` rewrites such a file.
+UPGRADABLE_FORMATS = (2,)
+UPGRADE_COMMAND = "semsoft upgrade-fit"
 OFFSET_MEMBERS = ("offset", "batch", "contextual")
 MEMBERS = (*OFFSET_MEMBERS, "probe")
 _ALL = MEMBERS
@@ -72,6 +80,7 @@ FITTED_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "output_layer": (_ALL, "sha256 of the checkpoint's output layer, as stored"),
     "offset": (OFFSET_MEMBERS, "one finite log-offset per label"),
     "probe": (("probe",), "the probe's weights file, beside the fit"),
+    "probe_sha256": (("probe",), "sha256 of the probe file's bytes"),
 }
 PROMPT_KEYS = ("user", "answer_prefix", "system")
 
@@ -121,11 +130,15 @@ class FitIdentity:
         The prompt template's `user`, `answer_prefix` and `system`.
     output_layer : str
         sha256 of the checkpoint's output layer as stored (`output_layer_sha256`).
+    hidden_size : int or None
+        A run's: the width of its model's output layer, which a probe must read (a
+        fit's probe carries its own; not written in the file).
     """
 
     labels: tuple[str, ...]
     prompt: dict[str, Any]
     output_layer: str
+    hidden_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The identity's keys of the `"fitted"` block.
@@ -232,7 +245,7 @@ def checked_identity(fitted: dict[str, Any], source: str) -> FitIdentity:
     return FitIdentity(tuple(labels), dict(prompt), layer)
 
 
-def checked_block_keys(fitted: Any, source: str) -> str:
+def checked_block_keys(fitted: Any, source: str, path: str | Path = "FIT.json") -> str:
     """The member a `"fitted"` block names, its keys checked against `FITTED_KEYS`.
 
     Parameters
@@ -241,6 +254,8 @@ def checked_block_keys(fitted: Any, source: str) -> str:
         The `"fitted"` value of the file.
     source : str
         The fit file, for the messages.
+    path : str or Path
+        The fit file's path, for the command that rewrites an older format.
 
     Returns
     -------
@@ -260,6 +275,13 @@ def checked_block_keys(fitted: Any, source: str) -> str:
             f"{source} was written by an older version, which did not record the labels, "
             "prompt and model the fit was made on: fit again (Classifier.fit and save_fit, "
             "or semsoft tune)"
+        )
+    if fitted["format"] in UPGRADABLE_FORMATS and not isinstance(fitted["format"], bool):
+        raise ValueError(
+            f"{source}: fit file format {fitted['format']}, which does not pin its probe "
+            f"file's bytes; this version reads format {FIT_FORMAT}: rewrite it with "
+            f"`{UPGRADE_COMMAND} {path}` (it records the probe file as it is now), or fit "
+            "again"
         )
     if fitted["format"] != FIT_FORMAT or isinstance(fitted["format"], bool):
         raise ValueError(
@@ -355,6 +377,23 @@ _TIED_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
 _LAYER_CACHE: dict[tuple[str, int, int], str] = {}
 
 
+def _output_layer(folder: Path) -> tuple[Path, str]:
+    """The safetensors file and tensor name of a checkpoint's output layer: `lm_head`
+    where it has one, else the tied input embedding."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder}: no safetensors weights, so its output layer cannot be hashed")
+    for wanted in (_OUTPUT_NAMES, _TIED_SUFFIXES):
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                name = next((k for k in handle.keys() if k in wanted or k.endswith(wanted)), None)
+            if name is not None:
+                return file, name
+    raise ValueError(f"{folder}: no output layer ({', '.join(_OUTPUT_NAMES)}) in its weights")
+
+
 def output_layer_sha256(checkpoint: str | Path) -> str:
     """sha256 of a checkpoint's output layer as its safetensors files store it.
 
@@ -381,23 +420,7 @@ def output_layer_sha256(checkpoint: str | Path) -> str:
     import torch
     from safetensors import safe_open
 
-    folder = Path(checkpoint)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder}: no safetensors weights, so its output layer cannot be hashed")
-    found: tuple[Path, str] | None = None
-    for wanted in (_OUTPUT_NAMES, _TIED_SUFFIXES):
-        for file in files:
-            with safe_open(str(file), framework="pt") as handle:
-                name = next((k for k in handle.keys() if k in wanted or k.endswith(wanted)), None)
-            if name is not None:
-                found = (file, name)
-                break
-        if found:
-            break
-    if found is None:
-        raise ValueError(f"{folder}: no output layer ({', '.join(_OUTPUT_NAMES)}) in its weights")
-    file, name = found
+    file, name = _output_layer(Path(checkpoint))
     stat = file.stat()
     key = (str(file.resolve()), stat.st_size, int(stat.st_mtime_ns))
     if key in _LAYER_CACHE:
@@ -413,6 +436,33 @@ def output_layer_sha256(checkpoint: str | Path) -> str:
             digest.update(part.view(torch.uint8).numpy().tobytes())
     _LAYER_CACHE[key] = digest.hexdigest()
     return _LAYER_CACHE[key]
+
+
+def output_layer_width(checkpoint: str | Path) -> int:
+    """The width of a checkpoint's output layer (the hidden size a probe reads), read
+    from its safetensors header (the layer `output_layer_sha256` hashes).
+
+    Parameters
+    ----------
+    checkpoint : str or Path
+        A checkpoint directory holding `*.safetensors` files.
+
+    Returns
+    -------
+    int
+        The layer's second dimension.
+    """
+    from safetensors import safe_open
+
+    file, name = _output_layer(Path(checkpoint))
+    with safe_open(str(file), framework="pt") as handle:
+        return int(handle.get_slice(name).get_shape()[1])
+
+
+def _loaded_layer_width(model: Any) -> int | None:
+    layer = getattr(model, "get_output_embeddings", lambda: None)()
+    weight: Any = getattr(layer, "weight", None)
+    return int(weight.shape[1]) if getattr(weight, "ndim", 0) == 2 else None
 
 
 def model_checkpoint(model: Any) -> Path | None:
@@ -479,10 +529,12 @@ def run_identity(
     ValueError
         When the model's output layer cannot be found.
     """
+    width: int | None
     if isinstance(model, str | os.PathLike):
         from semsoft_plugin.engines import models
 
-        layer = output_layer_sha256(models.resolve(str(model), allow_download=allow_download))
+        resolved = models.resolve(str(model), allow_download=allow_download)
+        layer, width = output_layer_sha256(resolved), output_layer_width(resolved)
     else:
         folder = model_checkpoint(model)
         found = output_layer_sha256(folder) if folder is not None else _loaded_layer_sha256(model)
@@ -492,4 +544,5 @@ def run_identity(
                 "fit cannot be tied to it: load the model by name or checkpoint folder"
             )
         layer = found
-    return FitIdentity(tuple(labels), dict(prompt.to_dict()), layer)
+        width = output_layer_width(folder) if folder is not None else _loaded_layer_width(model)
+    return FitIdentity(tuple(labels), dict(prompt.to_dict()), layer, width)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from semsoft_plugin.app.fit_file import (
     FIT_FORMAT,
+    UPGRADABLE_FORMATS,
     FitIdentity,
     checked_block_keys,
     checked_identity,
@@ -50,7 +51,7 @@ from semsoft_plugin.app.fit_file import (
     probe_file_name,
     probe_path,
 )
-from semsoft_plugin.core.config import SemsoftConfig, read_config_bytes
+from semsoft_plugin.core.config import SemsoftConfig, read_config_bytes, read_file_bytes
 from semsoft_plugin.core.text_rules import code_points
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
     from semsoft_plugin.app.probe import LinearProbe
 
-__all__ = ["FitFile", "FittedCorrection", "load_fitted", "read_fit", "save_fitted"]
+__all__ = ["FitFile", "FittedCorrection", "load_fitted", "read_fit", "save_fitted", "upgrade_fit"]
 
 _KEY = "fitted"
 _OFFSET_MEMBERS = ("offset", "batch", "contextual")
@@ -162,7 +163,8 @@ class FitFile:
         What the fit was made on (labels, prompt, output layer); None for a plain
         config file.
     sha256 : str
-        The file's bytes' sha256 (what a settings record names the fit by).
+        The sha256 of the fit's bytes: the file's, then its probe file's (what a
+        settings record names the fit by, so `--resume` refuses either changed).
     """
 
     path: Path
@@ -182,6 +184,13 @@ class FitFile:
         """
         if self.identity is not None and run is not None:
             self.identity.check_run(run, f"fit file {self.path}")
+            probe = None if self.correction is None else self.correction.probe
+            if probe is not None and run.hidden_size is not None:
+                if len(probe.mean) != run.hidden_size:
+                    raise ValueError(
+                        f"fit file {self.path}: its probe reads hidden states of size "
+                        f"{len(probe.mean)}, this model's are {run.hidden_size}"
+                    )
 
 
 def save_fitted(
@@ -219,10 +228,11 @@ def save_fitted(
                 f"{list(identity.labels)}"
             )
         probe_file = None
+        block = {"format": FIT_FORMAT, "procedure": correction.procedure, **identity.to_dict()}
         if correction.probe is not None:
             probe_file = probe_file_name(path)
             correction.probe.save(path.parent / probe_file, correction.labels)
-        block = {"format": FIT_FORMAT, "procedure": correction.procedure, **identity.to_dict()}
+            block["probe_sha256"] = file_sha256((path.parent / probe_file).read_bytes())
         block.update(correction.to_dict(probe_file))
         data[_KEY] = block
     path.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
@@ -256,21 +266,76 @@ def read_fit(path: str | Path) -> FitFile:
         return FitFile(path, SemsoftConfig.from_dict(data, source), None, None, file_sha256(raw))
     fitted = data.pop(_KEY)
     config = SemsoftConfig.from_dict(data, source)
-    procedure = checked_block_keys(fitted, source)
+    procedure = checked_block_keys(fitted, source, path)
     identity = checked_identity(fitted, source)
     labels = identity.labels
     probe = offset = None
+    unit = raw
     if procedure == "probe":
         from semsoft_plugin.app.probe import LinearProbe
 
         where = probe_path(path, fitted["probe"])
-        probe, probe_labels = LinearProbe.load(where)
+        probe_bytes = read_file_bytes(where, "probe weights")
+        found = file_sha256(probe_bytes)
+        if found != fitted["probe_sha256"]:
+            raise ValueError(
+                f"{where}: the probe file has sha256 {found[:16]}..., the fit {path.name} "
+                f"recorded {str(fitted['probe_sha256'])[:16]}...: it was replaced or edited "
+                "after the fit was saved (a fit and its probe are one unit); fit again"
+            )
+        probe, probe_labels = LinearProbe.from_bytes(probe_bytes, str(where))
         if tuple(probe_labels) != labels:
             raise ValueError(f"{where}: the probe's labels {probe_labels} are not {list(labels)}")
+        unit = raw + probe_bytes
     else:
         offset = checked_offset(fitted["offset"], len(labels), source)
     correction = FittedCorrection(procedure, labels, offset, probe)
-    return FitFile(path, config, correction, identity, file_sha256(raw))
+    return FitFile(path, config, correction, identity, file_sha256(unit))
+
+
+def upgrade_fit(path: str | Path) -> str:
+    """Rewrite a fit file of an older format (`UPGRADABLE_FORMATS`) in this one: a probe
+    fit records its probe file's sha256 as the file is now. The rewritten file is then
+    read with `read_fit`, so a file this version would refuse for another reason is
+    refused here too, and the original is left as it was.
+
+    Parameters
+    ----------
+    path : str or Path
+        The fit file.
+
+    Returns
+    -------
+    str
+        What was done, in one line.
+    """
+    path = Path(path)
+    data, raw = read_config_bytes(path)
+    fitted = data.get(_KEY) if isinstance(data, dict) else None
+    if not isinstance(fitted, dict):
+        raise ValueError(f"{path} holds no fitted correction: nothing to upgrade")
+    if fitted.get("format") == FIT_FORMAT:
+        read_fit(path)
+        return f"{path} is already format {FIT_FORMAT}"
+    if fitted.get("format") not in UPGRADABLE_FORMATS or isinstance(fitted.get("format"), bool):
+        raise ValueError(
+            f"{path}: fit file format {fitted.get('format')!r:.40} cannot be upgraded (only "
+            f"{', '.join(map(str, UPGRADABLE_FORMATS))}): fit again"
+        )
+    old = fitted["format"]
+    fitted["format"] = FIT_FORMAT
+    pinned = ""
+    if fitted.get("procedure") == "probe":
+        where = probe_path(path, fitted.get("probe"))
+        fitted["probe_sha256"] = file_sha256(read_file_bytes(where, "probe weights"))
+        pinned = f"; its probe {where.name} pinned at sha256 {fitted['probe_sha256'][:16]}..."
+    path.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    try:
+        read_fit(path)
+    except ValueError:
+        path.write_bytes(raw)
+        raise
+    return f"{path}: format {old} rewritten as format {FIT_FORMAT}{pinned}"
 
 
 def load_fitted(

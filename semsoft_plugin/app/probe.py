@@ -106,6 +106,9 @@ class LinearProbe:
 
         from semsoft_plugin.core.row_probe import probe_distribution
 
+        if not np.isfinite(x).all():
+            row = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
+            raise ValueError(f"hidden state {row} holds NaN or inf: the model's pass failed")
         z = ((x - self.mean) / self.scale) @ self.weight.T + self.bias
         probs = probe_distribution(torch.from_numpy(z), self.seen.tolist(), self.n_labels,
                                    self.n_train)  # fmt: skip
@@ -152,7 +155,7 @@ class LinearProbe:
         Parameters
         ----------
         path : str or Path
-            The safetensors file.
+            The safetensors file (a regular file: a FIFO or a device is refused).
 
         Returns
         -------
@@ -162,26 +165,51 @@ class LinearProbe:
         Raises
         ------
         ValueError
-            One line naming the file: missing, truncated or not safetensors, an array
-            missing, of the wrong shape or not finite, a `scale` not positive, a
-            `seen` index repeated or out of the labels' range, bad metadata.
+            One line naming the file: missing, not a regular file, truncated or not
+            safetensors, an array missing, of the wrong shape, not finite or out of
+            `PROBE_BOUNDS`, a `seen` index repeated or out of the labels' range, bad
+            metadata.
         """
-        from safetensors import SafetensorError, safe_open
+        from semsoft_plugin.core.config import read_file_bytes
+
+        return cls.from_bytes(read_file_bytes(path, "probe weights"), str(path))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str) -> tuple[LinearProbe, list[str]]:
+        """A probe and its label names from a safetensors file's bytes (`load`), so that
+        the bytes checked against a fit's `probe_sha256` are the bytes used.
+
+        Parameters
+        ----------
+        data : bytes
+            The file's content.
+        source : str
+            The file, for the messages.
+
+        Returns
+        -------
+        tuple
+            The probe and its label names.
+        """
+        from safetensors import SafetensorError
+        from safetensors.numpy import load
 
         try:
-            with safe_open(str(path), framework="numpy") as f:
-                meta = f.metadata() or {}
-                arrays = {k: f.get_tensor(k) for k in _ARRAYS}
+            size = int.from_bytes(data[:8], "little")
+            header = json.loads(data[8 : 8 + size]) if 0 < size <= len(data) - 8 else None
+            if not isinstance(header, dict):
+                raise ValueError("no safetensors header")
+            meta = header.get("__metadata__") or {}
+            tensors = load(data)
+            arrays = {k: tensors[k] for k in _ARRAYS}
             labels = json.loads(meta["labels"])
             if not isinstance(labels, list) or not all(isinstance(n, str) for n in labels):
                 raise ValueError("its labels are not a list of names")
             probe = cls(**arrays, n_labels=len(labels), n_train=int(meta["n_train"]),
                         strength=float(meta["strength"]))  # fmt: skip
             probe.check()
-        except FileNotFoundError:
-            raise ValueError(f"probe weights not found: {path}") from None
         except (KeyError, ValueError, TypeError, OSError, SafetensorError) as error:
-            raise ValueError(f"{path} is not a probe written by semsoft ({error})") from None
+            raise ValueError(f"{source} is not a probe written by semsoft ({error})") from None
         return probe, labels
 
     def check(self) -> None:
@@ -203,6 +231,15 @@ class LinearProbe:
                 raise ValueError(f"{name} holds a number that is not finite")
         if not (self.scale > 0).all():
             raise ValueError("scale holds a value that is not positive")
+        for name, (low, high) in PROBE_BOUNDS.items():
+            size = np.abs(getattr(self, name))
+            bad = size[(size < low) | (size > high)]
+            if bad.size:
+                raise ValueError(
+                    f"{name} holds {float(bad[0]):.6g}, outside [{low:g}, {high:g}] in size: "
+                    "a fitted probe's values lie far inside these bounds, and values beyond "
+                    "them overflow the scores to NaN"
+                )
         if not np.issubdtype(self.seen.dtype, np.integer):
             raise ValueError(f"seen is {self.seen.dtype}, not integer label indices")
         bad = [int(i) for i in self.seen if not 0 <= int(i) < self.n_labels]
@@ -218,6 +255,17 @@ class LinearProbe:
 
 
 _ARRAYS = ("mean", "scale", "weight", "bias", "seen")
+# The sizes a probe's arrays may hold: standardised hidden states times penalised
+# coefficients then stay below 1e30 for any hidden state under 1e5 and hidden size under
+# 1e5, so every score is finite in float64 and every probability a number. A fit gives
+# scales near the hidden states' spread (StandardScaler; 1 for a constant feature) and
+# coefficients below 1e3 (its penalty is at most C = 0.1).
+PROBE_BOUNDS: dict[str, tuple[float, float]] = {
+    "mean": (0.0, 1e6),
+    "scale": (1e-12, 1e12),
+    "weight": (0.0, 1e8),
+    "bias": (0.0, 1e8),
+}
 
 
 def label_logit_rows(embeddings: Any, labels: Any) -> np.ndarray:

@@ -94,12 +94,7 @@ def _load_one(path: Path, layer: str, hidden_size: int) -> ServedFit:
             what = "a plain config" if correction is None else f"a {correction.procedure!r} fit"
             raise ValueError(f"it is {what}: only a probe fit is applied inside the engine")
         # The labels and the prompt are the request's to match; the model is the engine's.
-        fit.check_run(FitIdentity(fit.identity.labels, fit.identity.prompt, layer))
-        if len(correction.probe.mean) != hidden_size:
-            raise ValueError(
-                f"its probe reads hidden states of size {len(correction.probe.mean)}, this "
-                f"model's are {hidden_size}"
-            )
+        fit.check_run(FitIdentity(fit.identity.labels, fit.identity.prompt, layer, hidden_size))
         return ServedFit(name, correction.labels, correction.probe)
     except Exception as error:  # any file the checker cannot read is refused, by name
         what = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"

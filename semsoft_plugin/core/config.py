@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ __all__ = [
     "config_field_specs",
     "grid_entry",
     "read_config_bytes",
+    "read_file_bytes",
     "read_config_file",
     "renamed_message",
 ]
@@ -358,6 +360,40 @@ class SemsoftConfig:
             raise ValueError(f"{source}: {error}") from None
 
 
+def read_file_bytes(path: str | Path, what: str) -> bytes:
+    """A regular file's bytes, every way of failing one line naming the file: missing, a
+    folder, not a regular file (a FIFO or a device would block or never end), a link
+    loop or no permission.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+    what : str
+        What the file is, for the messages.
+
+    Returns
+    -------
+    bytes
+        Its content.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ValueError(f"{what} {path} is a folder, not a file")
+        if not stat.S_ISREG(mode):
+            raise ValueError(
+                f"{what} {path} is not a regular file (a FIFO, socket or device, which a "
+                "read could wait on for ever): give a file"
+            )
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{what} not found: {path}") from None
+    except OSError as error:  # a link loop (ELOOP), no permission
+        raise ValueError(f"{what} {path} cannot be read ({error.strerror or error})") from None
+
+
 def read_config_bytes(path: str | Path, what: str = "config file") -> tuple[Any, bytes]:
     """A JSON file's value and its bytes, every way of failing one line naming the file.
 
@@ -381,14 +417,7 @@ def read_config_bytes(path: str | Path, what: str = "config file") -> tuple[Any,
         too deep to read.
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"{what} not found: {path}") from None
-    except IsADirectoryError:
-        raise ValueError(f"{what} {path} is a folder, not a file") from None
-    except OSError as error:  # a link loop (ELOOP), no permission
-        raise ValueError(f"{what} {path} cannot be read ({error.strerror or error})") from None
+    data = read_file_bytes(path, what)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -400,8 +429,16 @@ def read_config_bytes(path: str | Path, what: str = "config file") -> tuple[Any,
     def constant(name: str) -> Any:
         raise ValueError(f"{what} {path} holds {name}, which is not a number JSON allows")
 
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in found:  # readers disagree on which one wins: never guess
+                raise ValueError(f"{what} {path} holds the key {key!r} twice: keep one")
+            found[key] = value
+        return found
+
     try:
-        value = json.loads(text, parse_constant=constant)
+        value = json.loads(text, parse_constant=constant, object_pairs_hook=unique)
     except json.JSONDecodeError as error:
         raise ValueError(f"{what} {path} is not valid JSON: {error}") from None
     except RecursionError:

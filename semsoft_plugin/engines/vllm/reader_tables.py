@@ -205,10 +205,15 @@ def record_fits(uses: Sequence[tuple[FitUse, str | None]], picked: Tensor) -> li
         index, back = reads[(id(use.probe.inverse), use.tolerance)]
         j = index.index(i)
         residual = float(back.residual[j])
+        probs = None
         if bool(back.readable[j]):
             probs = use.probe.hidden_probs(back.hidden[j : j + 1])[0, list(use.order)]
+        if probs is not None and bool(torch.isfinite(probs).all()):
             entry: dict[str, Any] = {"probs": probs.tolist(), "residual": residual}
             out.append(probs)
+        elif probs is not None:  # a bounded probe cannot get here; never NaN to a reader
+            entry = {"reason": f"fit {use.name!r} not applied: its scores are not finite"}
+            out.append(None)
         else:
             why = row_reason(residual, use.tolerance)
             entry = {"reason": f"fit {use.name!r} not applied: {why}"}
