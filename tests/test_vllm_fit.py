@@ -580,3 +580,55 @@ def test_the_server_refuses_what_cannot_carry_or_would_ignore_a_fit(fit_server) 
     with pytest.raises(openai.BadRequestError, match="semsoft_fit needs return_token_ids=true"):
         client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **quiet)
     assert client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **good)
+
+
+@pytest.fixture(scope="module")
+def lora_fit_server(checkpoint, fits, tmp_path_factory) -> Any:
+    """The fit server with a LoRA adapter (non-zero weights, so its rows differ from the
+    base model's) served as the model ``tuned``."""
+    peft = pytest.importorskip("peft")
+    from _server import plugin_server
+
+    from semsoft_plugin.engines import models
+
+    model, _ = models.load(str(checkpoint), dtype="float32")
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"],
+                             init_lora_weights=False)  # fmt: skip
+    adapter = tmp_path_factory.mktemp("lora") / "tuned"
+    peft.get_peft_model(model, config).save_pretrained(str(adapter))
+    log = tmp_path_factory.mktemp("lora_fit_server") / "server.log"
+    extra = ["--worker-extension-cls", EXTENSION, "--enable-lora", "--max-lora-rank", "8",
+             "--lora-modules", f"tuned={adapter}"]  # fmt: skip
+    with plugin_server(checkpoint, log, FIT_PROCESSOR, extra,
+                       {"SEMSOFT_FIT_DIR": str(fits["folder"])}) as url:  # fmt: skip
+        yield url
+
+
+@pytest.mark.vllm
+def test_two_requests_that_differ_only_by_lora_adapter_keep_their_rows(
+    lora_fit_server, checkpoint
+) -> None:
+    """The processor cannot see a request's LoRA adapter; the row key the middleware mints
+    per request keeps the base model's row and the adapter's apart, 12 concurrent rounds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+    from _vllm import CONTINUE
+
+    from semsoft_plugin.engines import openai as sopenai
+
+    client = openai.OpenAI(base_url=lora_fit_server, api_key="none", max_retries=0)
+    request = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, fit="sentiment")
+
+    def row(model: str) -> np.ndarray:
+        response = client.chat.completions.create(model=model, messages=PROMPTS[0], **request)
+        probs = sopenai.openai_label_probs(response, request, checkpoint)
+        return np.array([probs[label] for label in SENTIMENT])
+
+    alone = {model: row(model) for model in ("smollm2", "tuned")}
+    assert np.abs(alone["smollm2"] - alone["tuned"]).max() > 1e-3  # the adapter moves the row
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [(m, pool.submit(row, m)) for _ in range(12) for m in ("smollm2", "tuned")]
+        for model, future in futures:
+            np.testing.assert_allclose(future.result(), alone[model], atol=1e-6)

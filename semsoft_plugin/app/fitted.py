@@ -19,14 +19,14 @@ correction was adopted:
 
 ```json
 {"k": 50, ..., "score_temperature": 0.8,
- "fitted": {"format": 2, "procedure": "offset",
+ "fitted": {"format": 3, "procedure": "offset",
             "labels": ["negative", "positive"],
             "prompt": {"user": "...", "answer_prefix": "Answer:", "system": null},
             "output_layer": "<sha256>", "offset": [0.31, -0.31]}}
 ```
 
 and for the probe `"probe": "<file name>.probe.safetensors"`, its weights beside the
-JSON (safetensors, never pickle). The block's schema, and how a run is checked against
+JSON (safetensors, never pickle), with `"probe_sha256"`, the sha256 of that file's bytes. The block's schema, and how a run is checked against
 it, is `semsoft_plugin.app.fit_file`'s. A file without `"fitted"` is a plain config; a
 plain `SemsoftConfig.load` refuses one with it by name (`unknown ... option(s):
 fitted`) rather than drop the correction.
