@@ -148,8 +148,9 @@ def _add_classify_parser(subparsers: Any) -> None:
         "classify",
         allow_abbrev=False,  # one spelling per option: --out is not --output
         help="calibrated label probabilities for one text or a whole file",
-        description="Classify a text, or every row of a CSV, TSV, JSONL or Parquet file, with an LLM: the "
-        "Semantic Softmax label distribution beside the constrained (label-tokens-only) softmax.",
+        description="Classify a text, or every row of a CSV, TSV, JSONL or Parquet file, with an LLM: "
+        "each label's probability (by default the constrained softmax over the label tokens; the "
+        "pool, file or fitted scores where the options ask for them).",
     )
     parser.add_argument("text", nargs="?", help="the text to classify (or give --input)")
     parser.add_argument(
