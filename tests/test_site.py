@@ -17,6 +17,7 @@ import sys
 import zlib
 from html.parser import HTMLParser
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -360,12 +361,7 @@ def test_the_offline_checks_find_what_they_look_for(tmp_path: Path) -> None:
 
 
 def test_the_math_hook_typesets_what_arithmatex_marks() -> None:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from mkdocs_math import typeset
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    out = typeset(
+    out = _hook("mkdocs_math").typeset(
         '<p>a <span class="arithmatex">\\(x &lt; y\\)</span></p>'
         '<div class="arithmatex">\\[\\frac{1}{2}\\]</div>'
     )
@@ -373,3 +369,50 @@ def test_the_math_hook_typesets_what_arithmatex_marks() -> None:
     assert "<mo>&#x0003C;</mo>" in out  # the unescaped `<`, typeset as an operator
     assert '<div class="math"><math xmlns="http://www.w3.org/1998/Math/MathML" display="block">' in out
     assert "<mfrac>" in out and "arithmatex" not in out and "\\" not in out
+
+
+# The extras a docs-only venv lacks: the CLI parsers must load without any of them.
+NOT_IN_DOCS = (
+    "scipy", "sklearn", "torchmetrics", "matplotlib", "peft", "trl", "transformers",
+    "accelerate", "safetensors", "gguf", "vllm", "outlines", "ray", "openai", "pandas", "pyarrow",
+)
+_BLOCKED = f"""
+import sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {set(NOT_IN_DOCS)!r}:
+            raise ModuleNotFoundError(f"blocked: {{name}}", name=name)
+sys.meta_path.insert(0, Blocked())
+from semsoft_plugin.app.cli import command_parsers
+print(" ".join(sorted(command_parsers())))
+"""
+
+
+def test_every_cli_parser_loads_from_the_docs_extra_alone() -> None:
+    """The CLI reference is built from the parsers; with every other extra unimportable
+    they all still load, so `pip install -e .[docs]` builds the whole reference."""
+    run = subprocess.run(
+        [sys.executable, "-c", _BLOCKED], cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["classify", "distill", "eval", "tune"]
+
+
+def _hook(name: str) -> ModuleType:
+    """A hook module of `scripts/`, imported as mkdocs imports it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+
+
+def test_a_subcommand_that_cannot_load_fails_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never left out of the reference without a word: the build stops, naming the extra."""
+    from mkdocs.exceptions import PluginError
+
+    reference = _hook("mkdocs_cli_reference")
+    assert "## `semsoft eval`" in reference.cli_reference()
+    monkeypatch.setitem(sys.modules, "semsoft_eval.cli_eval", None)  # an import that fails
+    with pytest.raises(PluginError, match=r"semsoft eval needs .*pip install '[\w-]+\[eval\]'"):
+        reference.cli_reference()
