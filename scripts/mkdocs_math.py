@@ -5,7 +5,8 @@ shows them with no script and no network (an air-gapped cluster reads the same p
 `$...$` and `\\(...\\)` as a `<span class="arithmatex">`, `$$...$$` and `\\[...\\]` as a
 `<div class="arithmatex">`; this hook replaces each mark with the MathML that
 `latex2mathml` (pure Python, the `docs` extra) makes of its TeX, which browsers render
-natively. A formula it cannot convert fails the build naming the page and the TeX.
+natively. A formula it cannot convert, or converts leaving a TeX command in the MathML,
+fails the build naming the page and the TeX.
 Named in `mkdocs.yaml` under `hooks:`.
 """
 
@@ -35,6 +36,8 @@ def typeset(content: str, where: str = "") -> str:
             mathml = convert(tex, display="block" if block else "inline")
         except Exception as exc:  # latex2mathml raises its own errors and plain ones
             raise ValueError(f"{where}: cannot typeset the formula {tex!r}: {exc}") from exc
+        if "\\" in mathml:  # a command latex2mathml does not know is left as text
+            raise ValueError(f"{where}: the formula {tex!r} leaves TeX in its MathML: {mathml}")
         return f'<div class="math">{mathml}</div>' if block else mathml
 
     return MARK.sub(one, content)

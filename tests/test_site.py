@@ -369,6 +369,8 @@ def test_the_math_hook_typesets_what_arithmatex_marks() -> None:
     assert "<mo>&#x0003C;</mo>" in out  # the unescaped `<`, typeset as an operator
     assert '<div class="math"><math xmlns="http://www.w3.org/1998/Math/MathML" display="block">' in out
     assert "<mfrac>" in out and "arithmatex" not in out and "\\" not in out
+    with pytest.raises(ValueError, match="leaves TeX"):  # a command it does not know
+        _hook("mkdocs_math").typeset('<span class="arithmatex">\\(\\arg\\max_l p\\)</span>')
 
 
 # The extras a docs-only venv lacks: the CLI parsers must load without any of them.
@@ -416,3 +418,18 @@ def test_a_subcommand_that_cannot_load_fails_the_build(monkeypatch: pytest.Monke
     monkeypatch.setitem(sys.modules, "semsoft_eval.cli_eval", None)  # an import that fails
     with pytest.raises(PluginError, match=r"semsoft eval needs .*pip install '[\w-]+\[eval\]'"):
         reference.cli_reference()
+
+
+def _table_headers(text: str) -> list[str]:
+    """The header row of each Markdown table (the line above a `|---|` rule)."""
+    lines = text.splitlines()
+    return [lines[i - 1] for i, line in enumerate(lines) if re.match(r"^\|(\s*:?-+:?\s*\|)+\s*$", line)]
+
+
+@pytest.mark.parametrize("page, target", [("docs/results.md", "metrics.md"), ("README.md", "docs/metrics.md")])
+def test_every_results_table_links_the_metrics(page: str, target: str) -> None:
+    """A reader of a table of numbers is one click from what each column means."""
+    headers = _table_headers((ROOT / page).read_text(encoding="utf-8"))
+    assert headers, f"{page} has no table"
+    assert [h for h in headers if f"]({target}" not in h] == []
+    assert (ROOT / "docs" / "metrics.md").is_file()
