@@ -433,3 +433,20 @@ def test_every_results_table_links_the_metrics(page: str, target: str) -> None:
     assert headers, f"{page} has no table"
     assert [h for h in headers if f"]({target}" not in h] == []
     assert (ROOT / "docs" / "metrics.md").is_file()
+
+
+def test_the_changelog_is_on_the_site_with_working_links(site: Path) -> None:
+    """The site's changelog is CHANGELOG.md (included, not copied), its links the site's."""
+    source = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert (ROOT / "docs" / "changelog.md").read_text(encoding="utf-8").count("\n") <= 4
+    page = "".join(read_page(site / "changelog" / "index.html").text)
+    last_heading = re.findall(r"^## (.+)$", source, re.M)[-1]
+    assert " ".join(last_heading.replace("`", "").split()) in " ".join(page.split())
+    links = _hook("mkdocs_changelog").site_links(
+        "[a](docs/few-labels.md) [b](benchmarks/results/memory.md) [c](https://x.org/) [d](#e)",
+        "https://github.com/o/r",
+    )
+    assert links == (
+        "[a](few-labels.md) [b](https://github.com/o/r/blob/main/benchmarks/results/memory.md) "
+        "[c](https://x.org/) [d](#e)"
+    )
