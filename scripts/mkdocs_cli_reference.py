@@ -2,7 +2,9 @@
 parsers of ``semsoft`` and its subcommands, so that the page cannot drift from the code.
 
 The parsers come from :func:`semsoft_plugin.app.cli.command_parsers` (each subcommand's
-module imported, no model loaded). Named in ``mkdocs.yaml`` under ``hooks:``.
+module imported, no model loaded). A subcommand whose module cannot be imported fails the
+build with the line naming the extra to install; none is left out. Named in
+``mkdocs.yaml`` under ``hooks:``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
 PAGE = "reference/cli.md"
@@ -68,9 +71,12 @@ def _command(name: str, parser: argparse.ArgumentParser) -> list[str]:
 
 def cli_reference() -> str:
     """The page's Markdown: one section per command, its usage and every argument."""
-    from semsoft_plugin.app.cli import command_parsers
+    from semsoft_plugin.app.cli import MissingExtra, command_parsers
 
-    parsers = command_parsers()
+    try:
+        parsers = command_parsers()
+    except MissingExtra as error:
+        raise PluginError(f"the CLI reference cannot document every subcommand: {error}") from None
     lines = [
         "# CLI reference",
         "",

@@ -44,10 +44,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from scipy.stats import spearmanr
-from sklearn.metrics import brier_score_loss, f1_score, log_loss, roc_auc_score
-from torchmetrics.functional.classification import multiclass_calibration_error
 
+# scipy, scikit-learn and torchmetrics (the `eval` extra) are imported by the functions
+# that use them, so that the `semsoft eval`, `tune` and `distill` parsers, which import
+# this module, load without the extra (the docs build reads them: scripts/mkdocs_cli_reference.py).
 # scikit-learn's macro F1 in closed form, shared with the fit's macro-F1 guard, so a
 # bootstrap can call it a thousand times.
 from semsoft_plugin.core.fitting import macro_f1 as macro_f1_of_labels
@@ -117,12 +117,16 @@ def accuracy(
 
 
 def macro_f1(probs: np.ndarray, targets: np.ndarray) -> float:
+    from sklearn.metrics import f1_score
+
     probs, targets = _check(probs, targets)
     return float(f1_score(targets, probs.argmax(1), average="macro", zero_division=0))
 
 
 def ece(probs: np.ndarray, targets: np.ndarray, n_bins: int = N_BINS) -> float:
     """Top-label ECE with `n_bins` equal-width bins (torchmetrics)."""
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
     probs, targets = _check(probs, targets)
     value = multiclass_calibration_error(
         torch.from_numpy(probs),
@@ -156,6 +160,8 @@ def ece_numpy(confidence: np.ndarray, hit: np.ndarray, n_bins: int = N_BINS) -> 
 
 def brier(probs: np.ndarray, targets: np.ndarray) -> float:
     """Multiclass Brier score, summed over classes (scikit-learn)."""
+    from sklearn.metrics import brier_score_loss
+
     probs, targets = _check(probs, targets)
     return float(
         brier_score_loss(targets, probs, labels=list(range(probs.shape[1])), scale_by_half=False)
@@ -163,12 +169,16 @@ def brier(probs: np.ndarray, targets: np.ndarray) -> float:
 
 
 def nll(probs: np.ndarray, targets: np.ndarray) -> float:
+    from sklearn.metrics import log_loss
+
     probs, targets = _check(probs, targets)
     return float(log_loss(targets, probs, labels=list(range(probs.shape[1]))))
 
 
 def auroc(probs: np.ndarray, targets: np.ndarray) -> float | None:
     """Macro one-vs-rest ROC AUC over the labels with both classes present; None if none."""
+    from sklearn.metrics import roc_auc_score
+
     probs, targets = _check(probs, targets)
     if probs.shape[1] == 2:
         if len(np.unique(targets)) < 2:
@@ -225,6 +235,8 @@ def classification_metrics(
 
 def soft_label_metrics(probs: np.ndarray, raters: np.ndarray) -> dict[str, float | None]:
     """Agreement of binary `probs` `[N, 2]` with the raters' fraction for label 1."""
+    from scipy.stats import spearmanr
+
     probs = np.asarray(probs, dtype=np.float64)
     raters = np.asarray(raters, dtype=np.float64)
     if probs.ndim != 2 or probs.shape[1] != 2 or raters.shape != (probs.shape[0],):

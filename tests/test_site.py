@@ -17,6 +17,7 @@ import sys
 import zlib
 from html.parser import HTMLParser
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -258,3 +259,194 @@ def test_a_dead_link_fails_the_build() -> None:
     validation = text[text.index("\nvalidation:") :].split("\n\n")[0]
     for key in ("omitted_files", "absolute_links", "unrecognized_links", "anchors", "not_found"):
         assert re.search(rf"^\s+{key}: warn$", validation, re.M), key
+
+
+# What a page loads, as opposed to what it links to: a navigation link (`<a href>`) to
+# the repository is no load.
+LOADS = {
+    "script": ("src",), "link": ("href",), "img": ("src", "srcset"), "iframe": ("src",),
+    "source": ("src", "srcset"), "video": ("src", "poster"), "audio": ("src",),
+    "embed": ("src",), "object": ("data",), "image": ("href", "xlink:href"),
+}
+EXTERNAL = re.compile(r"^\s*(?:https?:)?//", re.I)
+CSS_URL = re.compile(r"(?:url\(\s*['\"]?|@import\s+['\"])\s*((?:https?:)?//[^'\")\s]+)", re.I)
+RAW_TEX = re.compile(r"\\\(|\\\[|\$\$")
+
+
+class _Page(HTMLParser):
+    """The URLs a page loads from another host, and its text outside code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.external: list[str] = []
+        self.text: list[str] = []
+        self._code = 0
+        self._style = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if value and name in LOADS.get(tag, ()) and any(
+                EXTERNAL.match(part) for part in value.split(",")
+            ):
+                self.external.append(f"<{tag} {name}={value}>")
+            if name == "style" and value:
+                self.external += CSS_URL.findall(value)
+        if tag in ("pre", "code", "script", "style"):
+            self._code += 1
+        self._style = tag == "style"
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("pre", "code", "script", "style"):
+            self._code -= 1
+        self._style = False
+
+    def handle_data(self, data: str) -> None:
+        if self._style:
+            self.external += CSS_URL.findall(data)
+        if not self._code:
+            self.text.append(data)
+
+
+def read_loads(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+def test_the_site_loads_nothing_from_another_host(site: Path) -> None:
+    """No script, stylesheet, font, image or frame comes from another host, in a page or
+    in a stylesheet the site ships: an air-gapped reader sees the same site."""
+    found = {
+        str(p.relative_to(site)): read_loads(p).external for p in sorted(site.rglob("*.html"))
+    }
+    found.update(
+        {str(p.relative_to(site)): CSS_URL.findall(p.read_text(encoding="utf-8"))
+         for p in sorted(site.rglob("*.css"))}
+    )
+    assert {page: urls for page, urls in found.items() if urls} == {}
+
+
+def test_formulas_are_typeset_when_the_site_is_built(site: Path) -> None:
+    """Every formula is MathML in the HTML (no script typesets it in the browser), and no
+    TeX delimiter is left in a page's text outside code."""
+    raw = {}
+    for path in sorted(site.rglob("*.html")):
+        left = RAW_TEX.findall("".join(read_loads(path).text))
+        if left:
+            raw[str(path.relative_to(site))] = left
+    assert raw == {}
+    for page, formulas in [
+        ("few-labels", 1), ("reference/api/softmax", 5), ("reference/api/calibration", 3),
+    ]:
+        text = (site / page / "index.html").read_text(encoding="utf-8")
+        assert text.count("<math ") >= formulas, page
+        assert 'class="arithmatex"' not in text, page
+
+
+def test_the_offline_checks_find_what_they_look_for(tmp_path: Path) -> None:
+    page = tmp_path / "index.html"
+    page.write_text(
+        '<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">'
+        '<script src="//cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"></script>'
+        '<img srcset="a.png 1x, https://x.org/b.png 2x"><div style="background:url(http://x.org/c.png)">'
+        '<style>@import "https://x.org/d.css";</style>'
+        '<a href="https://github.com/semsoft/semsoft-plugin">repo</a><script src="assets/x.js"></script>'
+        "<p>raw \\(x\\) and $$y$$</p><code>\\(kept\\)</code><pre>$$ kept $$</pre>",
+        encoding="utf-8",
+    )
+    read = read_loads(page)
+    assert [u.split("=", 1)[0] for u in read.external[:3]] == ["<link href", "<script src", "<img srcset"]
+    assert read.external[3:] == ["http://x.org/c.png", "https://x.org/d.css"]
+    assert RAW_TEX.findall("".join(read.text)) == ["\\(", "$$", "$$"]
+
+
+def test_the_math_hook_typesets_what_arithmatex_marks() -> None:
+    out = _hook("mkdocs_math").typeset(
+        '<p>a <span class="arithmatex">\\(x &lt; y\\)</span></p>'
+        '<div class="arithmatex">\\[\\frac{1}{2}\\]</div>'
+    )
+    assert '<math xmlns="http://www.w3.org/1998/Math/MathML" display="inline">' in out
+    assert "<mo>&#x0003C;</mo>" in out  # the unescaped `<`, typeset as an operator
+    assert '<div class="math"><math xmlns="http://www.w3.org/1998/Math/MathML" display="block">' in out
+    assert "<mfrac>" in out and "arithmatex" not in out and "\\" not in out
+    with pytest.raises(ValueError, match="leaves TeX"):  # a command it does not know
+        _hook("mkdocs_math").typeset('<span class="arithmatex">\\(\\arg\\max_l p\\)</span>')
+
+
+# The extras a docs-only venv lacks: the CLI parsers must load without any of them.
+NOT_IN_DOCS = (
+    "scipy", "sklearn", "torchmetrics", "matplotlib", "peft", "trl", "transformers",
+    "accelerate", "safetensors", "gguf", "vllm", "outlines", "ray", "openai", "pandas", "pyarrow",
+)
+_BLOCKED = f"""
+import sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {set(NOT_IN_DOCS)!r}:
+            raise ModuleNotFoundError(f"blocked: {{name}}", name=name)
+sys.meta_path.insert(0, Blocked())
+from semsoft_plugin.app.cli import command_parsers
+print(" ".join(sorted(command_parsers())))
+"""
+
+
+def test_every_cli_parser_loads_from_the_docs_extra_alone() -> None:
+    """The CLI reference is built from the parsers; with every other extra unimportable
+    they all still load, so `pip install -e .[docs]` builds the whole reference."""
+    run = subprocess.run(
+        [sys.executable, "-c", _BLOCKED], cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["classify", "distill", "eval", "tune"]
+
+
+def _hook(name: str) -> ModuleType:
+    """A hook module of `scripts/`, imported as mkdocs imports it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+
+
+def test_a_subcommand_that_cannot_load_fails_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never left out of the reference without a word: the build stops, naming the extra."""
+    from mkdocs.exceptions import PluginError
+
+    reference = _hook("mkdocs_cli_reference")
+    assert "## `semsoft eval`" in reference.cli_reference()
+    monkeypatch.setitem(sys.modules, "semsoft_eval.cli_eval", None)  # an import that fails
+    with pytest.raises(PluginError, match=r"semsoft eval needs .*pip install '[\w-]+\[eval\]'"):
+        reference.cli_reference()
+
+
+def _table_headers(text: str) -> list[str]:
+    """The header row of each Markdown table (the line above a `|---|` rule)."""
+    lines = text.splitlines()
+    return [lines[i - 1] for i, line in enumerate(lines) if re.match(r"^\|(\s*:?-+:?\s*\|)+\s*$", line)]
+
+
+@pytest.mark.parametrize("page, target", [("docs/results.md", "metrics.md"), ("README.md", "docs/metrics.md")])
+def test_every_results_table_links_the_metrics(page: str, target: str) -> None:
+    """A reader of a table of numbers is one click from what each column means."""
+    headers = _table_headers((ROOT / page).read_text(encoding="utf-8"))
+    assert headers, f"{page} has no table"
+    assert [h for h in headers if f"]({target}" not in h] == []
+    assert (ROOT / "docs" / "metrics.md").is_file()
+
+
+def test_the_changelog_is_on_the_site_with_working_links(site: Path) -> None:
+    """The site's changelog is CHANGELOG.md (included, not copied), its links the site's."""
+    source = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert (ROOT / "docs" / "changelog.md").read_text(encoding="utf-8").count("\n") <= 4
+    page = "".join(read_page(site / "changelog" / "index.html").text)
+    last_heading = re.findall(r"^## (.+)$", source, re.M)[-1]
+    assert " ".join(last_heading.replace("`", "").split()) in " ".join(page.split())
+    links = _hook("mkdocs_changelog").site_links(
+        "[a](docs/few-labels.md) [b](benchmarks/results/memory.md) [c](https://x.org/) [d](#e)",
+        "https://github.com/o/r",
+    )
+    assert links == (
+        "[a](few-labels.md) [b](https://github.com/o/r/blob/main/benchmarks/results/memory.md) "
+        "[c](https://x.org/) [d](#e)"
+    )

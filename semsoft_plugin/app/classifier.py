@@ -507,7 +507,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
     def fit(
         self, texts: Iterable[str], y: Iterable[str] | None = None, sample_weight: Any = None
     ) -> Classifier:
-        """Fit the settings to a few labelled texts (50-200 are enough), or, with
+        """Fit the settings to a few labelled texts (25-200 are enough), or, with
         `calibrate="file"` and no `y`, estimate the file correction from the texts to
         classify.
 

@@ -174,8 +174,9 @@ def _add_classify_parser(subparsers: Any) -> None:
         "classify",
         allow_abbrev=False,  # one spelling per option: --out is not --output
         help="calibrated label probabilities for one text or a whole file",
-        description="Classify a text, or every row of a CSV, TSV, JSONL or Parquet file, with an LLM: the "
-        "Semantic Softmax label distribution beside the constrained (label-tokens-only) softmax.",
+        description="Classify a text, or every row of a CSV, TSV, JSONL or Parquet file, with an LLM: "
+        "each label's probability (by default the constrained softmax over the label tokens; the "
+        "pool, file or fitted scores where the options ask for them).",
     )
     parser.add_argument("text", nargs="?", help="the text to classify (or give --input)")
     parser.add_argument(
@@ -443,13 +444,12 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
     """Every subcommand's real parser by name (`""` for `semsoft` itself), each other
     package's module imported; no model loads. For the generated CLI reference
     (`scripts/mkdocs_cli_reference.py`) and the test that every documented flag exists.
-    A subcommand whose module cannot be imported is left out."""
+    A subcommand whose module cannot be imported raises `MissingExtra` naming the extra
+    to install: the reference never leaves one out without a word. The parsers' modules
+    import no extra (numpy and torch only), so the `docs` extra alone builds them all."""
     parsers: dict[str, argparse.ArgumentParser] = {}
     for name in (*BUILT_IN, *discover_commands()):
-        try:
-            root = build_parser(load=name)
-        except MissingExtra:
-            continue
+        root = build_parser(load=name)
         parsers.setdefault("", root)
         for action in root._actions:
             if isinstance(action, argparse._SubParsersAction):

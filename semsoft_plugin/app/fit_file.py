@@ -7,8 +7,7 @@ fit was made on and what it adds. It is untrusted input: a file edited by hand, 
 beside another model, or written by an older version must be refused, by name, before
 any engine starts, never applied where it does not belong.
 
-The `"fitted"` block, key by key (`FITTED_KEYS`; issue 41 adds a vLLM probe's fields
-here):
+The `"fitted"` block, key by key (`FITTED_KEYS`):
 
 ==================== ================= ====================================================
 key                  members           value

@@ -31,7 +31,8 @@ class Predictions:
     label : list[str]
         Per text, the calibrated label (argmax of `probs`)
     probs : np.ndarray
-        `[N, L]` float64 Semantic Softmax probabilities, rows summing to 1
+        `[N, L]` float64 label probabilities, rows summing to 1: the constrained softmax by
+        default; the pool, file or fitted scores where the settings ask for them
     constrained_probs : np.ndarray
         `[N, L]` float64 softmax over the label tokens only (the baseline)
     coverage : np.ndarray

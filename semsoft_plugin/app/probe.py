@@ -7,7 +7,7 @@ hold one number per label; the last layer's hidden state `h` at the decision ste
 what the model knows before its output layer throws most of it away. A plain L2 logistic
 regression on `h` can separate labels the label logits confuse, but with many labels
 and few items it also forgets the model's ranking: on 28 emotions it cost .08 of
-macro-F1 (issue 41). So the probe here is a *correction* of the model's label logits
+macro-F1 (benchmarks/probe_curve.py). So the probe here is a *correction* of the model's label logits
 `u = W_L h` (`W_L`: the output layer's row of each label's answer token, `label_logit_rows`):
 
     p(label | h) = softmax(beta * u + A x + c),    x = (h - mean) / scale

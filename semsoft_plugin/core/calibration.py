@@ -8,13 +8,13 @@ correction, and neither needs labelled data:
 * **batch calibration** (Zhou et al., ICLR 2024, "Batch Calibration"): the bias is the
   mean predicted distribution over the unlabelled items being classified,
 
-  $$
-  \\hat b(l) = \\frac{1}{N} \\sum_i p(l \\mid x_i), \\qquad
-  p_{bc}(l \\mid x) = \\frac{p(l \\mid x) / \\hat b(l)}{\\sum_{l'} p(l' \\mid x) / \\hat b(l')}
-  $$
+$$
+\\hat b(l) = \\frac{1}{N} \\sum_i p(l \\mid x_i), \\qquad
+p_{bc}(l \\mid x) = \\frac{p(l \\mid x) / \\hat b(l)}{\\sum_{l'} p(l' \\mid x) / \\hat b(l')}
+$$
 
-  It needs the batch (no extra forward pass); online, a running mean per label set
-  ([`RunningBias`][semsoft_plugin.core.calibration.RunningBias]) stands in for it.
+It needs the batch (no extra forward pass); online, a running mean per label set
+([`RunningBias`][semsoft_plugin.core.calibration.RunningBias]) stands in for it.
 
 Contextual calibration (the bias read from content-free inputs such as "N/A") is the
 same division with another estimate of `b`; `semsoft eval` has both.

@@ -1,6 +1,6 @@
 """Fitting Semantic Softmax's settings on a few labels: the pure math (torch and numpy).
 
-A user who can label 50-200 items wants the settings that make the scores right *for
+A user who can label 25-200 items wants the settings that make the scores right *for
 their model and prompt*, without letting a handful of labels overfit. What is fitted:
 
 * the pool weight `semantic_weight` (how far to move from the constrained softmax

@@ -93,7 +93,8 @@ def silent_vote_weight(m_out: Tensor, weight: float, threshold: float) -> Tensor
     Examples
     --------
     >>> import torch
-    >>> silent_vote_weight(torch.tensor([0.1, 0.4, 0.7, 1.0]), 0.8, 0.4).flatten()
+    >>> m_out = torch.tensor([0.1, 0.4, 0.7, 1.0], dtype=torch.float64)
+    >>> silent_vote_weight(m_out, 0.8, 0.4).flatten()
     tensor([0.0000, 0.0000, 0.4000, 0.8000], dtype=torch.float64)
     """
     if not 0.0 <= weight <= 1.0:

@@ -125,7 +125,7 @@ class PromptText(str):
     `literal_spans` are the `(start, end)` character spans of the prompt where the
     *text* (a chat message's content, an item inserted into a template) spelled a
     special token such as `<|im_end|>`: `encode_prompts` encodes them as text,
-    so a text cannot close its turn and forge another (issue 26). Everywhere else the
+    so a text cannot close its turn and forge another. Everywhere else the
     prompt's special tokens are the chat template's own. A plain `str` (built by
     concatenation, say) loses the spans and is encoded as the tokenizer reads it.
     """

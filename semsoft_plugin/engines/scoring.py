@@ -212,7 +212,7 @@ class MissingLabelLogprobs(ReaderError):
     """
 
     def __init__(self, labels: Sequence[str], token_ids: Sequence[int], cause: str) -> None:
-        if not labels:  # a refusal names what it concerns (issue 34 item 13)
+        if not labels:  # a refusal names what it concerns
             raise TypeError("MissingLabelLogprobs must name the labels it concerns")
         self.labels = tuple(labels)
         self.token_ids = tuple(int(t) for t in token_ids)
