@@ -87,5 +87,5 @@ def test_step_five_runs_in_vllm(steps: tuple[Path, list[str]]) -> None:
     with (folder / "scored-vllm.csv").open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 60
-    right = sum(r["semsoft_label"] == r["label"] for r in rows)
+    right = sum(r["fit_label"] == r["label"] for r in rows)
     assert right >= 45, f"the fitted scores in vLLM got {right} of 60 right"

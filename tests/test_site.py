@@ -397,7 +397,7 @@ def test_every_cli_parser_loads_from_the_docs_extra_alone() -> None:
         [sys.executable, "-c", _BLOCKED], cwd=ROOT, capture_output=True, text=True, check=False,
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["classify", "distill", "eval", "tune"]
+    assert run.stdout.split() == ["classify", "distill", "eval", "tune", "upgrade-fit"]
 
 
 def _hook(name: str) -> ModuleType:

@@ -396,7 +396,7 @@ def _check_engine_installed(backend: str) -> None:
     if backend == "vllm" and find_spec("vllm") is None:
         raise ValueError(
             "--backend vllm needs vLLM, which is not installed: pip install "
-            "'semsoft-plugin[vllm]' (a GPU; on CPU see docs/vllm.md), or use --backend hf"
+            "'semsoft-plugin[vllm]' (a GPU; on CPU see docs/vllm.md), or use --backend transformers"
         )
 
 
