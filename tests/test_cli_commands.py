@@ -90,3 +90,32 @@ def test_an_unknown_command_names_the_entry_point_group():
     report = _semsoft(["nosuchcommand"])
     assert report["rc"] == 2 and "invalid choice: 'nosuchcommand'" in report["err"]
     assert "semsoft.commands" in _semsoft(["--help"])["out"]
+
+
+def test_classify_help_fits_one_screen_and_help_all_lists_every_option():
+    """`--help` shows the everyday options in at most 60 lines at 100 columns; every
+    other option (the SemsoftConfig fields, the engine's, Ray's) is in `--help-all`, and
+    still parses."""
+    import argparse
+
+    from semsoft_plugin.app.cli import command_parsers
+
+    env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": str(ROOT)}
+    short = subprocess.run([sys.executable, "-m", "semsoft_plugin", "classify", "--help"],
+                           capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+    full = subprocess.run([sys.executable, "-m", "semsoft_plugin", "classify", "--help-all"],
+                          capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+    assert len(short.splitlines()) <= 60, short
+    everyday = ("--labels", "--model", "--prompt", "--preset", "--config", "--backend", "--input",
+                "--output", "--resume", "--review-below", "--max-text-tokens", "--help-all")  # fmt: skip
+    for option in everyday:
+        assert option in short, option
+    import re
+
+    listed = re.findall(r"^\s+(--[\w-]+)", short, flags=re.MULTILINE)  # the options section
+    assert not {"--tau", "--ray", "--dtype", "--k"} & set(listed), listed
+    parser = command_parsers()["classify"]
+    shown = [o for a in parser._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
+    assert shown and all(o in full for o in shown)
+    args = parser.parse_args(["--labels", "a,b", "--tau", "0.2", "--dtype", "float32", "x"])
+    assert args.tau == 0.2 and args.dtype == "float32"

@@ -43,6 +43,7 @@ from semsoft_plugin.app.config_args import (
 from semsoft_plugin.app.file_plan import file_job
 from semsoft_plugin.app.fit_file import run_identity
 from semsoft_plugin.app.fitted import read_fit
+from semsoft_plugin.core.config import config_field_specs
 from semsoft_plugin.core.labels import LABELS_SYNTAX
 
 __all__ = [
@@ -169,14 +170,56 @@ def _run_upgrade_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Help(argparse.Action):
+    """`--help`: the everyday options only; `--help-all`: every option. An option is
+    left out of `--help` when its action carries `everyday = False` (`_ADVANCED`)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None,
+                 every_option: bool = False) -> None:  # fmt: skip
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+        self.every_option = every_option
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        hidden = [
+            a for a in parser._actions if not self.every_option and not getattr(a, "everyday", True)
+        ]
+        saved = [a.help for a in hidden]
+        for action in hidden:
+            action.help = argparse.SUPPRESS
+        try:
+            parser.print_help()
+        finally:
+            for action, text in zip(hidden, saved, strict=True):
+                action.help = text
+        parser.exit()
+
+
+# `semsoft classify`'s options that `--help` leaves to `--help-all`: the nine SemsoftConfig
+# fields (also set through --preset or --config), the engine's and the file job's finer
+# settings, and the Ray cluster's.
+_ADVANCED = (
+    "dtype", "engine_args", "calibrate", "file_strength", "json", "encoding", "batch_size",
+    "column_prefix", "answer_prefix", "prompt_file", "ray", "ray_address", "concurrency",
+    "num_cpus", "num_gpus", "output_format", "id_column",
+)  # fmt: skip
+
+
 def _add_classify_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "classify",
         allow_abbrev=False,  # one spelling per option: --out is not --output
+        add_help=False,
         help="calibrated label probabilities for one text or a whole file",
         description="Classify a text, or every row of a CSV, TSV, JSONL or Parquet file, with an LLM: "
         "each label's probability (by default the constrained softmax over the label tokens; the "
         "pool, file or fitted scores where the options ask for them).",
+        epilog="--help-all lists every option: the SemsoftConfig fields (--k, --tau, ...), the "
+        "engine's (--dtype, --engine-args), --calibrate, the file's finer settings and Ray's.",
+    )
+    parser.add_argument("-h", "--help", action=_Help, help="show the everyday options and exit")
+    parser.add_argument(
+        "--help-all", action=_Help, every_option=True, help="show every option and exit"
     )
     parser.add_argument("text", nargs="?", help="the text to classify (or give --input)")
     parser.add_argument(
@@ -277,6 +320,10 @@ def _add_classify_parser(subparsers: Any) -> None:
         "(default none)",
     )
     _add_ray_options(parser)
+    config_fields = set(config_field_specs())
+    for action in parser._actions:
+        if action.dest in _ADVANCED or action.dest in config_fields:
+            action.everyday = False
     parser.set_defaults(func=_run_classify)
 
 
