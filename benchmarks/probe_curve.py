@@ -26,7 +26,14 @@ Usage::
     python benchmarks/probe_curve.py --models smollm2-135m,qwen2.5-coder-1.5b \\
         --out benchmarks/results/probe-curve.json
 
+Reads the kept passes only, unless `--collect`: a missing pair's passes (hidden states
+included) are then computed on this machine, in `models.load`'s dtype here (the result's
+`dtype` says which).
+
 Each pair is written to `--out` as soon as it is done (`--merge` joins runs of parts).
+Each size also holds each method's reliability bins (`reliability`: the test items of all
+its draws pooled, per bin of `semsoft_eval.report.confidence_bins`, the ECE's 15 equal-width
+bins: mean confidence, accuracy, count), which `benchmarks/figures.py` draws.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from semsoft_eval.report import confidence_bins
 from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
 from semsoft_plugin.core import fitting
 from semsoft_plugin.core.config import SemsoftConfig
@@ -118,6 +126,7 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
         if size >= len(y):
             continue
         rows: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
+        pooled: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {m: [] for m in METHODS}
         diffs: list[np.ndarray] = []
         adopted: list[str] = []
         started = time.perf_counter()
@@ -148,6 +157,7 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
             for name, p in (("fit", fitted), ("probe", probe_probs), ("temperature", scaled),
                             ("default", start[test]), ("constrained", constrained[test])):  # fmt: skip
                 rows[name].append(scores(p, y[test]))
+                pooled[name].append((p.max(1), p.argmax(1) == y[test]))
             diffs.append(nll(fitted, y[test]) - nll(scaled, y[test]))
         low, high = _bootstrap_upper(diffs, seed)
         mean = {m: {k: float(np.mean([r[k] for r in rows[m]])) for k in METRICS} for m in METHODS}
@@ -159,6 +169,9 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
             "fit_f1_minus_default": mean["fit"]["macro_f1"] - mean["default"]["macro_f1"],
             "fit_f1_minus_constrained": mean["fit"]["macro_f1"] - mean["constrained"]["macro_f1"],
             "adopted": {p: adopted.count(p) for p in dict.fromkeys(adopted)},
+            "reliability": {m: confidence_bins(np.concatenate([c for c, _ in pooled[m]]),
+                                               np.concatenate([h for _, h in pooled[m]]))
+                            for m in METHODS},  # fmt: skip
             "draws": draws,
             "seconds": time.perf_counter() - started,
         }
@@ -254,12 +267,18 @@ def main() -> int:
     parser.add_argument("--temperature-floor", choices=("on", "off"), default="on",
                         help="the rule's floor (fitting.TEMPERATURE_FLOOR); off: what the "
                         "floor changes")  # fmt: skip
+    parser.add_argument("--collect", action="store_true",
+                        help="compute a missing pair's passes with their hidden states")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/probe-curve.json")
     args = parser.parse_args()
 
     from _cli import merge_parts, write_results  # benchmarks/ is on sys.path as a script
     from choose_defaults import load_pair
+    from fit_curve import _dtype_note, _load
 
+    if args.collect:
+        global _DTYPE
+        _DTYPE = _dtype_note()
     settings = {"draws": args.draws, "margin": args.margin, "f1_tolerance": args.f1_tolerance,
                 "f1_z": args.f1_z, "family": args.family,
                 "temperature_floor": args.temperature_floor == "on"}  # fmt: skip
@@ -277,7 +296,10 @@ def main() -> int:
         for spec in args.sets.split(","):
             dataset, limit = spec.split(":")
             try:
-                pair = load_pair(model, dataset, int(limit), args.seed, collect=False)
+                if args.collect:
+                    pair = _load(model, dataset, int(limit), args.seed, collect=True, probe=True)
+                else:
+                    pair = load_pair(model, dataset, int(limit), args.seed, collect=False)
             except SystemExit:
                 missing.append(f"{model}/{dataset}")
                 continue
@@ -301,13 +323,17 @@ _SETTINGS: dict[str, Any] = {"draws": 5, "margin": 1.0, "f1_tolerance": fitting.
                              "temperature_floor": True}  # fmt: skip
 
 
+# The dtype of the passes read from the cache, which were collected on an AVX512-BF16 machine.
+_DTYPE = ("bfloat16 weights where the passes were collected with models.load's 'auto' on an "
+          "AVX512-BF16 machine, float32 output head (the kept passes' own dtype)")  # fmt: skip
+
+
 def _write(pairs: dict[str, Any], missing: list[str], settings: dict[str, Any], command: str,
            out: str, write_results: Any) -> None:  # fmt: skip
     result = {
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "dtype": "bfloat16 weights where the passes were collected with models.load's 'auto' "
-        "on an AVX512-BF16 machine, float32 output head (the kept passes' own dtype)",
+        "dtype": _DTYPE,
         **settings,
         "missing_pairs": missing,
         "targets": targets(pairs),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -444,18 +445,45 @@ def test_stratified_folds_keep_every_label_in_every_fold() -> None:
 def test_reliability_bins_are_the_ece_bins() -> None:
     from sklearn.calibration import calibration_curve
 
+    from semsoft_eval.report import bins_ece, confidence_bins, reliability_bins
+
     rng = np.random.default_rng(0)
     conf = np.concatenate([rng.uniform(0.2, 1.0, 200), np.arange(3, 16) / 15])  # edges too
     hit = rng.uniform(size=conf.shape) < conf
     accuracy, mean_conf = calibration_curve(hit, conf, n_bins=metrics.N_BINS, pos_label=True)
-    bins = np.clip(np.ceil(conf * metrics.N_BINS).astype(int) - 1, 0, metrics.N_BINS - 1)
-    count = np.bincount(bins, minlength=metrics.N_BINS)
-    filled = count > 0
-    np.testing.assert_allclose(mean_conf, (np.bincount(bins, conf) / np.maximum(count, 1))[filled])
-    weights = count[filled] / len(conf)
-    assert float((weights * np.abs(accuracy - mean_conf)).sum()) == pytest.approx(
-        float(metrics.ece_numpy(conf, hit))
+    bins = confidence_bins(conf, hit)
+    assert len(bins["count"]) == metrics.N_BINS and sum(bins["count"]) == len(conf)
+    filled = [i for i, n in enumerate(bins["count"]) if n]
+    assert all(bins["confidence"][i] is None for i in range(metrics.N_BINS) if i not in filled)
+    np.testing.assert_allclose([bins["confidence"][i] for i in filled], mean_conf)
+    np.testing.assert_allclose([bins["accuracy"][i] for i in filled], accuracy)
+    assert bins_ece(bins) == pytest.approx(float(metrics.ece_numpy(conf, hit)))
+    # a confidence on an edge falls in the bin below it, as in torchmetrics: 2/15 in bin 1
+    assert confidence_bins(np.array([2 / 15]), np.array([1.0]))["count"][1] == 1
+    probs = rng.dirichlet(np.ones(3), size=300)
+    targets = rng.integers(0, 3, 300)
+    assert bins_ece(reliability_bins(probs, targets)) == pytest.approx(
+        metrics.ece(probs, targets), abs=1e-6
     )
+
+
+def test_plot_reliability_draws_the_docs_panels(tmp_path: Path) -> None:
+    """`semsoft eval --plot`'s diagrams are `reliability_figure`'s, as the docs' figures:
+    one panel per method titled with its ECE, and a share-of-items panel beneath it."""
+    import matplotlib.pyplot as plt
+
+    from semsoft_eval.report import plot_reliability, reliability_bins, reliability_figure
+
+    rng = np.random.default_rng(1)
+    probs = {"a": rng.dirichlet(np.ones(2), 80), "b": rng.dirichlet(np.ones(2) * 5, 80)}
+    targets = rng.integers(0, 2, 80)
+    fig = reliability_figure({k: reliability_bins(p, targets) for k, p in probs.items()})
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == [f"{k} (ECE {metrics.ece(p, targets):.3f})" for k, p in probs.items()]
+    assert [ax.get_xlabel() for ax in fig.axes] == ["", "", "confidence", "confidence"]
+    plt.close(fig)
+    plot_reliability(probs, targets, tmp_path / "r.svg", title="t")
+    assert "<svg" in (tmp_path / "r.svg").read_text()[:2000]
 
 
 def _synthetic_inputs(n: int = 12, folds: int = 2):  # type: ignore[no-untyped-def]

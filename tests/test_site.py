@@ -450,3 +450,14 @@ def test_the_changelog_is_on_the_site_with_working_links(site: Path) -> None:
         "[a](few-labels.md) [b](https://github.com/o/r/blob/main/benchmarks/results/memory.md) "
         "[c](https://x.org/) [d](#e)"
     )
+
+
+def test_the_api_reference_shows_defaults_as_values(site: Path) -> None:
+    """`SemsoftConfig`'s defaults read as values (`50`), not as the constants that hold them
+    (`DEFAULT_K`): scripts/griffe_defaults.py; a default computed by a call is left alone."""
+    config = (site / "reference/api/config/index.html").read_text(encoding="utf-8")
+    assert "DEFAULT_" not in config
+    row = re.search(r"<td>\s*<code>k</code>\s*</td>.*?</tr>", config, re.S)
+    assert row is not None and re.search(r"<td>\s*<code>50</code>\s*</td>", row.group(0))
+    distill = (site / "reference/api/distill/index.html").read_text(encoding="utf-8")
+    assert "DEFAULT_TARGET_MODULES" not in distill and "q_proj" in distill
