@@ -307,31 +307,3 @@ def test_the_state_digest_sees_every_kind_of_change() -> None:
     handle.remove()
     assert module_state(module) == third
 
-
-def _norm_weight(worker, delta):  # type: ignore[no-untyped-def]
-    """Runs in the vLLM worker: add `delta` to one RMSNorm weight in place (None: report
-    the weight's shape). A norm, because vLLM's CPU linear layers run from weights
-    packed at load, which an edit of `weight` does not reach."""
-    weight = worker.model_runner.get_model().model.layers[3].input_layernorm.weight
-    if delta is not None:
-        weight.data.add_(delta.to(weight.device, weight.dtype))
-    return tuple(weight.shape)
-
-
-@pytest.mark.vllm
-def test_a_vllm_engine_whose_weights_changed_in_place_is_not_read_from_old_passes(llm) -> None:
-    """The passes a vLLM-backed classifier keeps are read back only while the worker's
-    weights are the ones that made them (read through the worker extension)."""
-    PASSES.clear()
-    texts = ["A tender, funny and beautifully acted film.", "Dull, slow and far too long."]
-    clf = Classifier(llm, labels=LABELS)
-    before = clf.predict_proba(texts)
-    (shape,) = llm.collective_rpc(_norm_weight, args=(None,))
-    delta = 0.5 * torch.randn(shape, generator=torch.Generator().manual_seed(0))
-    llm.collective_rpc(_norm_weight, args=(delta,))
-    try:
-        fresh = _uncached(clf, texts)
-        assert np.abs(fresh - before).max() > 1e-3
-        np.testing.assert_allclose(clf.predict_proba(texts), fresh, atol=1e-6, rtol=0)
-    finally:
-        llm.collective_rpc(_norm_weight, args=(-delta,))
