@@ -319,11 +319,29 @@ def test_fit_names_are_names_never_paths() -> None:
 
 @pytest.fixture(scope="module")
 def fit_server(checkpoint, fits, tmp_path_factory) -> Any:
-    """The OpenAI server (its engine in its own process) serving the fit folder."""
+    """The OpenAI server (its engine in its own process) serving the fit folder, with a
+    LoRA adapter (non-zero weights, so its rows differ from the base model's) served as
+    the model ``tuned``, one sequence at a time: vLLM 0.32's CPU LoRA kernels change a row
+    when base and adapter requests share a batch (a base row .97 where alone it is .91, and
+    top-k lists cut short), which is vLLM's arithmetic, not whose row a response gets. One
+    at a time, concurrent clients still interleave their requests and the middleware's
+    reads, which is where rows were handed across. One server for every test here: two at
+    once, beside the session's in-process engines, outgrow a 24 GiB machine."""
+    peft = pytest.importorskip("peft")
     from _server import plugin_server
 
+    from semsoft_plugin.engines import models
+
+    model, _ = models.load(str(checkpoint), dtype="float32")
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"],
+                             init_lora_weights=False)  # fmt: skip
+    adapter = tmp_path_factory.mktemp("lora") / "tuned"
+    peft.get_peft_model(model, config).save_pretrained(str(adapter))
+    del model  # the server loads its own copy
     log = tmp_path_factory.mktemp("fit_server") / "server.log"
-    extra = ["--worker-extension-cls", EXTENSION]
+    extra = ["--worker-extension-cls", EXTENSION, "--enable-lora", "--max-lora-rank", "8",
+             "--lora-modules", f"tuned={adapter}", "--max-num-seqs", "1"]  # fmt: skip
     env = {"SEMSOFT_FIT_DIR": str(fits["folder"])}
     with plugin_server(checkpoint, log, FIT_PROCESSOR, extra, env) as url:
         yield url
@@ -582,36 +600,9 @@ def test_the_server_refuses_what_cannot_carry_or_would_ignore_a_fit(fit_server) 
     assert client.chat.completions.create(model="smollm2", messages=PROMPTS[0], **good)
 
 
-@pytest.fixture(scope="module")
-def lora_fit_server(checkpoint, fits, tmp_path_factory) -> Any:
-    """The fit server with a LoRA adapter (non-zero weights, so its rows differ from the
-    base model's) served as the model ``tuned``, one sequence at a time: vLLM 0.32's CPU
-    LoRA kernels change a row when base and adapter requests share a batch (a base row .97
-    where alone it is .91, and top-k lists cut short), which is vLLM's arithmetic, not whose
-    row a response gets. One at a time, concurrent clients still interleave their requests
-    and the middleware's reads, which is where rows were handed across."""
-    peft = pytest.importorskip("peft")
-    from _server import plugin_server
-
-    from semsoft_plugin.engines import models
-
-    model, _ = models.load(str(checkpoint), dtype="float32")
-    torch.manual_seed(0)
-    config = peft.LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"],
-                             init_lora_weights=False)  # fmt: skip
-    adapter = tmp_path_factory.mktemp("lora") / "tuned"
-    peft.get_peft_model(model, config).save_pretrained(str(adapter))
-    log = tmp_path_factory.mktemp("lora_fit_server") / "server.log"
-    extra = ["--worker-extension-cls", EXTENSION, "--enable-lora", "--max-lora-rank", "8",
-             "--lora-modules", f"tuned={adapter}", "--max-num-seqs", "1"]  # fmt: skip
-    with plugin_server(checkpoint, log, FIT_PROCESSOR, extra,
-                       {"SEMSOFT_FIT_DIR": str(fits["folder"])}) as url:  # fmt: skip
-        yield url
-
-
 @pytest.mark.vllm
 def test_two_requests_that_differ_only_by_lora_adapter_keep_their_rows(
-    lora_fit_server, checkpoint
+    fit_server, checkpoint
 ) -> None:
     """The processor cannot see a request's LoRA adapter; the row key the middleware mints
     per request keeps the base model's row and the adapter's apart, 12 concurrent rounds."""
@@ -622,7 +613,7 @@ def test_two_requests_that_differ_only_by_lora_adapter_keep_their_rows(
 
     from semsoft_plugin.engines import openai as sopenai
 
-    client = openai.OpenAI(base_url=lora_fit_server, api_key="none", max_retries=0)
+    client = openai.OpenAI(base_url=fit_server, api_key="none", max_retries=0)
     request = sopenai.openai_request(SENTIMENT, extra_body=CONTINUE, fit="sentiment")
 
     def row(model: str) -> np.ndarray:
