@@ -20,7 +20,8 @@ and its head (`exact_head`), the label tokens, `k` and the whole prompt the text
 in place (an optimizer step, `load_state_dict`, `p.data.add_`, a PEFT adapter switched
 off) or a tokenizer whose template was edited gets new keys, so no pass of its old state
 is ever read back; the state is read on every call, at the cost of one pass over the
-weights' memory (about 45 ms for SmolLM2-135M in float32 on one core), never a hash. The batch a
+weights' memory, never a cryptographic hash of them (61 ms a call for SmolLM2-135M in
+float32, 2.1% of a 60-text `GridSearchCV`: `benchmarks/results/grid-search-passes.md`). The batch a
 text ran in is not part of it: in float32 a row's score does not depend on its batch; in
 bf16 a row moves with its batch's padding (by up to .023 on SmolLM2), and a kept row is
 the row of the batch it first ran in.
@@ -220,7 +221,7 @@ _ADAPTER_SWITCHES = ("disable_adapters", "active_adapters", "merged_adapters", "
 
 def module_state(model: Any) -> str:
     """A digest of what a torch module's forward pass reads besides its input: each
-    parameter and buffer (name, dtype, shape, storage and `_word_sum` of its bytes), each
+    parameter and buffer (name, dtype, shape and `_word_sum` of its bytes), each
     PEFT tuner layer's switches (`_ADAPTER_SWITCHES`) and the hooks registered on each
     submodule. Equal digests mean the same computation, as far as a pass can tell
     without running it (a weight on the `meta` device is named, not read)."""

@@ -69,21 +69,21 @@ async def admission(request: Any, call_next: Any) -> Any:
 
             error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
             return JSONResponse({"error": error}, status_code=400)
-        semsoft = _fillable(body, path)
-        if semsoft is not None and semsoft.fit is not None:
-            semsoft = _own_row_key(request, body, semsoft)
+        fillable = _fillable(body, path)
+        semsoft = None if fillable is None else fillable[1]
+        if fillable is not None and fillable[1].fit is not None:
+            semsoft = _own_row_key(request, *fillable)
         if semsoft is not None and config is not None:
             return await fill_label_logprobs(request, await call_next(request), semsoft, config)
     return await call_next(request)
 
 
-def _own_row_key(request: Any, body: bytes, semsoft: SemsoftRequest) -> SemsoftRequest:
+def _own_row_key(request: Any, data: dict[str, Any], semsoft: SemsoftRequest) -> SemsoftRequest:
     """Mint the request's own `semsoft_row_key` and put it in the body vLLM reads (a
     client cannot send one: `parse_request(server=True)` refuses it), so that its fitted
     row in the engine is found by this request's response alone, whatever another client
     sends (the same prompt, labels in another order, `logit_bias`, a LoRA adapter, the
-    same `X-Request-Id`)."""
-    data = json.loads(body)
+    same `X-Request-Id`). `data` is the body as `_fillable` parsed it."""
     key = mint_row_key()
     data["vllm_xargs"][KEY_ROW_KEY] = key
     rewritten = json.dumps(data).encode()
@@ -96,19 +96,20 @@ def _own_row_key(request: Any, body: bytes, semsoft: SemsoftRequest) -> SemsoftR
     return dataclasses.replace(semsoft, row_key=key)
 
 
-def _fillable(body: bytes, path: str) -> SemsoftRequest | None:
-    """The options of an admitted, opted-in, non-streaming chat or completions request,
-    whose answer the middleware completes with the label answer tokens' log-probs
-    (`label_logprobs`); None for every other request."""
+def _fillable(body: bytes, path: str) -> tuple[dict[str, Any], SemsoftRequest] | None:
+    """The body and options of an admitted, opted-in, non-streaming chat or completions
+    request, whose answer the middleware completes with the label answer tokens'
+    log-probs (`label_logprobs`); None for every other request."""
     if not path.endswith(SUPPORTED_ROUTES):
         return None
     try:
         data = json.loads(body)
         if not isinstance(data, dict) or data.get("stream") or not data.get("return_token_ids"):
             return None
-        return parse_request(data.get("vllm_xargs"), server=True)
+        semsoft = parse_request(data.get("vllm_xargs"), server=True)
     except (ValueError, RecursionError, TypeError):
         return None
+    return None if semsoft is None else (data, semsoft)
 
 
 # The routes whose requests semsoft reads and checks; every other route that could carry
