@@ -22,9 +22,10 @@ import numpy as np
 
 from semsoft_eval.forward import Forward
 from semsoft_plugin.app.classifier_fit import fit_kept
-from semsoft_plugin.app.classifier_settings import FitPlan, fit_plan
+from semsoft_plugin.app.classifier_settings import fit_plan
 from semsoft_plugin.app.fitted_state import FittedState
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.folds import check_fit_data
 from semsoft_plugin.core.kept_scores import kept_rows
 from semsoft_plugin.core.labels import LabelSet
@@ -32,9 +33,11 @@ from semsoft_plugin.core.labels import LabelSet
 __all__ = ["classifier_plan", "cross_fit_classifier", "cross_fit_plan", "fold_choice"]
 
 
-def classifier_plan(start: SemsoftConfig, engine: str, seed: int) -> tuple[FitPlan, dict[str, Any]]:
-    """The fit `Classifier(config=start, random_state=seed)` on `engine` runs with its
-    other parameters at their defaults, and those parameters.
+def classifier_plan(
+    start: SemsoftConfig, engine: str, seed: int
+) -> tuple[FitPolicy, dict[str, Any]]:
+    """The fit `Classifier(config=start, fit_policy=FitPolicy(random_state=seed))` on
+    `engine` runs with its other parameters at their defaults, and those parameters.
 
     Parameters
     ----------
@@ -43,16 +46,17 @@ def classifier_plan(start: SemsoftConfig, engine: str, seed: int) -> tuple[FitPl
     engine : str
         `"transformers"` or `"vllm"`.
     seed : int
-        The classifier's `random_state` (the fit's fold seed).
+        The policy's `random_state` (the fit's fold seed).
 
     Returns
     -------
-    tuple[FitPlan, dict[str, Any]]
-        The plan, and the classifier's parameters (`n_folds`, `margin`, ...).
+    tuple[FitPolicy, dict[str, Any]]
+        The policy resolved for `engine`, and the classifier's parameters (`cv`, ...).
     """
     from semsoft_plugin.app.classifier import Classifier
 
-    params = Classifier(config=start, random_state=seed).get_params(deep=False)
+    policy = FitPolicy(random_state=seed)
+    params = Classifier(config=start, fit_policy=policy).get_params(deep=False)
     return fit_plan(params, engine), params
 
 
@@ -92,25 +96,25 @@ def cross_fit_classifier(
         The engine that kept the passes (`"transformers"` or `"vllm"`): its default
         family is fitted.
     seed : int
-        The classifier's `random_state`.
+        The fit policy's `random_state`.
 
     Returns
     -------
     tuple[np.ndarray, list[dict[str, Any]]]
         `[N, L]` float64 probabilities in `labels` order, and one choice per fold.
     """
-    plan, params = classifier_plan(start, engine, seed)
-    if "probe" in plan.family and forward.hidden is None:
+    policy, params = classifier_plan(start, engine, seed)
+    family = policy.family or ()
+    if "probe" in family and forward.hidden is None:
         raise ValueError(
             f"method 'fit' is Classifier.fit's default family on {engine}, "
-            f"{', '.join(plan.family)}: the probe needs the decision step's hidden states, "
+            f"{', '.join(family)}: the probe needs the decision step's hidden states, "
             f"which these kept passes lack (a {engine} backend that keeps none, or a cache "
             "written before they were kept); it is not fitted without the probe"
         )
     return cross_fit_plan(
-        forward, embeddings, labels, targets, fold_ids, start, plan,
-        n_folds=params["n_folds"], margin=params["margin"], seed=seed,
-    )  # fmt: skip
+        forward, embeddings, labels, targets, fold_ids, start, policy, n_folds=params["cv"]
+    )
 
 
 def cross_fit_plan(
@@ -120,15 +124,13 @@ def cross_fit_plan(
     targets: Any,
     fold_ids: np.ndarray,
     start: SemsoftConfig,
-    plan: FitPlan,
+    policy: FitPolicy,
     *,
     n_folds: int,
-    margin: float,
-    seed: int,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Out-of-fold probabilities of the fit `plan` names (`fit_kept` on the other
+    """Out-of-fold probabilities of the fit `policy` names (`fit_kept` on the other
     folds' items, the state applied to the held fold as predictions apply it), and each
-    fold's choice: `cross_fit_classifier` with the classifier's plan, `semsoft tune`
+    fold's choice: `cross_fit_classifier` with the classifier's policy, `semsoft tune`
     with its own.
 
     Parameters
@@ -145,14 +147,10 @@ def cross_fit_plan(
         `[N]` the fold of each item.
     start : SemsoftConfig
         The settings before the fit.
-    plan : FitPlan
-        The members, grid and temperature.
+    policy : FitPolicy
+        The fit's policy, its family resolved.
     n_folds : int
         Folds of each fit's own out-of-fold check.
-    margin : float
-        The rule's margin in standard errors.
-    seed : int
-        The fit's fold seed.
 
     Returns
     -------
@@ -165,7 +163,7 @@ def cross_fit_plan(
             f"{len(y)} targets and fold ids of shape {np.shape(fold_ids)} for {forward.n} items"
         )
     hidden = None if forward.hidden is None else forward.hidden.numpy()
-    content_free = forward.content_free() if "contextual" in plan.family else None
+    content_free = forward.content_free() if "contextual" in (policy.family or ()) else None
     names = tuple(labels.names)
     out = np.empty((forward.n, len(names)))
     choices: list[dict[str, Any]] = []
@@ -174,14 +172,13 @@ def cross_fit_plan(
         train, rows = np.flatnonzero(~held), np.flatnonzero(held)
         note = None
         try:
-            check_fit_data(y[train], n_folds, margin)
+            check_fit_data(y[train], n_folds, policy.margin)
         except ValueError as error:
             state, note = FittedState(names, start), str(error)
         else:
             state = fit_kept(
                 kept_rows(forward, train), None if hidden is None else hidden[train],
-                content_free, embeddings, labels, y[train], plan, start,
-                n_folds=n_folds, margin=margin, seed=seed,
+                content_free, embeddings, labels, y[train], policy, start, n_folds=n_folds,
             )  # fmt: skip
         out[rows], _ = state.kept_probs(
             kept_rows(forward, rows), embeddings, labels, names,

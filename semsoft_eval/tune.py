@@ -37,12 +37,13 @@ from semsoft_eval.forward import Forward
 from semsoft_eval.held_fit import cross_fit_plan
 from semsoft_eval.preparation import prepare
 from semsoft_plugin.app.classifier_fit import fit_kept
-from semsoft_plugin.app.classifier_settings import FitPlan, checked_family
+from semsoft_plugin.app.classifier_settings import checked_family
 from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256
 from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.core import fit_family, fitting, kept_scores
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.folds import check_fit_data, check_fit_settings
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.tokens import as_output_embeddings
@@ -142,16 +143,21 @@ def tune(
     start = start or SemsoftConfig()
     grid = dict(DEFAULT_GRID if grid is None else grid)
     started = time.perf_counter()
-    plan = FitPlan(_family(family, forward), grid, fit_score_temperature)
+    policy = FitPolicy(
+        family=_family(family, forward),
+        grid=grid,
+        temperature=fit_score_temperature,
+        margin=margin,
+        random_state=seed,
+    )
     hidden = None if forward.hidden is None else forward.hidden.numpy()
-    options: dict[str, Any] = {"n_folds": n_folds, "margin": margin, "seed": seed}
     fold_ids = calibrate.stratified_folds(targets, n_folds, seed)
     tuned, fold_choices = cross_fit_plan(
-        forward, embeddings, labels, targets, fold_ids, start, plan, **options
+        forward, embeddings, labels, targets, fold_ids, start, policy, n_folds=n_folds
     )
     state = fit_kept(
-        forward, hidden, forward.content_free(), embeddings, labels, targets, plan, start,
-        **options,
+        forward, hidden, forward.content_free(), embeddings, labels, targets, policy, start,
+        n_folds=n_folds,
     )  # fmt: skip
     assert state.result is not None  # a family was searched
     start_probs = kept_scores.grid_probs(forward, embeddings, labels, [start], progress=progress)

@@ -27,7 +27,7 @@ scikit-learn; `import semsoft_plugin` does not import it (the package exports
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,13 @@ from sklearn.utils import ClassifierTags, InputTags, Tags, TargetTags
 
 from semsoft_plugin.app import file_mode, handles
 from semsoft_plugin.app.classifier_fit import fit_labelled, fit_targets
-from semsoft_plugin.app.classifier_settings import checked_settings, fit_plan
+from semsoft_plugin.app.classifier_settings import (
+    MOVED_PARAMS,
+    checked_settings,
+    fit_plan,
+    fold_ids,
+)
+from semsoft_plugin.app.engine_settings import EngineSettings
 from semsoft_plugin.app.fit_file import FitIdentity, run_identity
 from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.fitted_state import FittedState, label_rows
@@ -46,15 +52,21 @@ from semsoft_plugin.app.texts import TextFitter, text_list
 from semsoft_plugin.core.calibration import CONTENT_FREE, FileCalibration, debias
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_family import FitResult
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.folds import check_fit_data
 from semsoft_plugin.core.labels import LabelSet, label_names
 from semsoft_plugin.engines.prompting import PromptTemplate, build_inputs
 
-__all__ = ["BACKENDS", "RENAMED_PARAMS", "Classifier", "NotFittedError"]
+__all__ = ["BACKENDS", "MOVED_PARAMS", "Classifier", "NotFittedError"]
 
 BACKENDS = handles.BACKENDS
-# Parameters renamed: the old spelling is refused naming the new one.
-RENAMED_PARAMS = {"fit_temperature": "fit_score_temperature"}
+# The parameters that hold a frozen settings value, whose fields `set_params` reaches
+# as `name__field`, and the value each defaults to.
+_VALUES: dict[str, Any] = {
+    "config": SemsoftConfig,
+    "engine": EngineSettings,
+    "fit_policy": FitPolicy,
+}
 _REPR_WIDTH = 60  # a longer parameter repr (a loaded model) is shown as <its type>
 
 
@@ -97,94 +109,34 @@ class Classifier(ClassifierMixin, BaseEstimator):
         `{text}` (and optionally `{labels}`) and the default answer prefix
         `"Answer:"`; default: the prompt of `semsoft classify`
     config : SemsoftConfig | None
-        Semantic Softmax settings (e.g. `SemsoftConfig.load` of a `semsoft
-        tune` file); default `SemsoftConfig()`
-    k : int | None
-        Fix these fields of `config` (`None`: the config's, which
-        [`fit`][semsoft_plugin.app.classifier.Classifier.fit] may fit): the settings a search
-        varies. A value given here is kept by [`fit`][semsoft_plugin.app.classifier.Classifier.fit],
-        which fits only the rest, so a `GridSearchCV` value of `semantic_weight` is the value scored
-    semantic_weight : float | None
-        Fix these fields of `config` (`None`: the config's, which
-        [`fit`][semsoft_plugin.app.classifier.Classifier.fit] may fit): the settings a search
-        varies. A value given here is kept by [`fit`][semsoft_plugin.app.classifier.Classifier.fit],
-        which fits only the rest, so a `GridSearchCV` value of `semantic_weight` is the value scored
-    score_temperature : float | None
-        Fix these fields of `config` (`None`: the config's, which
-        [`fit`][semsoft_plugin.app.classifier.Classifier.fit] may fit): the settings a search
-        varies. A value given here is kept by [`fit`][semsoft_plugin.app.classifier.Classifier.fit],
-        which fits only the rest, so a `GridSearchCV` value of `semantic_weight` is the value scored
-    batch_size : int
-        Texts per forward pass (transformers; vLLM schedules its own)
-    progress : bool | None
-        Show the adapter's progress bar (default: when there is more than one
-        batch)
+        Semantic Softmax settings (e.g. `SemsoftConfig.load` of a `semsoft tune` file), the
+        start [`fit`][semsoft_plugin.app.classifier.Classifier.fit] keeps unless a member wins;
+        default `SemsoftConfig()`. `GridSearchCV` reaches a field as `config__k`
     calibrate : str | None
-        `None`, `"contextual"` or `"file"`: also divide out the prompt's label bias, read from
-        content-free inputs (Zhao et al., 2021; three passes, see
-        [`content_free_bias`][semsoft_plugin.app.classifier.Classifier.content_free_bias]), or (the
-        file mode, `semsoft_plugin.app.file_mode`) the mean distribution of the distinct texts given
-        to `fit(texts)`, estimated once and applied to each row alone. Opt-in: it harms a file where
-        one label is truly the majority, which the guard below spares only when the model is sure
-    file_strength : float | str
-        With `calibrate="file"`, `"auto"` (the guard,
-        [`calibration`][semsoft_plugin.core.calibration]: all of the correction when the fit texts'
-        mean top probability is at most 1/2, none above, where a sure model's lean is the
-        texts' content) or the share applied in [0, 1], dividing by `bias ** file_strength`
-    exact_head : bool
-        Transformers: compute the decision step's logits with a float32 head
-        ([`float32_head`][semsoft_plugin.engines.hf.float32_head]) when the model is bf16/fp16, so
-        different texts do not tie on bf16's coarse grid (a vLLM engine loaded by name
-        runs its head in float32 the same way)
+        `None`, `"contextual"` (divide out the prompt's label bias read from content-free
+        inputs, Zhao et al. 2021) or `"file"` (the mean distribution of the texts given to
+        `fit(texts)`, [`semsoft_plugin.app.file_mode`][semsoft_plugin.app.file_mode]); opt-in
     max_text_tokens : int | None
-        At most this many tokens of each text are scored (a cost bound);
-        default: as many as the model's context holds with the prompt around them
+        At most this many tokens of each text are scored (a cost bound); default: as many
+        as the model's context holds with the prompt around them
     truncate : bool
-        What to do with a text longer than that: `True` (default) keeps its
-        first tokens, cut at a token boundary, and reports the number of tokens dropped
-        in `Predictions.truncated`; `False` refuses it (`ValueError` naming its
-        index and length). A text is never scored at positions the model was not
-        trained for: the context is `max_position_embeddings` (transformers) or the
-        engine's `max_model_len` (vLLM), less the one decision token.
+        A longer text: `True` keeps its first tokens and reports the tokens dropped in
+        `Predictions.truncated`; `False` refuses it, naming its index and length
     backend : str | None
-        A named model's engine, `"transformers"` (the default) or `"vllm"` (a
-        `vllm.LLM` built with the plugin and `max_logprobs = k`); a loaded model's is
-        its own. The old spelling `"hf"` is refused, naming `"transformers"`
-    dtype : str
-        A named transformers model's weights (`"auto"`: bf16 where the CPU has
-        native bf16, else float32: `models.default_dtype()`)
-    engine_args : Mapping[str, Any] | None
-        A named vLLM model's `vllm.LLM` arguments, e.g.
-        `{"tensor_parallel_size": 4}`; the head runs in float32 unless `hf_overrides`
-        sets another `head_dtype`
-    fit_grid : Mapping[str, Sequence[Any]] | None
-        What the member `"grid"` of [`fit`][semsoft_plugin.app.classifier.Classifier.fit] searches:
-        config field -> values (default: `semantic_weight` over 0, 0.1, ..., 1, unless
-        `semantic_weight` is fixed; `{}`: no field). Refused where `fit_family` leaves `"grid"` out,
-        or where it searches a field fixed above
-    fit_score_temperature : bool
-        Whether [`fit`][semsoft_plugin.app.classifier.Classifier.fit] also fits a final score
-        temperature (`score_temperature` given: fixed, not fitted). `fit_family=()`: fit only reads
-        the labels. (Was `fit_temperature`, refused naming this one.)
-    fit_family : Sequence[str] | None
-        The members [`fit`][semsoft_plugin.app.classifier.Classifier.fit] may choose
-        (`semsoft_plugin.core.fitting.FAMILY`: `"grid"`, `"temperature"`, `"offset"`, `"batch"`,
-        `"contextual"`, `"probe"`; on vLLM the probe's hidden state is read back from the logits
-        row, and a `vllm.LLM` given without the worker extension
-        `semsoft_plugin.app.vllm_fits.FittedRows` refuses it); `None`: all the engine supports and
-        the parameters leave something to fit; `()`: none (fit only reads the labels). A family that
-        can fit nothing, or a member named with nothing to fit, is refused before any text is scored
-    n_folds : int
-        The stratified folds on which [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s
-        rule scores each member out of fold: an integer >= 2 (lowered to half the items where
-        there are fewer)
-    margin : float
-        [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s rule: a fitted temperature is
-        the floor (where `fit_family` has `"temperature"`; else the start), and another member
-        replaces it only if it beats the start and the temperature by `margin` standard errors
-        of out-of-fold NLL (`semsoft_plugin.core.fitting`); a finite number >= 0
-    random_state : int
-        The seed of the folds [`fit`][semsoft_plugin.app.classifier.Classifier.fit] draws
+        A named model's engine, `"transformers"` (the default) or `"vllm"`; a loaded
+        model's is its own (`"hf"` is refused, naming `"transformers"`)
+    engine : EngineSettings | None
+        How the engine runs ([`EngineSettings`][semsoft_plugin.app.engine_settings.EngineSettings]:
+        batch size, progress bar, float32 head, dtype, vLLM's `engine_args`); default
+        `EngineSettings()`
+    fit_policy : FitPolicy | None
+        What [`fit`][semsoft_plugin.app.classifier.Classifier.fit] searches and the rule that
+        keeps a member ([`FitPolicy`][semsoft_plugin.core.fit_policy.FitPolicy]: family, grid,
+        temperature, margin, guard, floor, seed); default `FitPolicy()`
+    cv : int | Any
+        The folds [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s rule scores each
+        member on: an int >= 2 (stratified, drawn with `fit_policy.random_state`, lowered to
+        half the items where there are fewer) or a scikit-learn splitter
 
     Attributes
     ----------
@@ -239,55 +191,31 @@ class Classifier(ClassifierMixin, BaseEstimator):
         *,
         prompt: PromptTemplate | str | None = None,
         config: SemsoftConfig | None = None,
-        k: int | None = None,
-        semantic_weight: float | None = None,
-        score_temperature: float | None = None,
-        batch_size: int = 8,
-        progress: bool | None = False,
         calibrate: str | None = None,
-        file_strength: float | str = "auto",
-        exact_head: bool = True,
         max_text_tokens: int | None = None,
         truncate: bool = True,
         backend: str | None = None,
-        dtype: str = "auto",
-        engine_args: Mapping[str, Any] | None = None,
-        fit_grid: Mapping[str, Sequence[Any]] | None = None,
-        fit_score_temperature: bool = True,
-        fit_family: Sequence[str] | None = None,
-        n_folds: int = 5,
-        margin: float = 1.0,
-        random_state: int = 0,
-        **renamed: Any,
+        engine: EngineSettings | None = None,
+        fit_policy: FitPolicy | None = None,
+        cv: Any = 5,
+        **moved: Any,
     ) -> None:
-        for old in renamed:
-            new = RENAMED_PARAMS.get(old)
-            hint = f": it was renamed {new!r}" if new else ""
+        for old in moved:
+            new = MOVED_PARAMS.get(old)
+            hint = f": it moved to {new}" if new else ""
             raise TypeError(f"Classifier got an unexpected keyword argument {old!r}{hint}")
         self.model = model
         self.tokenizer = tokenizer
         self.labels = labels
         self.prompt = prompt
         self.config = config
-        self.k = k
-        self.semantic_weight = semantic_weight
-        self.score_temperature = score_temperature
-        self.batch_size = batch_size
-        self.progress = progress
         self.calibrate = calibrate
-        self.file_strength = file_strength
-        self.exact_head = exact_head
         self.max_text_tokens = max_text_tokens
         self.truncate = truncate
         self.backend = backend
-        self.dtype = dtype
-        self.engine_args = engine_args
-        self.fit_grid = fit_grid
-        self.fit_score_temperature = fit_score_temperature
-        self.fit_family = fit_family
-        self.n_folds = n_folds
-        self.margin = margin
-        self.random_state = random_state
+        self.engine = engine
+        self.fit_policy = fit_policy
+        self.cv = cv
 
     @classmethod
     def from_pretrained(
@@ -325,6 +253,22 @@ class Classifier(ClassifierMixin, BaseEstimator):
         tags.input_tags = InputTags(one_d_array=True, two_d_array=False, string=True)
         tags.requires_fit = self.labels is None or self.calibrate == "file"
         return tags
+
+    def set_params(self, **params: Any) -> Classifier:
+        """scikit-learn's `set_params`; a nested field (`config__k`, `engine__batch_size`,
+        `fit_policy__margin`) replaces the frozen value with a copy, never changing the
+        object the user passed."""
+        nested: dict[str, dict[str, Any]] = {}
+        for key in [k for k in params if "__" in k]:
+            name, field = key.split("__", 1)
+            if name not in _VALUES:
+                raise ValueError(f"Invalid parameter {name!r} for estimator {self!r}")
+            nested.setdefault(name, {})[field] = params.pop(key)
+        for name, fields in nested.items():
+            current = params.get(name, getattr(self, name))
+            params[name] = (current or _VALUES[name]()).set_params(**fields)
+        super().set_params(**params)
+        return self
 
     def __sklearn_is_fitted__(self) -> bool:
         """Whether [`fit`][semsoft_plugin.app.classifier.Classifier.fit] or [`load_fit`][semsoft_plugin.app.classifier.Classifier.load_fit] ran (scikit-learn's `check_is_fitted`)."""
@@ -512,42 +456,18 @@ class Classifier(ClassifierMixin, BaseEstimator):
         classify.
 
         One kept forward pass per distinct text (none for a text an earlier call already
-        ran); then [`semsoft_plugin.core.fit_family.fit_config`][semsoft_plugin.core.fit_family.fit_config] on the kept
-        decision-step scores (the fit `semsoft tune` runs): from the classifier's
-        settings (`config` with `k`, `semantic_weight`, `score_temperature`),
-        each member of `fit_family` is checked out of fold (the fields of `fit_grid`
-        with a final temperature if `fit_score_temperature`, a temperature alone, the
-        bias corrections, the probe). The temperature is the floor: with labels the
-        classifier gets at least temperature scaling (held to the rule of succession), and
-        another member replaces it only if it beats the start and the temperature by
-        `margin` standard errors of out-of-fold NLL (stratified `n_folds` folds), so a few
-        uninformative labels leave the classifier's decisions as they were. Without
-        `"temperature"` in `fit_family` (or with `score_temperature` fixed) the start is
-        *kept* unless a member beats it.
-
-        **What the user fixed is kept.** `k`, `semantic_weight` and
-        `score_temperature` given (not `None`) are fixed: the fit searches only the
-        rest (a fixed `semantic_weight` leaves the default grid empty; a fixed
-        `score_temperature` is not fitted), so a `GridSearchCV` value of
-        `semantic_weight` is the value scored.
-
-        **Refused before any text is scored**, each naming the value: fewer than 4
-        items or one label only among them (the check `semsoft tune` runs too,
-        `semsoft_plugin.core.folds.check_fit_data`), `n_folds` below 2, a
-        `margin` that is not a finite number >= 0, a fit that can fit nothing, a
-        member named with nothing to fit, `fit_grid` without the member `"grid"`.
-
-        Afterwards the predictions use `fitted_config_` and, where a bias member or the
-        probe won, `fitted_correction_` after it, each row alone. `save_fit(path)`
-        writes both to the file `semsoft classify --config` and [`load_fit`][semsoft_plugin.app.classifier.Classifier.load_fit] read.
-        `fit_result_` says what was chosen and why. The parameters are not changed.
-
-        With `calibrate="file"`, `fit(texts)` scores each distinct text once (at
-        least 32) and keeps their mean label distribution as `file_calibration_`. The
-        labelled search scores uncorrected probabilities, so `fit(texts, y)` with
-        `calibrate="file"` is refused unless `fit_family=()` (it reads the labels and
-        estimates the correction on `texts`, as a `GridSearchCV` over
-        `file_strength` wants).
+        ran); then [`fit_config`][semsoft_plugin.core.fit_family.fit_config] on the kept
+        decision-step scores (the fit `semsoft tune` runs), from `config`, as `fit_policy`
+        says: each member of its family is checked out of fold on the `cv` folds, and the rule
+        keeps the start unless a member wins (the docs page "Fit on a few labels" says how).
+        To score a `config` as given, fit with `FitPolicy(family=())`, which only reads
+        the labels. Refused before any text is scored, each naming the value: fewer than 4
+        items or one label only, a policy that can fit nothing or names an inert member.
+        Afterwards the predictions use `fitted_config_` and `fitted_correction_` after it,
+        each row alone; `fit_result_` says what was chosen and why; the parameters are
+        not changed. With `calibrate="file"`, `fit(texts)` (no `y`) estimates
+        `file_calibration_` from the distinct texts (at least 32); `fit(texts, y)` with it
+        is refused unless `FitPolicy(family=())`.
 
         Parameters
         ----------
@@ -573,10 +493,11 @@ class Classifier(ClassifierMixin, BaseEstimator):
         given = self._names() if self.labels is not None else None
         names, targets = fit_targets(values, y, given, unlabelled=unlabelled)
         params = self.get_params(deep=False)
+        checked_settings(params)
         engine = handles.engine_of(self)
-        plan = fit_plan(params, engine, handles.hidden_refusal(self))
+        policy = fit_plan(params, engine, handles.hidden_refusal(self))
         weights = _checked_weights(sample_weight, len(values))
-        if self.calibrate == "file" and (unlabelled or not plan.family):
+        if self.calibrate == "file" and (unlabelled or not policy.family):
             if weights is not None:
                 raise ValueError("sample_weight applies to the labelled fit, not calibrate='file'")
             scorer = self._scorer(names)
@@ -587,25 +508,26 @@ class Classifier(ClassifierMixin, BaseEstimator):
             raise ValueError(
                 f"fit(texts, y) with calibrate={self.calibrate!r}: the fit scores uncorrected "
                 "probabilities, so its choice would not hold once corrected; fit with "
-                "calibrate=None (calibrate='file': fit(texts) without y, or fit_family=() "
-                "to only read the labels)"
+                "calibrate=None (calibrate='file': fit(texts) without y, or "
+                "fit_policy=FitPolicy(family=()) to only read the labels)"
             )
         assert targets is not None
         if weights is not None:
             keep = np.flatnonzero(weights > 0)  # weight 0: as if the item were not given
             values, targets = [values[i] for i in keep], [targets[i] for i in keep]
             weights = None if (weights[keep] == 1.0).all() else weights[keep]  # 1 each: unweighted
-        if plan.family:
-            check_fit_data([names[t] for t in targets], self.n_folds, self.margin)
+        folds = fold_ids(self.cv, targets) if policy.family else None
+        n_folds = int(self.cv if folds is None else len(np.unique(folds)))
+        if policy.family:
+            check_fit_data([names[t] for t in targets], n_folds, policy.margin)
         scorer = self._scorer(names)
         self._fitted = None  # a refit starts afresh
-        if not plan.family:
+        if not policy.family:
             self._fitted = FittedState(tuple(names), scorer.config)
             return self
         self._fitted = fit_labelled(
-            scorer, values, targets, plan, n_folds=self.n_folds, margin=self.margin,
-            seed=self.random_state, sample_weight=weights,
-        )  # fmt: skip
+            scorer, values, targets, policy, n_folds=n_folds, folds=folds, sample_weight=weights
+        )
         return self
 
     def save_fit(self, path: Any) -> None:
@@ -655,7 +577,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
     def _fit_file(self, scorer: Scorer, names: list[str], values: list[str]) -> None:
         """The file mode's fit: the correction of the distinct `values`, no search."""
         raw = self._raw_details(scorer, list(dict.fromkeys(values)), fitted=None)
-        estimated = FileCalibration.estimate(raw.probs, strength=self.file_strength)
+        estimated = FileCalibration.estimate(raw.probs, strength=self._policy().file_strength)
         self._fitted = FittedState(tuple(names), scorer.config, file_calibration=estimated)
 
     def _file_calibration(self, scorer: Scorer) -> FileCalibration:
@@ -664,7 +586,8 @@ class Classifier(ClassifierMixin, BaseEstimator):
         found = None if fitted is None else fitted.file_calibration
         labels = None if fitted is None else fitted.labels
         names = scorer.labels.names
-        return file_mode.checked_fit(found, self.file_strength, labels, names, NotFittedError)
+        strength = self._policy().file_strength
+        return file_mode.checked_fit(found, strength, labels, names, NotFittedError)
 
     # -- the parameters, resolved ------------------------------------------------------
     def check_params(self) -> None:
@@ -672,7 +595,9 @@ class Classifier(ClassifierMixin, BaseEstimator):
         what a caller runs before loading anything (`classify_dataset` before its
         actors start)."""
         checked_settings(self.get_params(deep=False))
-        handles.check_backend(self.backend)
+
+    def _policy(self) -> FitPolicy:
+        return self.fit_policy or FitPolicy()
 
     def _names(self) -> list[str]:
         """The label names in prompt order: the `labels` parameter's, else fit's."""
@@ -699,9 +624,10 @@ class Classifier(ClassifierMixin, BaseEstimator):
 
     def _build_scorer(self, names: list[str]) -> Scorer:
         prompt, config = checked_settings(self.get_params(deep=False))
+        engine = self.engine or EngineSettings()
         loaded = handles.loaded(
-            self.model, self.tokenizer, backend=self.backend, dtype=self.dtype,
-            engine_args=self.engine_args, k=config.k,
+            self.model, self.tokenizer, backend=self.backend, dtype=engine.dtype,
+            engine_args=engine.engine_args, k=config.k,
         )  # fmt: skip
         if isinstance(self.labels, LabelSet):
             if loaded.backend == "vllm":
@@ -714,8 +640,8 @@ class Classifier(ClassifierMixin, BaseEstimator):
             max_text_tokens=self.max_text_tokens, truncate=bool(self.truncate),
         )  # fmt: skip
         return Scorer(
-            loaded, label_set, prompt, config, fitter, self.batch_size, self.progress,
-            bool(self.exact_head),
+            loaded, label_set, prompt, config, fitter, engine.batch_size, engine.progress,
+            bool(engine.exact_head),
         )  # fmt: skip
 
     # -- scoring -------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_plugin.app.classifier_settings import FitPlan
 from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.fitted_state import FittedState
 from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
@@ -29,6 +28,7 @@ from semsoft_plugin.core import fit_family
 from semsoft_plugin.core.calibration import CONTENT_FREE
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_family import FitResult
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.kept_scores import Kept, kept_rows
 from semsoft_plugin.core.labels import LabelSet, label_names
 from semsoft_plugin.engines.prompting import build_inputs
@@ -78,15 +78,14 @@ def fit_labelled(
     scorer: Scorer,
     values: list[str],
     targets: Sequence[int],
-    plan: FitPlan,
+    policy: FitPolicy,
     *,
     n_folds: int,
-    margin: float,
-    seed: int,
+    folds: np.ndarray | None = None,
     sample_weight: Any = None,
 ) -> FittedState:
     """The labelled fit on `values` (label indices `targets` in `scorer.labels`
-    order), from `scorer.config` as `plan` says: one kept forward pass per text (and
+    order), from `scorer.config` as `policy` says: one kept forward pass per text (and
     per content-free input where `"contextual"` is checked), then `fit_kept`.
 
     Parameters
@@ -97,14 +96,12 @@ def fit_labelled(
         The texts.
     targets : Sequence[int]
         Their label indices.
-    plan : FitPlan
-        The members, grid and temperature (`semsoft_plugin.app.classifier_settings.fit_plan`).
+    policy : FitPolicy
+        The fit's policy, resolved (`semsoft_plugin.app.classifier_settings.fit_plan`).
     n_folds : int
         Folds of the out-of-fold check.
-    margin : float
-        The rule's margin in standard errors.
-    seed : int
-        The fold seed.
+    folds : np.ndarray | None
+        A fold id per item (a splitter's), instead of `n_folds` stratified folds.
     sample_weight : Any
         `[N]` non-negative weights of the items' NLL (`None`: 1 each).
 
@@ -113,9 +110,10 @@ def fit_labelled(
     FittedState
         What the fit chose and the correction it adopted.
     """
-    family = plan.family
+    family = policy.family or ()
     start = scorer.config
-    store_k = max(c.k for c in fit_family.configs_with_start(plan.axes, start)[0])
+    grid = fit_family.policy_grid(policy)
+    store_k = max(c.k for c in fit_family.configs_with_start(grid, start)[0])
     inputs = scorer.fitter.prompts(values)[0]
     names = list(scorer.labels.names)
     if "contextual" in family:  # the content-free inputs ride in the same pass
@@ -127,7 +125,7 @@ def fit_labelled(
     return fit_kept(
         items, None if hidden is None else hidden[:n].numpy(),
         content_free if "contextual" in family else None, scorer.loaded.embeddings(),
-        scorer.labels, targets, plan, start, n_folds=n_folds, margin=margin, seed=seed,
+        scorer.labels, targets, policy, start, n_folds=n_folds, folds=folds,
         sample_weight=sample_weight,
     )  # fmt: skip
 
@@ -139,15 +137,14 @@ def fit_kept(
     embeddings: Any,
     labels: LabelSet,
     targets: Sequence[int] | np.ndarray,
-    plan: FitPlan,
+    policy: FitPolicy,
     start: SemsoftConfig,
     *,
     n_folds: int,
-    margin: float,
-    seed: int,
+    folds: np.ndarray | None = None,
     sample_weight: Any = None,
 ) -> FittedState:
-    """`Classifier.fit`'s fit once the forward passes are kept: the family `plan`
+    """`Classifier.fit`'s fit once the forward passes are kept: the family `policy`
     names searched from `start`
     ([`fit_config`][semsoft_plugin.core.fit_family.fit_config], the rule and its
     guard included), the probe fitted here, and the correction the adopted member adds.
@@ -159,10 +156,10 @@ def fit_kept(
     kept : Kept
         The labelled items' kept decision-step scores.
     hidden : np.ndarray | None
-        `[N, H]` their decision step's hidden states (needed where `plan` checks the
+        `[N, H]` their decision step's hidden states (needed where `policy` checks the
         probe, else unread).
     content_free : Kept | None
-        The content-free inputs' kept scores (needed where `plan` checks
+        The content-free inputs' kept scores (needed where `policy` checks
         `"contextual"`, else unread).
     embeddings : Any
         The model's output embeddings.
@@ -170,16 +167,14 @@ def fit_kept(
         The labels, in prompt order (the columns of `targets`).
     targets : Sequence[int] | np.ndarray
         `[N]` label indices.
-    plan : FitPlan
-        The members, grid and temperature.
+    policy : FitPolicy
+        The fit's policy, its family resolved (`classifier_settings.fit_plan`).
     start : SemsoftConfig
         The settings the fit starts from and keeps unless beaten.
     n_folds : int
         Folds of the out-of-fold check.
-    margin : float
-        The rule's margin in standard errors.
-    seed : int
-        The fold seed.
+    folds : np.ndarray | None
+        A fold id per item (a splitter's), instead of `n_folds` stratified folds.
     sample_weight : Any
         `[N]` non-negative weights of the items' NLL (`None`: 1 each).
 
@@ -189,7 +184,8 @@ def fit_kept(
         The settings, the correction (`None`: the config alone) and the
         [`FitResult`][semsoft_plugin.core.fit_family.FitResult].
     """
-    family = plan.family
+    family = policy.family or ()
+    seed, succession = policy.random_state, policy.succession
     names = list(labels.names)
     weighted = {} if sample_weight is None else {"sample_weight": sample_weight}
     y = np.asarray(targets, dtype=np.int64)
@@ -207,14 +203,14 @@ def fit_kept(
     external = {}
     label_rows = None if x is None else label_logit_rows(embeddings, labels)
     if x is not None:
-        external["probe"] = probe_member(x, y, len(names), label_rows=label_rows, seed=seed, **weighted)
+        external["probe"] = probe_member(x, y, len(names), label_rows=label_rows, seed=seed,
+                                         succession=succession, **weighted)  # fmt: skip
     result = fit_family.fit_config(
-        kept, embeddings, labels, y, start=start, grid=plan.axes,
-        temperature=plan.temperature, n_folds=n_folds, margin=margin, seed=seed,
-        family=family, content_free=content_free if "contextual" in family else None,
-        external=external, **weighted,
+        kept, embeddings, labels, y, start=start, policy=policy, n_folds=n_folds, folds=folds,
+        content_free=content_free if "contextual" in family else None, external=external,
+        **weighted,
     )  # fmt: skip
-    correction = fitted_correction(result, tuple(names), x, y, label_rows=label_rows, seed=seed,
+    correction = fitted_correction(result, tuple(names), x, y, label_rows=label_rows,
                                    **weighted)  # fmt: skip
     return FittedState(tuple(names), result.config, correction, result)
 
@@ -226,7 +222,6 @@ def fitted_correction(
     targets: np.ndarray,
     *,
     label_rows: np.ndarray | None,
-    seed: int,
     sample_weight: Any = None,
 ) -> FittedCorrection | None:
     """What the member a fit adopted adds after its config, fitted on all its items:
@@ -246,8 +241,6 @@ def fitted_correction(
     label_rows : np.ndarray | None
         `[L, H]` the labels' answer-token output rows
         ([`label_logit_rows`][semsoft_plugin.app.probe.label_logit_rows]; read where the probe won).
-    seed : int
-        The probe's inner fold seed.
     sample_weight : Any
         `[N]` the items' weights (`None`: 1 each).
 
@@ -263,8 +256,10 @@ def fitted_correction(
             raise ValueError(
                 "the probe won the fit, but no hidden states and label rows were given to fit it"
             )
-        fitted = fit_probe(hidden, targets, len(names), label_rows=label_rows, seed=seed,
-                           sample_weight=sample_weight)  # fmt: skip
+        policy = result.policy  # the probe's inner folds and targets follow the fit's policy
+        fitted = fit_probe(hidden, targets, len(names), label_rows=label_rows,
+                           seed=policy.random_state, sample_weight=sample_weight,
+                           succession=policy.succession)  # fmt: skip
         return FittedCorrection("probe", names, probe=fitted)
     offset = tuple(float(v) for v in result.offset or ())
     return FittedCorrection(result.procedure, names, offset=offset)

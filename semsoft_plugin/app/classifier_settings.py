@@ -1,61 +1,92 @@
-"""The [`Classifier`][semsoft_plugin.app.classifier.Classifier] parameters that need no model,
-checked: what `fit` and `predict*` check first, and what a caller (`semsoft
-classify --ray`, [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset]) checks before any
-model loads or any actor starts. Each bad value is refused by name.
-
-Every function here takes the parameters as a mapping (the classifier's
-`get_params(deep=False)`), never the classifier itself.
+"""The [`Classifier`][semsoft_plugin.app.classifier.Classifier] parameters, checked in one
+table before any model loads: what `fit` and `predict*` check first, and what
+`semsoft classify --ray` and [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset] check
+before an actor starts. Each bad value, and each combination that would be ignored, is refused
+by name. Every function takes the parameters as a mapping (`get_params(deep=False)`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from semsoft_plugin.app import handles
+from semsoft_plugin.app.engine_settings import EngineSettings
 from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.core.calibration import check_strength
 from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.fitting import DEFAULT_WEIGHTS, FAMILY, check_family
-from semsoft_plugin.core.folds import check_fit_settings
+from semsoft_plugin.core.fit_family import policy_grid
+from semsoft_plugin.core.fit_policy import FitPolicy
+from semsoft_plugin.core.fitting import FAMILY, check_family
 from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate
 
 __all__ = [
     "CALIBRATIONS",
-    "FIXABLE",
-    "FitPlan",
+    "MOVED_PARAMS",
+    "PARAMETER_CONSTRAINTS",
     "check_file_strength",
     "checked_family",
     "checked_settings",
     "fit_plan",
+    "fold_ids",
 ]
 
 # None: the scores as they are; "contextual": divided by the content-free inputs' mean
 # (Zhao et al., 2021); "file": divided by the mean of the distinct texts given to
-# fit(texts), estimated once (semsoft_plugin.core.calibration.FileCalibration). There is
-# no per-call batch calibration: a row's score would depend on the rows beside it.
+# fit(texts) (core.calibration.FileCalibration). No per-call batch calibration: a row's
+# score would depend on the rows beside it.
 CALIBRATIONS = (None, "contextual", "file")
-# The settings a classifier parameter can fix (None: the config's, and fit may fit it).
-FIXABLE = ("k", "semantic_weight", "score_temperature")
+
+
+def _positive_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | np.integer) and bool(value >= 1)
+
+
+def _splitter(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | np.integer):
+        return bool(value >= 2)
+    return callable(getattr(value, "split", None)) and callable(
+        getattr(value, "get_n_splits", None)
+    )
+
+
+# name -> (what it must be, the check): the spirit of scikit-learn's `_parameter_constraints`.
+# `model`, `tokenizer` and `labels` are checked where the model loads (`handles`, `LabelSet`),
+# `backend` by `handles.check_backend` (which names the old spelling "hf").
+PARAMETER_CONSTRAINTS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "prompt": ("a PromptTemplate, a str or None", lambda v: v is None or isinstance(v, str | PromptTemplate)),
+    "config": ("a SemsoftConfig or None", lambda v: v is None or isinstance(v, SemsoftConfig)),
+    "calibrate": (f"one of {CALIBRATIONS}", lambda v: v in CALIBRATIONS),
+    "max_text_tokens": ("a positive int or None", lambda v: v is None or _positive_int(v)),
+    "truncate": ("True or False", lambda v: isinstance(v, bool | np.bool_)),
+    "engine": ("an EngineSettings or None", lambda v: v is None or isinstance(v, EngineSettings)),
+    "fit_policy": ("a FitPolicy or None", lambda v: v is None or isinstance(v, FitPolicy)),
+    "cv": ("an int >= 2 or a splitter (split, get_n_splits)", _splitter),
+}  # fmt: skip
+
+# The parameters of earlier versions, refused naming where each went.
+MOVED_PARAMS: dict[str, str] = {
+    **{name: f"config=SemsoftConfig({name}=...)" for name in ("k", "semantic_weight", "score_temperature")},
+    **{name: f"engine=EngineSettings({name}=...)" for name in ("batch_size", "progress", "exact_head", "dtype", "engine_args")},
+    **{name: f"fit_policy=FitPolicy({name}=...)" for name in ("file_strength", "margin", "random_state")},
+    "fit_grid": "fit_policy=FitPolicy(grid=...)",
+    "fit_family": "fit_policy=FitPolicy(family=...)",
+    "fit_score_temperature": "fit_policy=FitPolicy(temperature=...)",
+    "fit_temperature": "fit_policy=FitPolicy(temperature=...)",
+    "n_folds": "cv",
+}  # fmt: skip
 
 
 def check_file_strength(strength: object, calibrate: object, name: str = "file_strength") -> None:
-    """`ValueError` unless `strength` is `"auto"` (the guard, the default) or a
-    number in [0, 1] ([`check_strength`][semsoft_plugin.core.calibration.check_strength]), and,
-    since a setting that would be ignored is refused rather than dropped, unless it is
-    the default `"auto"` or goes with `calibrate="file"`.
-
-    Parameters
-    ----------
-    strength : object
-        The strength given.
-    calibrate : object
-        The correction it goes with.
-    name : str
-        How the caller spells the setting, for the message.
-    """
+    """`ValueError` unless `strength` is `"auto"` or a number in [0, 1], and is the default
+    `"auto"` or goes with `calibrate="file"`: a setting that would be ignored is refused
+    (`name`: the caller's spelling)."""
     check_strength(strength, name)
     if strength != "auto" and calibrate != "file":
         raise ValueError(
@@ -65,114 +96,49 @@ def check_file_strength(strength: object, calibrate: object, name: str = "file_s
 
 
 def checked_settings(params: Mapping[str, Any]) -> tuple[PromptTemplate, SemsoftConfig]:
-    """The prompt and Semantic Softmax settings the parameters name, with every
-    parameter that needs no model checked (each refused by name).
-
-    Parameters
-    ----------
-    params : Mapping[str, Any]
-        A classifier's parameters (`get_params(deep=False)`).
-
-    Returns
-    -------
-    tuple[PromptTemplate, SemsoftConfig]
-        The prompt, and `config` with the fixed fields (`FIXABLE`) over it.
-    """
-    n = params["max_text_tokens"]
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"max_text_tokens={n!r} must be a positive int")
-    calibrate = params["calibrate"]
-    if calibrate not in CALIBRATIONS:
-        raise ValueError(f"calibrate={calibrate!r} must be one of {CALIBRATIONS}")
-    check_file_strength(params["file_strength"], calibrate)
-    for name in ("truncate", "exact_head"):  # "no" is truthy: never read a flag by truth
-        if not isinstance(params[name], bool | np.bool_):
-            raise ValueError(f"{name}={params[name]!r} must be True or False")
-    if params["progress"] is not None and not isinstance(params["progress"], bool | np.bool_):
-        raise ValueError(f"progress={params['progress']!r} must be True, False or None")
-    size = params["batch_size"]
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"batch_size={size!r} must be a positive int")
-    if not isinstance(params["dtype"], str):
-        raise ValueError(f"dtype={params['dtype']!r} must be a torch dtype name or 'auto'")
-    grid = params["fit_grid"]
-    if grid is not None and not isinstance(grid, Mapping):
-        raise ValueError(f"fit_grid={grid!r} must be a mapping field -> values")
-    engine_args = params["engine_args"]
-    if engine_args is not None and not isinstance(engine_args, Mapping):
-        raise ValueError(f"engine_args={engine_args!r} must be a mapping or None")
+    """The prompt and Semantic Softmax settings the parameters name, after every
+    parameter in `PARAMETER_CONSTRAINTS` and every combination that would be ignored is
+    checked (each refused by name)."""
+    for name, (what, ok) in PARAMETER_CONSTRAINTS.items():
+        if not ok(params[name]):
+            raise ValueError(f"{name}={params[name]!r} must be {what}")
+    handles.check_backend(params["backend"])
+    policy, engine = params["fit_policy"] or FitPolicy(), params["engine"] or EngineSettings()
+    check_file_strength(policy.file_strength, params["calibrate"], "fit_policy.file_strength")
+    by_name = isinstance(params["model"], str | os.PathLike)
+    if engine.engine_args and not (by_name and params["backend"] == "vllm"):
+        raise ValueError(
+            f"engine.engine_args={dict(engine.engine_args)!r} apply only to a model named with "
+            "backend='vllm' (a loaded engine was built with its own)"
+        )
+    if engine.dtype != "auto" and not (by_name and params["backend"] in (None, "transformers")):
+        raise ValueError(
+            f"engine.dtype={engine.dtype!r} applies only to a transformers model named here "
+            "(a vLLM engine's dtype goes in engine_args; a loaded model has its own)"
+        )
     prompt = params["prompt"]
     if isinstance(prompt, str):
         prompt = PromptTemplate(user=prompt)
-    if prompt is not None and not isinstance(prompt, PromptTemplate):
-        raise ValueError(f"prompt must be a PromptTemplate or a str, got {type(prompt).__name__}")
-    config = params["config"]
-    if config is not None and not isinstance(config, SemsoftConfig):
-        raise ValueError(f"config must be a SemsoftConfig or None, got {config!r}")
-    return prompt or DEFAULT_TEMPLATE, (config or SemsoftConfig()).replace(**fixed(params))
+    return prompt or DEFAULT_TEMPLATE, params["config"] or SemsoftConfig()
 
 
-def fixed(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings the parameters fix (`FIXABLE` given, not `None`)."""
-    return {name: params[name] for name in FIXABLE if params[name] is not None}
-
-
-def checked_family(
-    family: Sequence[str] | None, engine: str, no_hidden: str | None = None
-) -> tuple[str, ...]:
-    """The members a fit checks on `engine` (`"transformers"`/`"vllm"`): `family`
-    checked (an unknown member refused by name), or with `None` every member the engine
-    supports. Both engines give the probe its hidden state (vLLM reads it back from the
-    logits row); an engine that cannot (`no_hidden` says why: a `vllm.LLM` given without
-    the worker extension) leaves the probe out of the default family and refuses it by
-    name when `family` names it.
-
-    Parameters
-    ----------
-    family : Sequence[str] | None
-        The `fit_family` parameter.
-    engine : str
-        The engine the classifier runs on.
-    no_hidden : str | None
-        Why the engine cannot return the decision step's hidden state, or None.
-    """
+def checked_family(family: Any, engine: str, no_hidden: str | None = None) -> tuple[str, ...]:
+    """The members a fit checks on `engine`: `family` checked (an unknown member refused by
+    name), or with `None` every member the engine supports. An engine that cannot return
+    the hidden state (`no_hidden` says why) leaves the probe out, or refuses it if named."""
     if family is None:
         return tuple(m for m in FAMILY if m != "probe" or no_hidden is None)
     names = check_family(family)
     if "probe" in names and no_hidden is not None:
-        raise probe_refused(f"{no_hidden} ({engine}); or leave 'probe' out of fit_family")
+        raise probe_refused(f"{no_hidden} ({engine}); or leave 'probe' out of fit_policy.family")
     return names
 
 
-@dataclass(frozen=True)
-class FitPlan:
-    """What a labelled fit searches, decided from the parameters before any scoring.
-
-    Attributes
-    ----------
-    family : tuple[str, ...]
-        The members checked (empty: the fit only reads the labels).
-    axes : dict[str, Sequence[Any]]
-        The grid member's fields and values.
-    temperature : bool
-        Whether each member fits a final score temperature.
-    """
-
-    family: tuple[str, ...]
-    axes: dict[str, Sequence[Any]]
-    temperature: bool
-
-
-def fit_plan(params: Mapping[str, Any], engine: str, no_hidden: str | None = None) -> FitPlan:
-    """The labelled fit the parameters ask for, refused before any text is scored where
-    it could fit nothing or a setting would be inert.
-
-    A setting the user fixed (`FIXABLE` given) is kept: it leaves the default grid
-    (`semantic_weight` fixed: the grid is empty), may not be a `fit_grid` axis, and a
-    fixed `score_temperature` is not fitted. Refused, each by name: `fit_grid` with
-    `"grid"` left out of `fit_family`; `"temperature"` named with no temperature
-    to fit; `"grid"` named with nothing to search; a family none of whose members can
-    fit anything; `n_folds` below 2 and a `margin` that is not a finite number >= 0.
+def fit_plan(params: Mapping[str, Any], engine: str, no_hidden: str | None = None) -> FitPolicy:
+    """The classifier's `fit_policy` resolved for `engine`: its family (the members that can
+    fit something here) and grid made explicit, refused before any text is scored where a
+    field would be inert (`grid` without the member `"grid"`, `"temperature"` named with
+    `temperature=False`, a `"grid"` member with nothing to search, a family that fits nothing).
 
     Parameters
     ----------
@@ -183,57 +149,58 @@ def fit_plan(params: Mapping[str, Any], engine: str, no_hidden: str | None = Non
     no_hidden : str | None
         Why the engine cannot return the hidden state (`checked_family`), or None.
     """
-    check_fit_settings(params["n_folds"], params["margin"])
-    named = params["fit_family"]
+    policy: FitPolicy = params["fit_policy"] or FitPolicy()
+    named = policy.family
     family = checked_family(named, engine, no_hidden)
-    given = fixed(params)
-    grid = params["fit_grid"]
-    if grid is not None and "grid" not in family:
+    if policy.grid is not None and "grid" not in family:
         raise ValueError(
-            f"fit_grid={dict(grid)!r} is what the member 'grid' searches, which "
-            f"fit_family={named!r} leaves out: add 'grid' to fit_family or drop fit_grid"
+            f"fit_policy.grid={dict(policy.grid)!r} is what the member 'grid' searches, which "
+            f"fit_policy.family={named!r} leaves out: add 'grid' to the family or drop the grid"
         )
-    if grid is None:
-        axes: dict[str, Sequence[Any]] = (
-            {} if "semantic_weight" in given else {"semantic_weight": DEFAULT_WEIGHTS}
+    axes = policy_grid(policy)
+    if "score_temperature" in axes:
+        raise ValueError(
+            "fit_policy.grid cannot search score_temperature: it is fitted "
+            "(fit_policy.temperature=True) or kept from the config (temperature=False)"
         )
-    else:
-        axes = dict(grid)
-        clash = [name for name in axes if name in given]
-        if clash:
-            raise ValueError(
-                f"fit_grid searches {clash[0]!r}, which the parameter {clash[0]}="
-                f"{given[clash[0]]!r} fixes: search one or fix it"
-            )
-        if "score_temperature" in axes:
-            raise ValueError(
-                "fit_grid cannot search score_temperature: it is fitted "
-                "(fit_score_temperature=True) or fixed (score_temperature=T)"
-            )
-    temperature = bool(params["fit_score_temperature"]) and "score_temperature" not in given
-    why = (
-        f"score_temperature={given['score_temperature']!r} is fixed"
-        if "score_temperature" in given
-        else "fit_score_temperature=False"
-    )
+    temperature = bool(policy.temperature)
     if named is not None and "temperature" in family and not temperature:
         raise ValueError(
-            f"fit_family={named!r} names 'temperature', but {why}: there is no temperature "
-            "to fit (leave 'temperature' out, or let it be fitted)"
+            f"fit_policy.family={named!r} names 'temperature', but fit_policy.temperature="
+            "False: there is no temperature to fit"
         )
     if named is not None and "grid" in family and not axes and not temperature:
         raise ValueError(
-            f"fit_family={named!r} names 'grid', but the grid is empty and {why}: the grid "
-            "member would fit nothing"
+            f"fit_policy.family={named!r} names 'grid', but the grid is empty and "
+            "fit_policy.temperature=False: the grid member would fit nothing"
         )
-    able = [
+    able = tuple(
         m
         for m in family
         if (m != "grid" or axes or temperature) and (m != "temperature" or temperature)
-    ]
+    )
     if family and not able:
         raise ValueError(
-            f"this fit can fit nothing: fit_family={named!r} with an empty grid and {why}; "
-            "fit_family=() is the fit that only reads the labels"
+            f"this fit can fit nothing: fit_policy.family={named!r} with an empty grid and "
+            "temperature=False; FitPolicy(family=()) is the fit that only reads the labels"
         )
-    return FitPlan(tuple(able), axes, temperature)
+    return dataclasses.replace(policy, family=able, grid=axes)
+
+
+def fold_ids(cv: Any, targets: list[int]) -> np.ndarray | None:
+    """The fold of each item under a splitter `cv` (`None` for an integer `cv`: the fit
+    draws stratified folds itself), refused where test folds overlap or miss an item."""
+    if isinstance(cv, int | np.integer):
+        return None
+    n = len(targets)
+    ids = np.full(n, -1, dtype=np.int64)
+    for fold, (_, test) in enumerate(cv.split(np.zeros((n, 1)), np.asarray(targets))):
+        if (ids[test] >= 0).any():
+            raise ValueError(f"cv={cv!r}: its test folds overlap; each item must be held out once")
+        ids[test] = fold
+    if (ids < 0).any():
+        raise ValueError(
+            f"cv={cv!r} holds out {int((ids >= 0).sum())} of {n} items: every item must be in "
+            "one test fold (the rule scores each item out of fold)"
+        )
+    return ids

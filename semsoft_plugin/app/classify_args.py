@@ -80,16 +80,17 @@ def classifier_from_args(
     the file ([`load_fit`][semsoft_plugin.app.classifier.Classifier.load_fit]) and applies
     row by row."""
     from semsoft_plugin.app.classifier import Classifier
+    from semsoft_plugin.app.engine_settings import EngineSettings
 
     classifier = Classifier.from_pretrained(
         args.model,
         labels,
         backend=args.backend,
-        engine_args=args.engine_args,
-        dtype=args.dtype,
+        engine=EngineSettings(
+            batch_size=args.batch_size, dtype=args.dtype, engine_args=args.engine_args
+        ),
         prompt=template,
         config=config,
-        batch_size=args.batch_size,
         max_text_tokens=getattr(args, "max_text_tokens", None),
         # The file mode corrects the written rows itself (classify_file, ray): its
         # classifier gives the raw scores of the first pass.

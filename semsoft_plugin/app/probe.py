@@ -245,8 +245,7 @@ class LinearProbe:
         bad = [int(i) for i in self.seen if not 0 <= int(i) < self.n_labels]
         if bad or len(set(self.seen.tolist())) != seen:
             raise ValueError(
-                f"seen {self.seen.tolist()} must be distinct label indices in [0, "
-                f"{self.n_labels})"
+                f"seen {self.seen.tolist()} must be distinct label indices in [0, {self.n_labels})"
             )
         if self.n_train < 1 or not math.isfinite(self.strength) or self.strength <= 0:
             raise ValueError(
@@ -314,6 +313,7 @@ def _fit_anchored(
     w: np.ndarray,
     strength: float,
     start: _Anchored | None = None,
+    succession: bool = True,
 ) -> _Anchored:
     """Minimise `C * sum_i w_i CE(t_i, p_i) + |A|^2 / 2` over `(A, beta, c)` with
     L-BFGS (convex: a multinomial logistic regression with unpenalised `beta` and `c`);
@@ -322,7 +322,8 @@ def _fit_anchored(
     The targets `t` are the few-label fit's succession targets
     (`semsoft_plugin.core.temperature_scaling.succession_targets`): where the label logits
     with an offset separate the training items, hard targets would drive the unpenalised
-    `beta` without bound, and the first error on a new item would cost ~`beta` nats."""
+    `beta` without bound, and the first error on a new item would cost ~`beta` nats
+    (`succession=False`, `FitPolicy.succession`: the hard targets)."""
     from scipy.optimize import minimize
     from scipy.special import logsumexp
 
@@ -330,7 +331,7 @@ def _fit_anchored(
 
     n, r = features.shape
     s = label_logits.shape[1]
-    soft = succession_targets(y, s, count=float(w.sum()))
+    soft = succession_targets(y, s, count=float(w.sum()), succession=succession)
 
     def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
         a, beta, c = theta[: s * r].reshape(s, r), theta[s * r], theta[s * r + 1 :]
@@ -367,7 +368,12 @@ def _span(x: np.ndarray) -> np.ndarray:
 
 
 def _choose_strength(
-    x: np.ndarray, u: np.ndarray, y: np.ndarray, w: np.ndarray, folds: np.ndarray
+    x: np.ndarray,
+    u: np.ndarray,
+    y: np.ndarray,
+    w: np.ndarray,
+    folds: np.ndarray,
+    succession: bool = True,
 ) -> float:
     """The `CS` entry with the smallest inner-fold weighted NLL among those whose
     inner-fold macro-F1 is at least the label logits' own (their ranking); where
@@ -383,7 +389,9 @@ def _choose_strength(
         features, held_features = x[train] @ basis.T, x[held] @ basis.T
         previous = None
         for i, strength in enumerate(CS):
-            previous = _fit_anchored(features, u[train], y[train], w[train], strength, previous)
+            previous = _fit_anchored(
+                features, u[train], y[train], w[train], strength, previous, succession
+            )
             z = previous.scores(held_features, u[held])
             z -= z.max(axis=1, keepdims=True)
             log_p = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
@@ -406,6 +414,7 @@ def fit_probe(
     inner_folds: int = 5,
     seed: int = 0,
     sample_weight: Any = None,
+    succession: bool = True,
 ) -> LinearProbe:
     """The probe on hidden states, anchored on the label logits (module docstring).
 
@@ -427,6 +436,8 @@ def fit_probe(
     sample_weight : Any
         `[N]` weights of the rows in the standardisation, the NLL and the choice of
         strength (`None`: 1 each).
+    succession : bool
+        Fit to the succession targets (`FitPolicy.succession`); `False`: the hard ones.
 
     Returns
     -------
@@ -461,9 +472,9 @@ def fit_probe(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a rare label: fewer members than folds
         folds = stratified_folds(column, folds_n, seed)
-    strength = _choose_strength(standard, u, column, w, folds)
+    strength = _choose_strength(standard, u, column, w, folds, succession)
     basis = _span(standard)
-    fitted = _fit_anchored(standard @ basis.T, u, column, w, strength)
+    fitted = _fit_anchored(standard @ basis.T, u, column, w, strength, succession=succession)
     # beta * W_L h = beta * (W_L * scale) x + beta * W_L mean: one linear map of x.
     weight = fitted.a @ basis + fitted.beta * w_l[seen] * scale
     bias = fitted.c + fitted.beta * (w_l[seen] @ mean)
@@ -474,6 +485,7 @@ def fit_probe(
 def held_probs(
     hidden: np.ndarray, targets: np.ndarray, train: np.ndarray, held: np.ndarray, n_labels: int,
     *, label_rows: np.ndarray, seed: int = 0, sample_weight: np.ndarray | None = None,
+    succession: bool = True,
 ) -> tuple[np.ndarray, LinearProbe | None]:  # fmt: skip
     """The `held` rows' probabilities from the probe fitted on the `train` rows, and
     that probe. A training part with a single label gives its add-one label frequencies
@@ -483,13 +495,13 @@ def held_probs(
         return np.tile(counts / counts.sum(), (len(held), 1)), None
     weights = None if sample_weight is None else sample_weight[train]
     probe = fit_probe(hidden[train], targets[train], n_labels, label_rows=label_rows, seed=seed,
-                      sample_weight=weights)  # fmt: skip
+                      sample_weight=weights, succession=succession)  # fmt: skip
     return probe.probs(hidden[held]), probe
 
 
 def probe_member(
     hidden: Any, targets: Any, n_labels: int, *, label_rows: Any, seed: int = 0,
-    sample_weight: Any = None,
+    sample_weight: Any = None, succession: bool = True,
 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:  # fmt: skip
     """The probe as a member of the few-label fit (`fit_probs(external=...)`):
     `(train, held)` row indices -> the held rows' `[len(held), n_labels]`
@@ -499,7 +511,7 @@ def probe_member(
     a = np.asarray(label_rows, dtype=np.float64)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     return lambda train, held: held_probs(x, y, train, held, n_labels, label_rows=a, seed=seed,
-                                          sample_weight=w)[0]  # fmt: skip
+                                          sample_weight=w, succession=succession)[0]  # fmt: skip
 
 
 def probe_refused(advice: str) -> ValueError:

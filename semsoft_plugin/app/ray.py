@@ -39,6 +39,8 @@ from typing import Any
 
 from semsoft_plugin.app import file_mode
 from semsoft_plugin.app.columns import ResultColumns, counts_votes, row_list, text_of
+from semsoft_plugin.app.engine_settings import EngineSettings
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.text_rules import is_blank
 
 __all__ = ["aligned_blocks", "classify_dataset", "run_classify_cli"]
@@ -73,9 +75,7 @@ class _ScoreBatch:
 
         torch.set_num_threads(threads)
         self.classifier = Classifier.from_pretrained(model, list(labels), **classifier_kwargs)
-        votes = counts_votes(
-            classifier_kwargs.get("config"), classifier_kwargs.get("semantic_weight")
-        )
+        votes = counts_votes(classifier_kwargs.get("config"))
         self.columns = ResultColumns(tuple(labels), column_prefix, votes=votes)
         self.text_column = text_column
         self.id_column = id_column
@@ -155,17 +155,11 @@ def classify_dataset(
         each actor loads the model once (`backend="vllm"`: one `vllm.LLM` per actor, give it
         `num_gpus=1`)
     backend : str
-        As [`Classifier.from_pretrained`][semsoft_plugin.app.classifier.Classifier.from_pretrained];
-        each actor loads the model once (`backend="vllm"`: one `vllm.LLM` per actor, give it
-        `num_gpus=1`)
+        As `model`
     engine_args : Mapping[str, Any] | None
-        As [`Classifier.from_pretrained`][semsoft_plugin.app.classifier.Classifier.from_pretrained];
-        each actor loads the model once (`backend="vllm"`: one `vllm.LLM` per actor, give it
-        `num_gpus=1`)
+        As `model`; the actors' `EngineSettings(engine_args=...)`
     dtype : str
-        As [`Classifier.from_pretrained`][semsoft_plugin.app.classifier.Classifier.from_pretrained];
-        each actor loads the model once (`backend="vllm"`: one `vllm.LLM` per actor, give it
-        `num_gpus=1`)
+        As `model`; the actors' `EngineSettings(dtype=...)`
     text_column : str
         The column to classify
     id_column : str | None
@@ -185,14 +179,11 @@ def classify_dataset(
     column_prefix : str
         Prefix of the added columns (`--column-prefix`)
     **classifier_kwargs : Any
-        The `Classifier`'s other options (`prompt`, `config`,
-        `calibrate`, `file_strength`, `k`, `semantic_weight`, `score_temperature`,
-        ...). With `calibrate="file"` the scoring pass runs when this is called (it is
-        materialised: the correction needs every row), the correction is estimated from
-        one row per distinct text (at least 32; their texts and `p_<label>` are
-        gathered on the driver), printed on stderr, and applied by a lazy model-free
-        `map_batches`; `file_strength` is `"auto"` (the guard decides from those
-        rows) unless given, as in the `Classifier`
+        The `Classifier`'s other options (`prompt`, `config`, `calibrate`,
+        `fit_policy`, ...). With `calibrate="file"` the scoring pass runs here (the
+        correction needs every row), is estimated from one row per distinct text (at least
+        32) with `fit_policy.file_strength`, printed on stderr, and applied by a lazy
+        model-free `map_batches`
 
     Returns
     -------
@@ -225,15 +216,12 @@ def classify_dataset(
         if name is not None and name not in columns:
             raise ValueError(f"{role}={name!r} is not a column; the columns are {columns}")
     ResultColumns(tuple(names), column_prefix).check_clash(columns, "the dataset")
-    kwargs = {
-        "backend": backend,
-        "engine_args": dict(engine_args) if engine_args else None,
-        "dtype": dtype,
-        "batch_size": batch_size,
-        **classifier_kwargs,
-    }
+    engine = EngineSettings(
+        batch_size=batch_size, dtype=dtype, engine_args=dict(engine_args) if engine_args else None
+    )
+    kwargs = {"backend": backend, "engine": engine, **classifier_kwargs}
     Classifier(model, None, names, **kwargs).check_params()  # an unknown option: TypeError
-    strength = kwargs.pop("file_strength", "auto")
+    strength = (kwargs.get("fit_policy") or FitPolicy()).file_strength
     file = kwargs.get("calibrate") == "file"
     if file:
         kwargs["calibrate"] = None  # the actors give raw scores; the second pass corrects
@@ -257,7 +245,7 @@ def classify_dataset(
     )
     if not file:
         return scored
-    votes = counts_votes(kwargs.get("config"), kwargs.get("semantic_weight"))
+    votes = counts_votes(kwargs.get("config"))
     result = ResultColumns(tuple(names), column_prefix, votes=votes)
     return _file_pass(scored.materialize(), result, text_column, strength, review_below)
 
@@ -417,6 +405,7 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
     context.execution_options.preserve_order = True  # files in input order
     dataset = ray.data.from_arrow(aligned_blocks(table, args.batch_size))
     began = time.perf_counter()
+    strength = file_strength(args)  # None without --calibrate file
     scored = classify_dataset(
         dataset,
         labels,
@@ -435,7 +424,7 @@ def run_classify_cli(args: Any, labels: list[str], template: Any, config: Any) -
         prompt=template,
         config=config,
         calibrate=args.calibrate,
-        **({"file_strength": file_strength(args)} if args.calibrate == "file" else {}),
+        **({"fit_policy": FitPolicy(file_strength=strength)} if strength is not None else {}),
     )
     # The writes reserve no CPU, at most one per actor: when the actors hold every CPU
     # (two one-CPU actors on two CPUs), a write asking for one waits until the actors

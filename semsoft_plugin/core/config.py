@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from semsoft_plugin.core.value_params import ValueParams
+
 __all__ = [
     "DEFAULT_CENTER",
     "DEFAULT_K",
@@ -142,7 +144,7 @@ def _spec(
 
 
 @dataclass(frozen=True)
-class SemsoftConfig:
+class SemsoftConfig(ValueParams):
     """Settings of Semantic Softmax.
 
     Parameters

@@ -19,6 +19,7 @@ bias member a per-label log-offset added after it (`FitResult.offset`,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.fitting import (
     DEFAULT_WEIGHTS,
     FAMILY,
@@ -43,6 +45,7 @@ __all__ = [
     "default_family",
     "fit_config",
     "fit_from_grid",
+    "policy_grid",
 ]
 
 
@@ -89,6 +92,8 @@ class FitResult:
         Per grid entry, the training NLL with its own fitted temperature
     fold_choices : list[dict[str, Any]]
         The setting chosen on each fold's training part
+    policy : FitPolicy
+        What was searched and the rule that chose
 
     Examples
     --------
@@ -121,6 +126,7 @@ class FitResult:
     offset: list[float] | None = None
     in_sample: list[dict[str, Any]] = field(default_factory=list)
     fold_choices: list[dict[str, Any]] = field(default_factory=list)
+    policy: FitPolicy = field(default_factory=FitPolicy)
 
     @property
     def label_offset(self) -> list[float] | None:
@@ -144,6 +150,7 @@ class FitResult:
             "offset": self.offset,
             "in_sample": self.in_sample,
             "fold_choices": self.fold_choices,
+            "fit_policy": self.policy.to_dict(),
         }
 
 
@@ -167,12 +174,9 @@ def fit_config(
     targets: Any,
     *,
     start: SemsoftConfig | None = None,
-    grid: Mapping[str, Sequence[Any]] | None = None,
-    temperature: bool = True,
+    policy: FitPolicy | None = None,
     n_folds: int = 5,
-    margin: float = 1.0,
-    seed: int = 0,
-    family: Sequence[str] | None = None,
+    folds: np.ndarray | None = None,
     content_free: Kept | None = None,
     external: Mapping[str, External] | None = None,
     sample_weight: Any = None,
@@ -193,20 +197,14 @@ def fit_config(
     start : SemsoftConfig | None
         The setting to start from and keep unless beaten (default: the label-free
         default `SemsoftConfig()`)
-    grid : Mapping[str, Sequence[Any]] | None
-        Config field -> values searched over `start` (default: `semantic_weight`
-        over `DEFAULT_WEIGHTS`); `score_temperature` is fitted, not searched
-    temperature : bool
-        Fit a final temperature for every member
+    policy : FitPolicy | None
+        What is searched and the rule ([`FitPolicy`][semsoft_plugin.core.fit_policy.FitPolicy];
+        default `FitPolicy()`). Its `family=None`: every member these inputs allow (the
+        contextual one needs `content_free`, the probe `external["probe"]`)
     n_folds : int
         Stratified folds of the out-of-fold check
-    margin : float
-        Standard errors by which the procedure must beat `start` out of fold
-    seed : int
-        Fold seed
-    family : Sequence[str] | None
-        The members checked (`None`: every member these inputs allow: the
-        contextual one needs `content_free`, the probe `external["probe"]`)
+    folds : np.ndarray | None
+        A fold id per item (a caller's splitter) instead of `n_folds` stratified folds
     content_free : Kept | None
         The content-free inputs' kept scores (`"contextual"`)
     external : Mapping[str, External] | None
@@ -216,7 +214,8 @@ def fit_config(
         (`None`: 1 each; `semsoft_plugin.core.fitting.fit_probs`)
     """
     start = start or SemsoftConfig()
-    grid = {"semantic_weight": DEFAULT_WEIGHTS} if grid is None else dict(grid)
+    policy = FitPolicy() if policy is None else policy
+    grid = policy_grid(policy)
     configs, grid_size = configs_with_start(grid, start)
     probs, _ = grid_probs(kept, embeddings, labels, [*configs, start])
     cf = None
@@ -224,10 +223,16 @@ def fit_config(
         base = [start.replace(score_temperature=1.0)]
         cf = grid_probs(content_free, embeddings, labels, base)[0][0]
     return fit_from_grid(
-        probs, configs, start, targets, axes=list(grid), temperature=temperature,
-        n_folds=n_folds, margin=margin, seed=seed, family=family, content_free=cf,
-        external=external, grid_size=grid_size, sample_weight=sample_weight,
+        probs, configs, start, targets, axes=list(grid), policy=policy, n_folds=n_folds,
+        folds=folds, content_free=cf, external=external, grid_size=grid_size,
+        sample_weight=sample_weight,
     )  # fmt: skip
+
+
+def policy_grid(policy: FitPolicy) -> dict[str, Sequence[Any]]:
+    """What the member `"grid"` searches under `policy`: its `grid`, by default
+    `semantic_weight` over `DEFAULT_WEIGHTS`."""
+    return {"semantic_weight": DEFAULT_WEIGHTS} if policy.grid is None else dict(policy.grid)
 
 
 def default_family(content_free: Any, external: Mapping[str, Any] | None) -> tuple[str, ...]:
@@ -245,11 +250,9 @@ def fit_from_grid(
     targets: Any,
     *,
     axes: Sequence[str] = ("semantic_weight",),
-    temperature: bool = True,
+    policy: FitPolicy | None = None,
     n_folds: int = 5,
-    margin: float = 1.0,
-    seed: int = 0,
-    family: Sequence[str] | None = None,
+    folds: np.ndarray | None = None,
     content_free: np.ndarray | None = None,
     external: Mapping[str, External] | None = None,
     grid_size: int | None = None,
@@ -260,14 +263,16 @@ def fit_from_grid(
     grid's) and last `start`'s (`axes`: the fields the grid varies, for the report;
     `content_free`: `[C, L]` the start at `T = 1` on the content-free inputs;
     `sample_weight`: the items' weights)."""
+    policy = FitPolicy() if policy is None else policy
+    family = policy.family
     family = default_family(content_free, external) if family is None else check_family(family)
     best, t, kept_default, stats = fit_probs(
         probs[:-1], probs[-1], targets, single=single_entries(configs, start),
-        temperature=temperature, n_folds=n_folds, margin=margin, seed=seed, family=family,
+        policy=dataclasses.replace(policy, family=family), n_folds=n_folds, folds=folds,
         content_free=content_free, external=external, grid_size=grid_size,
         sample_weight=sample_weight,
     )  # fmt: skip
-    return _result(configs, axes, best, t, kept_default, stats, start, margin)
+    return _result(configs, axes, best, t, kept_default, stats, start, policy)
 
 
 def _result(
@@ -278,7 +283,7 @@ def _result(
     kept_default: bool,
     stats: dict[str, Any],
     start: SemsoftConfig,
-    margin: float,
+    policy: FitPolicy,
 ) -> FitResult:
     def axes(config: SemsoftConfig) -> dict[str, Any]:
         return {k: getattr(config, k) for k in grid}
@@ -293,7 +298,8 @@ def _result(
         n_folds=stats["n_folds"],
         gain=stats["gain"],
         gain_se=stats["gain_se"],
-        margin=float(margin),
+        margin=float(policy.margin),
+        policy=policy,
         nll_start=stats["nll_start"],
         nll_fitted=stats["nll_fitted"],
         procedure=stats["procedure"],

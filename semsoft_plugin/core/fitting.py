@@ -23,8 +23,9 @@ out-of-fold NLL gain over the default exceeds `margin` standard errors of that g
 errors too (the simplest member within `margin` of the best wins, `fit_probs`). So
 labels that carry no evidence against the default's decisions (too few, or drawn from the
 default's own distribution) leave them unchanged. A member that changes decisions must
-also show that it keeps macro-F1: its out-of-fold macro-F1 change less `F1_Z` bootstrap
-standard errors is at least `-F1_TOLERANCE` (`f1_change`). Where the family has no
+also show that it keeps macro-F1: its out-of-fold macro-F1 change less `f1_z` bootstrap
+standard errors is at least `-f1_tolerance` (`f1_change`). Every switch and number of the
+rule is a field of [`FitPolicy`][semsoft_plugin.core.fit_policy.FitPolicy], passed in. Where the family has no
 temperature, the default is kept unless a member passes; where a member showed its NLL
 gain and the guard alone stopped it, a member that changed no decision out of fold is
 adopted if its gain is above zero.
@@ -52,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from semsoft_plugin.core.config import SemsoftConfig, grid_entry
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.folds import MIN_ITEMS, check_fit_data, fold_count, stratified_folds
 from semsoft_plugin.core.label_offsets import (
     MEMBERS,
@@ -97,23 +99,8 @@ External = Callable[[np.ndarray, np.ndarray], np.ndarray]
 DEFAULT_WEIGHTS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 # The core floors probabilities at this value before a log (core._tempered).
 _FLOOR = 1e-30
-# The rule's guard on which label wins, a non-inferiority test: a member is adopted only
-# where its out-of-fold macro-F1 less F1_Z paired bootstrap standard errors (F1_RESAMPLES
-# resamples) is at least the start's - F1_TOLERANCE, whatever its NLL gain. F1_Z = 1.96 is
-# the convention's one-sided 2.5% level: with 25-200 items over 7-28 labels the point
-# estimate alone passed members that then cost new items macro-F1. A temperature never
-# changes a decision, so it always passes. (F1_GUARD off: only
-# benchmarks/fit_rule_ablation.py, to measure what the guard changes.)
-F1_GUARD = True
-# The temperature is the rule's floor: with labels, the fit is at least temperature scaling
-# (held to the rule of succession), and every other member must beat the temperature by the
-# margin. Temperature scaling's gain rests on the few confident errors a sample holds, which
-# five folds often hold out together: out of fold it looked worse than the start on draws of
-# 50 SST-2 labels where it was .06-.08 better on the other 250 items (Qwen2.5-Coder-1.5B).
-# Off only in benchmarks/fit_rule_ablation.py, to measure what the floor changes.
-TEMPERATURE_FLOOR = True
-F1_TOLERANCE = 0.01
-F1_Z = 1.96
+# The macro-F1 guard's bootstrap resamples (the guard's switch, z and tolerance are
+# FitPolicy fields: a value passed to each fit, never module state).
 F1_RESAMPLES = 1000
 # The bootstrap's resample-by-item count matrix is built in parts of about this many cells.
 _BOOTSTRAP_CELLS = 2_000_000
@@ -170,16 +157,19 @@ def _choose(
     targets: np.ndarray,
     temperature: bool,
     weights: np.ndarray | None = None,
+    succession: bool = True,
 ) -> tuple[int, float, np.ndarray, np.ndarray]:
     """(entry, temperature) with the least training NLL (weighted by `weights` where
     given), each entry at its temperature held to the rule of succession
-    (`semsoft_plugin.core.temperature_scaling.succession_temperature`); each entry's NLL
-    and T."""
+    (`semsoft_plugin.core.temperature_scaling.succession_temperature`; `succession=False`:
+    the hard labels' optimum); each entry's NLL and T."""
     scores = np.empty(len(log_grid))
     temps = np.ones(len(log_grid))
     for c, log_p in enumerate(log_grid):
         if temperature:
-            temps[c] = succession_temperature(log_p, targets, sample_weight=weights)
+            temps[c] = succession_temperature(
+                log_p, targets, sample_weight=weights, succession=succession
+            )
         scores[c] = _mean(nll(apply_temperature(log_p, temps[c]), targets), weights)
     best = int(np.argmin(scores))  # the first of equal scores: the grid's order decides
     return best, float(temps[best]), scores, temps
@@ -200,6 +190,7 @@ def _out_of_fold(
     fold_ids: np.ndarray,
     temperature: bool,
     weights: np.ndarray | None = None,
+    succession: bool = True,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Per-item probabilities `[N, L]` of the procedure "choose the entry and T on the
     other folds"."""
@@ -208,7 +199,7 @@ def _out_of_fold(
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
         train_w = None if weights is None else weights[~held]
-        c, t, _, _ = _choose(log_grid[:, ~held], y[~held], temperature, train_w)
+        c, t, _, _ = _choose(log_grid[:, ~held], y[~held], temperature, train_w, succession)
         out[held] = apply_temperature(log_grid[c, held], t)
         choices.append({"entry": c, "temperature": t})
     return out, choices
@@ -311,13 +302,11 @@ def fit_probs(
     targets: Any,
     *,
     single: Mapping[str, int] | None = None,
-    temperature: bool = True,
+    policy: FitPolicy | None = None,
     n_folds: int = 5,
-    margin: float = 1.0,
-    seed: int = 0,
+    folds: np.ndarray | None = None,
     bias: Sequence[str] = (),
     content_free: np.ndarray | None = None,
-    family: Sequence[str] | None = None,
     external: Mapping[str, External] | None = None,
     rows: np.ndarray | None = None,
     grid_size: int | None = None,
@@ -330,20 +319,22 @@ def fit_probs(
     Procedures are checked out of fold against `start`: the whole grid with a
     temperature each, and each `single` entry (name -> grid entry, e.g. from
     `single_entries`: `start` at `T = 1`) with a temperature alone: one parameter, so
-    less variance where only the temperature matters. The temperature always passes (the
-    rule's floor, `TEMPERATURE_FLOOR`); any other member passes only if its gain passes the
-    rule (module docstring). Of those that pass, the simplest (`SIMPLEST_FIRST`) whose
+    less variance where only the temperature matters. `policy` (default `FitPolicy()`) is
+    the rule and what it checks: its `family`, `temperature`, `margin`, floor, macro-F1
+    guard, succession and `random_state`. The temperature always passes where the floor is
+    on; any other member passes only if its gain passes the rule (module docstring). Of those that pass, the simplest (`SIMPLEST_FIRST`) whose
     out-of-fold NLL is within `margin` standard errors of the largest gain's (paired over
     items: the one-standard-error rule) wins, so a member with more free parameters is
     chosen only where the labels show it fits better, not where it ties by chance.
-    `n_folds` is lowered to half the number of items when there are fewer.
+    `n_folds` is lowered to half the number of items when there are fewer; `folds`: a
+    fold id per item (a caller's splitter) instead of stratified `n_folds` folds.
 
     `bias`: the bias members also checked (`label_offsets.MEMBERS`), on the
     `single["temperature"]` entry; `content_free` `[C, L]`: that entry on the
     content-free inputs (`"contextual"`). `stats["offset"]`: the adopted member's
     per-label log-offset (else None), which `fitted_probs` applies.
 
-    `family`: the procedures checked, by name (`FAMILY`; `None`: the grid, the
+    `policy.family`: the procedures checked, by name (`FAMILY`; `None`: the grid, the
     `single` ones and `bias`). A bias member is named here instead of in `bias`; a
     `"temperature"` the grid has no entry for is the grid's own (one entry) and not
     checked twice. `external`: name -> a procedure the caller fits (`"probe"`):
@@ -357,16 +348,23 @@ def fit_probs(
     weights give the figures of the items repeated); `None`: 1 each. An external member
     weighs its own fit.
     """
+    policy = FitPolicy() if policy is None else policy
+    family, temperature, margin, seed = (
+        policy.family,
+        policy.temperature,
+        policy.margin,
+        policy.random_state,
+    )
     y = _check_targets(targets, grid.shape[1], grid.shape[2])
     n = len(y)
     check_fit_data(y, n_folds, margin)
     w = _checked_weights(sample_weight, n)
-    folds = fold_count(n, n_folds)
     log_grid = _log(grid)
     start_nll = nll(start, y)
     n_labels = grid.shape[2]
     start_choice = start.argmax(1)
-    fold_ids = stratified_folds(y, folds, seed)
+    fold_ids = stratified_folds(y, fold_count(n, n_folds), seed) if folds is None else folds
+    n_used = len(np.unique(fold_ids))
     subsets = {"grid": np.arange(len(grid) if grid_size is None else grid_size)}
     # A one-entry grid's own member is the temperature on it: "temperature" is checked apart
     # only where the grid has more entries, or where the family leaves the grid out.
@@ -393,13 +391,15 @@ def fit_probs(
                 oof[held] = external[name](rows[~held], rows[held])
                 choices.append({"entry": base_entry, "temperature": 1.0})
         elif name in subsets:
-            oof, choices = _out_of_fold(log_grid[subsets[name]], y, fold_ids, temperature, w)
+            oof, choices = _out_of_fold(
+                log_grid[subsets[name]], y, fold_ids, temperature, w, policy.succession
+            )
             for choice in choices:
                 choice["entry"] = int(subsets[name][choice["entry"]])
         else:
             oof, choices = member_out_of_fold(
                 name, base, y, fold_ids, content_free=content_free, temperature=temperature,
-                seed=seed, entry=base_entry, sample_weight=w,
+                seed=seed, entry=base_entry, sample_weight=w, succession=policy.succession,
             )  # fmt: skip
         fitted_nll = nll(oof, y)
         diff = start_nll - fitted_nll
@@ -414,8 +414,8 @@ def fit_probs(
             "f1_change": change,
             "f1_change_se": change_se,
             "shows_gain": shows_gain,
-            "passes": (TEMPERATURE_FLOOR and name == "temperature")
-            or (shows_gain and (not F1_GUARD or change - F1_Z * change_se >= -F1_TOLERANCE)),
+            "passes": (policy.temperature_floor and name == "temperature")
+            or (shows_gain and _keeps_f1(change, change_se, policy)),
             "nll": _mean(fitted_nll, w),
             "fold_choices": choices,
             "per_item": fitted_nll,
@@ -425,28 +425,27 @@ def fit_probs(
     chosen = _simplest(passing, checked, margin) if passing else fallback
     offset = None
     if chosen in subsets:
-        best, t, scores_all, temps_all = _choose(log_grid[subsets[chosen]], y, temperature, w)
+        best, t, scores_all, temps_all = _choose(
+            log_grid[subsets[chosen]], y, temperature, w, policy.succession
+        )
         best = int(subsets[chosen][best])
     elif chosen in external:  # the caller fits it on all rows
         best, t = base_entry, 1.0
     else:
         t, b = fit_member(chosen, base, y, content_free=content_free, temperature=temperature,
-                          seed=seed, sample_weight=w)  # fmt: skip
+                          seed=seed, sample_weight=w, succession=policy.succession)  # fmt: skip
         best, offset = base_entry, b.tolist()
     if chosen != "grid" or len(subsets["grid"]) != len(grid):  # the report lists every entry
-        _, _, scores_all, temps_all = _choose(log_grid, y, temperature, w)
+        _, _, scores_all, temps_all = _choose(log_grid, y, temperature, w, policy.succession)
     stats = {
         "n": n,
-        "n_folds": folds,
+        "n_folds": n_used,
         "procedure": chosen,
         "gain": checked[chosen]["gain"],
         "gain_se": checked[chosen]["gain_se"],
         "nll_start": _mean(start_nll, w),
         "nll_fitted": checked[chosen]["nll"],
-        "procedures": {
-            k: {x: v[x] for x in _REPORTED}
-            for k, v in checked.items()
-        },
+        "procedures": {k: {x: v[x] for x in _REPORTED} for k, v in checked.items()},
         "scores": scores_all.tolist(),
         "temperatures": temps_all.tolist(),
         "fold_choices": checked[chosen]["fold_choices"],
@@ -465,7 +464,9 @@ def _checked_weights(sample_weight: Any, n: int) -> np.ndarray | None:
         raise ValueError(f"sample_weight must hold one weight per item ({n}), got shape {w.shape}")
     bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
     if len(bad):
-        raise ValueError(f"sample_weight[{bad[0]}] = {float(w[bad[0]])!r} must be a finite number >= 0")
+        raise ValueError(
+            f"sample_weight[{bad[0]}] = {float(w[bad[0]])!r} must be a finite number >= 0"
+        )
     if w.sum() < MIN_ITEMS:
         raise ValueError(
             f"sample_weight sums to {w.sum():g}: the weights count items (an item of weight 2 "
@@ -476,6 +477,12 @@ def _checked_weights(sample_weight: Any, n: int) -> np.ndarray | None:
 
 # What the fit's report gives of each checked member.
 _REPORTED = ("gain", "gain_se", "f1_change", "f1_change_se", "shows_gain", "passes", "nll")
+
+
+def _keeps_f1(change: float, change_se: float, policy: FitPolicy) -> bool:
+    """The macro-F1 guard: the change less `f1_z` standard errors is at least
+    `-f1_tolerance` (always true with the guard off)."""
+    return not policy.f1_guard or change - policy.f1_z * change_se >= -policy.f1_tolerance
 
 
 def _passing(checked: dict[str, dict[str, Any]]) -> list[str]:

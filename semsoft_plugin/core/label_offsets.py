@@ -180,10 +180,12 @@ def fit_offset_cv(
     n_folds: int = 5,
     seed: int = 0,
     sample_weight: Any = None,
+    succession: bool = True,
 ) -> tuple[float, np.ndarray, float]:
     """`(T, b, strength)`: the strength with the least mean NLL over inner stratified
     folds (ties: the stronger), then `fit_offset` with it on all rows
-    (`sample_weight`: the rows' weights in every loss)."""
+    (`sample_weight`: the rows' weights in every loss; `succession`: as in
+    `succession_targets`)."""
     x = np.asarray(log_probs, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
     w = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, np.float64)
@@ -193,14 +195,18 @@ def fit_offset_cv(
     for fold in np.unique(fold_ids):
         held = fold_ids == fold
         train_w = w[~held] if given else None
-        train = succession_targets(y[~held], x.shape[1], count=_count(train_w))
+        train = succession_targets(
+            y[~held], x.shape[1], count=_count(train_w), succession=succession
+        )
         for s, strength in enumerate(strengths):
             t, b = fit_offset(
                 x[~held], train, strength, temperature=temperature, sample_weight=train_w
             )
             losses[s] += (w[held] * nll(apply_offset(x[held], t, b), y[held])).sum()
     best = int(np.flatnonzero(losses <= losses.min() + 1e-12)[-1])
-    targets_all = succession_targets(y, x.shape[1], count=_count(sample_weight))
+    targets_all = succession_targets(
+        y, x.shape[1], count=_count(sample_weight), succession=succession
+    )
     t, b = fit_offset(
         x, targets_all, strengths[best], temperature=temperature, sample_weight=sample_weight
     )
@@ -208,11 +214,16 @@ def fit_offset_cv(
 
 
 def _fixed(
-    bias: np.ndarray, x: np.ndarray, y: np.ndarray, temperature: bool, sample_weight: Any
+    bias: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    temperature: bool,
+    sample_weight: Any,
+    succession: bool,
 ) -> tuple[float, Any]:
     """A label-free offset `-log bias`, then a temperature on the corrected scores."""
     corrected = x - np.log(np.clip(bias, _FLOOR, None))
-    rows = succession_targets(y, x.shape[1], count=_count(sample_weight))
+    rows = succession_targets(y, x.shape[1], count=_count(sample_weight), succession=succession)
     t = fit_temperature(corrected, rows, sample_weight=sample_weight) if temperature else 1.0
     return t, -np.log(np.clip(bias, _FLOOR, None)) / t
 
@@ -226,12 +237,14 @@ def fit_member(
     temperature: bool = True,
     seed: int = 0,
     sample_weight: Any = None,
+    succession: bool = True,
 ) -> tuple[float, np.ndarray]:
     """`(T, b)` of bias member `name` (`MEMBERS`) fitted on these rows.
 
     `content_free`: `[C, L]` the base probabilities of the content-free inputs
     (needed by `"contextual"`). `sample_weight`: the rows' weights (the batch's mean
-    distribution and every loss weighted by them).
+    distribution and every loss weighted by them). `succession`: as in
+    `succession_targets` (`FitPolicy.succession`).
     """
     x = np.asarray(log_probs, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
@@ -239,10 +252,12 @@ def fit_member(
     batch_mean = _shares(w, len(x)) @ apply_temperature(x, 1.0)
     fitters: dict[str, Callable[[], tuple[float, Any]]] = {
         "offset": lambda: fit_offset_cv(
-            x, y, temperature=temperature, seed=seed, sample_weight=w
+            x, y, temperature=temperature, seed=seed, sample_weight=w, succession=succession
         )[:2],
-        "batch": lambda: _fixed(batch_mean, x, y, temperature, w),
-        "contextual": lambda: _fixed(_content_free_bias(content_free), x, y, temperature, w),
+        "batch": lambda: _fixed(batch_mean, x, y, temperature, w, succession),
+        "contextual": lambda: _fixed(
+            _content_free_bias(content_free), x, y, temperature, w, succession
+        ),
     }
     if name not in fitters:
         raise ValueError(f"unknown bias member {name!r}; members are {', '.join(MEMBERS)}")
@@ -298,6 +313,7 @@ def member_out_of_fold(
     seed: int,
     entry: int,
     sample_weight: Any = None,
+    succession: bool = True,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Per-item probabilities `[N, L]` of bias member `name` fitted on the other
     folds (the offset's strength chosen by inner folds inside each), and each fold's
@@ -308,7 +324,8 @@ def member_out_of_fold(
         held = fold_ids == fold
         train_w = None if sample_weight is None else np.asarray(sample_weight)[~held]
         t, b = fit_member(name, base[~held], y[~held], content_free=content_free,
-                          temperature=temperature, seed=seed, sample_weight=train_w)  # fmt: skip
+                          temperature=temperature, seed=seed, sample_weight=train_w,
+                          succession=succession)  # fmt: skip
         out[held] = apply_offset(base[held], t, b)
         choices.append({"entry": entry, "temperature": t, "offset": b.tolist()})
     return out, choices

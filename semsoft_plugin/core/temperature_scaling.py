@@ -29,10 +29,6 @@ __all__ = [
 # Temperatures searched: wide enough for a twenty-fold over- or under-confident model.
 LOG_T_BOUNDS = (math.log(0.05), math.log(20.0))
 _EPS = 1e-12
-# Whether the few-label fit holds its answers to the rule of succession (`succession_targets`,
-# `succession_temperature`; False: the hard labels alone; only benchmarks/fit_rule_ablation.py
-# turns it off, to measure what it changes).
-SUCCESSION_TARGETS = True
 
 
 def apply_temperature(log_probs: Any, temperature: float) -> np.ndarray:
@@ -49,7 +45,9 @@ def nll(probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return -np.log(np.clip(probs[np.arange(len(targets)), targets], _EPS, 1.0))
 
 
-def succession_targets(targets: Any, n_labels: int, *, count: float | None = None) -> np.ndarray:
+def succession_targets(
+    targets: Any, n_labels: int, *, count: float | None = None, succession: bool = True
+) -> np.ndarray:
     """The targets the few-label fit's offsets and the probe's label logits are fitted
     to: `[N, L]` rows that give each item's label `(N + 1) / (N + 2)` and share
     `1 / (N + 2)` evenly among the other labels (its temperatures are held to the same
@@ -65,7 +63,8 @@ def succession_targets(targets: Any, n_labels: int, *, count: float | None = Non
     the same way, per class; per class was worse here, as it pushes rare labels down).
     The out-of-fold checks still score hard labels. `count`: the `N` of the rule
     where items are weighted (the sum of their weights; default `len(targets)`), so
-    that integer weights give the targets of the items repeated.
+    that integer weights give the targets of the items repeated. `succession=False`
+    (`FitPolicy.succession`): the hard targets.
 
     >>> succession_targets([0, 0, 1], 2).round(3).tolist()
     [[0.8, 0.2], [0.8, 0.2], [0.2, 0.8]]
@@ -73,7 +72,7 @@ def succession_targets(targets: Any, n_labels: int, *, count: float | None = Non
     y = np.asarray(targets, dtype=np.int64)
     if y.ndim != 1 or n_labels < 2 or (len(y) and (y.min() < 0 or y.max() >= n_labels)):
         raise ValueError(f"targets must be [N] label indices in [0, {n_labels}), got {y[:8]}")
-    if not SUCCESSION_TARGETS:  # the hard targets, for benchmarks/fit_rule_ablation.py
+    if not succession:
         return target_rows(y, len(y), n_labels)
     rest = 1.0 / ((len(y) if count is None else float(count)) + 2.0)
     out = np.full((len(y), n_labels), rest / (n_labels - 1))
@@ -147,7 +146,9 @@ def fit_temperature(
     return float(math.exp(best)) if loss(best) < loss(0.0) else 1.0
 
 
-def succession_temperature(log_probs: Any, targets: Any, *, sample_weight: Any = None) -> float:
+def succession_temperature(
+    log_probs: Any, targets: Any, *, sample_weight: Any = None, succession: bool = True
+) -> float:
     """Temperature scaling held to the rule of succession: the few-label fit's `T`.
 
     `fit_temperature` on the hard labels, unless at that `T` the items' labels get more
@@ -158,6 +159,7 @@ def succession_temperature(log_probs: Any, targets: Any, *, sample_weight: Any =
     fit, and Qwen2.5-Coder-1.5B on Ekman's emotions (50 labels) paid .002 of test NLL
     against temperature scaling on each of 5 draws. `sample_weight`: as in
     `fit_temperature`; the weights count items, so the rule's `N` is their sum.
+    `succession=False` (`FitPolicy.succession`): the hard optimum.
 
     >>> z = np.array([[2.0, 0.0], [0.0, 2.0], [3.0, 0.0]])  # three right answers
     >>> t = succession_temperature(z, [0, 1, 0])
@@ -170,7 +172,7 @@ def succession_temperature(log_probs: Any, targets: Any, *, sample_weight: Any =
     z = np.asarray(log_probs, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)
     hard = fit_temperature(z, y, sample_weight=sample_weight)
-    if not SUCCESSION_TARGETS:
+    if not succession:
         return hard
     weights = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, np.float64)
     most = 1.0 - 1.0 / (float(weights.sum()) + 2.0)
