@@ -24,15 +24,18 @@ from sklearn.preprocessing import FunctionTransformer  # noqa: E402
 
 from semsoft_plugin.app import handles  # noqa: E402
 from semsoft_plugin.app.classifier import Classifier, NotFittedError  # noqa: E402
+from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
+from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
+from semsoft_plugin.core.fit_policy import FitPolicy  # noqa: E402
 from semsoft_plugin.core.labels import label_names  # noqa: E402
 
 MODEL = "smollm2-135m"
 # float32 weights: in bf16 a row moves with its batch's padding (by up to .023 on this
 # model), which the batch-invariance check below would see.
-F32 = {"dtype": "float32"}
+F32 = {"engine": EngineSettings(dtype="float32")}
 Y = np.array(NAMES)
 # fit() that only reads the labels: the search below varies the classifier's own settings.
-FIXED = {"fit_family": ()}
+FIXED = {"fit_policy": FitPolicy(family=())}
 
 
 @pytest.fixture(scope="module")
@@ -64,25 +67,35 @@ def test_clone_shares_a_loaded_model_by_reference(clf):
     """A loaded model given as the parameter: scikit-learn's own clone would deep-copy it
     (``clone(param, safe=False)``); ``__sklearn_clone__`` passes it by reference."""
     loaded = clf._scorer().loaded
-    given = Classifier(loaded.model, loaded.tokenizer, LABELS, semantic_weight=0.5)
+    given = Classifier(
+        loaded.model, loaded.tokenizer, LABELS, config=SemsoftConfig(semantic_weight=0.5)
+    )
     copy = clone(given)
     assert copy.model is loaded.model and copy.tokenizer is loaded.tokenizer
-    assert copy.get_params(deep=False)["semantic_weight"] == 0.5
+    assert copy.get_params()["config__semantic_weight"] == 0.5
     assert copy.labels == LABELS and copy.labels is not given.labels  # the rest is copied
 
 
 def test_get_params_set_params_round_trip(clf):
-    params = clf.get_params()
+    params = clf.get_params(deep=False)
     assert set(params) == set(Classifier._get_param_names())
-    assert {"model", "labels", "semantic_weight", "score_temperature", "k", "config"} <= set(params)
-    assert Classifier(**params).get_params() == params  # stored unchanged
+    assert len(params) <= 12
+    assert {"model", "labels", "config", "engine", "fit_policy", "cv"} <= set(params)
+    assert Classifier(**params).get_params(deep=False) == params  # stored unchanged
     other = clone(clf)
-    assert other.set_params(semantic_weight=1.0, score_temperature=0.5) is other
-    assert other.get_params()["semantic_weight"] == 1.0
+    given = SemsoftConfig()
+    other.set_params(config=given)
+    assert other.set_params(config__semantic_weight=1.0, config__score_temperature=0.5) is other
+    assert given.semantic_weight == 0.0  # the value passed is never changed in place
+    assert other.get_params()["config__semantic_weight"] == 1.0
     assert other._scorer().config.semantic_weight == 1.0
     assert other._scorer().config.score_temperature == 0.5
-    with pytest.raises(ValueError, match="Invalid parameter 'semantic_wieght' for estimator Classifier"):
+    with pytest.raises(
+        ValueError, match="Invalid parameter 'semantic_wieght' for estimator Classifier"
+    ):
         other.set_params(semantic_wieght=0.5)
+    with pytest.raises(ValueError, match="SemsoftConfig has no field 'semantic_wieght'"):
+        other.set_params(config__semantic_wieght=0.5)
     # A parameter set after use takes effect: what was derived from the old one is dropped.
     other.set_params(labels=["good", "bad"])
     assert list(other.classes_) == ["bad", "good"]
@@ -90,24 +103,28 @@ def test_get_params_set_params_round_trip(clf):
 
 
 def test_the_pool_weight_and_temperature_change_the_probabilities(clf):
-    low = clone(clf).set_params(semantic_weight=0.0).predict_proba(TEXTS[:4])
-    high = clone(clf).set_params(semantic_weight=1.0).predict_proba(TEXTS[:4])
-    hot = clone(clf).set_params(semantic_weight=0.0, score_temperature=4.0).predict_proba(
-        TEXTS[:4]
-    )
+    low = clone(clf).set_params(config__semantic_weight=0.0).predict_proba(TEXTS[:4])
+    high = clone(clf).set_params(config__semantic_weight=1.0).predict_proba(TEXTS[:4])
+    hot = clone(clf).set_params(config__semantic_weight=0.0, config__score_temperature=4.0)
+    hot = hot.predict_proba(TEXTS[:4])
     assert np.abs(low - high).max() > 1e-3
     assert (np.abs(hot - 0.5) < np.abs(low - 0.5)).all()  # a higher temperature flattens
 
 
 def test_settings_are_checked_where_used_not_in_init():
-    bad = Classifier(MODEL, labels=LABELS, batch_size=0, calibrate="mean", **F32)  # no error yet
-    assert bad.batch_size == 0
+    bad = Classifier(MODEL, labels=LABELS, calibrate="mean", cv=1, **F32)  # no error yet
+    assert bad.calibrate == "mean"
     with pytest.raises(ValueError, match="calibrate='mean' must be one of"):
         bad.predict(TEXTS[:1])
-    with pytest.raises(ValueError, match="batch_size=0"):
-        bad.set_params(calibrate=None).predict(TEXTS[:1])
-    with pytest.raises(ValueError, match=r"semantic_weight=2\.0 must be a finite number in \[0, 1\]"):
-        Classifier(MODEL, labels=LABELS, semantic_weight=2.0).predict(TEXTS[:1])
+    with pytest.raises(ValueError, match="cv=1 must be an int >= 2 or a splitter"):
+        bad.set_params(calibrate=None).fit(TEXTS, Y)
+    with pytest.raises(ValueError, match="prompt=3 must be a PromptTemplate"):
+        Classifier(MODEL, labels=LABELS, prompt=3).predict(TEXTS[:1])
+    # The settings values check their own fields when built (frozen: never half-valid).
+    with pytest.raises(ValueError, match=r"EngineSettings\(batch_size=0\)"):
+        EngineSettings(batch_size=0)
+    with pytest.raises(ValueError, match=r"FitPolicy\(margin=-1\.0\)"):
+        FitPolicy(margin=-1.0)
     with pytest.raises(ValueError, match="tokenizer=str is given with the model named"):
         Classifier(MODEL, "a tokenizer", LABELS).predict(TEXTS[:1])
 
@@ -118,7 +135,7 @@ def test_fit_keeps_the_parameters_and_sets_trailing_underscore_attributes(clf):
     ``check_dict_unchanged``, ``check_fit_idempotent``), which it runs on numbers only."""
     import joblib
 
-    est = clone(clf).set_params(fit_grid={"semantic_weight": (0.0, 1.0)}, n_folds=3)
+    est = clone(clf).set_params(fit_policy=FitPolicy(grid={"semantic_weight": (0.0, 1.0)}), cv=3)
     before = {name: joblib.hash(value) for name, value in est.get_params().items()}
     public = set(vars(est))
     assert est.fit(TEXTS, Y) is est
@@ -168,8 +185,8 @@ def test_pipeline(clf):
     assert pipe.fit(padded, Y[:4]) is pipe
     np.testing.assert_allclose(pipe.predict_proba(padded), clf.predict_proba(TEXTS[:4]), atol=1e-6)
     assert pipe.score(padded, Y[:4]) == accuracy_score(Y[:4], clf.predict(TEXTS[:4]))
-    pipe.set_params(classifier__semantic_weight=1.0)
-    assert pipe[-1].semantic_weight == 1.0
+    pipe.set_params(classifier__config__semantic_weight=1.0)
+    assert pipe[-1].config.semantic_weight == 1.0
     copy = clone(pipe)
     assert _weights(copy[-1]) is _weights(clf)
 
@@ -179,7 +196,7 @@ def test_grid_search_over_the_pool_weight_with_a_scorer(clf):
     grid = [0.0, 0.5, 1.0]
     folds = StratifiedKFold(n_splits=3)
     base = clone(clf).set_params(**FIXED)
-    search = GridSearchCV(base, {"semantic_weight": grid}, scoring="neg_log_loss", cv=folds)
+    search = GridSearchCV(base, {"config__semantic_weight": grid}, scoring="neg_log_loss", cv=folds)
     assert is_classifier(base)
     search.fit(TEXTS, Y)
     assert len(handles._LOADED) == loads  # every candidate and fold shared the one model
@@ -187,7 +204,7 @@ def test_grid_search_over_the_pool_weight_with_a_scorer(clf):
     # The scorer read predict_proba's columns as classes_ says: the scores by hand.
     expected = []
     for weight in grid:
-        probs = clone(base).set_params(semantic_weight=weight).predict_proba(TEXTS)
+        probs = clone(base).set_params(config__semantic_weight=weight).predict_proba(TEXTS)
         losses = [
             -log_loss(Y[test], probs[test], labels=clf.classes_)
             for _, test in folds.split(TEXTS, Y)
@@ -196,8 +213,53 @@ def test_grid_search_over_the_pool_weight_with_a_scorer(clf):
     np.testing.assert_allclose(search.cv_results_["mean_test_score"], expected, rtol=1e-5)
     assert np.ptp(expected) > 1e-4  # the weight mattered to the score
     best = grid[int(np.argmax(expected))]
-    assert search.best_params_ == {"semantic_weight": best}
+    assert search.best_params_ == {"config__semantic_weight": best}
     assert search.best_estimator_.fitted_config_.semantic_weight == best
+
+
+def test_grid_search_over_the_fit_policy(clf):
+    """A field of the fit's policy reaches each candidate's fit: its result records it."""
+    base = clone(clf).set_params(fit_policy=FitPolicy(family=("temperature", "offset")), cv=3)
+    search = GridSearchCV(base, {"fit_policy__margin": [0.0, 2.0]}, scoring="neg_log_loss", cv=2)
+    search.fit(TEXTS, Y)
+    assert len(search.cv_results_["mean_test_score"]) == 2
+    best = search.best_estimator_
+    assert best.fit_result_.policy.margin == search.best_params_["fit_policy__margin"]
+    assert best.fit_result_.policy.family == ("temperature", "offset")
+    assert base.fit_policy.margin == 1.0  # the base's own value is untouched
+
+
+def test_cv_takes_a_splitter(clf):
+    """`cv` as scikit-learn's: an int (stratified folds drawn with the policy's seed) or a
+    splitter, whose folds the rule scores on; a splitter that leaves items out is refused."""
+    policy = FitPolicy(family=("temperature",))
+    by_int = clone(clf).set_params(fit_policy=policy, cv=3).fit(TEXTS, Y)
+    split = StratifiedKFold(3, shuffle=True, random_state=0)
+    by_splitter = clone(clf).set_params(fit_policy=policy, cv=split).fit(TEXTS, Y)
+    assert by_int.fit_result_.n_folds == by_splitter.fit_result_.n_folds == 3
+    # the same folds (the int draws StratifiedKFold(shuffle=True, random_state=seed)'s):
+    assert by_int.fitted_config_ == by_splitter.fitted_config_
+
+    class HalfHeldOut:
+        def split(self, x, y=None):
+            yield np.arange(len(x) // 2, len(x)), np.arange(len(x) // 2)
+
+        def get_n_splits(self, *args):
+            return 1
+
+    with pytest.raises(ValueError, match=r"holds out \d+ of \d+ items"):
+        clone(clf).set_params(fit_policy=policy, cv=HalfHeldOut()).fit(TEXTS, Y)
+
+
+def test_moved_parameters_are_refused_naming_their_place():
+    with pytest.raises(TypeError, match=r"'semantic_weight': it moved to config=SemsoftConfig"):
+        Classifier(MODEL, labels=LABELS, semantic_weight=0.5)
+    with pytest.raises(TypeError, match=r"'n_folds': it moved to cv"):
+        Classifier(MODEL, labels=LABELS, n_folds=3)
+    with pytest.raises(TypeError, match=r"'batch_size': it moved to engine=EngineSettings"):
+        Classifier(MODEL, labels=LABELS, batch_size=4)
+    with pytest.raises(TypeError, match=r"'fit_family': it moved to fit_policy=FitPolicy\(family"):
+        Classifier(MODEL, labels=LABELS, fit_family=())
 
 
 # -- the estimator suite on texts ----------------------------------------------------
@@ -211,7 +273,9 @@ def test_it_is_a_scikit_learn_estimator(clf):
     assert isinstance(clf, BaseEstimator) and isinstance(clf, ClassifierMixin)
     html = clf._repr_html_()
     assert "Classifier" in html and "smollm2-135m" in html
-    assert set(clf.get_params(deep=True)) >= set(clf.get_params(deep=False))
+    deep = clf.get_params(deep=True)
+    assert set(deep) >= set(clf.get_params(deep=False))
+    assert deep["engine__dtype"] == "float32"  # a nested field, as GridSearchCV reaches it
 
 
 def test_clone_invariance(clf):
@@ -223,15 +287,20 @@ def test_clone_invariance(clf):
 
 def test_set_params_round_trip(clf):
     est = clone(clf)
-    for name, value in (("semantic_weight", 0.3), ("k", 20), ("fit_family", ("offset",))):
+    nested = (
+        ("config__semantic_weight", 0.3),
+        ("config__k", 20),
+        ("fit_policy__family", ("offset",)),
+    )
+    for name, value in nested:
         assert est.set_params(**{name: value}) is est
         assert est.get_params()[name] == value
     assert clone(est).get_params() == est.get_params()
-    assert Classifier(**est.get_params()).get_params() == est.get_params()
+    assert Classifier(**est.get_params(deep=False)).get_params() == est.get_params()
 
 
 def test_fit_is_idempotent(clf):
-    est = clone(clf).set_params(fit_family=("temperature",), n_folds=3)
+    est = clone(clf).set_params(fit_policy=FitPolicy(family=("temperature",)), cv=3)
     first = est.fit(TEXTS, Y).predict_proba(TEXTS)
     config = est.fitted_config_
     second = est.fit(TEXTS, Y).predict_proba(TEXTS)
@@ -241,7 +310,7 @@ def test_fit_is_idempotent(clf):
 
 def test_predict_proba_rows_sum_to_one(clf):
     for weight in (0.0, 0.3, 1.0):
-        probs = clone(clf).set_params(semantic_weight=weight).predict_proba(TEXTS)
+        probs = clone(clf).set_params(config__semantic_weight=weight).predict_proba(TEXTS)
         assert probs.shape == (len(TEXTS), 2) and probs.dtype == np.float64
         np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-12)
         assert np.isfinite(probs).all() and (probs >= 0).all()
@@ -255,7 +324,7 @@ def test_unseen_labels_are_refused(clf):
 
 
 def test_pickling_round_trips_predictions(clf):
-    est = clone(clf).set_params(fit_family=("temperature",), n_folds=3).fit(TEXTS, Y)
+    est = clone(clf).set_params(fit_policy=FitPolicy(family=("temperature",)), cv=3).fit(TEXTS, Y)
     back = pickle.loads(pickle.dumps(est))
     assert back.fitted_config_ == est.fitted_config_ and back.get_params() == est.get_params()
     np.testing.assert_array_equal(back.predict_proba(TEXTS), est.predict_proba(TEXTS))
@@ -296,7 +365,7 @@ def test_metadata_routing_passes_sample_weight(clf):
 
     weights = np.arange(1, len(TEXTS) + 1, dtype=float)
     with sklearn.config_context(enable_metadata_routing=True):
-        est = Recording(MODEL, labels=LABELS, fit_family=(), **F32)
+        est = Recording(MODEL, labels=LABELS, **FIXED, **F32)
         est.set_fit_request(sample_weight=True).set_score_request(sample_weight=False)
         cross_validate(est, TEXTS, Y, cv=2, params={"sample_weight": weights})
     assert len(seen) == 2 and all(s is not None and len(s) == len(TEXTS) // 2 for s in seen)
@@ -349,7 +418,9 @@ def test_a_vllm_classifier_clones_and_searches_on_one_engine(llm):
     base = Classifier(llm, None, LABELS, **FIXED)
     copy = clone(base)
     assert copy.model is llm and copy._scorer().loaded.backend == "vllm"
-    search = GridSearchCV(base, {"semantic_weight": [0.0, 1.0]}, scoring="neg_log_loss", cv=2)
+    search = GridSearchCV(
+        base, {"config__semantic_weight": [0.0, 1.0]}, scoring="neg_log_loss", cv=2
+    )
     search.fit(TEXTS[:8], Y[:8])
     assert search.best_estimator_.model is llm
     want = Classifier(MODEL, labels=LABELS, **F32).predict_proba(TEXTS[:4])
