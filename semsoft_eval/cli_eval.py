@@ -54,9 +54,7 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--limit", type=int, help="a fixed random sample of N items")
     group.add_argument("--seed", type=int, default=0, help="sampling and fold seed")
     parser.add_argument(
-        "--model",
-        default="default",
-        help="'default' (= qwen2.5-coder-1.5b), 'qwen2.5-coder-0.5b', 'smollm2-135m' (small, for tests) or a checkpoint dir",
+        "--model", default="default", help="'default' (= qwen2.5-coder-1.5b), 'qwen2.5-coder-0.5b', 'smollm2-135m' (small, for tests) or a checkpoint dir"
     )
     parser.add_argument(
         "--prompt-file", help="JSON prompt template (keys user, answer_prefix, system)"
@@ -235,7 +233,9 @@ def add_tune_parser(subparsers: Any) -> None:
         action="store_true",
         help="do not fit the final score temperature (score_temperature stays the start's)",
     )
-    parser.add_argument("--no-temperature", nargs=0, action=_RenamedFlag, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-temperature", nargs=0, action=_RenamedFlag, help=argparse.SUPPRESS
+    )
     parser.add_argument(
         "--fit-family",
         type=_name_list,
@@ -250,7 +250,9 @@ def add_tune_parser(subparsers: Any) -> None:
         default="semsoft-config.json",
         help="the config file to write (.json; checked before the tune starts)",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --output"
+    )
     parser.add_argument("--report", help="also write the full tuning report (JSON)")
     parser.set_defaults(func=run_tune)
 

@@ -187,10 +187,7 @@ def _semantic_paper(m: MethodInputs) -> MethodResult:
     return m.score(m.paper)
 
 
-@method(
-    "semantic-shared",
-    "SemsoftConfig.preset('shared'): every kept token's whole mass shared out among the labels",
-)
+@method("semantic-shared", "SemsoftConfig.preset('shared'): every kept token's whole mass shared out among the labels")
 def _semantic_shared(m: MethodInputs) -> MethodResult:
     return m.score(SemsoftConfig.preset("shared").replace(k=m.config.k))
 

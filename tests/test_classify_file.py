@@ -18,6 +18,7 @@ import pytest
 
 from semsoft_plugin import Classifier
 from semsoft_plugin.app.cli import main
+from semsoft_plugin.app.engine_settings import EngineSettings
 from semsoft_plugin.app.file_settings import settings_path
 from semsoft_plugin.app.table_writers import TableWriter, read_output
 from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate, build_inputs
@@ -100,6 +101,7 @@ for name in list(sys.modules):
 sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
 from semsoft_plugin.app.file_settings import settings_path
 from semsoft_plugin.app.cli import main
+from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 report = []
 for argv in json.loads(sys.argv[2]):
     del asked[:]
@@ -195,11 +197,17 @@ def test_csv_file_end_to_end(tmp_path, capsys, model_and_tokenizer):
     pooled = tmp_path / "pooled.csv"
     assert classify_file(inp, pooled, "--batch-size", "3", "--preset", "pooled") == 0
     pooled_rows = read_csv(pooled)
-    assert list(pooled_rows[0])[-5:] == ["constrained_negative", "coverage", "fallback", "review", "truncated"]
+    assert list(pooled_rows[0])[-5:] == [
+        "constrained_negative",
+        "coverage",
+        "fallback",
+        "review",
+        "truncated",
+    ]
     assert all(0.0 <= float(r["coverage"]) <= 1.0 for r in pooled_rows)
     # The file path is the estimator's path: same batches, same numbers.
     model, tokenizer = model_and_tokenizer
-    clf = Classifier(model, tokenizer, LABELS, batch_size=3)
+    clf = Classifier(model, tokenizer, LABELS, engine=EngineSettings(batch_size=3))
     expected = np.vstack([clf.predict_proba(TEXTS[:3]), clf.predict_proba(TEXTS[3:])])
     assert list(clf.classes_) == sorted(LABELS)  # columns in sorted order, as sklearn's
     np.testing.assert_array_equal(probs[:, ::-1], expected)
@@ -377,7 +385,7 @@ def test_predict_proba_equals_classify(model_and_tokenizer):
     from semsoft_plugin.engines.hf import classify
 
     model, tokenizer = model_and_tokenizer
-    clf = Classifier(model, tokenizer, LABELS, batch_size=4)
+    clf = Classifier(model, tokenizer, LABELS, engine=EngineSettings(batch_size=4))
     # bf16 rows move with their batch's padding: the passes are run here, in classify's batches
     PASSES.clear()
     details = clf.predict_details(TEXTS)
@@ -403,13 +411,13 @@ def test_classifier_rejects_bad_input(model_and_tokenizer):
         clf.predict_proba(["fine", "  "])
     # Settings are checked where they are used (scikit-learn's rule), before any text is scored.
     with pytest.raises(ValueError, match="batch_size=0"):
-        Classifier(model, tokenizer, LABELS, batch_size=0).predict(["fine"])
+        Classifier(model, tokenizer, LABELS, engine=EngineSettings(batch_size=0))
     with pytest.raises(ValueError, match="tokenizer is None"):
         Classifier(model, None, LABELS).predict(["fine"])
     with pytest.raises(ValueError, match="prompt template must contain"):
         Classifier(model, tokenizer, LABELS, prompt="no placeholder").predict(["fine"])
     with pytest.raises(ValueError, match="batch_size=0"):
-        Classifier.from_pretrained("smollm2-135m", LABELS, batch_size=0)
+        Classifier.from_pretrained("smollm2-135m", LABELS, engine=EngineSettings(batch_size=0))
     assert clf.predict_proba([]).shape == (0, 2)
 
 

@@ -22,14 +22,16 @@ import pytest
 
 from semsoft_plugin.app.classifier import Classifier, NotFittedError
 from semsoft_plugin.app.cli import main
+from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 from semsoft_plugin.app.file_settings import settings_path
 from semsoft_plugin.core.calibration import GUARD_CONFIDENCE, FileCalibration
+from semsoft_plugin.core.fit_policy import FitPolicy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m"
 LABELS = ["positive", "negative"]
-F32 = {"dtype": "float32", "batch_size": 8}
+F32 = {"engine": EngineSettings(dtype="float32", batch_size=8)}
 THINGS = ["film", "meal", "hotel", "phone", "book", "concert", "car", "game", "class", "show"]
 GOOD = ["wonderful", "a delight", "excellent", "lovely"]
 BAD = ["awful", "a waste of money", "dreadful", "boring"]
@@ -59,11 +61,13 @@ def test_the_correction_is_file_calibrations_on_the_distinct_texts(plain, texts)
     np.testing.assert_allclose(got, expected.apply(raw), rtol=0, atol=1e-12)
     assert list(clf.predict(texts)) == [clf.classes_[i] for i in got.argmax(1)]
     details = clf.predict_details(texts)
-    np.testing.assert_array_equal(details.constrained_probs, plain.predict_details(texts).constrained_probs)
+    np.testing.assert_array_equal(
+        details.constrained_probs, plain.predict_details(texts).constrained_probs
+    )
     # Strength 0 changes nothing; a part of the correction lies between none and all.
     none = filemode(file_strength=0.0).fit(texts).predict_proba(texts)
     np.testing.assert_allclose(none, raw, rtol=0, atol=1e-12)
-    half = filemode(file_strength=0.5).fit(texts).predict_proba(texts)
+    half = filemode(fit_policy=FitPolicy(file_strength=0.5)).fit(texts).predict_proba(texts)
     favourite = int(np.argmax(expected.bias))  # the label the prompt leans to on this file
     means = [p[:, favourite].mean() for p in (raw, half, got)]
     assert means[0] > means[1] > means[2]
@@ -140,30 +144,32 @@ def test_refusals_are_named(plain):
     with pytest.raises(
         ValueError, match=r"file_strength=1\.5 must be 'auto' or a number in \[0, 1\]"
     ):
-        filemode(file_strength=1.5).fit(BALANCED)
+        filemode(fit_policy=FitPolicy(file_strength=1.5)).fit(BALANCED)
     with pytest.raises(ValueError, match=r"file_strength='high' must be 'auto' or a number"):
-        filemode(file_strength="high").fit(BALANCED)
+        filemode(fit_policy=FitPolicy(file_strength="high")).fit(BALANCED)
     with pytest.raises(ValueError, match="file_strength=0.5 applies only to the file mode"):
-        Classifier(MODEL, labels=LABELS, file_strength=0.5, **F32).predict(BALANCED[:1])
+        Classifier(MODEL, labels=LABELS, fit_policy=FitPolicy(file_strength=0.5), **F32).predict(
+            BALANCED[:1]
+        )
     with pytest.raises(ValueError, match="fit without y needs|without y needs labels"):
         Classifier(MODEL, calibrate="file", **F32).fit(BALANCED)
     y = ["positive" if i % 4 < 2 else "negative" for i in range(40)]
     with pytest.raises(ValueError, match=r"fit\(texts, y\) with calibrate='file'"):
         filemode().fit(BALANCED, y)
     # Searching nothing, fit(texts, y) reads the labels and estimates the correction.
-    fixed = filemode(fit_family=()).fit(BALANCED, y)
+    fixed = filemode(fit_policy=FitPolicy(family=())).fit(BALANCED, y)
     assert fixed.file_calibration_ == filemode().fit(BALANCED).file_calibration_
     # A parameter changed after fit is not silently ignored, "auto" included.
     with pytest.raises(
         ValueError, match=r"file_strength=0\.5, but file_calibration_ was fitted at 'auto'"
     ):
-        fixed.set_params(file_strength=0.5).predict(BALANCED[:1])
-    by_hand = filemode(file_strength=0.5).fit(BALANCED)
+        fixed.set_params(fit_policy__file_strength=0.5).predict(BALANCED[:1])
+    by_hand = filemode(fit_policy=FitPolicy(file_strength=0.5)).fit(BALANCED)
     with pytest.raises(
         ValueError,
         match=r"file_strength='auto', but file_calibration_ was fitted at 0\.5: call fit",
     ):
-        by_hand.set_params(file_strength="auto").predict(BALANCED[:1])
+        by_hand.set_params(fit_policy__file_strength="auto").predict(BALANCED[:1])
     with pytest.raises(ValueError, match="requires y to be passed"):
         Classifier(MODEL, labels=LABELS, **F32).fit(BALANCED)
 

@@ -17,6 +17,7 @@ import pytest
 
 from semsoft_plugin import Classifier
 from semsoft_plugin.app.cli import main
+from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 from semsoft_plugin.app.file_settings import settings_path
 from semsoft_plugin.app.table_writers import TableWriter
 from semsoft_plugin.app.tables import read_records
@@ -367,7 +368,9 @@ def test_vllm_classifier_cuts_a_text_to_the_engines_context():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     engine = {"dtype": "float32", "enforce_eager": True, "max_model_len": 160, "seed": 0}
-    clf = Classifier.from_pretrained("smollm2-135m", LABELS, backend="vllm", engine_args=engine)
+    clf = Classifier.from_pretrained(
+        "smollm2-135m", LABELS, backend="vllm", engine=EngineSettings(engine_args=engine)
+    )
     assert clf.context_length() == 160
     long = " ".join([GOOD] * 60)  # about 600 tokens: the engine would refuse the prompt
     details = clf.predict_details([long, BAD])

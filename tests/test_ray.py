@@ -22,8 +22,10 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from semsoft_plugin.app.cli import main  # noqa: E402
+from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 from semsoft_plugin.app.ray import aligned_blocks, classify_dataset  # noqa: E402
 from semsoft_plugin.app.ray_llm import VLLMPostprocess  # noqa: E402
+from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
 from semsoft_plugin.engines.scoring import MissingLabelLogprobs  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -247,9 +249,8 @@ def test_vllm_postprocess_on_recorded_outputs(recorded):
     hf = Classifier.from_pretrained(
         "smollm2-135m",
         exact["labels"],
-        dtype="float32",
-        k=exact["k"],
-        semantic_weight=exact["semantic_weight"],
+        engine=EngineSettings(dtype="float32"),
+        config=SemsoftConfig(k=exact["k"], semantic_weight=exact["semantic_weight"]),
     ).predict_details(texts)
     for j, case in enumerate(exact["rows"]):
         out = post(case["row"])

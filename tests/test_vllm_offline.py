@@ -16,7 +16,9 @@ vllm = pytest.importorskip("vllm")
 
 from vllm import SamplingParams  # noqa: E402
 
+from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 from semsoft_plugin.core import request as sreq  # noqa: E402
+from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
 from semsoft_plugin.core.labels import LabelSet  # noqa: E402
 from semsoft_plugin.engines import scoring  # noqa: E402
 from semsoft_plugin.engines import vllm as sv  # noqa: E402
@@ -125,9 +127,7 @@ def test_trigger_decides_after_the_trigger(mixed_batch, llm, hf_model):
     assert generated.startswith(trigger)
     assert generated[len(trigger) :].strip() in EMOTIONS
     model, tok = hf_model
-    want = hf.classify(model, tok, [PROMPTS["dog"]], EMOTIONS, trigger=trigger, max_tokens=12)[
-        0
-    ]
+    want = hf.classify(model, tok, [PROMPTS["dog"]], EMOTIONS, trigger=trigger, max_tokens=12)[0]
     for label, p in want.probs.items():
         assert scores.probs[label] == pytest.approx(p, abs=ATOL), label
 
@@ -235,9 +235,15 @@ def test_in_process_vllm_has_the_methods_ranges_as_transformers():
     texts = ["A loyal animal that barks and fetches sticks.", "The colour of the sky at noon."]
     engine = {key: v for key, v in ENGINE_ARGS.items() if key != "max_logprobs"}
     on_vllm = Classifier.from_pretrained(
-        "smollm2-135m", WORDS, backend="vllm", k=k, engine_args=engine
+        "smollm2-135m",
+        WORDS,
+        backend="vllm",
+        config=SemsoftConfig(k=k),
+        engine=EngineSettings(engine_args=engine),
     )
-    on_hf = Classifier.from_pretrained("smollm2-135m", WORDS, k=k, dtype="float32")
+    on_hf = Classifier.from_pretrained(
+        "smollm2-135m", WORDS, config=SemsoftConfig(k=k), engine=EngineSettings(dtype="float32")
+    )
     got = on_vllm.predict_proba(texts)
     assert got.shape == (2, len(WORDS))
     np.testing.assert_allclose(got, on_hf.predict_proba(texts), atol=ATOL)

@@ -39,15 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The recipe's flags (shared by the command and `benchmarks/distill_run.py`)."""
     d = DistillConfig()
     parser.add_argument(
-        "--model",
-        default=d.model,
-        help="'default' (= qwen2.5-coder-1.5b), 'qwen2.5-coder-0.5b', 'smollm2-135m' (small, for tests) or a checkpoint dir",
+        "--model", default=d.model, help="'default' (= qwen2.5-coder-1.5b), 'qwen2.5-coder-0.5b', 'smollm2-135m' (small, for tests) or a checkpoint dir"
     )
     parser.add_argument("--task", choices=TASKS, default=d.task, help="question set")
     parser.add_argument(
-        "--input",
-        dest="data",
-        default=d.data,
+        "--input", dest="data", default=d.data,
         help="nq only: JSONL {question, answer: [aliases]}",
     )
     parser.add_argument(

@@ -34,7 +34,9 @@ from semsoft_plugin.app.output_lock import OutputLock
 __all__ = ["run_classify_file"]
 
 
-def run_classify_file(job: FileJob, labels: list[str], make_classifier: Callable[[], Any]) -> int:
+def run_classify_file(
+    job: FileJob, labels: list[str], make_classifier: Callable[[], Any]
+) -> int:
     """Score every row of `--input` into `--output`, a batch at a time.
 
     Each output row holds the input row's columns (a Parquet output keeps their types

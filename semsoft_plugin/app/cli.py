@@ -95,10 +95,7 @@ def discover_commands() -> dict[str, Command]:
         extras = f"[{','.join(ep.extras)}]" if ep.extras else ""
         install = f"pip install '{dist}{extras}'" if extras else f"pip install --upgrade '{dist}'"
         commands[ep.name] = Command(
-            ep.name,
-            f"{ep.module}:{ep.attr}",
-            f"from {dist}{extras}: semsoft {ep.name} --help",
-            install,
+            ep.name, f"{ep.module}:{ep.attr}", f"from {dist}{extras}: semsoft {ep.name} --help", install
         )
     return commands
 
@@ -231,9 +228,7 @@ def _add_classify_parser(subparsers: Any) -> None:
         help=f"the labels, e.g. joy,sadness,anger; {LABELS_SYNTAX}",
     )
     parser.add_argument(
-        "--model",
-        default="default",
-        help="'default' (= qwen2.5-coder-1.5b), 'qwen2.5-coder-0.5b', 'smollm2-135m' (small, for tests) or a checkpoint dir",
+        "--model", default="default", help="'default' (= qwen2.5-coder-1.5b), 'qwen2.5-coder-0.5b', 'smollm2-135m' (small, for tests) or a checkpoint dir"
     )
     parser.add_argument(
         "--dtype",
@@ -314,7 +309,7 @@ def _add_classify_parser(subparsers: Any) -> None:
         "--resume",
         action="store_true",
         default=None,
-        help="keep the rows already in --output, score the rest",
+        help="keep the rows already in --output, score the rest"
     )
     files.add_argument(
         "--overwrite", action="store_true", default=None, help="replace an existing --output"

@@ -58,7 +58,9 @@ def _reader(spec: Mapping[str, Any]) -> Callable[[str], Any]:
             return None
         if choices is not None:
             if text not in choices:
-                raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
+                raise argparse.ArgumentTypeError(
+                    f"{text!r} is not one of {', '.join(choices)}"
+                )
             return text
         try:
             return kind(text)
@@ -186,3 +188,4 @@ def grid_from_args(args: argparse.Namespace, skip: Sequence[str] = ()) -> dict[s
         for name in config_field_specs()
         if name not in skip and getattr(args, name, None) is not None
     }
+

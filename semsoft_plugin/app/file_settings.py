@@ -89,9 +89,7 @@ def check_settings(output: Path, settings: dict[str, Any]) -> None:
     if not isinstance(recorded, dict):
         raise ValueError(f"--resume: {sidecar} holds no 'settings' object")
     for key in sorted(recorded):
-        renamed = (
-            renamed_message(key.removeprefix("config.")) if key.startswith("config.") else None
-        )
+        renamed = renamed_message(key.removeprefix("config.")) if key.startswith("config.") else None
         if renamed:
             raise ValueError(
                 f"--resume: {sidecar} records config.{renamed} (an older version's "
@@ -99,7 +97,6 @@ def check_settings(output: Path, settings: dict[str, Any]) -> None:
                 "--overwrite to score them again"
             )
     if recorded.get("fit") != settings.get("fit"):
-
         def short(digest: Any) -> str:
             return "none" if digest is None else f"sha256 {str(digest)[:16]}..."
 
@@ -186,7 +183,9 @@ def text_fingerprint(texts: Sequence[str]) -> str:
     return str(TextFingerprint(texts).to_dict()["sha256"])
 
 
-def check_fingerprints(output: Path, texts: Sequence[str], *, whole: bool) -> None:
+def check_fingerprints(
+    output: Path, texts: Sequence[str], *, whole: bool
+) -> None:
     """`--resume`: refuse an input that changed since the recorded rows were scored.
 
     Parameters
@@ -214,10 +213,8 @@ def check_fingerprints(output: Path, texts: Sequence[str], *, whole: bool) -> No
             "it), so a changed input could not be told: pass --overwrite to score it again"
         )
     rows = done.get("rows")
-    if (
-        not isinstance(rows, int)
-        or rows > len(texts)
-        or (text_fingerprint(texts[:rows]) != done.get("sha256"))
+    if not isinstance(rows, int) or rows > len(texts) or (
+        text_fingerprint(texts[:rows]) != done.get("sha256")
     ):
         raise ValueError(
             f"--resume: the input changed under the {rows} row(s) already in {output} (their "

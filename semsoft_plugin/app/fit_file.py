@@ -239,12 +239,8 @@ def checked_identity(fitted: dict[str, Any], source: str) -> FitIdentity:
         if not (isinstance(value, str) or (key == "system" and value is None)):
             raise ValueError(f"{source}: 'fitted.prompt.{key}' = {value!r:.60} is not a string")
     layer = fitted["output_layer"]
-    if not (
-        isinstance(layer, str) and len(layer) == 64 and all(c in "0123456789abcdef" for c in layer)
-    ):
-        raise ValueError(
-            f"{source}: 'fitted.output_layer' = {layer!r:.80} is not a sha256 hex digest"
-        )
+    if not (isinstance(layer, str) and len(layer) == 64 and all(c in "0123456789abcdef" for c in layer)):
+        raise ValueError(f"{source}: 'fitted.output_layer' = {layer!r:.80} is not a sha256 hex digest")
     return FitIdentity(tuple(labels), dict(prompt), layer)
 
 

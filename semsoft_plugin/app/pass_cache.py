@@ -243,7 +243,8 @@ def module_state(model: Any) -> str:
             if hasattr(module, "merged_adapters") and (v := getattr(module, attr, None)) is not None
         ]
         hooks = [
-            tuple(getattr(module, kind, {})) for kind in ("_forward_hooks", "_forward_pre_hooks")
+            tuple(getattr(module, kind, {}))
+            for kind in ("_forward_hooks", "_forward_pre_hooks")
         ]
         if switches or any(hooks):
             digest.update(f"{name}|{switches}|{hooks};".encode())

@@ -241,7 +241,8 @@ def _one_row(kept: dict[str, Any] | None, entry: dict[str, Any], fit: str) -> di
         "probs" in kept
         and "probs" in entry
         and all(
-            abs(a - b) <= SAME_ROW_ATOL for a, b in zip(kept["probs"], entry["probs"], strict=True)
+            abs(a - b) <= SAME_ROW_ATOL
+            for a, b in zip(kept["probs"], entry["probs"], strict=True)
         )
     )
     if same:
