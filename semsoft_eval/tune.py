@@ -146,7 +146,7 @@ def tune(
     policy = FitPolicy(
         family=_family(family, forward),
         grid=grid,
-        temperature=fit_score_temperature,
+        fit_score_temperature=fit_score_temperature,
         margin=margin,
         random_state=seed,
     )

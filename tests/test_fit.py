@@ -369,7 +369,11 @@ def fitted(default_checkpoint):
     model, tokenizer = models.load(str(default_checkpoint), dtype="float32")
     texts, y = _sst2(40)
     family = ("grid", "temperature", "offset", "batch", "contextual")  # the probe: test_fit_family
-    clf = Classifier(model, tokenizer, sorted(set(y)), batch_size=8, margin=0.0, fit_family=family)
+    from semsoft_plugin.app.engine_settings import EngineSettings
+    from semsoft_plugin.core.fit_policy import FitPolicy
+
+    policy = FitPolicy(margin=0.0, family=family)
+    clf = Classifier(model, tokenizer, sorted(set(y)), engine=EngineSettings(batch_size=8), fit_policy=policy)
     assert clf.fit(texts, y) is clf
     return clf, texts, y
 

@@ -409,7 +409,9 @@ def probed():
     from semsoft_plugin import Classifier
 
     texts, y = _topics()
-    clf = Classifier(MODEL, labels=LABELS, dtype="float32", batch_size=4, n_folds=4)
+    from semsoft_plugin.app.engine_settings import EngineSettings
+
+    clf = Classifier(MODEL, labels=LABELS, engine=EngineSettings(dtype="float32", batch_size=4), cv=4)
     assert clf.fit(texts, y) is clf
     return clf, texts, y
 
@@ -481,7 +483,9 @@ def test_the_classifier_refuses_unknown_members(probed):
 
     _, texts, y = probed
     with pytest.raises(ValueError, match="unknown fit family member 'vector'"):
-        Classifier(MODEL, labels=LABELS, fit_family=("grid", "vector")).fit(texts, y)
+        from semsoft_plugin.core.fit_policy import FitPolicy
+
+        Classifier(MODEL, labels=LABELS, fit_policy=FitPolicy(family=("grid", "vector"))).fit(texts, y)
 
 
 @pytest.mark.slow
@@ -490,8 +494,11 @@ def test_the_family_restricted_to_one_member(probed):
     from semsoft_plugin import Classifier
 
     _, texts, y = probed
-    clf = Classifier(MODEL, labels=LABELS, dtype="float32", n_folds=4, margin=0.0,
-                     fit_family=("offset",)).fit(texts, y)  # fmt: skip
+    from semsoft_plugin.app.engine_settings import EngineSettings
+    from semsoft_plugin.core.fit_policy import FitPolicy
+
+    clf = Classifier(MODEL, labels=LABELS, engine=EngineSettings(dtype="float32"), cv=4,
+                     fit_policy=FitPolicy(margin=0.0, family=("offset",))).fit(texts, y)  # fmt: skip
     assert set(clf.fit_result_.procedures) == {"offset"}
     if not clf.fit_result_.kept_default:
         assert clf.fitted_correction_.procedure == "offset"
@@ -545,14 +552,17 @@ def outlines_probed(tmp_path_factory):
     labels scored as Outlines writes them (no leading space). Saved with ``save_fit``."""
     outlines = pytest.importorskip("outlines")
     from semsoft_plugin import Classifier, LabelSet
+    from semsoft_plugin.app.engine_settings import EngineSettings
+    from semsoft_plugin.core.fit_policy import FitPolicy
     from semsoft_plugin.engines import models
     from semsoft_plugin.engines.prompting import PromptTemplate
 
     model, tokenizer = models.load(MODEL, dtype="float32")
     texts, y = _topics()
     clf = Classifier(model, tokenizer, LabelSet(LABELS, tokenizer, leading_space=False),
-                     prompt=PromptTemplate("{text}", answer_prefix=""), batch_size=4,
-                     n_folds=4, fit_family=("probe",)).fit(texts, y)  # fmt: skip
+                     prompt=PromptTemplate("{text}", answer_prefix=""),
+                     engine=EngineSettings(batch_size=4), cv=4,
+                     fit_policy=FitPolicy(family=("probe",))).fit(texts, y)  # fmt: skip
     path = tmp_path_factory.mktemp("fit") / "fitted.json"
     clf.save_fit(path)
     return clf, outlines.from_transformers(model, tokenizer), path, texts

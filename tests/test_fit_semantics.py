@@ -16,13 +16,15 @@ from _reviews import LABELS, NAMES, TEXTS  # noqa: E402
 from sklearn.model_selection import GridSearchCV  # noqa: E402
 
 from semsoft_plugin.app.classifier import Classifier  # noqa: E402
+from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 from semsoft_plugin.app.pass_cache import PASSES  # noqa: E402
 from semsoft_plugin.core import fit_family, fitting, folds  # noqa: E402
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
+from semsoft_plugin.core.fit_policy import FitPolicy  # noqa: E402
 from semsoft_plugin.engines import hf  # noqa: E402
 
 MODEL = "smollm2-135m"
-F32 = {"dtype": "float32"}
+F32 = {"engine": EngineSettings(dtype="float32")}
 Y = list(NAMES)
 
 
@@ -112,31 +114,36 @@ def test_texts_must_be_an_ordered_sequence(no_scoring, texts, name) -> None:
 def test_one_name_per_concept() -> None:
     with pytest.raises(ValueError, match="backend='hf' is now spelled 'transformers'"):
         Classifier(MODEL, labels=LABELS, backend="hf").predict(TEXTS[:1])
-    with pytest.raises(TypeError, match="'fit_temperature': it was renamed 'fit_score_temperature'"):
+    with pytest.raises(TypeError, match=r"'fit_temperature': it moved to fit_policy=FitPolicy\(temperature"):
         Classifier(MODEL, labels=LABELS, fit_temperature=False)
-    assert "fit_score_temperature" in Classifier().get_params()
+    assert "fit_policy__temperature" in Classifier(fit_policy=FitPolicy()).get_params()
 
 
-# -- what the user fixed is kept ---------------------------------------------------------
+# -- what the policy leaves out of the search is kept ---------------------------------------
 
 
 @pytest.mark.slow
-def test_a_fixed_pool_weight_is_kept_by_fit_and_by_a_search() -> None:
+def test_a_pool_weight_the_grid_leaves_out_is_kept_by_fit_and_by_a_search() -> None:
+    """The config is the fit's start; a field the policy's grid does not search is kept
+    (`FitPolicy(grid={})`: only a temperature on the start's weight), so a `GridSearchCV`
+    value of `config__semantic_weight` is the value scored."""
     pytest.importorskip("pandas")
     import pandas as pd
 
-    clf = _clf(semantic_weight=0.3, n_folds=3).fit(pd.Series(TEXTS, index=range(100, 112)), Y)
+    keep = FitPolicy(grid={})
+    start = SemsoftConfig(semantic_weight=0.3)
+    clf = _clf(config=start, fit_policy=keep, cv=3).fit(pd.Series(TEXTS, index=range(100, 112)), Y)
     assert clf.fitted_config_.semantic_weight == 0.3
     assert all("semantic_weight" not in e for e in clf.fit_result_.in_sample)  # not searched
     assert clf.fit_result_.fitted.semantic_weight == 0.3
-    search = GridSearchCV(_clf(n_folds=3, fit_family=("grid", "temperature", "offset")),
-                          {"semantic_weight": [0.0, 1.0]}, cv=2)  # fmt: skip
+    search = GridSearchCV(_clf(cv=3, fit_policy=FitPolicy(family=("temperature", "offset"))),
+                          {"config__semantic_weight": [0.0, 1.0]}, cv=2)  # fmt: skip
     search.fit(np.array(TEXTS), Y)
     for weight in (0.0, 1.0):
-        fitted = _clf(n_folds=3, semantic_weight=weight).fit(TEXTS, Y)
-        assert fitted.fitted_config_.semantic_weight == weight
+        fitted = _clf(cv=3, config=SemsoftConfig(semantic_weight=weight), fit_policy=keep)
+        assert fitted.fit(TEXTS, Y).fitted_config_.semantic_weight == weight
     assert search.best_estimator_.fitted_config_.semantic_weight == search.best_params_[
-        "semantic_weight"
+        "config__semantic_weight"
     ]
 
 

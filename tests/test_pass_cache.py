@@ -20,13 +20,16 @@ from sklearn.base import clone  # noqa: E402
 from sklearn.model_selection import GridSearchCV, cross_val_score  # noqa: E402
 
 from semsoft_plugin.app.classifier import Classifier  # noqa: E402
+from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 from semsoft_plugin.app.pass_cache import PASSES, KeptPass, PassCache  # noqa: E402
+from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
+from semsoft_plugin.core.fit_policy import FitPolicy  # noqa: E402
 from semsoft_plugin.engines import hf  # noqa: E402
 from semsoft_plugin.engines.prompting import PromptTemplate  # noqa: E402
 
 MODEL = "smollm2-135m"
 LABELS = ["negative", "positive"]
-F32 = {"dtype": "float32"}
+F32 = {"engine": EngineSettings(dtype="float32")}
 SST2 = Path(__file__).parent / "data" / "sst2" / "dev.txt"
 REVIEWS = Path(__file__).parent / "data" / "reviews" / "reviews.tsv"
 
@@ -107,9 +110,9 @@ def test_each_thing_the_pass_depends_on_is_in_its_key(passes, default_checkpoint
     base = Classifier(MODEL, labels=LABELS, **F32)
     want = base.predict_proba(text)
     assert passes == [1]
-    assert clone(base).set_params(semantic_weight=0.7, score_temperature=2.0).predict_proba(
-        text
-    ).shape == (1, 2)
+    assert clone(base).set_params(
+        config__semantic_weight=0.7, config__score_temperature=2.0
+    ).predict_proba(text).shape == (1, 2)
     assert passes == [1]  # a setting the pass does not depend on: read back
     np.testing.assert_array_equal(clone(base).predict_proba(text), want)
     assert passes == [1]
@@ -123,9 +126,9 @@ def test_each_thing_the_pass_depends_on_is_in_its_key(passes, default_checkpoint
             )
         ),
         "labels": clone(base).set_params(labels=["negative", "positive", "neutral"]),
-        "k": clone(base).set_params(k=20),
-        "dtype": clone(base).set_params(dtype="bfloat16"),
-        "engine settings (head)": clone(base).set_params(exact_head=False),
+        "k": clone(base).set_params(config__k=20),
+        "dtype": clone(base).set_params(engine__dtype="bfloat16"),
+        "engine settings (head)": clone(base).set_params(engine__exact_head=False),
     }
     for what, classifier in changed.items():
         before = len(passes)
@@ -146,13 +149,14 @@ def test_grid_search_runs_one_forward_pass_per_text(passes) -> None:
     passes (each fit, each prediction and each candidate reads the kept passes), where it
     ran 630 before; ``cross_val_score`` afterwards runs none."""
     texts, y = _sst2(60)
-    base = Classifier(MODEL, labels=LABELS, fit_family=("temperature",), **F32)
-    search = GridSearchCV(base, {"semantic_weight": [0.0, 0.3, 1.0]}, cv=3)
+    policy = FitPolicy(family=("temperature",))
+    base = Classifier(MODEL, labels=LABELS, fit_policy=policy, **F32)
+    search = GridSearchCV(base, {"config__semantic_weight": [0.0, 0.3, 1.0]}, cv=3)
     search.fit(texts, y)
     assert sum(passes) == 60
-    best = search.best_params_["semantic_weight"]
+    best = search.best_params_["config__semantic_weight"]
     assert search.best_estimator_.fitted_config_.semantic_weight == best  # the value scored
-    cross_val_score(clone(base).set_params(semantic_weight=0.3), texts, y, cv=3)
+    cross_val_score(clone(base).set_params(config__semantic_weight=0.3), texts, y, cv=3)
     assert sum(passes) == 60
 
 
@@ -168,7 +172,7 @@ def test_predict_proba_scores_a_repeated_text_once(passes) -> None:
 @pytest.mark.slow
 def test_a_kept_pass_never_changes_a_score(passes) -> None:
     texts, _ = _sst2(6)
-    clf = Classifier(MODEL, labels=LABELS, semantic_weight=0.3, **F32)
+    clf = Classifier(MODEL, labels=LABELS, config=SemsoftConfig(semantic_weight=0.3), **F32)
     fresh = clf.predict_details(texts)
     again = clone(clf).predict_details(texts)  # read back
     assert sum(passes) == 6

@@ -77,8 +77,8 @@ MOVED_PARAMS: dict[str, str] = {
     **{name: f"fit_policy=FitPolicy({name}=...)" for name in ("file_strength", "margin", "random_state")},
     "fit_grid": "fit_policy=FitPolicy(grid=...)",
     "fit_family": "fit_policy=FitPolicy(family=...)",
-    "fit_score_temperature": "fit_policy=FitPolicy(temperature=...)",
-    "fit_temperature": "fit_policy=FitPolicy(temperature=...)",
+    "fit_score_temperature": "fit_policy=FitPolicy(fit_score_temperature=...)",
+    "fit_temperature": "fit_policy=FitPolicy(fit_score_temperature=...)",
     "n_folds": "cv",
 }  # fmt: skip
 
@@ -161,18 +161,18 @@ def fit_plan(params: Mapping[str, Any], engine: str, no_hidden: str | None = Non
     if "score_temperature" in axes:
         raise ValueError(
             "fit_policy.grid cannot search score_temperature: it is fitted "
-            "(fit_policy.temperature=True) or kept from the config (temperature=False)"
+            "(fit_policy.fit_score_temperature=True) or kept from the config (False)"
         )
-    temperature = bool(policy.temperature)
+    temperature = bool(policy.fit_score_temperature)
     if named is not None and "temperature" in family and not temperature:
         raise ValueError(
-            f"fit_policy.family={named!r} names 'temperature', but fit_policy.temperature="
+            f"fit_policy.family={named!r} names 'temperature', but fit_policy.fit_score_temperature="
             "False: there is no temperature to fit"
         )
     if named is not None and "grid" in family and not axes and not temperature:
         raise ValueError(
             f"fit_policy.family={named!r} names 'grid', but the grid is empty and "
-            "fit_policy.temperature=False: the grid member would fit nothing"
+            "fit_policy.fit_score_temperature=False: the grid member would fit nothing"
         )
     able = tuple(
         m
@@ -182,7 +182,7 @@ def fit_plan(params: Mapping[str, Any], engine: str, no_hidden: str | None = Non
     if family and not able:
         raise ValueError(
             f"this fit can fit nothing: fit_policy.family={named!r} with an empty grid and "
-            "temperature=False; FitPolicy(family=()) is the fit that only reads the labels"
+            "fit_score_temperature=False; FitPolicy(family=()) is the fit that only reads the labels"
         )
     return dataclasses.replace(policy, family=able, grid=axes)
 

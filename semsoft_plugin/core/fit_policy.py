@@ -38,8 +38,9 @@ class FitPolicy(ValueParams):
     grid : Mapping[str, Sequence[Any]] | None
         What the member `"grid"` searches, config field -> values; `None`: `semantic_weight`
         over 0, 0.1, ..., 1; `{}`: no field.
-    temperature : bool
-        Whether each member also fits a final score temperature.
+    fit_score_temperature : bool
+        Whether each member also fits a final score temperature (a bare "temperature" is
+        only ever the engine's sampling temperature).
     margin : float
         Standard errors of out-of-fold NLL by which a member must beat the start and the
         temperature; a finite number >= 0.
@@ -75,7 +76,7 @@ class FitPolicy(ValueParams):
 
     family: tuple[str, ...] | None = None
     grid: Mapping[str, Sequence[Any]] | None = None
-    temperature: bool = True
+    fit_score_temperature: bool = True
     margin: float = 1.0
     temperature_floor: bool = True
     f1_guard: bool = True
@@ -86,7 +87,7 @@ class FitPolicy(ValueParams):
     random_state: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "temperature_floor", "f1_guard", "succession"):
+        for name in ("fit_score_temperature", "temperature_floor", "f1_guard", "succession"):
             if not isinstance(getattr(self, name), bool | np.bool_):
                 _refuse(name, getattr(self, name), "must be True or False")
         for name in ("margin", "f1_z", "f1_tolerance"):

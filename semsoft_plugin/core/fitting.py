@@ -351,7 +351,7 @@ def fit_probs(
     policy = FitPolicy() if policy is None else policy
     family, temperature, margin, seed = (
         policy.family,
-        policy.temperature,
+        policy.fit_score_temperature,
         policy.margin,
         policy.random_state,
     )
@@ -375,7 +375,7 @@ def fit_probs(
     if not names:
         raise ValueError(
             f"the fit family {list(family or ())} fits nothing here: 'temperature' needs "
-            "temperature=True and the start at T = 1 in the grid (single['temperature'])"
+            "fit_score_temperature=True and the start at T = 1 in the grid (single['temperature'])"
         )
     subsets = {k: v for k, v in subsets.items() if k in names}
     base_entry = check_members(bias, single, content_free)
