@@ -298,7 +298,9 @@ def run_tune(args: argparse.Namespace) -> int:
         **_data_options(args),
     )
     print(format_tune(result))
-    save_fitted(args.output, result.config, result.correction, result.identity)
+    save_fitted(
+        args.output, result.config, result.correction, result.identity, result.fit.policy
+    )
     print(f"config written to {args.output}", file=sys.stderr)
     if args.report:
         Path(args.report).write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")

@@ -662,7 +662,7 @@ def test_an_older_fit_is_refused_with_the_command_that_rewrites_it(tmp_path, mad
                        rf"`semsoft upgrade-fit {fit}`"):  # fmt: skip
         read_fit(fit)
     assert main(["upgrade-fit", str(fit)]) == 0
-    assert "format 2 rewritten as format 3; its probe fit.json.probe.safetensors pinned" in (
+    assert "format 2 rewritten as format 4; its probe fit.json.probe.safetensors pinned" in (
         capsys.readouterr().out
     )
     assert read_fit(fit).correction.probe is not None
@@ -714,3 +714,37 @@ def test_a_flag_set_later_is_checked_when_used(name, value, no_model):
     field = name.rpartition("__")[2]
     with pytest.raises(ValueError, match=f"{field}={value!r}\\)?:? must be True"):
         Classifier(MODEL, labels=list(LABELS)).set_params(**{name: value}).predict(["Great fun."])
+
+
+# -- the policy a fit ran under ----------------------------------------------------------
+
+
+def test_a_fit_file_records_its_policy_and_every_reader_checks_it(tmp_path, made_on, capsys):
+    from semsoft_plugin.core.fit_policy import FitPolicy
+
+    policy = FitPolicy(family=("offset", "temperature"), margin=0.5, f1_guard=False)
+    correction = FittedCorrection("offset", LABELS, offset=(1.0, -1.0))
+    fit = tmp_path / "fit.json"
+    save_fitted(fit, SemsoftConfig(), correction, made_on, policy)
+    assert read_fit(fit).policy == policy
+    plain = tmp_path / "plain.json"
+    save_fitted(plain, SemsoftConfig(semantic_weight=0.3), None, None, policy)
+    assert read_fit(plain).policy == policy
+    assert SemsoftConfig.load(plain) == SemsoftConfig(semantic_weight=0.3)  # a record, checked
+    data = json.loads(plain.read_text())
+    data["fit_policy"]["margin"] = -2
+    plain.write_text(json.dumps(data))
+    for read in (read_fit, SemsoftConfig.load):
+        with pytest.raises(ValueError, match=r"plain\.json: FitPolicy\(margin=-2\): must be a finite"):
+            read(plain)
+    data["fit_policy"] = {"margin": 1.0, "gaurd": True}
+    plain.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="fit_policy has no field 'gaurd'"):
+        read_fit(plain)
+    # A format-3 fit (no policy recorded) is refused with the command that rewrites it.
+    edited(fit, lambda block: block.update(format=3))
+    with pytest.raises(ValueError, match=r"format 3, which does not record the fit's policy.*upgrade-fit"):
+        read_fit(fit)
+    assert main(["upgrade-fit", str(fit)]) == 0
+    assert "format 3 rewritten as format 4" in capsys.readouterr().out
+    assert read_fit(fit).correction.offset == (1.0, -1.0)

@@ -27,7 +27,7 @@ OLD_SPELLINGS = {
     r"--backend[ =]hf\b": "--backend transformers",
     r"semsoft-plugin\[[^\]]*\bhf\b": "semsoft-plugin[transformers]",
     r"`hf` extra|extras?: `hf`": "the `transformers` extra",
-    r"\bfit_temperature\s*=": "fit_score_temperature=",
+    r"\bfit_temperature\s*=": "fit_policy=FitPolicy(fit_score_temperature=...)",
     r"--no-temperature\b": "--no-score-temperature",
 }
 PARSERS = command_parsers()
@@ -77,7 +77,7 @@ def test_the_old_spellings_are_found() -> None:
             "--backend hf -> --backend transformers",
             "--no-temperature -> --no-score-temperature",
             "backend='hf' -> backend=\"transformers\"",
-            "fit_temperature= -> fit_score_temperature=",
+            "fit_temperature= -> fit_policy=FitPolicy(fit_score_temperature=...)",
             "semsoft-plugin[hf -> semsoft-plugin[transformers]",
         ]
     finally:

@@ -229,7 +229,7 @@ def test_grid_search_over_the_fit_policy(clf):
     assert base.fit_policy.margin == 1.0  # the base's own value is untouched
 
 
-def test_cv_takes_a_splitter(clf):
+def test_cv_takes_a_splitter(clf, tmp_path):
     """`cv` as scikit-learn's: an int (stratified folds drawn with the policy's seed) or a
     splitter, whose folds the rule scores on; a splitter that leaves items out is refused."""
     policy = FitPolicy(family=("temperature",))
@@ -239,6 +239,12 @@ def test_cv_takes_a_splitter(clf):
     assert by_int.fit_result_.n_folds == by_splitter.fit_result_.n_folds == 3
     # the same folds (the int draws StratifiedKFold(shuffle=True, random_state=seed)'s):
     assert by_int.fitted_config_ == by_splitter.fitted_config_
+    # the fit file records the policy the fit ran under (its family resolved)
+    from semsoft_plugin.app.fitted import read_fit
+
+    by_int.save_fit(tmp_path / "fit.json")
+    assert read_fit(tmp_path / "fit.json").policy == by_int.fit_result_.policy
+    assert by_int.fit_result_.policy.family == ("temperature",)
 
     class HalfHeldOut:
         def split(self, x, y=None):

@@ -62,9 +62,14 @@ __all__ = [
     "run_identity",
 ]
 
-FIT_FORMAT = 3
-# Format 2 did not pin the probe file's bytes; `semsoft upgrade-fit` rewrites such a file.
-UPGRADABLE_FORMATS = (2,)
+FIT_FORMAT = 4
+# What each older format lacks; `semsoft upgrade-fit` rewrites such a file (a format-3 file
+# then records no policy: the policy it ran under was never saved).
+UPGRADABLE_FORMATS = (2, 3)
+_LACKS = {
+    2: "which does not pin its probe file's bytes",
+    3: "which does not record the fit's policy",
+}
 UPGRADE_COMMAND = "semsoft upgrade-fit"
 OFFSET_MEMBERS = ("offset", "batch", "contextual")
 MEMBERS = (*OFFSET_MEMBERS, "probe")
@@ -277,10 +282,9 @@ def checked_block_keys(fitted: Any, source: str, path: str | Path = "FIT.json") 
         )
     if fitted["format"] in UPGRADABLE_FORMATS and not isinstance(fitted["format"], bool):
         raise ValueError(
-            f"{source}: fit file format {fitted['format']}, which does not pin its probe "
-            f"file's bytes; this version reads format {FIT_FORMAT}: rewrite it with "
-            f"`{UPGRADE_COMMAND} {path}` (it records the probe file as it is now), or fit "
-            "again"
+            f"{source}: fit file format {fitted['format']}, {_LACKS[fitted['format']]}; this "
+            f"version reads format {FIT_FORMAT}: rewrite it with `{UPGRADE_COMMAND} {path}` "
+            "(it records a probe file as it is now), or fit again"
         )
     if fitted["format"] != FIT_FORMAT or isinstance(fitted["format"], bool):
         raise ValueError(

@@ -51,7 +51,13 @@ from semsoft_plugin.app.fit_file import (
     probe_file_name,
     probe_path,
 )
-from semsoft_plugin.core.config import SemsoftConfig, read_config_bytes, read_file_bytes
+from semsoft_plugin.core.config import (
+    POLICY_KEY,
+    SemsoftConfig,
+    read_config_bytes,
+    read_file_bytes,
+)
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.text_rules import code_points
 
 if TYPE_CHECKING:
@@ -165,6 +171,9 @@ class FitFile:
     sha256 : str
         The sha256 of the fit's bytes: the file's, then its probe file's (what a
         settings record names the fit by, so `--resume` refuses either changed).
+    policy : FitPolicy or None
+        The policy the fit ran under (`"fit_policy"`); None where the file records none
+        (a hand-written config, a fit from before format 4).
     """
 
     path: Path
@@ -172,6 +181,7 @@ class FitFile:
     correction: FittedCorrection | None
     identity: FitIdentity | None
     sha256: str
+    policy: FitPolicy | None = None
 
     def check_run(self, run: FitIdentity | None) -> None:
         """Refuse a run that does not match the fit (nothing to check for a plain
@@ -198,8 +208,10 @@ def save_fitted(
     config: SemsoftConfig,
     correction: FittedCorrection | None,
     identity: FitIdentity | None = None,
+    policy: FitPolicy | None = None,
 ) -> None:
-    """Write `config` and, if given, `correction` with what it was fitted on.
+    """Write `config` and, if given, `correction` with what it was fitted on, and the
+    policy the fit ran under.
 
     Parameters
     ----------
@@ -213,9 +225,13 @@ def save_fitted(
     identity : FitIdentity or None
         The labels, prompt and output layer the fit was made on; needed with a
         correction.
+    policy : FitPolicy or None
+        The fit's policy (`FitResult.policy`), recorded as `"fit_policy"`.
     """
     path = Path(path)
     data: dict[str, Any] = config.to_dict()
+    if policy is not None:
+        data[POLICY_KEY] = policy.to_dict()
     if correction is not None:
         if identity is None:
             raise ValueError(
@@ -262,8 +278,12 @@ def read_fit(path: str | Path) -> FitFile:
     path = Path(path)
     data, raw = read_config_bytes(path)
     source = f"config file {path}"
+    policy = None
+    if isinstance(data, dict) and POLICY_KEY in data:
+        policy = FitPolicy.from_dict(data.pop(POLICY_KEY), source)
     if not isinstance(data, dict) or _KEY not in data:
-        return FitFile(path, SemsoftConfig.from_dict(data, source), None, None, file_sha256(raw))
+        config = SemsoftConfig.from_dict(data, source)
+        return FitFile(path, config, None, None, file_sha256(raw), policy)
     fitted = data.pop(_KEY)
     config = SemsoftConfig.from_dict(data, source)
     procedure = checked_block_keys(fitted, source, path)
@@ -290,7 +310,7 @@ def read_fit(path: str | Path) -> FitFile:
     else:
         offset = checked_offset(fitted["offset"], len(labels), source)
     correction = FittedCorrection(procedure, labels, offset, probe)
-    return FitFile(path, config, correction, identity, file_sha256(unit))
+    return FitFile(path, config, correction, identity, file_sha256(unit), policy)
 
 
 def upgrade_fit(path: str | Path) -> str:

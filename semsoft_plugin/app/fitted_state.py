@@ -123,7 +123,8 @@ class FittedState:
             The labels, prompt and output layer the fit was made on (needed with a
             correction).
         """
-        save_fitted(path, self.config, self.correction, identity)
+        policy = None if self.result is None else self.result.policy
+        save_fitted(path, self.config, self.correction, identity, policy)
 
     @classmethod
     def load(

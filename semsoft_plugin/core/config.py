@@ -51,6 +51,7 @@ from typing import Any
 from semsoft_plugin.core.value_params import ValueParams
 
 __all__ = [
+    "POLICY_KEY",
     "DEFAULT_CENTER",
     "DEFAULT_K",
     "DEFAULT_TAU",
@@ -65,6 +66,9 @@ __all__ = [
     "read_config_file",
     "renamed_message",
 ]
+
+# The key under which a fit file records the policy its fit ran under (`FitPolicy`).
+POLICY_KEY = "fit_policy"
 
 # Defaults chosen by measurement on the dev sets (docs/defaults.md).
 DEFAULT_K = 50
@@ -351,11 +355,16 @@ class SemsoftConfig(ValueParams):
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> SemsoftConfig:
-        """The config a file's JSON object holds (a `comment` key is ignored; an
-        unknown or refused field raises `ValueError` naming `source`)."""
+        """The config a file's JSON object holds (a `comment` key is ignored, a fit's
+        `"fit_policy"` record is checked; an unknown or refused field raises `ValueError`
+        naming `source`)."""
         if not isinstance(data, dict):
             raise ValueError(f"{source} must hold a JSON object")
-        fields = {key: value for key, value in data.items() if key != "comment"}
+        if POLICY_KEY in data:  # the record of how a fit was made: checked, not a setting
+            from semsoft_plugin.core.fit_policy import FitPolicy
+
+            FitPolicy.from_dict(data[POLICY_KEY], source)
+        fields = {key: value for key, value in data.items() if key not in ("comment", POLICY_KEY)}
         try:
             return cls().replace(**fields)
         except ValueError as error:
