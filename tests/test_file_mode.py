@@ -53,7 +53,7 @@ def filemode(labels=LABELS, **options) -> Classifier:
 def test_the_correction_is_file_calibrations_on_the_distinct_texts(plain, texts):
     assert len(set(texts)) == 40
     raw = plain.predict_proba(texts)
-    clf = filemode(file_strength=1.0).fit(texts)
+    clf = filemode(fit_policy=FitPolicy(file_strength=1.0)).fit(texts)
     expected = FileCalibration.estimate(raw, strength=1.0)
     assert clf.file_calibration_.rows == 40 and not clf.file_calibration_.guard
     np.testing.assert_allclose(clf.file_calibration_.bias, expected.bias, rtol=0, atol=1e-12)
@@ -65,7 +65,7 @@ def test_the_correction_is_file_calibrations_on_the_distinct_texts(plain, texts)
         details.constrained_probs, plain.predict_details(texts).constrained_probs
     )
     # Strength 0 changes nothing; a part of the correction lies between none and all.
-    none = filemode(file_strength=0.0).fit(texts).predict_proba(texts)
+    none = filemode(fit_policy=FitPolicy(file_strength=0.0)).fit(texts).predict_proba(texts)
     np.testing.assert_allclose(none, raw, rtol=0, atol=1e-12)
     half = filemode(fit_policy=FitPolicy(file_strength=0.5)).fit(texts).predict_proba(texts)
     favourite = int(np.argmax(expected.bias))  # the label the prompt leans to on this file
@@ -77,7 +77,7 @@ def test_the_correction_is_file_calibrations_on_the_distinct_texts(plain, texts)
 
 
 def test_a_rows_score_does_not_depend_on_its_batch(plain):
-    clf = filemode(file_strength=1.0).fit(BALANCED)
+    clf = filemode(fit_policy=FitPolicy(file_strength=1.0)).fit(BALANCED)
     order = np.random.default_rng(0).permutation(len(SKEWED))
     shuffled = [SKEWED[i] for i in order]
     whole = clf.predict_proba(SKEWED)

@@ -49,22 +49,19 @@ def _clf(**params: object) -> Classifier:
 @pytest.mark.parametrize(
     ("params", "match"),
     [
-        ({"fit_family": ("offset",), "fit_grid": {}, "fit_score_temperature": False},
-         r"fit_grid=\{\} is what the member 'grid' searches, which fit_family=\('offset',\) "
-         "leaves out"),
-        ({"fit_family": ("temperature",), "fit_score_temperature": False},
-         "names 'temperature', but fit_score_temperature=False: there is no temperature to fit"),
-        ({"fit_family": ("temperature",), "score_temperature": 2.0},
-         "names 'temperature', but score_temperature=2.0 is fixed"),
-        ({"fit_family": ("grid",), "fit_grid": {}, "fit_score_temperature": False},
-         "names 'grid', but the grid is empty and fit_score_temperature=False"),
-        ({"semantic_weight": 0.3, "fit_grid": {"semantic_weight": [0.0, 1.0]}},
-         "fit_grid searches 'semantic_weight', which the parameter semantic_weight=0.3 fixes"),
-        ({"fit_grid": {"score_temperature": [1.0, 2.0]}}, "fit_grid cannot search score_temperature"),
-        ({"n_folds": 0}, "n_folds=0 must be an integer >= 2"),
-        ({"n_folds": 1}, "n_folds=1 must be an integer >= 2"),
-        ({"margin": float("nan")}, "margin=nan must be a finite number >= 0"),
-        ({"margin": -1.0}, "margin=-1.0 must be a finite number >= 0"),
+        ({"fit_policy": FitPolicy(family=("offset",), grid={}, fit_score_temperature=False)},
+         r"fit_policy.grid=\{\} is what the member 'grid' searches, which "
+         r"fit_policy.family=\('offset',\) leaves out"),
+        ({"fit_policy": FitPolicy(family=("temperature",), fit_score_temperature=False)},
+         "names 'temperature', but fit_policy.fit_score_temperature=False: there is no "
+         "temperature to fit"),
+        ({"fit_policy": FitPolicy(family=("grid",), grid={}, fit_score_temperature=False)},
+         "names 'grid', but the grid is empty and fit_policy.fit_score_temperature=False"),
+        ({"fit_policy": FitPolicy(grid={"score_temperature": [1.0, 2.0]})},
+         "fit_policy.grid cannot search score_temperature"),
+        ({"cv": 0}, "cv=0 must be an int >= 2"),
+        ({"cv": 1}, "cv=1 must be an int >= 2"),
+        ({"cv": "5"}, "cv='5' must be an int >= 2, a splitter or an iterable"),
     ],
 )  # fmt: skip
 def test_a_fit_that_cannot_fit_is_refused_before_scoring(no_scoring, params, match) -> None:
@@ -72,8 +69,22 @@ def test_a_fit_that_cannot_fit_is_refused_before_scoring(no_scoring, params, mat
         _clf(**params).fit(TEXTS, Y)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [("margin", float("nan"), r"FitPolicy\(margin=nan\): must be a finite number >= 0"),
+     ("margin", -1.0, r"FitPolicy\(margin=-1\.0\): must be a finite number >= 0"),
+     ("f1_z", "2", r"FitPolicy\(f1_z='2'\): must be a finite number >= 0"),
+     ("f1_guard", "no", r"FitPolicy\(f1_guard='no'\): must be True or False"),
+     ("family", "offset", r"FitPolicy\(family='offset'\): must be a sequence of member names"),
+     ("random_state", -1, r"FitPolicy\(random_state=-1\): must be an integer >= 0")],
+)  # fmt: skip
+def test_a_policy_refuses_a_bad_field_by_name(field, value, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        FitPolicy(**{field: value})
+
+
 def test_one_label_and_too_few_items_are_refused_before_scoring(no_scoring) -> None:
-    with pytest.raises(ValueError, match="at least two labels among its items; all 10 are 'positive'"):
+    with pytest.raises(ValueError, match="at least two labels \\(classes\\) among its items; all 10 are 'positive'"):
         _clf().fit(TEXTS[:10], ["positive"] * 10)
     with pytest.raises(ValueError, match=r"at least 4 labelled items \(2 folds of 2\), got 3"):
         _clf().fit(TEXTS[:3], Y[:3])
@@ -114,9 +125,9 @@ def test_texts_must_be_an_ordered_sequence(no_scoring, texts, name) -> None:
 def test_one_name_per_concept() -> None:
     with pytest.raises(ValueError, match="backend='hf' is now spelled 'transformers'"):
         Classifier(MODEL, labels=LABELS, backend="hf").predict(TEXTS[:1])
-    with pytest.raises(TypeError, match=r"'fit_temperature': it moved to fit_policy=FitPolicy\(temperature"):
+    with pytest.raises(TypeError, match=r"'fit_temperature': it moved to fit_policy=FitPolicy\(fit_score_temperature"):
         Classifier(MODEL, labels=LABELS, fit_temperature=False)
-    assert "fit_policy__temperature" in Classifier(fit_policy=FitPolicy()).get_params()
+    assert "fit_policy__fit_score_temperature" in Classifier(fit_policy=FitPolicy()).get_params()
 
 
 # -- what the policy leaves out of the search is kept ---------------------------------------
@@ -176,7 +187,7 @@ def test_core_integer_weights_fit_as_the_items_repeated() -> None:
 def test_integer_weights_give_the_repeated_datas_fit() -> None:
     weights = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]
     repeat = np.repeat(np.arange(len(TEXTS)), weights)
-    est = {"fit_family": ("temperature",), "n_folds": 3, "margin": 0.0}
+    est = {"fit_policy": FitPolicy(family=("temperature",), margin=0.0), "cv": 3}
     weighted = _clf(**est).fit(TEXTS, Y, sample_weight=weights)
     repeated = _clf(**est).fit([TEXTS[i] for i in repeat], [Y[i] for i in repeat])
     t_w = weighted.fit_result_.fitted.score_temperature
@@ -190,7 +201,7 @@ def test_integer_weights_give_the_repeated_datas_fit() -> None:
 def test_zero_weights_equal_dropping_the_items() -> None:
     weights = [1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0]
     keep = [i for i, w in enumerate(weights) if w]
-    est = {"fit_family": ("temperature",), "n_folds": 3}
+    est = {"fit_policy": FitPolicy(family=("temperature",)), "cv": 3}
     weighted = _clf(**est).fit(TEXTS, Y, sample_weight=weights)
     dropped = _clf(**est).fit([TEXTS[i] for i in keep], [Y[i] for i in keep])
     assert weighted.fitted_config_ == dropped.fitted_config_

@@ -104,7 +104,7 @@ def test_the_classifier_refuses_the_old_spellings_naming_the_new() -> None:
 
     with pytest.raises(ValueError, match="'transformers'"):
         Classifier("default", labels=["a", "b"], backend="hf").check_params()
-    with pytest.raises(TypeError, match=r"fit_policy=FitPolicy\(temperature"):
+    with pytest.raises(TypeError, match=r"fit_policy=FitPolicy\(fit_score_temperature"):
         Classifier("default", labels=["a", "b"], fit_temperature=False)
 
 

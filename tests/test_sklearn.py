@@ -116,7 +116,7 @@ def test_settings_are_checked_where_used_not_in_init():
     assert bad.calibrate == "mean"
     with pytest.raises(ValueError, match="calibrate='mean' must be one of"):
         bad.predict(TEXTS[:1])
-    with pytest.raises(ValueError, match="cv=1 must be an int >= 2 or a splitter"):
+    with pytest.raises(ValueError, match="cv=1 must be an int >= 2, a splitter"):
         bad.set_params(calibrate=None).fit(TEXTS, Y)
     with pytest.raises(ValueError, match="prompt=3 must be a PromptTemplate"):
         Classifier(MODEL, labels=LABELS, prompt=3).predict(TEXTS[:1])

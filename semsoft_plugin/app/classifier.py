@@ -27,11 +27,13 @@ scikit-learn; `import semsoft_plugin` does not import it (the package exports
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import NotFittedError as SklearnNotFittedError
 from sklearn.utils import ClassifierTags, InputTags, Tags, TargetTags
 
 from semsoft_plugin.app import file_mode, handles
@@ -70,10 +72,10 @@ _VALUES: dict[str, Any] = {
 _REPR_WIDTH = 60  # a longer parameter repr (a loaded model) is shown as <its type>
 
 
-class NotFittedError(ValueError, AttributeError):
+class NotFittedError(SklearnNotFittedError):
     """Used before `fit` where `fit` supplies something (the labels with
-    `labels=None`, the file correction with `calibrate="file"`); a `ValueError` and an
-    `AttributeError`, as scikit-learn's own `NotFittedError`."""
+    `labels=None`, the file correction with `calibrate="file"`): scikit-learn's own
+    `NotFittedError` (a `ValueError` and an `AttributeError`)."""
 
 
 class Classifier(ClassifierMixin, BaseEstimator):
@@ -183,6 +185,17 @@ class Classifier(ClassifierMixin, BaseEstimator):
     # Parameters passed by reference to a clone instead of deep-copied (loaded models).
     _shared_params = ("model", "tokenizer")
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Classifier:
+        """Refuse a parameter of an earlier version naming where it went (here, so that
+        `__init__` keeps scikit-learn's explicit signature, with no `**kwargs`)."""
+        for old in kwargs:
+            if old in MOVED_PARAMS:
+                raise TypeError(
+                    f"Classifier got an unexpected keyword argument {old!r}: it moved to "
+                    f"{MOVED_PARAMS[old]}"
+                )
+        return super().__new__(cls)
+
     def __init__(
         self,
         model: Any = "default",
@@ -198,12 +211,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
         engine: EngineSettings | None = None,
         fit_policy: FitPolicy | None = None,
         cv: Any = 5,
-        **moved: Any,
     ) -> None:
-        for old in moved:
-            new = MOVED_PARAMS.get(old)
-            hint = f": it moved to {new}" if new else ""
-            raise TypeError(f"Classifier got an unexpected keyword argument {old!r}{hint}")
         self.model = model
         self.tokenizer = tokenizer
         self.labels = labels
@@ -512,11 +520,13 @@ class Classifier(ClassifierMixin, BaseEstimator):
                 "fit_policy=FitPolicy(family=()) to only read the labels)"
             )
         assert targets is not None
+        # A splitter's folds index the items as given, so they are drawn before any drop.
+        folds = fold_ids(self.cv, targets) if policy.family else None
         if weights is not None:
             keep = np.flatnonzero(weights > 0)  # weight 0: as if the item were not given
             values, targets = [values[i] for i in keep], [targets[i] for i in keep]
             weights = None if (weights[keep] == 1.0).all() else weights[keep]  # 1 each: unweighted
-        folds = fold_ids(self.cv, targets) if policy.family else None
+            folds = None if folds is None else np.unique(folds[keep], return_inverse=True)[1]
         n_folds = int(self.cv if folds is None else len(np.unique(folds)))
         if policy.family:
             check_fit_data([names[t] for t in targets], n_folds, policy.margin)
@@ -688,12 +698,15 @@ class Classifier(ClassifierMixin, BaseEstimator):
         return bias
 
 
+# `__new__` takes any keyword to refuse a moved one by name; the class's signature is still
+# `__init__`'s (what scikit-learn and `help()` introspect).
+Classifier.__signature__ = inspect.Signature(
+    list(inspect.signature(Classifier.__init__).parameters.values())[1:]
+)
 _NO_DEFAULT = object()
 
 
 def _defaults() -> dict[str, Any]:
-    import inspect
-
     parameters = inspect.signature(Classifier.__init__).parameters.values()
     return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
 
@@ -728,5 +741,5 @@ def _checked_weights(sample_weight: Any, n: int) -> np.ndarray | None:
             f"sample_weight[{bad[0]}] = {float(weights[bad[0]])!r} must be a finite number >= 0"
         )
     if weights.sum() <= 0:
-        raise ValueError("sample_weight sums to 0: no item would count")
+        raise ValueError("sample_weight sums to zero: no item would count")
     return weights

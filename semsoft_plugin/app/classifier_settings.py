@@ -47,13 +47,14 @@ def _positive_int(value: Any) -> bool:
 
 
 def _splitter(value: Any) -> bool:
-    if isinstance(value, bool):
+    if isinstance(value, bool | str | Mapping) or value is None:
         return False
     if isinstance(value, int | np.integer):
         return bool(value >= 2)
-    return callable(getattr(value, "split", None)) and callable(
+    splitter = callable(getattr(value, "split", None)) and callable(
         getattr(value, "get_n_splits", None)
     )
+    return splitter or hasattr(value, "__iter__")
 
 
 # name -> (what it must be, the check): the spirit of scikit-learn's `_parameter_constraints`.
@@ -67,7 +68,7 @@ PARAMETER_CONSTRAINTS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "truncate": ("True or False", lambda v: isinstance(v, bool | np.bool_)),
     "engine": ("an EngineSettings or None", lambda v: v is None or isinstance(v, EngineSettings)),
     "fit_policy": ("a FitPolicy or None", lambda v: v is None or isinstance(v, FitPolicy)),
-    "cv": ("an int >= 2 or a splitter (split, get_n_splits)", _splitter),
+    "cv": ("an int >= 2, a splitter or an iterable of (train, test) splits", _splitter),
 }  # fmt: skip
 
 # The parameters of earlier versions, refused naming where each went.
@@ -184,17 +185,22 @@ def fit_plan(params: Mapping[str, Any], engine: str, no_hidden: str | None = Non
             f"this fit can fit nothing: fit_policy.family={named!r} with an empty grid and "
             "fit_score_temperature=False; FitPolicy(family=()) is the fit that only reads the labels"
         )
-    return dataclasses.replace(policy, family=able, grid=axes)
+    grid = {name: tuple(values) for name, values in axes.items()}
+    return dataclasses.replace(policy, family=able, grid=grid)
 
 
 def fold_ids(cv: Any, targets: list[int]) -> np.ndarray | None:
-    """The fold of each item under a splitter `cv` (`None` for an integer `cv`: the fit
-    draws stratified folds itself), refused where test folds overlap or miss an item."""
+    """The fold of each item under a splitter or an iterable of splits `cv` (`None` for an
+    integer `cv`: the fit draws stratified folds itself), refused where test folds overlap
+    or miss an item."""
+    from sklearn.model_selection import check_cv
+
     if isinstance(cv, int | np.integer):
         return None
     n = len(targets)
     ids = np.full(n, -1, dtype=np.int64)
-    for fold, (_, test) in enumerate(cv.split(np.zeros((n, 1)), np.asarray(targets))):
+    splitter = check_cv(cv, np.asarray(targets), classifier=True)
+    for fold, (_, test) in enumerate(splitter.split(np.zeros((n, 1)), np.asarray(targets))):
         if (ids[test] >= 0).any():
             raise ValueError(f"cv={cv!r}: its test folds overlap; each item must be held out once")
         ids[test] = fold

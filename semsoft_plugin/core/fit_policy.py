@@ -127,6 +127,10 @@ class FitPolicy(ValueParams):
         values = dict(data)
         if isinstance(values.get("family"), list):
             values["family"] = tuple(values["family"])
+        if isinstance(values.get("grid"), dict):  # as `fit_plan` resolves it: tuples
+            values["grid"] = {
+                k: tuple(v) if isinstance(v, list) else v for k, v in values["grid"].items()
+            }
         try:
             return cls(**values)
         except ValueError as error:

@@ -77,7 +77,7 @@ def check_fit_data(targets: Sequence[Any] | np.ndarray, n_folds: Any, margin: An
     >>> check_fit_data(["pos"] * 10, 5, 1.0)
     Traceback (most recent call last):
         ...
-    ValueError: a fit needs at least two labels among its items; all 10 are 'pos'
+    ValueError: a fit needs at least two labels (classes) among its items; all 10 are 'pos'
     """
     check_fit_settings(n_folds, margin)
     values = [v.item() if isinstance(v, np.generic) else v for v in np.asarray(targets).tolist()]
@@ -88,7 +88,8 @@ def check_fit_data(targets: Sequence[Any] | np.ndarray, n_folds: Any, margin: An
     counts = Counter(values)
     if len(counts) < 2:
         raise ValueError(
-            f"a fit needs at least two labels among its items; all {len(values)} are {values[0]!r}"
+            f"a fit needs at least two labels (classes) among its items; all {len(values)} are "
+            f"{values[0]!r}"
         )
 
 

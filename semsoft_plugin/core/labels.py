@@ -410,8 +410,8 @@ def label_names(labels: Any) -> list[str]:
         raise ValueError("label set is empty: give at least two labels")
     if len(labels) == 1:
         raise ValueError(
-            f"label set {list(labels)!r} has one label: give at least two (a single "
-            "label always gets probability 1, whatever the input)"
+            f"label set {list(labels)!r} has one label (one class): give at least two (a "
+            "single label always gets probability 1, whatever the input)"
         )
     if len(labels) > MAX_LABELS:
         raise ValueError(f"{len(labels)} labels exceed the limit of {MAX_LABELS}")
