@@ -43,6 +43,7 @@ import torch
 from semsoft_eval.metrics import ece_numpy, macro_f1
 from semsoft_plugin.core import fitting
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.kept_scores import grid_probs
 from semsoft_plugin.core.label_offsets import MEMBERS
 from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_temperature, nll
@@ -107,6 +108,7 @@ def pair_curve(
     log_con = np.log(np.clip(constrained, 1e-30, 1.0))
     family = {"bias": MEMBERS if content_free is not None else MEMBERS[:2],
               "content_free": content_free}  # fmt: skip
+    policy = FitPolicy(margin=margin, random_state=seed)  # the rule's other fields: defaults
     out: dict[str, Any] = {}
     for size in sizes:
         if size >= len(y):
@@ -122,7 +124,7 @@ def pair_curve(
             order = np.random.default_rng([seed, size, draw]).permutation(len(y))
             train, test = order[:size], order[size:]
 
-            common = {"margin": margin, "seed": seed, "single": single}
+            common = {"policy": policy, "single": single}
             fitted, keep, procedure = _fit(grid, start, y, train, test, **common, **family)
             rows["fit"].append(scores(fitted, y[test]))
             kept_default += keep
@@ -225,7 +227,10 @@ def main() -> int:
     parser.add_argument("--draws", type=int, default=20, help="random label draws per size")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="labels to fit on")
     parser.add_argument(
-        "--margin", type=float, default=1.0, help="the fit's rule, in standard errors"
+        "--margin",
+        type=float,
+        default=FitPolicy().margin,
+        help="the fit's rule, in standard errors (FitPolicy.margin)",
     )
     parser.add_argument("--probe", action="store_true", help="also the hidden-state probe")
     parser.add_argument(

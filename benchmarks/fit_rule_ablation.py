@@ -12,12 +12,14 @@ of the set scored). For each pair and size, the whole family
   `semsoft_plugin.core.temperature_scaling.succession_temperature`, offsets fitted to
   `semsoft_plugin.core.temperature_scaling.succession_targets`;
 * `hard + F1 guard`: a member that changes decisions is adopted only where its
-  out-of-fold macro-F1 change less `fitting.F1_Z` bootstrap standard errors is at least
-  `-fitting.F1_TOLERANCE` (`fitting.fit_probs`);
+  out-of-fold macro-F1 change less `FitPolicy.f1_z` (`--f1-z`) bootstrap standard errors
+  is at least `-FitPolicy.f1_tolerance` (`fitting.fit_probs`);
 * `succession + F1 guard`: both;
 * `+ temperature floor`: both, and the temperature as the rule's floor
-  (`fitting.TEMPERATURE_FLOOR`): always adopted unless another member beats it (what
-  `Classifier.fit` and `semsoft tune` run).
+  (`FitPolicy.temperature_floor`): always adopted unless another member beats it (what
+  `Classifier.fit` and `semsoft tune` run, `FitPolicy()`).
+
+Each rule is a `semsoft_plugin.core.fit_policy.FitPolicy` passed to every fit it runs.
 
 Beside them: temperature scaling of the constrained softmax on the same labels, and the
 constrained softmax. Reported: mean test NLL (and its worst draw), the change against
@@ -44,15 +46,16 @@ import torch
 from semsoft_eval.metrics import macro_f1
 from semsoft_plugin.core import fitting, temperature_scaling
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.kept_scores import grid_probs
 from semsoft_plugin.core.label_offsets import MEMBERS
 
-RULES = {  # name -> (the rule of succession, F1 guard, temperature floor)
-    "hard": (False, False, False),
-    "succession": (True, False, False),
-    "hard + F1 guard": (False, True, False),
-    "succession + F1 guard": (True, True, False),
-    "+ temperature floor": (True, True, True),
+RULES = {  # name -> the rule of succession, F1 guard, temperature floor (FitPolicy fields)
+    "hard": {"succession": False, "f1_guard": False, "temperature_floor": False},
+    "succession": {"succession": True, "f1_guard": False, "temperature_floor": False},
+    "hard + F1 guard": {"succession": False, "f1_guard": True, "temperature_floor": False},
+    "succession + F1 guard": {"succession": True, "f1_guard": True, "temperature_floor": False},
+    "+ temperature floor": {"succession": True, "f1_guard": True, "temperature_floor": True},
 }
 
 
@@ -79,8 +82,11 @@ def _pair_arrays(model: str, dataset: str, limit: int, seed: int) -> dict[str, A
     }
 
 
-def _rule_run(arrays: dict[str, Any], size: int, draws: int, seed: int) -> dict[str, Any]:
-    """Each rule's mean test scores over the draws, and the baselines'."""
+def _rule_run(
+    arrays: dict[str, Any], size: int, draws: int, seed: int, f1_z: float
+) -> dict[str, Any]:
+    """Each rule's mean test scores over the draws (the guard at `f1_z` standard errors, the
+    margin 1), and the baselines'."""
     from fit_curve import _fit
 
     y, constrained = arrays["y"], arrays["constrained"]
@@ -107,23 +113,18 @@ def _rule_run(arrays: dict[str, Any], size: int, draws: int, seed: int) -> dict[
         baseline["constrained_f1"].append(macro_f1(constrained[test], y[test]))
     out["baselines"] = {k: float(np.mean(v)) for k, v in baseline.items()}
     out["one_label_draws_left_out"] = draws - len(splits)
-    for name, (succession, guard, floor) in RULES.items():
-        temperature_scaling.SUCCESSION_TARGETS, fitting.F1_GUARD = succession, guard
-        fitting.TEMPERATURE_FLOOR = floor
-        try:
-            nlls, f1s, adopted = [], [], []
-            for order in splits:
-                train, test = order[:size], order[size:]
-                probs, keep, procedure = _fit(
-                    arrays["grid"], arrays["start"], y, train, test, margin=1.0, seed=seed,
-                    single=arrays["single"], bias=MEMBERS, content_free=arrays["content_free"],
-                )  # fmt: skip
-                nlls.append(float(temperature_scaling.nll(probs, y[test]).mean()))
-                f1s.append(macro_f1(probs, y[test]))
-                adopted.append("kept" if keep else procedure)
-        finally:
-            temperature_scaling.SUCCESSION_TARGETS, fitting.F1_GUARD = True, True
-            fitting.TEMPERATURE_FLOOR = True
+    for name, rule in RULES.items():
+        policy = FitPolicy(margin=1.0, f1_z=f1_z, random_state=seed, **rule)
+        nlls, f1s, adopted = [], [], []
+        for order in splits:
+            train, test = order[:size], order[size:]
+            probs, keep, procedure = _fit(
+                arrays["grid"], arrays["start"], y, train, test, policy=policy,
+                single=arrays["single"], bias=MEMBERS, content_free=arrays["content_free"],
+            )  # fmt: skip
+            nlls.append(float(temperature_scaling.nll(probs, y[test]).mean()))
+            f1s.append(macro_f1(probs, y[test]))
+            adopted.append("kept" if keep else procedure)
         out[name] = {
             "nll": float(np.mean(nlls)),
             "nll_worst_draw": float(np.max(nlls)),
@@ -180,15 +181,15 @@ def main() -> int:
     parser.add_argument("--sizes", default="25,100", help="labels to fit on")
     parser.add_argument("--draws", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
-    parser.add_argument("--f1-z", type=float, default=fitting.F1_Z,
-                        help="the guard's standard errors (fitting.F1_Z)")  # fmt: skip
+    parser.add_argument("--f1-z", type=float, default=FitPolicy().f1_z,
+                        help="the guard's standard errors (FitPolicy.f1_z)")  # fmt: skip
     parser.add_argument("--merge", help="comma-separated result JSONs (runs of parts of the "
                         "pairs, side by side): their pairs in one table")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/fit-rule-ablation.json")
     args = parser.parse_args()
-    fitting.F1_Z = args.f1_z
+    f1_tolerance = FitPolicy().f1_tolerance  # the guard's tolerance: no flag, the default
     if args.merge:  # one result, the first part's date and the parts' own settings
-        settings = {"draws": args.draws, "f1_tolerance": fitting.F1_TOLERANCE, "f1_z": args.f1_z}
+        settings = {"draws": args.draws, "f1_tolerance": f1_tolerance, "f1_z": args.f1_z}
         parts = args.merge.split(",")
         first = json.loads(Path(parts[0]).read_text())
         result = {**first, **merge_parts(parts, settings, "benchmarks/fit_rule_ablation.py")}
@@ -201,7 +202,7 @@ def main() -> int:
         name = f"{model}/{dataset}"
         arrays = _pair_arrays(model, dataset, limit, args.seed)
         pairs[name] = {
-            size: _rule_run(arrays, int(size), args.draws, args.seed)
+            size: _rule_run(arrays, int(size), args.draws, args.seed, args.f1_z)
             for size in args.sizes.split(",")
         }
         print(f"{name} done", flush=True)
@@ -209,8 +210,8 @@ def main() -> int:
         "command": " ".join(["python", "benchmarks/fit_rule_ablation.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "draws": args.draws,
-        "f1_tolerance": fitting.F1_TOLERANCE,
-        "f1_z": fitting.F1_Z,
+        "f1_tolerance": f1_tolerance,
+        "f1_z": args.f1_z,
         "pairs": pairs,
     }
     write_results(result, args.out, markdown(result))

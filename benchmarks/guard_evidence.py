@@ -28,17 +28,21 @@ import numpy as np
 
 from semsoft_plugin.app.probe import fit_probe
 from semsoft_plugin.core import fitting
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.label_offsets import MEMBERS, apply_offset, fit_member
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks beside it
 from probe_curve import SIZES, pair_arrays  # noqa: E402  (the same sizes, draws and arrays)
 
 CHANGING = (*MEMBERS, "probe")  # the members that move decisions
+RULE = FitPolicy()  # the shipped rule: its guard's z and tolerance are what is judged
 
 
 def pair_evidence(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int,
                   seed: int) -> dict[str, Any]:  # fmt: skip
-    """Per member: each draw's out-of-fold change, its standard error and its test change."""
+    """Per member: each draw's out-of-fold change, its standard error and its test change
+    (the whole family fitted under the shipped rule, `RULE`, its folds drawn by `seed`)."""
+    policy = RULE.set_params(family=fitting.FAMILY, random_state=seed)
     a = pair_arrays(pair, seed)
     y, n_labels, grid, start, single = a["y"], a["n_labels"], a["grid"], a["start"], a["single"]
     content_free, hidden = a["content_free"], a["hidden"]
@@ -54,9 +58,8 @@ def pair_evidence(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int,
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # rare labels: unstratified folds
                 _, _, _, stats = fitting.fit_probs(
-                    grid[:, train], start[train], y[train], single=single, seed=seed,
-                    family=fitting.FAMILY, content_free=content_free,
-                    external={"probe": member}, rows=train,
+                    grid[:, train], start[train], y[train], single=single, policy=policy,
+                    content_free=content_free, external={"probe": member}, rows=train,
                 )  # fmt: skip
                 tested = {
                     name: apply_offset(base[test], *fit_member(
@@ -81,9 +84,10 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
     oof = np.array([r["out_of_fold"] for r in rows])
     se = np.array([r["se"] for r in rows])
     test = np.array([r["test"] for r in rows])
-    lost = test < -fitting.F1_TOLERANCE
-    point = oof >= -fitting.F1_TOLERANCE
-    bound = oof - fitting.F1_Z * se >= -fitting.F1_TOLERANCE
+    tolerance = RULE.f1_tolerance
+    lost = test < -tolerance
+    point = oof >= -tolerance
+    bound = oof - RULE.f1_z * se >= -tolerance
     return {
         "draws": len(rows),
         "out_of_fold_mean": float(oof.mean()),
@@ -104,7 +108,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['sizes']}, {result['draws']} draws each), each member's out-of-fold "
         "macro-F1 change over the default (what the guard reads) against the change it "
         f"makes on the rest of the set. `lost`: draws where the test change is below "
-        f"-{fitting.F1_TOLERANCE}; `point passes` / `bound passes`: of those, the draws "
+        f"-{result['f1_tolerance']}; `point passes` / `bound passes`: of those, the draws "
         f"the guard's point estimate / its bound at {result['f1_z']:g} standard errors "
         "would have passed.",
         "",
@@ -151,8 +155,8 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "sizes": list(sizes),
         "draws": args.draws,
-        "f1_z": fitting.F1_Z,
-        "f1_tolerance": fitting.F1_TOLERANCE,
+        "f1_z": RULE.f1_z,
+        "f1_tolerance": RULE.f1_tolerance,
         "pairs": pairs,
     }
     write_results(result, args.out, markdown(result))

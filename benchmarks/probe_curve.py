@@ -53,6 +53,7 @@ from semsoft_eval.report import confidence_bins
 from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
 from semsoft_plugin.core import fitting
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.kept_scores import grid_probs
 from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_temperature, nll
 
@@ -60,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks besid
 from fit_curve import METRICS, SETS, scores  # noqa: E402  (the same sample and metrics)
 
 SIZES = (25, 50, 100, 200)
+RULE = FitPolicy()  # the shipped rule: the flags' defaults
 TARGET_SIZE = 100
 METHODS = ("fit", "probe", "temperature", "default", "constrained")
 NLL_ABOVE = 0.005
@@ -112,10 +114,11 @@ def pair_arrays(pair: dict[str, Any], seed: int) -> dict[str, Any]:
     }
 
 
-def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, margin: float,
-               seed: int, family: tuple[str, ...] = fitting.FAMILY) -> dict[str, Any]:  # fmt: skip
+def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, seed: int,
+               policy: FitPolicy) -> dict[str, Any]:  # fmt: skip
     """Per size: each method's test scores averaged over the draws, the fit's adopted
-    members, and fit - temperature with its bootstrap interval."""
+    members, and fit - temperature with its bootstrap interval (`policy`: the fit's family
+    and rule; `seed`: the draws', the probe's and the bootstrap's)."""
     a = pair_arrays(pair, seed)
     y, n_labels, grid, start, single = a["y"], a["n_labels"], a["grid"], a["start"], a["single"]
     content_free, constrained, hidden = a["content_free"], a["constrained"], a["hidden"]
@@ -144,9 +147,8 @@ def pair_curve(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int, marg
                     counts = np.bincount(y[train], minlength=n_labels) + 1.0
                     probe_probs = np.tile(counts / counts.sum(), (len(test), 1))
                 best, t, keep, stats = fitting.fit_probs(
-                    grid[:, train], start[train], y[train], single=single, margin=margin,
-                    seed=seed, family=family, content_free=content_free,
-                    external={"probe": member}, rows=train,
+                    grid[:, train], start[train], y[train], single=single, policy=policy,
+                    content_free=content_free, external={"probe": member}, rows=train,
                 )  # fmt: skip
             if not keep and stats["procedure"] == "probe":
                 fitted = probe_probs
@@ -256,16 +258,18 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
     parser.add_argument("--draws", type=int, default=5, help="random label draws per size")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="labels to fit on")
-    parser.add_argument("--margin", type=float, default=1.0, help="the rule, in standard errors")
+    parser.add_argument("--margin", type=float, default=RULE.margin,
+                        help="the rule, in standard errors (FitPolicy.margin)")  # fmt: skip
     parser.add_argument("--merge", help="comma-separated result JSONs: their pairs in one table")
     parser.add_argument("--family", default=",".join(fitting.FAMILY),
                         help="the members checked (default: Classifier.fit's on transformers)")
-    parser.add_argument("--f1-tolerance", type=float, default=fitting.F1_TOLERANCE,
-                        help="the rule's macro-F1 guard (fitting.F1_TOLERANCE)")
-    parser.add_argument("--f1-z", type=float, default=fitting.F1_Z,
-                        help="the guard's standard errors (fitting.F1_Z)")  # fmt: skip
-    parser.add_argument("--temperature-floor", choices=("on", "off"), default="on",
-                        help="the rule's floor (fitting.TEMPERATURE_FLOOR); off: what the "
+    parser.add_argument("--f1-tolerance", type=float, default=RULE.f1_tolerance,
+                        help="the rule's macro-F1 guard (FitPolicy.f1_tolerance)")
+    parser.add_argument("--f1-z", type=float, default=RULE.f1_z,
+                        help="the guard's standard errors (FitPolicy.f1_z)")  # fmt: skip
+    parser.add_argument("--temperature-floor", choices=("on", "off"),
+                        default="on" if RULE.temperature_floor else "off",
+                        help="the rule's floor (FitPolicy.temperature_floor); off: what the "
                         "floor changes")  # fmt: skip
     parser.add_argument("--collect", action="store_true",
                         help="compute a missing pair's passes with their hidden states")  # fmt: skip
@@ -282,8 +286,10 @@ def main() -> int:
     settings = {"draws": args.draws, "margin": args.margin, "f1_tolerance": args.f1_tolerance,
                 "f1_z": args.f1_z, "family": args.family,
                 "temperature_floor": args.temperature_floor == "on"}  # fmt: skip
-    fitting.F1_TOLERANCE, fitting.F1_Z = args.f1_tolerance, args.f1_z
-    fitting.TEMPERATURE_FLOOR = settings["temperature_floor"]
+    policy = FitPolicy(family=tuple(args.family.split(",")), margin=args.margin,
+                       f1_tolerance=args.f1_tolerance, f1_z=args.f1_z,
+                       temperature_floor=settings["temperature_floor"],
+                       random_state=args.seed)  # fmt: skip
     command = " ".join(["python", "benchmarks/probe_curve.py", *sys.argv[1:]])
     pairs: dict[str, Any] = {}
     if args.merge:  # the parts' own settings, one for all, not this command's
@@ -309,8 +315,8 @@ def main() -> int:
             print(f"{model}/{dataset}", flush=True)
             pairs[f"{model}/{dataset}"] = {
                 "n": len(pair["data"].targets),
-                "sizes": pair_curve(pair, sizes=sizes, draws=args.draws, margin=args.margin,
-                                    seed=args.seed, family=tuple(args.family.split(","))),  # fmt: skip
+                "sizes": pair_curve(pair, sizes=sizes, draws=args.draws, seed=args.seed,
+                                    policy=policy),  # fmt: skip
             }
             _write(pairs, missing, settings, command, args.out, write_results)
     _write(pairs, missing, settings, command, args.out, write_results)
@@ -318,8 +324,8 @@ def main() -> int:
 
 
 # What a result records of the run, with its value in a result written before it was recorded.
-_SETTINGS: dict[str, Any] = {"draws": 5, "margin": 1.0, "f1_tolerance": fitting.F1_TOLERANCE,
-                             "f1_z": fitting.F1_Z, "family": ",".join(fitting.FAMILY),
+_SETTINGS: dict[str, Any] = {"draws": 5, "margin": 1.0, "f1_tolerance": 0.01, "f1_z": 1.96,
+                             "family": ",".join(fitting.FAMILY),
                              "temperature_floor": True}  # fmt: skip
 
 

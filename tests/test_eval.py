@@ -564,13 +564,15 @@ def test_the_fit_method_is_classifier_fit_on_each_held_fold() -> None:
     from semsoft_eval.report import build_report, format_markdown
     from semsoft_plugin.app.classifier_fit import fit_kept
     from semsoft_plugin.app.classifier_settings import checked_family
-    from semsoft_plugin.core.fitting import F1_GUARD
+    from semsoft_plugin.core.fit_policy import FitPolicy
     from semsoft_plugin.core.kept_scores import kept_rows
 
     inputs = _synthetic_inputs(n=60, folds=3)
-    plan, params = classifier_plan(inputs.config, "transformers", inputs.seed)
-    assert plan.family == checked_family(None, "transformers") and "probe" in plan.family
-    assert F1_GUARD and (params["n_folds"], params["margin"]) == (5, 1.0)
+    policy, params = classifier_plan(inputs.config, "transformers", inputs.seed)
+    family = checked_family(None, "transformers")
+    assert policy.family == family and "probe" in family and params["cv"] == 5
+    # the classifier's default rule, only its family and grid resolved
+    assert policy.set_params(family=None, grid=None) == FitPolicy(random_state=inputs.seed)
     got = methods.score_methods(["fit"], inputs)["fit"]
     forward, hidden = inputs.forward, inputs.forward.hidden.numpy()
     names = tuple(inputs.labels.names)
@@ -582,8 +584,7 @@ def test_the_fit_method_is_classifier_fit_on_each_held_fold() -> None:
         held = np.flatnonzero(inputs.fold_ids == fold)
         state = fit_kept(
             kept_rows(forward, train), hidden[train], forward.content_free(), inputs.embeddings,
-            inputs.labels, inputs.targets[train], plan, inputs.config, n_folds=5, margin=1.0,
-            seed=inputs.seed,
+            inputs.labels, inputs.targets[train], policy, inputs.config, n_folds=5,
         )  # fmt: skip
         want, _ = state.kept_probs(kept_rows(forward, held), inputs.embeddings, inputs.labels,
                                    names, hidden[held])  # fmt: skip
@@ -623,9 +624,9 @@ def test_the_fit_method_follows_the_engine_and_refuses_what_it_cannot_fit() -> N
         methods.score_methods(["fit"], inputs)
     # on vLLM: the family Classifier(backend="vllm").fit checks, whatever it is
     inputs.backend = SimpleNamespace(name="vllm")  # type: ignore[assignment]
-    plan, _ = classifier_plan(inputs.config, "vllm", 0)
-    assert plan.family == checked_family(None, "vllm")
-    if "probe" in plan.family:
+    policy, _ = classifier_plan(inputs.config, "vllm", 0)
+    assert policy.family == checked_family(None, "vllm")
+    if "probe" in policy.family:
         with pytest.raises(ValueError, match="default family on vllm.*hidden states"):
             methods.score_methods(["fit"], inputs)
         return
@@ -634,8 +635,8 @@ def test_the_fit_method_follows_the_engine_and_refuses_what_it_cannot_fit() -> N
     train = np.flatnonzero(inputs.fold_ids != 0)
     forward = inputs.forward
     state = fit_kept(kept_rows(forward, train), None, forward.content_free(), inputs.embeddings,
-                     inputs.labels, inputs.targets[train], plan, inputs.config, n_folds=5,
-                     margin=1.0, seed=0)  # fmt: skip
+                     inputs.labels, inputs.targets[train], policy, inputs.config,
+                     n_folds=5)  # fmt: skip
     want, _ = state.kept_probs(kept_rows(forward, held), inputs.embeddings, inputs.labels,
                                tuple(inputs.labels.names))  # fmt: skip
     np.testing.assert_allclose(got.probs[held], want, rtol=0, atol=1e-9)
@@ -643,21 +644,20 @@ def test_the_fit_method_follows_the_engine_and_refuses_what_it_cannot_fit() -> N
 
 def test_tune_is_the_classifier_fit_and_its_figures_are_the_held_fold_fit() -> None:
     """`semsoft tune` runs `fit_kept` on all items and, for its figures,
-    `cross_fit_plan` (what the method `fit` runs) with its own plan."""
+    `cross_fit_plan` (what the method `fit` runs) with its own policy."""
     from semsoft_eval.held_fit import cross_fit_plan
     from semsoft_eval.tune import tune
     from semsoft_plugin import SemsoftConfig
     from semsoft_plugin.app.classifier_fit import fit_kept
-    from semsoft_plugin.app.classifier_settings import FitPlan
+    from semsoft_plugin.core.fit_policy import FitPolicy
     from semsoft_plugin.core.fitting import DEFAULT_WEIGHTS, FAMILY
 
     inputs = _synthetic_inputs(n=45)
     forward, y = inputs.forward, inputs.targets
     result = tune(forward, inputs.embeddings, inputs.labels, y, n_folds=3)
-    plan = FitPlan(FAMILY, {"semantic_weight": DEFAULT_WEIGHTS}, True)
-    options = {"n_folds": 3, "margin": 1.0, "seed": 0}
+    policy = FitPolicy(family=FAMILY, grid={"semantic_weight": DEFAULT_WEIGHTS})
     state = fit_kept(forward, forward.hidden.numpy(), forward.content_free(), inputs.embeddings,
-                     inputs.labels, y, plan, SemsoftConfig(), **options)  # fmt: skip
+                     inputs.labels, y, policy, SemsoftConfig(), n_folds=3)  # fmt: skip
     assert result.fit.to_dict() == state.result.to_dict() and result.config == state.config
     if state.correction is None or state.correction.probe is None:
         assert result.correction == state.correction
@@ -665,7 +665,7 @@ def test_tune_is_the_classifier_fit_and_its_figures_are_the_held_fold_fit() -> N
         np.testing.assert_array_equal(result.correction.probe.weight, state.correction.probe.weight)
     folds = calibrate.stratified_folds(y, 3, 0)
     probs, choices = cross_fit_plan(forward, inputs.embeddings, inputs.labels, y, folds,
-                                    SemsoftConfig(), plan, **options)  # fmt: skip
+                                    SemsoftConfig(), policy, n_folds=3)  # fmt: skip
     assert result.fold_choices == choices
     assert result.cross_validated["tuned"] == metrics.classification_metrics(probs, y, None)
 

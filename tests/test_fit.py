@@ -14,6 +14,7 @@ import torch  # noqa: E402
 
 from semsoft_plugin.core import fitting, folds, label_offsets  # noqa: E402
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
+from semsoft_plugin.core.fit_policy import FitPolicy  # noqa: E402
 from semsoft_plugin.core.kept_scores import grid_probs  # noqa: E402
 from semsoft_plugin.core.softmax import semantic_softmax_details  # noqa: E402
 from semsoft_plugin.core.temperature_scaling import (  # noqa: E402
@@ -147,15 +148,16 @@ def test_labels_without_evidence_keep_the_defaults_decisions_and_nearly_its_scor
     for seed in range(8):
         y = _sample(start, seed)
         entry, t, kept, stats = fitting.fit_probs(
-            grid, start, y, single={"temperature": 0}, seed=seed
+            grid, start, y, single={"temperature": 0}, policy=FitPolicy(random_state=seed)
         )
         assert not kept and stats["procedure"] == "temperature", (seed, stats["procedures"])
         assert entry == 0 and 0.8 < t < 1.25, (seed, t)
         fitted = fitting.fitted_probs(grid, start, entry, t, kept, stats["offset"])
         assert (start * -np.log(fitted)).sum(1).mean() - entropy < 2 / len(y), seed
         _, _, kept, stats = fitting.fit_probs(
-            grid, start, y, single={"temperature": 0}, seed=seed, family=("grid",)
-        )
+            grid, start, y, single={"temperature": 0},
+            policy=FitPolicy(random_state=seed, family=("grid",)),
+        )  # fmt: skip
         assert kept, (seed, stats["procedures"])
 
 
@@ -177,8 +179,72 @@ def test_fit_refuses_bad_input() -> None:
         fitting.fit_probs(grid, grid[0], np.array([0, 1, 2, 3, 0, 1]))
     with pytest.raises(ValueError, match="at least 4"):
         fitting.fit_probs(grid[:, :3], grid[0, :3], np.array([0, 1, 2]))
-    with pytest.raises(ValueError, match="margin"):
-        fitting.fit_probs(grid, grid[0], np.array([0, 1, 2, 0, 1, 2]), margin=-1)
+
+
+_BOOL, _NUMBER = "must be True or False", "must be a finite number >= 0"
+_FAMILY, _SEED = "must be a sequence of member names or None", "must be an integer >= 0"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("temperature", "yes", f"FitPolicy(temperature='yes'): {_BOOL}"),
+        ("temperature_floor", 1, f"FitPolicy(temperature_floor=1): {_BOOL}"),
+        ("f1_guard", "no", f"FitPolicy(f1_guard='no'): {_BOOL}"),
+        ("succession", None, f"FitPolicy(succession=None): {_BOOL}"),
+        ("margin", -1, f"FitPolicy(margin=-1): {_NUMBER}"),
+        ("f1_z", float("nan"), f"FitPolicy(f1_z=nan): {_NUMBER}"),
+        ("f1_z", True, f"FitPolicy(f1_z=True): {_NUMBER}"),
+        ("f1_tolerance", float("inf"), f"FitPolicy(f1_tolerance=inf): {_NUMBER}"),
+        ("family", "grid", f"FitPolicy(family='grid'): {_FAMILY}"),
+        ("family", ("grid", 3), f"FitPolicy(family=('grid', 3)): {_FAMILY}"),
+        ("grid", [("semantic_weight", (0.5,))],
+         "FitPolicy(grid=[('semantic_weight', (0.5,))]): must be a mapping field -> values or None"),
+        ("file_strength", 2.0, "file_strength=2.0 must be 'auto' or a number in [0, 1]"),
+        ("random_state", -1, f"FitPolicy(random_state=-1): {_SEED}"),
+        ("random_state", 1.5, f"FitPolicy(random_state=1.5): {_SEED}"),
+    ],
+)  # fmt: skip
+def test_fit_policy_refuses_bad_values_by_name(field: str, value: object, message: str) -> None:
+    import re
+
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        FitPolicy(**{field: value})
+
+
+def test_two_policies_fit_side_by_side_in_two_threads() -> None:
+    """The rule is the policy passed, not module state: on labels drawn from the start
+    the floor decides (on: the temperature is adopted; off: the start is kept), and fits
+    under both policies running at once in two threads each give what their policy gives
+    alone."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    z = np.random.default_rng(4).normal(size=(100, 4)) * 3
+    start, grid = _softmax(z), _grid_of(z)
+    y = _sample(start, 0)
+    policies = (FitPolicy(), FitPolicy(temperature_floor=False))
+
+    def fit(policy: FitPolicy) -> tuple:
+        return fitting.fit_probs(grid, start, y, single={"temperature": 0}, policy=policy)
+
+    alone = [fit(policy) for policy in policies]
+    assert alone[0][2] is False and alone[0][3]["procedure"] == "temperature"
+    assert alone[1][2] is True  # the same labels without the floor: the start is kept
+    together = Barrier(2)
+
+    def in_step(policy: FitPolicy) -> list[tuple]:
+        out = []
+        for _ in range(3):
+            together.wait()
+            out.append(fit(policy))
+        return out
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(in_step, policies))
+    for policy, want, got in zip(policies, alone, runs, strict=True):
+        for result in got:
+            assert result == want, policy
 
 
 # -- the bias corrections (label_offsets) ------------------------------------------------
@@ -313,8 +379,9 @@ def test_the_whole_family_keeps_the_defaults_decisions_on_its_own_labels() -> No
     adopted = []
     for seed in range(10):
         _, _, keep, stats = fitting.fit_probs(
-            _grid_of(z), start, _sample(start, seed), single={"temperature": 0}, seed=seed,
-            bias=label_offsets.MEMBERS, content_free=content_free,
+            _grid_of(z), start, _sample(start, seed), single={"temperature": 0},
+            policy=FitPolicy(random_state=seed), bias=label_offsets.MEMBERS,
+            content_free=content_free,
         )  # fmt: skip
         assert set(stats["procedures"]) == {"grid", "temperature", *label_offsets.MEMBERS}
         adopted.append("kept" if keep else stats["procedure"])

@@ -20,11 +20,13 @@ from semsoft_plugin.app.fit_file import FitIdentity, run_identity
 from semsoft_plugin.app.probe import LinearProbe, probe_member
 from semsoft_plugin.core import fit_family, fitting, temperature_scaling
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.temperature_scaling import apply_temperature
 from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE
 
 MODEL = "smollm2-135m"
 NO_PROBE = ("grid", "temperature", "offset", "batch", "contextual")
+RULE = FitPolicy()  # the rule's defaults, which the guard's tests check against
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -42,12 +44,14 @@ def _grid(base: np.ndarray) -> np.ndarray:
     return np.stack([_softmax(base)] + [_softmax((1 - a) * base + a * other) for a in (0.2, 0.5)])
 
 
-def _fit(base, y, content_free, family=NO_PROBE, external=None, seed=0):
+def _fit(base, y, content_free, family=NO_PROBE, external=None, seed=0, **rule):
+    """`fit_probs` on `_grid(base)` under `FitPolicy(family=..., random_state=seed, **rule)`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fitting.fit_probs(
-            _grid(base), _softmax(base), y, single={"temperature": 0}, family=family,
-            content_free=content_free, external=external, seed=seed,
+            _grid(base), _softmax(base), y, single={"temperature": 0},
+            policy=FitPolicy(family=family, random_state=seed, **rule),
+            content_free=content_free, external=external,
         )  # fmt: skip
 
 
@@ -88,8 +92,8 @@ def test_each_member_is_recovered_from_labels_it_generated() -> None:
             _, t, kept, stats = _fit(_scores(seed), y, content_free, seed=seed)
             checked = stats["procedures"][member]
             if checked["shows_gain"] and not checked["passes"]:  # the guard stopped it
-                bound = checked["f1_change"] - fitting.F1_Z * checked["f1_change_se"]
-                assert bound < -fitting.F1_TOLERANCE, (member, checked)
+                bound = checked["f1_change"] - RULE.f1_z * checked["f1_change_se"]
+                assert bound < -RULE.f1_tolerance, (member, checked)
                 adopted = stats["procedures"].get(stats["procedure"], {})
                 assert kept or adopted["f1_change_se"] == adopted["f1_change"] == 0
                 found[member] = found.get(member, 0) + 1
@@ -126,7 +130,7 @@ def test_the_whole_family_keeps_the_defaults_decisions_on_its_own_distribution()
     assert adopted.count("temperature") >= 5, adopted
 
 
-def test_a_member_that_buys_nll_with_the_winning_label_is_not_adopted(monkeypatch) -> None:
+def test_a_member_that_buys_nll_with_the_winning_label_is_not_adopted() -> None:
     """The rule's macro-F1 guard: a member whose out-of-fold NLL beats the start's by far
     but that names one label for every item (macro-F1 far below the start's) is refused,
     and adopted once the guard is off (so the guard, not the NLL, refuses it)."""
@@ -145,8 +149,7 @@ def test_a_member_that_buys_nll_with_the_winning_label_is_not_adopted(monkeypatc
     checked = stats["procedures"]["probe"]
     assert checked["gain"] > 0.5 and checked["f1_change"] < -0.3
     assert kept and not checked["passes"]
-    monkeypatch.setattr(fitting, "F1_GUARD", False)
-    _, _, kept, stats = _fit(base, y, None, family, member)
+    _, _, kept, stats = _fit(base, y, None, family, member, f1_guard=False)
     assert not kept and stats["procedure"] == "probe"
 
 
@@ -180,10 +183,10 @@ def test_the_guards_macro_f1_change_is_scikit_learns_over_the_labels_the_items_h
     assert fitting.f1_change(y, start, start.copy(), 3) == (0.0, 0.0)
 
 
-def test_the_guard_refuses_a_member_whose_macro_f1_gain_is_within_its_noise(monkeypatch) -> None:
+def test_the_guard_refuses_a_member_whose_macro_f1_gain_is_within_its_noise() -> None:
     """A member that rights six wrong decisions and breaks six right ones (its macro-F1
     about the start's, but within a wide noise) is refused however much NLL it buys;
-    with the bound at the point estimate (`F1_Z = 0`) the same draw passes."""
+    with the bound at the point estimate (`f1_z=0`) the same draw passes."""
     rng = np.random.default_rng(0)
     y = np.arange(40) % 4
     named = np.where(rng.random(40) < 0.5, y, (y + 1) % 4)
@@ -200,11 +203,10 @@ def test_the_guard_refuses_a_member_whose_macro_f1_gain_is_within_its_noise(monk
     _, _, _, stats = _fit(base, y, None, family, member)
     checked = stats["procedures"]["probe"]
     assert checked["gain"] > 3 * checked["gain_se"] > 0
-    assert checked["f1_change"] >= -fitting.F1_TOLERANCE
-    assert checked["f1_change"] - fitting.F1_Z * checked["f1_change_se"] < -fitting.F1_TOLERANCE
+    assert checked["f1_change"] >= -RULE.f1_tolerance
+    assert checked["f1_change"] - RULE.f1_z * checked["f1_change_se"] < -RULE.f1_tolerance
     assert not checked["passes"]
-    monkeypatch.setattr(fitting, "F1_Z", 0.0)
-    _, _, kept, stats = _fit(base, y, None, family, member)
+    _, _, kept, stats = _fit(base, y, None, family, member, f1_z=0.0)
     assert not kept and stats["procedure"] == "probe"
 
 
@@ -280,7 +282,7 @@ def test_the_probe_is_chosen_when_the_hidden_state_separates_the_classes() -> No
     folds = np.arange(80) % 4
     out, choices = fitting.cross_fit(
         _grid(base), _softmax(base), y, folds, single={"temperature": 0},
-        family=("grid", "probe"), external=probe,
+        policy=FitPolicy(family=("grid", "probe")), external=probe,
     )  # fmt: skip
     held = folds == 0
     want = fit_plain(hidden[~held], y[~held], 2).probs(hidden[held])
@@ -288,7 +290,7 @@ def test_the_probe_is_chosen_when_the_hidden_state_separates_the_classes() -> No
     np.testing.assert_allclose(out[held], want)
 
 
-def test_the_probe_as_arrays_is_scikit_learns_and_round_trips(tmp_path, monkeypatch) -> None:
+def test_the_probe_as_arrays_is_scikit_learns_and_round_trips(tmp_path) -> None:
     """With hard targets and label rows that read nothing, the probe is scikit-learn's L2
     logistic regression at its strength: the same `C` with three labels (a softmax over
     all of them), `2 C` with two (two rows `A_0, A_1` cost `|A_1 - A_0|^2 / 4` where the
@@ -296,13 +298,11 @@ def test_the_probe_as_arrays_is_scikit_learns_and_round_trips(tmp_path, monkeypa
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    monkeypatch.setattr(temperature_scaling, "SUCCESSION_TARGETS", False)
-
     rng = np.random.default_rng(0)
     for n_labels in (2, 3):
         y = np.arange(60) % n_labels
         x = rng.normal(size=(60, 5)) + y[:, None]
-        probe = fit_plain(x, y, n_labels)
+        probe = fit_plain(x, y, n_labels, succession=False)
         scaler = StandardScaler().fit(x)
         c = probe.strength * (2 if n_labels == 2 else 1)
         want = LogisticRegression(C=c, max_iter=1000, tol=1e-10).fit(scaler.transform(x), y)

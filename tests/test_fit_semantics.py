@@ -173,7 +173,8 @@ def test_core_integer_weights_fit_as_the_items_repeated() -> None:
     probs, y = _grid_probs(0, 30)
     weights = (np.arange(30) % 3) + 1
     repeat = np.repeat(np.arange(30), weights)
-    options = {"family": ("temperature",), "single": {"temperature": 0}, "n_folds": 3}
+    policy = FitPolicy(family=("temperature",))
+    options = {"policy": policy, "single": {"temperature": 0}, "n_folds": 3}
     _, t_w, _, stats_w = fitting.fit_probs(probs, probs[0], y, sample_weight=weights, **options)
     _, t_r, _, stats_r = fitting.fit_probs(probs[:, repeat], probs[0][repeat], y[repeat], **options)
     assert t_w == pytest.approx(t_r, abs=1e-6) and t_w != pytest.approx(1.0, abs=1e-3)

@@ -30,27 +30,21 @@ from conftest import TEST_DATA
 vllm = pytest.importorskip("vllm")
 
 from semsoft_plugin import Classifier  # noqa: E402
+from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 from semsoft_plugin.app.pass_cache import PASSES, KeptPass, PassCache  # noqa: E402
-from semsoft_plugin.core import fitting  # noqa: E402
+from semsoft_plugin.core.fit_policy import FitPolicy  # noqa: E402
 from semsoft_plugin.core.fitting import FAMILY  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
 MODEL = "smollm2-135m"
 LABELS = ["negative", "positive"]
-# The probe alone, adopted whenever it gains at all (margin 0, and no macro-F1 guard:
-# `no_f1_guard`): these tests compare the engines' rows, not the rule.
-PROBE_ONLY = {"fit_family": ("probe",), "n_folds": 4, "margin": 0.0}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_f1_guard() -> Any:
-    """The macro-F1 guard off for this module: on the 48 SST-2 rows it cannot show that the
-    probe keeps macro-F1, so it would keep the default on both engines, and the rows
-    compared would be the default's, not the probe's."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fitting, "F1_GUARD", False)
-        yield
+# The probe alone, adopted whenever it gains at all: these tests compare the engines'
+# rows, not the rule. Margin 0, and no macro-F1 guard: on the 48 SST-2 rows the guard
+# cannot show that the probe keeps macro-F1, so it would keep the default on both
+# engines, and the rows compared would be the default's, not the probe's.
+PROBE_POLICY = FitPolicy(family=("probe",), margin=0.0, f1_guard=False)
+PROBE_ONLY = {"fit_policy": PROBE_POLICY, "cv": 4}
 
 
 def _sst2() -> tuple[list[str], list[str]]:
@@ -63,9 +57,8 @@ def _sst2() -> tuple[list[str], list[str]]:
 def hf_fit() -> Classifier:
     """The probe fitted on transformers (float32), the hidden state from the hook."""
     texts, y = _sst2()
-    return Classifier(MODEL, labels=LABELS, dtype="float32", batch_size=8, **PROBE_ONLY).fit(
-        texts, y
-    )
+    engine = EngineSettings(dtype="float32", batch_size=8)
+    return Classifier(MODEL, labels=LABELS, engine=engine, **PROBE_ONLY).fit(texts, y)
 
 
 @pytest.fixture
@@ -127,7 +120,7 @@ def test_a_probe_fitted_through_vllm_equals_one_fitted_through_transformers(
     for p in kept:
         assert p.hidden.shape == (576,) and p.hidden.dtype == torch.float32
         assert max(t.numel() for t in (p.top_ids, p.top_logits, p.label_logits)) < vocab
-    default = Classifier(llm, labels=LABELS, n_folds=4).fit(texts, y)
+    default = Classifier(llm, labels=LABELS, cv=4).fit(texts, y)
     assert set(default.fit_result_.procedures) == set(FAMILY)
 
 
@@ -164,7 +157,7 @@ def test_an_engine_without_the_worker_extension_leaves_the_probe_out_or_refuses_
     texts, y = _sst2()
     with pytest.raises(ValueError, match=r"'probe' needs.*worker_extension_cls="):
         Classifier(without_extension, labels=LABELS, **PROBE_ONLY).fit(texts, y)
-    default = Classifier(without_extension, labels=LABELS, n_folds=4).fit(texts[:16], y[:16])
+    default = Classifier(without_extension, labels=LABELS, cv=4).fit(texts[:16], y[:16])
     assert "probe" not in default.fit_result_.procedures
 
 
@@ -265,14 +258,17 @@ def test_outlines_on_an_engine_without_the_worker_extension_refuses_the_probe(
 SCRIPT = """
 import json, sys
 from semsoft_plugin import Classifier
-from semsoft_plugin.core import fitting
+from semsoft_plugin.app.engine_settings import EngineSettings
+from semsoft_plugin.core.fit_policy import FitPolicy
 
 if __name__ == "__main__":
-    fitting.F1_GUARD = False  # as in the test module: the rows compared are the probe's
     texts, y, labels = json.loads(open(sys.argv[1]).read())
     args = dict(enforce_eager=True, max_model_len=512, dtype="float32", seed=0)
-    clf = Classifier("smollm2-135m", labels=labels, backend="vllm", engine_args=args,
-                     fit_family=("probe",), n_folds=4, margin=0.0).fit(texts, y)
+    # as in the test module (PROBE_POLICY): the rows compared are the probe's
+    policy = FitPolicy(family=("probe",), margin=0.0, f1_guard=False)
+    clf = Classifier("smollm2-135m", labels=labels, backend="vllm",
+                     engine=EngineSettings(engine_args=args), fit_policy=policy,
+                     cv=4).fit(texts, y)
     print("FIT " + json.dumps([clf.fit_result_.procedure, clf.predict_proba(texts).tolist()]))
 """
 
