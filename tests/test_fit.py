@@ -188,7 +188,7 @@ _FAMILY, _SEED = "must be a sequence of member names or None", "must be an integ
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("temperature", "yes", f"FitPolicy(temperature='yes'): {_BOOL}"),
+        ("fit_score_temperature", "yes", f"FitPolicy(fit_score_temperature='yes'): {_BOOL}"),
         ("temperature_floor", 1, f"FitPolicy(temperature_floor=1): {_BOOL}"),
         ("f1_guard", "no", f"FitPolicy(f1_guard='no'): {_BOOL}"),
         ("succession", None, f"FitPolicy(succession=None): {_BOOL}"),
