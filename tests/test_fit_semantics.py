@@ -69,20 +69,6 @@ def test_a_fit_that_cannot_fit_is_refused_before_scoring(no_scoring, params, mat
         _clf(**params).fit(TEXTS, Y)
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "match"),
-    [("margin", float("nan"), r"FitPolicy\(margin=nan\): must be a finite number >= 0"),
-     ("margin", -1.0, r"FitPolicy\(margin=-1\.0\): must be a finite number >= 0"),
-     ("f1_z", "2", r"FitPolicy\(f1_z='2'\): must be a finite number >= 0"),
-     ("f1_guard", "no", r"FitPolicy\(f1_guard='no'\): must be True or False"),
-     ("family", "offset", r"FitPolicy\(family='offset'\): must be a sequence of member names"),
-     ("random_state", -1, r"FitPolicy\(random_state=-1\): must be an integer >= 0")],
-)  # fmt: skip
-def test_a_policy_refuses_a_bad_field_by_name(field, value, match) -> None:
-    with pytest.raises(ValueError, match=match):
-        FitPolicy(**{field: value})
-
-
 def test_one_label_and_too_few_items_are_refused_before_scoring(no_scoring) -> None:
     with pytest.raises(ValueError, match="at least two labels \\(classes\\) among its items; all 10 are 'positive'"):
         _clf().fit(TEXTS[:10], ["positive"] * 10)
