@@ -6,7 +6,7 @@
 #         builds it so in a venv of its own, .ci/run)
 #   test: also the test, eval, docs, Outlines, Ray Data and vLLM (CPU wheel) dependencies
 # Into the interpreter scripts/_python.sh picks (never the system one), with uv where it
-# installs (benchmarks/bench_install.sh, fresh venv, empty caches: the core in 11 s with
+# installs (benchmarks/perf/bench_install.sh, fresh venv, empty caches: the core in 11 s with
 # uv, bootstrap included, against 96 s with pip), else pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."

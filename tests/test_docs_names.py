@@ -41,7 +41,7 @@ ELSEWHERE = {
 # The benchmark scripts' own flags, read from their argparse calls.
 BENCHMARKS = {
     flag
-    for script in (ROOT / "benchmarks").glob("*.py")
+    for script in (ROOT / "benchmarks").rglob("*.py")
     for flag in re.findall(r'add_argument\(\s*"(--[a-z0-9-]+)"', script.read_text("utf-8"))
 }
 # Where a shell line's command ends.

@@ -1,6 +1,6 @@
-"""The documentation's figures (`benchmarks/figures.py`) against their committed sources:
-each figure carries its source result's sha256, which must be the committed file's, so a
-figure can never silently disagree with the numbers it draws. Engine-free: reads files."""
+"""The documentation's figures (`benchmarks/research/figures.py`) against their committed
+sources: each figure carries its source result's sha256, which must be the committed
+file's, so a figure can never silently disagree with the numbers it draws. Engine-free: reads files."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ DOCS = ROOT / "docs"
 
 
 def _figures() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_doc_figures", ROOT / "benchmarks" / "figures.py")
+    spec = importlib.util.spec_from_file_location(
+        "_doc_figures", ROOT / "benchmarks" / "research" / "figures.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks itself up there
@@ -33,11 +35,11 @@ figures = _figures()
 @pytest.mark.parametrize("figure", figures.FIGURES, ids=lambda f: f.name)
 def test_each_figure_carries_its_committed_sources_sha256(figure) -> None:  # type: ignore[no-untyped-def]
     path = figures.OUT / figure.name
-    assert path.is_file(), f"{figure.name} missing: run python benchmarks/figures.py"
+    assert path.is_file(), f"{figure.name} missing: run python benchmarks/research/figures.py"
     source, digest = figures.embedded_source(path)
     assert source == figure.source
     assert digest == figures.sha256(ROOT / source), (
-        f"{source} changed since {figure.name} was drawn: run python benchmarks/figures.py"
+        f"{source} changed since {figure.name} was drawn: run python benchmarks/research/figures.py"
     )
 
 
@@ -74,7 +76,7 @@ def test_the_reliability_result_holds_each_methods_bins() -> None:
     """The bins the reliability diagrams draw: every method's 15 bins hold each draw's test
     items once, and the result records the command that made it."""
     result = json.loads((ROOT / "benchmarks/results/probe-curve-reliability.json").read_text())
-    assert result["command"].startswith("python benchmarks/probe_curve.py ")
+    assert result["command"].startswith("python benchmarks/research/probe_curve.py ")
     assert set(result["pairs"]) == {"smollm2-135m/sst2", "smollm2-135m/davidson"}
     for pair in result["pairs"].values():
         for size, row in pair["sizes"].items():

@@ -2,7 +2,7 @@
 
 Each ```python block of README.md is run as written, in a fresh namespace, in the section it
 belongs to, except that the model it names (the default, Qwen2.5-Coder-1.5B) is replaced by the
-small embedded model, SmolLM2-135M (the snippet's API is what is checked; ``benchmarks/choose_quickstart_model.py``
+small embedded model, SmolLM2-135M (the snippet's API is what is checked; ``benchmarks/research/choose_quickstart_model.py``
 measures the quick-start model itself, and ``.ci/run`` checks its labels on the example
 file). The vLLM, Outlines and server snippets start an engine: they run in CI's slow lane
 (``engine`` marker, from the fixtures they request; see ``tests/conftest.py``).

@@ -16,7 +16,7 @@ default family (every member; ``semantic_weight`` is the search's, so fit keeps 
 scores of both runs are compared: the cache never changes one. The freshness check that
 keys each kept pass by the model's and tokenizer's state now is timed where it runs. Run::
 
-    python benchmarks/bench_grid_search.py --texts 60 --model smollm2-135m --dtype float32 \\
+    python benchmarks/perf/bench_grid_search.py --texts 60 --model smollm2-135m --dtype float32 \\
         --out benchmarks/results/grid-search-passes.json
 """
 
@@ -31,15 +31,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from _cli import write_results
 from sklearn.model_selection import GridSearchCV
 
 import semsoft_plugin.engines.hf as hf
+from semsoft_eval.benchmarking import write_results
 from semsoft_plugin import Classifier
 from semsoft_plugin.app.handles import Loaded
 from semsoft_plugin.app.pass_cache import PASSES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SST2 = ROOT / "tests" / "data" / "sst2" / "dev.txt"
 REVIEWS = ROOT / "tests" / "data" / "reviews" / "reviews.tsv"
 GRID = {"semantic_weight": [0.0, 0.3, 1.0]}
@@ -119,7 +119,7 @@ def main() -> None:
     same = np.allclose(before["mean_test_score"], after["mean_test_score"], rtol=0, atol=1e-12)
     result = {
         "command": (
-            f"python benchmarks/bench_grid_search.py --texts {args.texts} --model {args.model} "
+            f"python benchmarks/perf/bench_grid_search.py --texts {args.texts} --model {args.model} "
             f"--dtype {args.dtype}"
         ),
         "model": args.model, "dtype": args.dtype, "texts": args.texts, "grid": GRID, "cv": 3,

@@ -26,7 +26,7 @@ most the constrained softmax's.
 
 Usage::
 
-    python benchmarks/choose_defaults.py --collect --models smollm2-135m,qwen2.5-coder-1.5b \\
+    python benchmarks/research/choose_defaults.py --collect --models smollm2-135m,qwen2.5-coder-1.5b \\
         --out benchmarks/results/defaults-loko.json
 """
 
@@ -40,19 +40,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from _cli import write_results  # benchmarks/ is on sys.path
 
 from semsoft_eval import calibrate, metrics
-from semsoft_eval.backend_transformers import STORE_K
-from semsoft_eval.data import load_builtin, sample
-from semsoft_eval.forward import Forward, cache_path
-from semsoft_eval.prompts import TEMPLATES
+from semsoft_eval.benchmarking import constrained_probs, load_pair, write_results
 from semsoft_plugin.core.calibration import FileCalibration, batch_calibrate
 from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.embeddings import from_checkpoint
 from semsoft_plugin.core.kept_scores import grid_probs
 from semsoft_plugin.core.labels import LabelSet
-from semsoft_plugin.engines import models
 
 # Allowed difference vs constrained: the issue's bounds, and AUROC not lower (its
 # GoEmotions/Ekman target) by more than 0.01, so a default cannot buy NLL with ranking.
@@ -87,43 +81,14 @@ FILE_STRENGTHS = (0.25, 0.5, 0.75, 1.0)
 FILE_CANDIDATES = tuple(f"file s={s} on {b}" for b in FILE_BASES for s in FILE_STRENGTHS)
 
 
-def load_pair(model: str, dataset: str, limit: int, seed: int, collect: bool) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
-    model_dir = models.resolve(model)
-    data = sample(load_builtin(dataset), limit, seed)
-    template = TEMPLATES[data.task]
-    path = cache_path(
-        models.cache_dir() / "eval", model_dir, data.texts, data.labels, template.to_dict(), STORE_K
-    )
-    if not path.is_file():
-        if not collect:
-            raise SystemExit(f"no kept forward passes for {model} {dataset} {limit} ({path})")
-        from semsoft_eval.preparation import prepare
-
-        prepare(model, dataset, limit=limit, seed=seed, sequence=False)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return {
-        "forward": Forward.load(path),
-        "embeddings": from_checkpoint(model_dir),
-        "labels": LabelSet(data.labels, tokenizer),
-        "tokenizer": tokenizer,
-        "data": data,
-    }
-
-
-def _constrained(values: torch.Tensor, n_labels: int) -> np.ndarray:
-    return torch.softmax(values[:, :n_labels].double(), -1).numpy()
-
-
 def candidate_probs(pair: dict[str, Any]) -> dict[str, np.ndarray]:
     """Every candidate's ``[N, L]`` probabilities, and the label-free baselines'."""
     forward, labels = pair["forward"], pair["labels"]
-    constrained = _constrained(forward.label_logits, len(labels))
+    constrained = constrained_probs(forward.label_logits, len(labels))
     out = {
         "constrained": constrained,
         "contextual": calibrate.contextual(
-            constrained, _constrained(forward.cf_label_logits, len(labels))
+            constrained, constrained_probs(forward.cf_label_logits, len(labels))
         ),
         "batch": batch_calibrate(constrained),
     }
@@ -364,7 +329,7 @@ def main() -> int:
         "configs": {n: {**c.to_dict(), "auto_variants": v} for n, (c, v) in CANDIDATES.items()},
         "candidates": names,
         "pairs": per_pair,
-        "command": " ".join(["python", "benchmarks/choose_defaults.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/research/choose_defaults.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     write_results(result, args.out, markdown(result))

@@ -22,7 +22,7 @@ the top-K mass.
 
 Usage::
 
-    OMP_NUM_THREADS=2 python benchmarks/outlines_position.py --dataset sst2 --limit 200
+    OMP_NUM_THREADS=2 python benchmarks/research/outlines_position.py --dataset sst2 --limit 200
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 import outlines
-from _cli import report, sample_parser  # benchmarks/ is on sys.path when run as a script
 from outlines.types import Choice
 from tqdm.auto import tqdm
 
+from semsoft_eval.benchmarking import report, sample_parser
 from semsoft_eval.data import load_builtin, sample
 from semsoft_eval.metrics import classification_metrics
 from semsoft_eval.prompts import TEMPLATES

@@ -17,8 +17,8 @@ probabilities between scoring the texts one at a time and in batches of 8
 from the float32 model, and seconds per row (median of ``--repeats`` timed runs). Run on
 demand::
 
-    python benchmarks/bench_head.py --model default --items 48
-    VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/bench_head.py --backend vllm --items 48
+    python benchmarks/perf/bench_head.py --model default --items 48
+    VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/perf/bench_head.py --backend vllm --items 48
 
 (vLLM in its default multiprocess mode: the in-process engine cannot be built a second
 time in one process.)
@@ -121,7 +121,7 @@ def main() -> int:
         "cpu_bf16": models.default_dtype() == "bfloat16",
         "threads": torch.get_num_threads(),
         "ways": rows,
-        "command": " ".join(["python", "benchmarks/bench_head.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/perf/bench_head.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     out = Path(args.out.format(backend=args.backend, model=args.model))

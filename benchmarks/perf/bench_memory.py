@@ -17,8 +17,8 @@ target (issue 33) is a ratio of at most 1.3. A bf16 model loaded from a bf16 fil
 view of the memory-mapped file: its pages become resident as the first rows read them,
 so its peak comes in scoring, not at load. Run on demand, one model at a time (Linux)::
 
-    python benchmarks/bench_memory.py          # the three embedded models, float32 and bf16
-    python benchmarks/bench_memory.py --models smollm2-135m --dtypes float32
+    python benchmarks/perf/bench_memory.py          # the three embedded models, float32 and bf16
+    python benchmarks/perf/bench_memory.py --models smollm2-135m --dtypes float32
 
 Writes ``benchmarks/results/memory.json`` and ``memory.md`` (``--out`` to change).
 """
@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 TARGET = 1.3
 
@@ -116,7 +116,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Peak resident memory: load and score `examples/reviews.csv`",
         "",
-        f"`python benchmarks/bench_memory.py` ({result['cpu']}, torch {result['torch']}, "
+        f"`python benchmarks/perf/bench_memory.py` ({result['cpu']}, torch {result['torch']}, "
         f"transformers {result['transformers']}). Peak RSS above the interpreter's "
         "baseline (after `import torch, transformers`), over the parameter bytes as "
         f"loaded; target at most {TARGET}x. *imports*: what importing transformers' model "
@@ -182,8 +182,7 @@ def main() -> None:
         "target_ratio": TARGET,
         "models": rows,
     }
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from _cli import write_results
+    from semsoft_eval.benchmarking import write_results
 
     write_results(result, args.out, markdown(result))
 

@@ -1,6 +1,6 @@
 """The per-row pool decided by each row's silent vote, chosen leaving one kind out and judged per pair.
 
-Run on demand; reads the kept forward passes of `benchmarks/choose_defaults.py` (the same
+Run on demand; reads the kept forward passes of `benchmarks/research/choose_defaults.py` (the same
 14 dev pairs, two models x seven kinds; `--collect` runs the missing ones). The rule
 (`SemsoftConfig.silent_vote`, `semsoft_plugin/core/silent_vote.py`): a row's pool weight is
 `a_max * clamp((m_out - t) / (1 - t), 0, 1)`, where `m_out` is the share of the row's
@@ -25,7 +25,7 @@ reference, not label-free).
 
 Usage::
 
-    python benchmarks/silent_vote.py --out benchmarks/results/silent-vote-loko.json
+    python benchmarks/research/silent_vote.py --out benchmarks/results/silent-vote-loko.json
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from _cli import write_results
 from choose_defaults import (
     _differences,
     _scores,
@@ -51,6 +50,7 @@ from choose_defaults import (
 )
 
 from semsoft_eval import calibrate
+from semsoft_eval.benchmarking import write_results
 from semsoft_plugin.core.calibration import FileCalibration, batch_calibrate
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.kept_scores import grid_probs
@@ -172,7 +172,7 @@ def main() -> int:
         "emotion_targets_met": all(p["emotion_target"] for p in emotion) and len(emotion) == 4,
         "preset": NAMED["silent-vote (preset)"].to_dict(),
         "pairs": per_pair,
-        "command": " ".join(["python", "benchmarks/silent_vote.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/research/silent_vote.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     write_results(result, args.out, markdown(result))

@@ -7,7 +7,7 @@ held-out tables, the wall time and the machine (CPU, cores, load).
 Its defaults are the measured run of docs/results.md (SST-2, 200 training and 100 held-out items,
 an answer warm-up on 100 others, 3 epochs); every flag of ``semsoft distill`` applies.
 
-    OMP_NUM_THREADS=2 python3 benchmarks/distill_run.py
+    OMP_NUM_THREADS=2 python3 benchmarks/research/distill_run.py
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from semsoft_eval.distill.cli import add_arguments, config_from_args  # noqa: E402
 from semsoft_eval.distill.run import run_distill  # noqa: E402
@@ -66,7 +64,7 @@ def main() -> int:
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     m = report["machine"]
     header = (
-        f"`python3 benchmarks/distill_run.py {' '.join(sys.argv[1:])}` on {m['date']}: {m['cpu']} "
+        f"`python3 benchmarks/research/distill_run.py {' '.join(sys.argv[1:])}` on {m['date']}: {m['cpu']} "
         f"({m['arch']}, {m['cores']} shared cores, {m['torch_threads']} torch threads, "
         f"load {m['load_average_start'][0]} -> {m['load_average_end'][0]}), {m['dtype']}, "
         f"wall {wall / 60:.1f} min\n\n"

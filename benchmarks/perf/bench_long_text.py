@@ -14,7 +14,7 @@ of a review repeated). Measured, each the median of ``--repeats`` timed calls:
 Also recorded: the tokens cut from the long text and the largest difference of the short
 rows' probabilities between the two groupings. Run::
 
-    python benchmarks/bench_long_text.py --long-chars 20000 --max-text-tokens 2048 \\
+    python benchmarks/perf/bench_long_text.py --long-chars 20000 --max-text-tokens 2048 \\
         --out benchmarks/results/long-text.json
 """
 
@@ -37,7 +37,7 @@ from semsoft_plugin import Classifier
 from semsoft_plugin.app.tables import read_records
 from semsoft_plugin.engines import models
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _timed(clf: Classifier, texts: list[str], repeats: int) -> tuple[float, Any]:
@@ -107,7 +107,7 @@ def main() -> None:
         out = Path(args.out)
         out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
         command = (
-            f"python benchmarks/bench_long_text.py --long-chars {args.long_chars} "
+            f"python benchmarks/perf/bench_long_text.py --long-chars {args.long_chars} "
             f"--max-text-tokens {args.max_text_tokens} --out {args.out}"
         )
         body = [

@@ -10,7 +10,7 @@ for the default model), where the two engines' kernels round differently; pass
 Usage::
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=2 OMP_NUM_THREADS=2 \\
-        python benchmarks/compare_backends.py --dataset sst2 --limit 200 --out backends.json
+        python benchmarks/research/compare_backends.py --dataset sst2 --limit 200 --out backends.json
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from _cli import report, sample_parser  # benchmarks/ is on sys.path when run as a script
-
+from semsoft_eval.benchmarking import report, sample_parser
 from semsoft_eval.evaluate import evaluate
 from semsoft_eval.methods import DEFAULT_METHODS
 from semsoft_eval.report import METRIC_COLUMNS

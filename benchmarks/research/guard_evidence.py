@@ -3,14 +3,14 @@ decision-changing member's out-of-fold macro-F1 change (what the guard reads,
 `semsoft_plugin.core.fitting.f1_change`, with its bootstrap standard error) beside the
 change the same member, fitted on all the labelled items, makes on the rest of the set.
 
-The pairs and draws are `benchmarks/probe_curve.py`'s (the same kept passes, sizes and
+The pairs and draws are `benchmarks/research/probe_curve.py`'s (the same kept passes, sizes and
 seeds). Reported per pair and member: the mean of both changes over the draws, their
 correlation, on how many draws the member lost macro-F1 on the test items, and on how many
 of those the guard (point estimate, and the shipped bound) would have passed it.
 
 Usage::
 
-    python benchmarks/guard_evidence.py \\
+    python benchmarks/research/guard_evidence.py \\
         --pairs qwen2.5-coder-1.5b/ekman:300,qwen2.5-coder-1.5b/goemotions:300 \\
         --out benchmarks/results/guard-evidence.json
 """
@@ -21,18 +21,15 @@ import argparse
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from probe_curve import SIZES, pair_arrays  # the same sizes, draws and arrays
 
 from semsoft_plugin.app.probe import fit_probe
 from semsoft_plugin.core import fitting
 from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.label_offsets import MEMBERS, apply_offset, fit_member
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks beside it
-from probe_curve import SIZES, pair_arrays  # noqa: E402  (the same sizes, draws and arrays)
 
 CHANGING = (*MEMBERS, "probe")  # the members that move decisions
 RULE = FitPolicy()  # the shipped rule: its guard's z and tolerance are what is judged
@@ -128,8 +125,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    from _cli import split_pair, write_results  # benchmarks/ is on sys.path as a script
-    from choose_defaults import load_pair
+    from semsoft_eval.benchmarking import load_pair, split_pair, write_results
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -151,7 +147,7 @@ def main() -> int:
         pairs[name] = pair_evidence(pair, sizes=sizes, draws=args.draws, seed=args.seed)
         print(f"{name} done", flush=True)
     result = {
-        "command": " ".join(["python", "benchmarks/guard_evidence.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/research/guard_evidence.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "sizes": list(sizes),
         "draws": args.draws,

@@ -2,9 +2,9 @@
 # The quick start's install (scripts/install.sh core: torch + the package with its `hf`
 # extra) timed both ways on a fresh virtual environment with empty package caches:
 # pip, then uv (its own bootstrap, `pip install uv`, counted). scripts/install.sh keeps
-# the faster (uv). Usage: bash benchmarks/bench_install.sh  (run on demand; ~3 min).
+# the faster (uv). Usage: bash benchmarks/perf/bench_install.sh  (run on demand; ~3 min).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 

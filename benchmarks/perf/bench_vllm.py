@@ -31,8 +31,8 @@
 
 Usage::
 
-    python benchmarks/bench_vllm.py --prompts 64 --requests 200 [--dtype float32]
-    python benchmarks/bench_vllm.py --model smollm2-135m --prompts 128 --skip-offline \
+    python benchmarks/perf/bench_vllm.py --prompts 64 --requests 200 [--dtype float32]
+    python benchmarks/perf/bench_vllm.py --model smollm2-135m --prompts 128 --skip-offline \
         --generative --out benchmarks/results/generative-vs-plugin.json
 """
 
@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from semsoft_eval.benchmarking import LABELS, sst2_prompts, sst2_targets
+
 if TYPE_CHECKING:
     from semsoft_plugin.core.result import LabelResult
 
@@ -61,35 +63,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-ROOT = Path(__file__).resolve().parents[1]
-# $SEMSOFT_DATA or ../shared/data, as the built-in data sets (semsoft_eval.data.data_dir)
-DATA = Path(os.environ.get("SEMSOFT_DATA") or ROOT.parent / "shared" / "data") / "sst2" / "dev.txt"
-LABELS = ["positive", "negative"]
-
-
-def sst2_targets(n: int) -> list[int]:
-    """The gold index into :data:`LABELS` of the first ``n`` SST-2 dev sentences
-    (the file's 1 is positive, 0 negative)."""
-    return [0 if line.split(" ", 1)[0] == "1" else 1 for line in DATA.read_text().splitlines()[:n]]
-
-
-def sst2_prompts(n: int) -> list[list[dict[str, str]]]:
-    """The first ``n`` SST-2 dev sentences as chat prompts with a pre-filled answer."""
-    if not DATA.is_file():
-        raise SystemExit(f"data file not found: {DATA}")
-    lines = DATA.read_text().splitlines()
-    if n > len(lines):
-        raise SystemExit(f"--prompts {n} exceeds the {len(lines)} sentences in {DATA}")
-    return [
-        [
-            {
-                "role": "user",
-                "content": f"Review: {line.split(' ', 1)[1]}\nIs the sentiment positive or negative?",
-            },
-            {"role": "assistant", "content": "Sentiment:"},
-        ]
-        for line in lines[:n]
-    ]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def engines(checkpoint: str, dtype: str):
@@ -498,7 +472,7 @@ def main() -> int:
                     process.kill()
                     process.wait()
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    command = "python benchmarks/bench_vllm.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/perf/bench_vllm.py " + " ".join(sys.argv[1:])
     report["command"] = command
     if args.out:
         args.out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")

@@ -1,6 +1,6 @@
 """What each part of the few-label fit's rule changes: the rule of succession, the macro-F1 guard, the temperature floor.
 
-Run on demand; reads the kept forward passes `benchmarks/fit_curve.py` reads (the same
+Run on demand; reads the kept forward passes `benchmarks/research/fit_curve.py` reads (the same
 pairs, the same draws of labels: `--draws` random draws of `--sizes` labels, the rest
 of the set scored). For each pair and size, the whole family
 (`semsoft_plugin.core.fitting.fit_probs`) under five rules:
@@ -28,7 +28,7 @@ adopted.
 
 Usage::
 
-    python benchmarks/fit_rule_ablation.py --out benchmarks/results/fit-rule-ablation.json
+    python benchmarks/research/fit_rule_ablation.py --out benchmarks/results/fit-rule-ablation.json
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ RULES = {  # name -> the rule of succession, F1 guard, temperature floor (FitPol
 
 def _pair_arrays(model: str, dataset: str, limit: int, seed: int) -> dict[str, Any]:
     """The pair's grid, start, content-free and constrained probabilities (fit_curve's)."""
-    from fit_curve import _load  # benchmarks/ is on sys.path when run as a script
+    from semsoft_eval.benchmarking import load_pair
 
-    pair = _load(model, dataset, limit, seed, False, False)
+    pair = load_pair(model, dataset, limit, seed, False)
     start = SemsoftConfig()
     configs = fitting.grid_configs({"semantic_weight": fitting.DEFAULT_WEIGHTS}, start)
     single = fitting.single_entries(configs, start)
@@ -140,7 +140,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Command: `{result['command']}` ({result['date']})",
         "",
-        "Kept forward passes of `benchmarks/fit_curve.py` (bf16 weights, float32 output "
+        "Kept forward passes of `benchmarks/research/fit_curve.py` (bf16 weights, float32 output "
         "head); the whole family, margin 1 standard error, the macro-F1 guard at "
         f"{result['f1_z']:g} bootstrap standard errors; mean over "
         f"{result['draws']} random draws of the labels, test = the rest of the set. "
@@ -174,7 +174,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    from _cli import KEPT_PAIRS, merge_parts, split_pair, write_results  # on sys.path
+    from semsoft_eval.benchmarking import KEPT_PAIRS, merge_parts, split_pair, write_results
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default=KEPT_PAIRS, help="model/dataset:items, comma-separated")
@@ -192,7 +192,10 @@ def main() -> int:
         settings = {"draws": args.draws, "f1_tolerance": f1_tolerance, "f1_z": args.f1_z}
         parts = args.merge.split(",")
         first = json.loads(Path(parts[0]).read_text())
-        result = {**first, **merge_parts(parts, settings, "benchmarks/fit_rule_ablation.py")}
+        result = {
+            **first,
+            **merge_parts(parts, settings, "benchmarks/research/fit_rule_ablation.py"),
+        }
         write_results(result, args.out, markdown(result))
         return 0
 
@@ -207,7 +210,7 @@ def main() -> int:
         }
         print(f"{name} done", flush=True)
     result = {
-        "command": " ".join(["python", "benchmarks/fit_rule_ablation.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/research/fit_rule_ablation.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "draws": args.draws,
         "f1_tolerance": f1_tolerance,

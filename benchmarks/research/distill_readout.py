@@ -15,7 +15,7 @@ tells the two failures apart: a student that fits its own targets but not held-o
 items has memorised (more items would help); one that does not even fit them has
 underfit (more steps, or a larger model, would).
 
-    OMP_NUM_THREADS=2 python3 benchmarks/distill_readout.py --out runs/distill-warmup --train-fit 100
+    OMP_NUM_THREADS=2 python3 benchmarks/research/distill_readout.py --out runs/distill-warmup --train-fit 100
 """
 
 from __future__ import annotations
@@ -24,12 +24,9 @@ import argparse
 import gc
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from semsoft_eval.distill import (  # noqa: E402
     DistillConfig,
@@ -149,7 +146,7 @@ def main() -> int:
     md = out / "report.md"
     header = md.read_text().split("\n\n", 1)[0] if md.is_file() else ""
     note = (
-        f"(expected stated values added by `benchmarks/distill_readout.py` on {report['readout']})"
+        f"(expected stated values added by `benchmarks/research/distill_readout.py` on {report['readout']})"
     )
     md.write_text(f"{header}\n{note}\n\n{format_markdown(report)}\n")
     print(md.read_text())

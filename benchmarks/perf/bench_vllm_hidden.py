@@ -13,7 +13,7 @@ the bytes `h` adds to each kept pass (`[d]` float32) against a vocabulary row's.
 
 Usage::
 
-    nice -n 10 python benchmarks/bench_vllm_hidden.py --model smollm2-135m --prompts 128 \\
+    nice -n 10 python benchmarks/perf/bench_vllm_hidden.py --model smollm2-135m --prompts 128 \\
         --out benchmarks/results/vllm-hidden.json
 """
 
@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,8 +30,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vllm import LABELS, sst2_prompts  # noqa: E402
+from semsoft_eval.benchmarking import LABELS, engine_bench_main, sst2_prompts  # noqa: E402
 
 
 def hook_hidden(checkpoint: str, prompts: list[Any]) -> np.ndarray:
@@ -98,9 +95,7 @@ def run(checkpoint: str, dtype: str, n: int, repeats: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    from _cli import engine_bench_main  # benchmarks/ is on sys.path when run as a script
-
-    return engine_bench_main(__doc__.split("\n")[0], "bench_vllm_hidden.py", run)
+    return engine_bench_main(__doc__.split("\n")[0], "perf/bench_vllm_hidden.py", run)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@ rebuilds them all.
 
 Usage::
 
-    python benchmarks/figures.py            # writes docs/figures/*.svg
-    python benchmarks/figures.py --check    # exit 1 if a figure's source changed since
+    python benchmarks/research/figures.py            # writes docs/figures/*.svg
+    python benchmarks/research/figures.py --check    # exit 1 if a figure's source changed since
 
 Each figure is an SVG whose metadata (`<dc:description>`) names its source result and that
 file's sha256 when the figure was drawn; `tests/test_figures.py` checks every committed
@@ -23,17 +23,16 @@ import argparse
 import hashlib
 import json
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "figures"
 SALT = "semsoft-figures"  # matplotlib's svg.hashsalt: the same source, the same bytes
 
-# Each kind's name on a panel (`_cli.KINDS` order).
+# Each kind's name on a panel (`semsoft_eval.benchmarking.KINDS` order).
 KIND_NAMES = {
     "goemotions": "GoEmotions (28 labels)",
     "ekman": "GoEmotions, Ekman (7)",
@@ -69,11 +68,11 @@ def sha256(path: Path) -> str:
 
 def description(source: str, digest: str) -> str:
     """The text a figure carries in its metadata."""
-    return f"Drawn by benchmarks/figures.py from {source} (sha256 {digest})"
+    return f"Drawn by benchmarks/research/figures.py from {source} (sha256 {digest})"
 
 
 _DESCRIPTION = re.compile(
-    r"<dc:description>Drawn by benchmarks/figures\.py from (\S+) \(sha256 ([0-9a-f]{64})\)"
+    r"<dc:description>Drawn by benchmarks/research/figures\.py from (\S+) \(sha256 ([0-9a-f]{64})\)"
 )
 
 
@@ -81,7 +80,7 @@ def embedded_source(svg: Path) -> tuple[str, str]:
     """The source path and sha256 a figure was drawn from, read from its metadata."""
     found = _DESCRIPTION.search(svg.read_text(encoding="utf-8"))
     if found is None:
-        raise ValueError(f"{svg} names no source (no <dc:description> by benchmarks/figures.py)")
+        raise ValueError(f"{svg} names no source (no <dc:description> by benchmarks/research/figures.py)")
     return found.group(1), found.group(2)
 
 
@@ -203,7 +202,7 @@ def draw(figure: Figure, out: Path = OUT) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / figure.name
     metadata = {"Title": figure.name.removesuffix(".svg"), "Date": None,
-                "Creator": "matplotlib, benchmarks/figures.py",
+                "Creator": "matplotlib, benchmarks/research/figures.py",
                 "Description": description(figure.source, sha256(source))}  # fmt: skip
     fig.savefig(path, format="svg", metadata=metadata)
     plt.close(fig)
@@ -242,5 +241,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))  # the checkout's semsoft_eval, not an installed one
     raise SystemExit(main())

@@ -23,7 +23,7 @@ below temperature scaling on 10 of the 14 pairs.
 
 Usage::
 
-    python benchmarks/probe_curve.py --models smollm2-135m,qwen2.5-coder-1.5b \\
+    python benchmarks/research/probe_curve.py --models smollm2-135m,qwen2.5-coder-1.5b \\
         --out benchmarks/results/probe-curve.json
 
 Reads the kept passes only, unless `--collect`: a missing pair's passes (hidden states
@@ -33,7 +33,7 @@ included) are then computed on this machine, in `models.load`'s dtype here (the 
 Each pair is written to `--out` as soon as it is done (`--merge` joins runs of parts).
 Each size also holds each method's reliability bins (`reliability`: the test items of all
 its draws pooled, per bin of `semsoft_eval.report.confidence_bins`, the ECE's 15 equal-width
-bins: mean confidence, accuracy, count), which `benchmarks/figures.py` draws.
+bins: mean confidence, accuracy, count), which `benchmarks/research/figures.py` draws.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ import json
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from fit_curve import METRICS, SETS, scores  # the same sample and metrics
 
 from semsoft_eval.report import confidence_bins
 from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
@@ -56,9 +56,6 @@ from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.kept_scores import grid_probs
 from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_temperature, nll
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks beside it
-from fit_curve import METRICS, SETS, scores  # noqa: E402  (the same sample and metrics)
 
 SIZES = (25, 50, 100, 200)
 RULE = FitPolicy()  # the shipped rule: the flags' defaults
@@ -276,13 +273,17 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/probe-curve.json")
     args = parser.parse_args()
 
-    from _cli import merge_parts, write_results  # benchmarks/ is on sys.path as a script
-    from choose_defaults import load_pair
-    from fit_curve import _dtype_note, _load
+    from semsoft_eval.benchmarking import (
+        collected_dtype_note,
+        load_pair,
+        load_pair_with_hidden,
+        merge_parts,
+        write_results,
+    )
 
     if args.collect:
         global _DTYPE
-        _DTYPE = _dtype_note()
+        _DTYPE = collected_dtype_note()
     settings = {"draws": args.draws, "margin": args.margin, "f1_tolerance": args.f1_tolerance,
                 "f1_z": args.f1_z, "family": args.family,
                 "temperature_floor": args.temperature_floor == "on"}  # fmt: skip
@@ -290,10 +291,10 @@ def main() -> int:
                        f1_tolerance=args.f1_tolerance, f1_z=args.f1_z,
                        temperature_floor=settings["temperature_floor"],
                        random_state=args.seed)  # fmt: skip
-    command = " ".join(["python", "benchmarks/probe_curve.py", *sys.argv[1:]])
+    command = " ".join(["python", "benchmarks/research/probe_curve.py", *sys.argv[1:]])
     pairs: dict[str, Any] = {}
     if args.merge:  # the parts' own settings, one for all, not this command's
-        merged = merge_parts(args.merge.split(","), _SETTINGS, "benchmarks/probe_curve.py")
+        merged = merge_parts(args.merge.split(","), _SETTINGS, "benchmarks/research/probe_curve.py")
         pairs, command = merged.pop("pairs"), merged.pop("command")
         settings = merged
     sizes = tuple(int(v) for v in args.sizes.split(","))
@@ -303,7 +304,9 @@ def main() -> int:
             dataset, limit = spec.split(":")
             try:
                 if args.collect:
-                    pair = _load(model, dataset, int(limit), args.seed, collect=True, probe=True)
+                    pair = load_pair_with_hidden(
+                        model, dataset, int(limit), args.seed, collect=True, probe=True
+                    )
                 else:
                     pair = load_pair(model, dataset, int(limit), args.seed, collect=False)
             except SystemExit:

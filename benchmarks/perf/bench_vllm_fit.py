@@ -14,7 +14,7 @@ weights, and the ``[L, V]`` matrix ``B`` a folded probe would keep.
 
 Usage::
 
-    python benchmarks/bench_vllm_fit.py --model smollm2-135m --prompts 128 \\
+    python benchmarks/perf/bench_vllm_fit.py --model smollm2-135m --prompts 128 \\
         --out benchmarks/results/vllm-probe.json
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,8 +33,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vllm import LABELS, sst2_prompts, sst2_targets  # noqa: E402
+from semsoft_eval.benchmarking import LABELS, engine_bench_main, sst2_prompts, sst2_targets  # noqa: E402
 
 FIT = "sst2"
 
@@ -136,9 +134,7 @@ def run(checkpoint: str, dtype: str, n: int, repeats: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    from _cli import engine_bench_main  # benchmarks/ is on sys.path when run as a script
-
-    return engine_bench_main(__doc__.split("\n")[0], "bench_vllm_fit.py", run)
+    return engine_bench_main(__doc__.split("\n")[0], "perf/bench_vllm_fit.py", run)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Can a label-free guard decide when the file mode helps? Every one-statistic threshold, checked.
 
-Run on demand; reads the kept forward passes of ``benchmarks/choose_defaults.py`` (the
+Run on demand; reads the kept forward passes of ``benchmarks/research/choose_defaults.py`` (the
 same pairs; a pair without cached passes is listed and skipped). The file mode
 (:class:`semsoft_plugin.core.calibration.FileCalibration`) divides each row by the mean
 of the file's rows raised to a strength ``s``. A guard may only look at the unlabelled
@@ -30,7 +30,7 @@ and which pairs it harms or misses.
 
 Usage::
 
-    python benchmarks/file_mode_guard.py --out benchmarks/results/file-mode-guard.json
+    python benchmarks/research/file_mode_guard.py --out benchmarks/results/file-mode-guard.json
 """
 
 from __future__ import annotations
@@ -246,14 +246,19 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    from _cli import KEPT_PAIRS, split_pair, write_results  # benchmarks/ is on sys.path
+    from semsoft_eval.benchmarking import (
+        KEPT_PAIRS,
+        constrained_probs,
+        load_pair,
+        split_pair,
+        write_results,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default=KEPT_PAIRS, help="model/dataset:items, comma-separated")
     parser.add_argument("--seed", type=int, default=0, help="the sample seed semsoft eval used")
     parser.add_argument("--out", default="benchmarks/results/file-mode-guard.json")
     args = parser.parse_args()
-    from choose_defaults import _constrained, load_pair
 
     pairs: dict[str, Any] = {}
     missing = []
@@ -265,7 +270,7 @@ def main() -> int:
         except SystemExit:
             missing.append(name)
             continue
-        p = _constrained(pair["forward"].label_logits, len(pair["labels"]))
+        p = constrained_probs(pair["forward"].label_logits, len(pair["labels"]))
         pooled = grid_probs(pair["forward"], pair["embeddings"], pair["labels"], [POOLED])[0][0]
         bases = {"constrained": p, "pooled": np.asarray(pooled, dtype=np.float64)}
         y = pair["data"].targets
@@ -275,7 +280,7 @@ def main() -> int:
             "effects": effects(bases, y),
         }
     result = {
-        "command": " ".join(["python", "benchmarks/file_mode_guard.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/research/file_mode_guard.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "missing": missing,
         "pairs": pairs,

@@ -10,7 +10,7 @@ threads. Each Ray run's rows are compared with the single process's, row by row 
 ``id`` column): the largest absolute difference of any probability or coverage, and
 whether labels, fallback and review flags agree. Writes JSON and Markdown::
 
-    python benchmarks/bench_ray.py --rows 1000 --out benchmarks/results/ray-sst2-1000
+    python benchmarks/perf/bench_ray.py --rows 1000 --out benchmarks/results/ray-sst2-1000
 
 The machine's load average before and after each run goes into the results: on a
 shared machine the timings move with the other jobs.
@@ -27,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LABELS = "positive,negative"
 FLOATS = ("p_", "constrained_", "coverage")
@@ -121,7 +119,7 @@ def main() -> int:
         run["speedup_vs_single"] = run["rows_per_s"] / base
 
     result = {
-        "command": "python benchmarks/bench_ray.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/perf/bench_ray.py " + " ".join(sys.argv[1:]),
         "rows": len(texts),
         "data": "SST-2 dev in order (872 reviews, then again from the first)",
         "model": args.model,

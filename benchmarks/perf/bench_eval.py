@@ -11,7 +11,7 @@
 
 Usage::
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_eval.py --model default --out bench.json
+    OMP_NUM_THREADS=2 python benchmarks/perf/bench_eval.py --model default --out bench.json
 """
 
 from __future__ import annotations

