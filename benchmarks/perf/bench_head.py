@@ -40,6 +40,7 @@ import torch
 
 from semsoft_eval.data import load_builtin
 from semsoft_plugin.app.classifier import Classifier
+from semsoft_plugin.app.engine_settings import EngineSettings
 from semsoft_plugin.app.predictions import Predictions
 from semsoft_plugin.engines import models
 
@@ -54,8 +55,10 @@ def _classifier(backend: str, model: str, labels: list[str], dtype: str, exact: 
     if backend == "vllm":
         head = "float32" if exact else "model"
         engine = {"dtype": dtype, "hf_overrides": {"head_dtype": head}, "enforce_eager": True}
-        return Classifier.from_pretrained(model, labels, backend="vllm", engine_args=engine)
-    return Classifier.from_pretrained(model, labels, dtype=dtype, batch_size=8, exact_head=exact)
+        settings = EngineSettings(engine_args=engine)
+        return Classifier.from_pretrained(model, labels, backend="vllm", engine=settings)
+    settings = EngineSettings(dtype=dtype, batch_size=8, exact_head=exact)
+    return Classifier.from_pretrained(model, labels, engine=settings)
 
 
 def _rows(clf: Any, texts: list[str], one_at_a_time: bool) -> Predictions:

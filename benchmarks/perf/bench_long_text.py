@@ -34,6 +34,7 @@ import torch
 
 import semsoft_plugin.engines.hf as hf
 from semsoft_plugin import Classifier
+from semsoft_plugin.app.engine_settings import EngineSettings
 from semsoft_plugin.app.tables import read_records
 from semsoft_plugin.engines import models
 
@@ -68,7 +69,7 @@ def main() -> None:
         model,
         tokenizer,
         ["positive", "negative"],
-        batch_size=args.batch,
+        engine=EngineSettings(batch_size=args.batch),
         max_text_tokens=args.max_text_tokens,
     )
     grouped_s, grouped = _timed(clf, texts, args.repeats)

@@ -40,6 +40,12 @@ QUICKSTART_LABELS = ["positive", "negative"]  # the README's --labels, in its or
 MODELS = ("default", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 
 
+def _engine(dtype: str) -> Any:
+    from semsoft_plugin.app.engine_settings import EngineSettings
+
+    return EngineSettings(dtype=dtype, batch_size=8)
+
+
 def _size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
@@ -101,7 +107,7 @@ def measure(name: str, limit: int, seed: int, dtype: str) -> dict[str, Any]:
     }
 
     start = time.perf_counter()
-    clf = Classifier.from_pretrained(name, QUICKSTART_LABELS, dtype=dtype, batch_size=8)
+    clf = Classifier.from_pretrained(name, QUICKSTART_LABELS, engine=_engine(dtype))
     out["load_s"] = time.perf_counter() - start
 
     texts, expected, ids = _reviews()
@@ -133,7 +139,7 @@ def measure(name: str, limit: int, seed: int, dtype: str) -> dict[str, Any]:
     out["sst2"] = scored
 
     agnews = sample(load_builtin("agnews"), limit, seed)
-    topic = Classifier.from_pretrained(name, agnews.labels, dtype=dtype, batch_size=8)
+    topic = Classifier.from_pretrained(name, agnews.labels, engine=_engine(dtype))
     scored = _score(topic, agnews.texts, [agnews.labels[t] for t in agnews.targets])
     scored.pop("_details")
     out["agnews"] = scored
