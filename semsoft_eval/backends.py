@@ -1,23 +1,15 @@
 """The one seam between the evaluation and an inference engine.
 
-Everything the evaluation asks of a model goes through `Backend`: the decision
-step's top-`k` (what every Semantic Softmax method and baseline is scored from), the
-log-probability of each label's whole token sequence, the engine's own label scoring
-(vLLM's `/generative_scoring`), free generation (self-consistency,
-verbal confidence, the distillation recipe's sampling) and the output embeddings the
-adapters score with. `evaluate`, `forward`, `selfconsistency` and `tune` hold a
-backend and never ask which engine it is; only
-`semsoft_eval.backend_factory.load_backend` and
-`semsoft_eval.backend_factory.as_backend` choose an implementation, so a new engine
-is one module implementing this protocol and one line in each of them.
+Everything the evaluation asks of a model goes through `Backend`: the decision step's
+top-`k`, the log-probability of each label's whole token sequence, the engine's own label
+scoring (vLLM's `/generative_scoring`), free generation and the output embeddings.
+`evaluate`, `forward`, `selfconsistency` and `tune` never ask which engine they hold; only
+`semsoft_eval.backend_factory` chooses an implementation, so a new engine is one module
+implementing this protocol and one line there.
 
-This module holds what every side shares (the protocol, the values it returns, the engine
-names) and imports no backend, so the imports run one way: `backends` <- each engine's
-module (`semsoft_eval.backend_transformers`, `semsoft_eval.backend_vllm`) <-
-`semsoft_eval.backend_factory`.
-
-Engine names are `"transformers"` and `"vllm"` (`ENGINES`), on every path (`Classifier`,
-`semsoft classify`, `eval`, `tune`); the old spelling `"hf"` is refused naming `"transformers"`.
+This module holds what every side shares (the protocol, its values, the engine names
+`ENGINES`: `"transformers"` and `"vllm"`; `"hf"` is refused naming `"transformers"`) and
+imports no backend: `backends` <- each engine's module <- `backend_factory`.
 """
 
 from __future__ import annotations

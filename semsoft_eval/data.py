@@ -4,21 +4,10 @@ Every loader returns an `EvalData`: texts, label names, hard targets, and for
 binary soft-label data the raters' fraction for the positive label. Bad input raises a
 one-line `ValueError` naming the file and the bad value.
 
-Built-in shortcuts read public data sets from a data folder, `$SEMSOFT_DATA` or else
-`../shared/data` beside the project root (where the project's own machines keep them; a
-clone has no such folder). Each one's files, origin and licence are in `SOURCES`, and
-a missing file is refused in one line that says where to get it:
-
-* `goemotions`: GoEmotions dev, 28 labels, single-label items (`any_gold` keeps
-  multi-label items and counts a prediction right when it is any gold label);
-* `ekman`: the same comments mapped to Ekman's 6 emotions + neutral;
-* `davidson`: tweets; soft label p(toxic) = (hate_speech + offensive_language) / count,
-  hard label = the majority class (hate or offensive vs neither);
-* `sst2`: SST-2 dev (0 = negative, 1 = positive);
-* `agnews`: AG News (half of the published test file), 4 news topics;
-* `trec`: TREC question types (training split), the 6 coarse classes;
-* `convabuse`: ConvAbuse validation messages; soft label p(abusive) = the share of
-  the message's raters who marked it abusive, hard label = that share above 0.5.
+Built-in shortcuts read public data sets from `$SEMSOFT_DATA`, else `../shared/data`
+beside the project root (a clone has none). Each one's files, origin and licence are in
+`SOURCES`, and a missing file is refused in one line that says where to get it. What
+each set holds: docs/evaluation.md ("Built-in data sets").
 """
 
 from __future__ import annotations

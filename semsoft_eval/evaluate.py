@@ -94,8 +94,8 @@ def evaluate(
     n_bootstrap : int
         Resamples for the 95% intervals of differences against `constrained`
     cache_dir : str | Path | None
-        Where forward passes are kept (default `<semsoft cache>/eval`); None
-        and `cache_dir=""` disables the cache
+        Where forward passes are kept (None: `<semsoft cache>/eval`); `""`
+        disables the cache
     backend : str
         `"transformers"` (alias `"hf"`; through `semsoft_plugin.engines.hf.classify`)
         or `"vllm"` (through `semsoft_plugin.engines.vllm.classify_vllm`; every method, the

@@ -1,22 +1,12 @@
 """One forward pass per item through the user code path, kept on disk for method sweeps.
 
-`semsoft eval` and `semsoft tune` never score items with a second implementation:
-the decision step comes from the engine's own adapter through a
-`semsoft_eval.backends.Backend` (`semsoft_plugin.engines.hf.classify` with
-`keep_logits=True` on transformers, `semsoft_plugin.engines.vllm.classify_vllm` on vLLM), and
-every method is then computed from the kept values with
+`semsoft eval` and `semsoft tune` never score items with a second implementation: the
+decision step comes from the engine's own adapter through a `semsoft_eval.backends.Backend`,
+and every method is computed from the kept values with
 [`semsoft_plugin.core.softmax.SemanticSoftmax`][semsoft_plugin.core.softmax.SemanticSoftmax].
-
-What is kept per item is lossless for every method here: the top `store_k` values
-(Semantic Softmax with any `k <= store_k` sees exactly the same kept tokens, and
-`P_sem` is a ratio, so the softmax normaliser over the rest of the vocabulary
-cancels) and the values of every label answer token and own-token variant (the
-constrained softmax, contextual calibration, temperature scaling). `Forward.logits`
-rebuilds `[N, V]` rows with `-inf` elsewhere, which the core treats as masked tokens.
-transformers gives raw logits, vLLM raw log-probabilities: they differ by one constant
-per row and every method here is invariant to that constant (softmaxes over subsets of
-one row, and the temperature divides the difference), so one `Forward` serves
-both engines.
+What is kept (the top `store_k` values, every label token's) is lossless for every method
+here, and one `Forward` serves transformers' logits and vLLM's log-probabilities alike:
+why, in docs/evaluation.md ("The kept forward passes").
 
 The cache is a safetensors file (never pickle) named by a hash of everything that
 changes the logits: model directory, prompts, labels, `store_k`, the engine.

@@ -1,10 +1,8 @@
 """The methods `semsoft eval` compares, by name: a registry.
 
-Each method is a small function from a `MethodInputs` (the kept forward passes,
-the labels, the folds, ...) to a `MethodResult` (`[N, L]` probabilities and
-what it measured), registered with `method`. `score_methods` runs the named
-ones; `semsoft eval --methods` lists `ALL_METHODS`. Adding a method is one
-decorated function here:
+Each method is a function from a `MethodInputs` (the kept passes, the labels, the folds)
+to a `MethodResult` (`[N, L]` probabilities and what it measured), registered with
+`method`; `score_methods` runs the named ones. A new method is one decorated function:
 
 ```python
 @method("semantic-half", "Semantic Softmax averaged with the constrained softmax")
@@ -12,11 +10,9 @@ def _semantic_half(m: MethodInputs) -> MethodResult:
     return m.derived(m.semantic(), (m.semantic().probs + m.constrained().probs) / 2)
 ```
 
-Methods scored from the kept passes cost no forward pass; `self-consistency` and
-`verbal` generate through the run's `semsoft_eval.backends.Backend`, and
-`generative-scoring` reads vLLM's own label scoring through it (`default=False`:
-they are not in `DEFAULT_METHODS`). Methods that need labels
-are cross-fitted over `fold_ids` so every item is scored out of fold.
+Methods from the kept passes cost no forward pass; `self-consistency`, `verbal` and
+`generative-scoring` go through the run's `Backend` and are not in `DEFAULT_METHODS`.
+Methods that need labels are cross-fitted over `fold_ids`: every item is scored out of fold.
 """
 
 from __future__ import annotations

@@ -1,40 +1,14 @@
 """Classification and calibration metrics for `semsoft eval`.
 
-Conventions (stated once, used everywhere):
+`probs` is `[N, L]`, rows summing to 1 (checked within `ROW_SUM_TOLERANCE`, then divided
+by their sum, so scikit-learn sees exact float64 distributions; a row further off is an
+error, not fixed silently); `targets` is `[N]` label indices. The metrics: accuracy,
+macro-F1, ECE (15 equal-width bins on the top-label confidence), Brier, NLL, AUROC,
+AUROC2 and, on binary soft labels (the raters' fraction `r` for `labels[1]`), the
+distances to the raters. A metric undefined on the data at hand (AUROC with one class,
+Spearman with a constant input, ...) is `None` (JSON `null`, "n/a" in tables), never NaN.
 
-* `probs` is `[N, L]`, rows summing to 1; `targets` is `[N]` label indices.
-  Rows are checked to sum to 1 within `ROW_SUM_TOLERANCE` (scores computed in float32
-  or bf16 are off by ~1e-7) and then divided by their sum, so scikit-learn sees exact
-  float64 distributions; a row further off is an error, not something to fix silently.
-* **accuracy**: argmax equals the target; with `gold_sets` (GoEmotions "any gold")
-  a prediction is right when it is any of the item's gold labels.
-* **macro_f1**: scikit-learn's `f1_score(average="macro")` over the labels that occur
-  in the targets or the predictions (a label in neither says nothing).
-* **ece**: expected calibration error, 15 equal-width bins on the top-label confidence
-  (torchmetrics' `multiclass_calibration_error`, L1 norm).
-* **brier**: multiclass Brier score, the sum over classes of the squared error, averaged
-  over items (scikit-learn, `scale_by_half=False`); 0 is perfect, 2 the worst.
-* **nll**: mean negative log-likelihood of the target (scikit-learn `log_loss`,
-  probabilities clipped away from 0 by its float epsilon).
-* **auroc**: macro one-vs-rest ROC AUC over the labels that have both positive and
-  negative items (scikit-learn); for two labels, the AUC of `p(labels[1])`.
-* **auroc2**: ROC AUC of the top-label confidence for telling correct from wrong
-  predictions (the self-consistency paper's AUROC2).
-
-Soft labels (binary data with the raters' fraction `r` for `labels[1]`):
-
-* **mae_vs_raters**: mean `|p(labels[1]) - r|`;
-* **ece_vs_raters**: as `ece` but the "accuracy" in each bin is the raters' agreement
-  with the predicted label (`r` or `1 - r`);
-* **spearman_vs_raters**: Spearman correlation of `p(labels[1])` with `r` (scipy);
-* **share_over_0_9_on_ambiguous**: among items the raters split on (`0 < r < 1`), the
-  share whose top-label confidence is above 0.9 (lower is better: the model should not
-  be sure where people disagree).
-
-**Undefined metrics.** A metric that is mathematically undefined on the data at hand
-(AUROC with one class, AUROC2 when every prediction is right or every one wrong,
-Spearman with a constant input, the ambiguous share with no ambiguous item) is
-`None` (JSON `null`, "n/a" in tables), never NaN.
+Each metric's definition: docs/metrics.md.
 """
 
 from __future__ import annotations

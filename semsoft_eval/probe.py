@@ -1,22 +1,13 @@
 """A probe on the decision step's hidden state ("hidden calibration", Cho et al., NAACL 2025).
 
-Temperature scaling and the bias corrections rescale or shift the label logits, which
-hold one number per label. The last layer's hidden state at the decision step holds
-what the model knows about the input before its output layer throws most of it away;
-with a few labels, a regularised multinomial logistic regression on it, anchored on the
-label logits so that it keeps their ranking unless the labels show better, can separate
-labels the label logits confuse. The `probe` method of `semsoft eval` fits one
-(`semsoft_plugin.app.probe.fit_probe`, the one `Classifier.fit` uses) on each
-run's training folds and scores the held fold, like `temperature`.
-
-Where the hidden state comes from: `semsoft_eval.forward.Forward` `.hidden`,
-kept by the transformers backend during the decision step itself (no extra pass), and by
-the vLLM backend from the same pass: vLLM's generate runner returns no hidden states, so
-the engine's processor reads it back from the decision step's logits row (`h = W⁺ z`,
-each row judged by its residual) and its worker returns it through `collective_rpc`
-(`semsoft_eval.backend_vllm`). A cache written before it was kept is extended when
-`probe` is asked for (`collect(hidden=True)`); an engine that gives none (a vLLM engine
-without the worker extension) is refused by name.
+The `probe` method of `semsoft eval` fits one (`semsoft_plugin.app.probe.fit_probe`, the
+one `Classifier.fit` uses) on each run's training folds and scores the held fold, like
+`temperature`. Its input is `semsoft_eval.forward.Forward` `.hidden`, kept during the
+decision step itself: by the transformers backend, and by the vLLM backend read back from
+the logits row by the engine's processor (`h = W⁺ z`, each row judged by its residual;
+`semsoft_eval.backend_vllm`). A cache written without it is extended when `probe` is asked
+for (`collect(hidden=True)`); an engine that gives none is refused by name.
+Why a probe and how it is fitted: docs/few-labels.md ("The probe on the hidden state").
 """
 
 from __future__ import annotations

@@ -2,25 +2,13 @@
 
 Two baselines from Cacioli (2026) beside Semantic Softmax, and the generation code the
 distillation recipe ([`semsoft_eval.distill`][semsoft_eval.distill]) samples with:
-
-* **self-consistency**: `n` answers sampled at `T = 0.7` (paper: `n = 10`); the
-  confidence in an answer is the share of samples that agree with it. The sampling is
-  the engine's (`semsoft_eval.backends.Backend`): `model` is a backend, a
-  transformers model or a `vllm.LLM` (vLLM is imported lazily, only then).
-* **verbal confidence**: the model is asked for its answer and "Confidence: NN%" and the
-  statement is read with `semsoft_eval.confidence.parse_confidence`. Small models
-  often answer and stop; when the first greedy pass states no confidence, a second pass
-  pre-fills `"\\nConfidence:"` after the answer line and reads the number that follows.
-  Both passes are greedy. How many items needed the second pass is reported
-  (`VerbalReading.prefilled`): a model that learned the format needs none.
-
-For label sets (`semsoft eval --methods self-consistency,verbal`) a generated answer is
-mapped to a label by `match_label` (exact, then whole word, then an unambiguous
-prefix); anything else is unparseable, counted and never guessed.
-
-Prompts are strings (used as they are) or chat message lists (chat template applied; a
-final assistant message such as `"Emotion:"` is continued), as in
-[`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify].
+**self-consistency** (`n` answers sampled at `T = 0.7`; the confidence in an answer is the
+share of samples that agree with it) and **verbal confidence** ("Confidence: NN%", read by
+`semsoft_eval.confidence.parse_confidence`). The sampling is the engine's
+(`semsoft_eval.backends.Backend`). For label sets a generated answer maps to a label by
+`match_label` or is counted unparseable, never guessed. Prompts are strings or chat message
+lists, as in [`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify].
+How each is read: docs/evaluation.md ("Self-consistency and verbal confidence").
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """`semsoft tune`: fit Semantic Softmax's settings on labelled data, honestly.
 
-The fit is [`fit_kept`][semsoft_plugin.app.classifier_fit.fit_kept], the one
-`Classifier.fit` runs on its kept passes: from the starting setting (`--config` or the label-free
-default), every member of the family (`--fit-family`: the grid, default the pool weight
-`semantic_weight` with a fitted final temperature, any config field an axis; a
-temperature alone; the bias corrections offset, batch and contextual; the probe on the
-decision step's hidden state where the engine keeps it) is scored on the kept values of
-one forward pass per item (`semsoft_eval.forward`), and the default is kept unless
-one beats it out of fold by `margin` standard errors. The probe is the Classifier's;
-where the kept passes have no hidden states (an engine that keeps none), a probe asked
-for is refused by name.
+The fit is [`fit_kept`][semsoft_plugin.app.classifier_fit.fit_kept], the one `Classifier.fit`
+runs on its kept passes: every member of the family (`--fit-family`) is scored on the kept
+values of one forward pass per item (`semsoft_eval.forward`), and the starting setting
+(`--config` or the label-free default) is kept unless one beats it out of fold by `margin`
+standard errors. A probe asked for where the kept passes have no hidden states is refused
+by name.
 
-Honest figures: the whole fit (the rule included) is *nested* in cross-validation. For
-each of `n_folds` stratified folds the fit runs on the other folds and is applied to the
-held fold as predictions apply it (`semsoft_eval.held_fit.cross_fit_plan`, what
-`semsoft eval`'s method `fit` runs with the classifier's default plan); the figures
-printed are those out-of-fold predictions. The
-configuration written to `--output` is then fitted on all items, with the correction a
-bias member or the probe adds ([`semsoft_plugin.app.fitted.save_fitted`][semsoft_plugin.app.fitted.save_fitted]), which
-`semsoft classify --config` applies row by row.
+Honest figures: the whole fit (the rule included) is nested in cross-validation
+(`semsoft_eval.held_fit.cross_fit_plan`) and the figures printed are its out-of-fold
+predictions. The config written to `--output` is then fitted on all items, with the
+correction a bias member or the probe adds
+([`semsoft_plugin.app.fitted.save_fitted`][semsoft_plugin.app.fitted.save_fitted]).
+The family and the rule: docs/few-labels.md ("What is fitted").
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """`semsoft distill`: distil self-consistency into a stated confidence (Cacioli, 2026).
 
-The recipe, one module per stage:
+The recipe (docs/distillation.md), one module per stage:
 
-* [`data`][semsoft_eval.distill.data]: the questions (NQ-open, or a label set such as
-  SST-2 asked as a free-answer question) and grading;
-* [`targets`][semsoft_eval.distill.targets]: sample `n` answers at `T`, `n_correct` ->
-  target, the modal filter, the label-entropy guard, the SFT examples (and the
-  shuffled control);
+* [`data`][semsoft_eval.distill.data]: the questions and their grading;
+* [`targets`][semsoft_eval.distill.targets]: sampled answers turned into guarded targets;
 * [`training`][semsoft_eval.distill.training]: LoRA SFT with TRL, the adapter as safetensors;
-* [`evaluation`][semsoft_eval.distill.evaluation]: verbal confidence, self-consistency, logit
-  entropy, constrained and Semantic Softmax top probability on held-out items;
+* [`evaluation`][semsoft_eval.distill.evaluation]: the confidence signals on held-out items;
 * [`run`][semsoft_eval.distill.run]: the three arms end to end;
 * [`tables`][semsoft_eval.distill.tables]: the report's held-out figures as Markdown tables;
 * [`cli`][semsoft_eval.distill.cli]: the command line (`semsoft distill`).

@@ -1,31 +1,14 @@
 """Step 6 of the recipe: the confidence signals on held-out items, side by side.
 
-Every signal gives, per item, a predicted answer, whether it is right, and a confidence;
-each is scored by AUROC2 (telling right from wrong answers), ECE (10 equal bins, where
-the confidence is a probability) and the ceiling rate (share >= 90%):
-
-* **verbal** ([`verbal_signal`][semsoft_eval.distill.evaluation.verbal_signal]): the greedy answer and the "Confidence: NN%" stated
-  with it, before or after training. An answer that names no label / is empty counts as
-  wrong; AUROC2, ECE and the ceiling rate are over items with a readable confidence, and
-  the parse rate (readable answer and confidence) is reported;
-* **logit entropy**: minus the mean raw next-token entropy over that greedy answer line
-  (the same pass, no extra cost; not a probability, so no ECE);
-* **self-consistency** ([`self_consistency_signal`][semsoft_eval.distill.evaluation.self_consistency_signal]): the modal answer of the `n`
-  samples and the share that agree with it (the teacher; `n` times the cost);
-* **constrained / Semantic Softmax top probability** ([`label_signals`][semsoft_eval.distill.evaluation.label_signals], label tasks
-  only): one forward pass over the label set through [`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify];
-  the argmax label and its probability. For open QA there is no label set and these do
-  not apply;
-* **verbal, expected stated value** ([`stated_value_signal`][semsoft_eval.distill.evaluation.stated_value_signal]): after the same greedy
-  answer line, the model's probability of each statement it was taught
-  (`"Confidence: 5%"` ... `"95%"`, the paper's targets), normalised over them; the
-  confidence is their expectation. Greedy decoding states the mode of that distribution,
-  which a lightly trained model makes the same for every item (ties give AUROC2 0.5); the
-  expectation tells whether the ranking was learnt but hidden by the mode. One extra
-  forward pass of 11 short continuations per item.
-
-Which one-pass signal is closest to self-consistency is measured by the Spearman rank
-correlation of its confidence with the teacher's agreement on the same items.
+Every signal gives, per item, a predicted answer, whether it is right, and a confidence,
+scored by AUROC2, ECE (10 equal bins, where the confidence is a probability) and the
+ceiling rate (share >= 90%): [`verbal_signal`][semsoft_eval.distill.evaluation.verbal_signal],
+the logit entropy of its answer line,
+[`self_consistency_signal`][semsoft_eval.distill.evaluation.self_consistency_signal],
+[`label_signals`][semsoft_eval.distill.evaluation.label_signals] (label tasks only) and
+[`stated_value_signal`][semsoft_eval.distill.evaluation.stated_value_signal]. The Spearman
+correlation of each one-pass signal with the teacher's agreement says which is closest
+to self-consistency. What each signal reads: docs/distillation.md ("The signals").
 """
 
 from __future__ import annotations

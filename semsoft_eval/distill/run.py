@@ -1,24 +1,16 @@
 """The whole recipe (`semsoft distill`): three arms and the signals side by side.
 
-[`run_distill`][semsoft_eval.distill.run.run_distill] samples train and held-out items once (cached), builds the targets,
-and trains three arms as in Cacioli (2026):
+[`run_distill`][semsoft_eval.distill.run.run_distill] samples train and held-out items once
+(cached), builds the targets and trains three arms as in Cacioli (2026): `all items` (the
+rescue), `shuffled` (the control: the same targets permuted across items) and `modal
+filter` (only items whose modal answer is right; the guard refuses its collapsed targets,
+reported, not raised). With `warmup_items > 0` a first LoRA teaches the answer alone and is
+merged before anything else ([`build_answer_examples`][semsoft_eval.distill.targets.build_answer_examples]).
 
-* `all items` (the rescue): every item with a readable modal answer;
-* `shuffled` (the control): the same targets permuted across items;
-* `modal filter`: only items whose modal answer is right (the paper's failure: the
-  targets collapse and the guard refuses it, reported, not raised).
-
-With `warmup_items > 0` a first LoRA teaches the answer alone (gold label, no
-confidence) on items disjoint from the train and held-out sets, and is merged into the
-model before anything else: the teacher samples, every baseline and every arm then use
-that answer model (see [`build_answer_examples`][semsoft_eval.distill.targets.build_answer_examples]).
-
-The main set refused by the guard raises `ValueError` (nothing can be learnt). On the
-held-out items it reports the verbal confidence before and after each arm and the
-one-pass signals of [`semsoft_eval.distill.evaluation`][semsoft_eval.distill.evaluation], their cost (forward passes
-and seconds per item) and the training time, in `report.json`;
-[`format_markdown`][semsoft_eval.distill.tables.format_markdown] turns it into tables, and
-[`semsoft_eval.distill.cli`][semsoft_eval.distill.cli] is the command line.
+A main set the guard refuses raises `ValueError`. `report.json` holds the held-out verbal
+confidence before and after each arm, the one-pass signals of
+[`semsoft_eval.distill.evaluation`][semsoft_eval.distill.evaluation], their cost and the
+training time; [`format_markdown`][semsoft_eval.distill.tables.format_markdown] makes tables.
 """
 
 from __future__ import annotations

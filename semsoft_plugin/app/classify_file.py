@@ -2,18 +2,12 @@
 at a time, resumable.
 
 The job is one plan, made and checked before the model loads
-(`semsoft_plugin.app.file_plan`: the formats, the text column and its type, every
-passthrough column's type against the output format, the rows a `--resume` keeps and
-their settings) under the output's lock (`semsoft_plugin.app.output_lock`: one
-writer per output); then a straight read, score, write. The settings that change a
+(`semsoft_plugin.app.file_plan`), under the output's lock (`semsoft_plugin.app.output_lock`:
+one writer per output); then a straight read, score, write. The settings that change a
 written value are recorded beside the output (`OUTPUT.semsoft.json`,
-`semsoft_plugin.app.file_settings`).
-
-With `--calibrate file` (`semsoft_plugin.app.file_mode`) a first pass scores every
-distinct text (in the same batches as the write pass would) and writes nothing; the
-correction they give is recorded in the settings record, and then every row is written
-with it applied. The first pass's scores are kept in memory (a few numbers per distinct
-text), so no text is scored twice.
+`semsoft_plugin.app.file_settings`). With `--calibrate file`
+(`semsoft_plugin.app.file_mode`) a first pass scores every distinct text and writes
+nothing; its scores stay in memory, so no text is scored twice. See docs/input-files.md.
 """
 
 from __future__ import annotations

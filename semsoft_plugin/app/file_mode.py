@@ -8,15 +8,8 @@ scored rows' `p_<label>` columns (`semsoft classify --input ... --calibrate file
 and [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset]), whose `label` and `review`
 follow the corrected probabilities while `constrained_<label>` stays the raw
 constrained softmax. In a row table the bias is in the order of the user's labels.
-
-Opt-in: the correction helps a file whose labels are not dominated by one and harms one
-where a label truly is the majority. Within the mode, the strength defaults to
-`"auto"`, the label-free guard of
-[`estimate`][semsoft_plugin.core.calibration.FileCalibration.estimate]: the full correction
-when the rows' mean top probability is at most one half (an unsure model's shared lean
-is mostly the prompt's), none above (a sure model's lean is taken as the file's
-content). It is cautious, not an oracle: it also leaves out files the correction would
-have helped, which is why the mode itself stays opt-in.
+Opt-in, with the guard (`"auto"`) as its default strength: docs/input-files.md ("The
+file mode").
 """
 
 from __future__ import annotations

@@ -2,20 +2,15 @@
 and writes, decided and checked before a model is loaded.
 
 Everything knowable from the arguments, the input's schema and the output's path is
-refused here, by name, with nothing written: the input and output formats, the text
-column and its type (only strings are classified: a JSONL `42`, `true`, list or
-object is refused by `file:line`, a Parquet `binary` column by its type), every
-passthrough column's type and whether the output format holds it (CSV, TSV and JSON
-lines cannot hold a `timestamp[ns]` without cutting it, see
-`semsoft_plugin.app.table_writers.unholdable`), the rows a `--resume` keeps and
-the settings they were scored with. The job itself
+refused here, by name, with nothing written: the formats, the text column and its type
+(only strings are classified), every passthrough column's type and whether the output
+format holds it (`semsoft_plugin.app.table_writers.unholdable`), the rows a `--resume`
+keeps and the settings they were scored with. The job itself
 (`semsoft_plugin.app.classify_file`) is then a straight read, score, write.
 
-Passthrough columns come back as they went in: a Parquet output of a Parquet input
-takes them from the input's Arrow table (the same type and bits: nanoseconds,
-dictionaries, unsigned and 32-bit numbers, decimals, nested types), never through
-Python values. Texts are scored once each: a batch holds distinct texts, in the order
-they first appear, and a row whose text was scored before takes those scores.
+Passthrough columns come back as they went in (a Parquet output of a Parquet input takes
+them from the input's Arrow table, never through Python values), and each distinct text is
+scored once. What is refused and kept: docs/input-files.md ("Reading", "Writing").
 """
 
 from __future__ import annotations

@@ -2,37 +2,14 @@
 
 `Classifier.save_fit` and `semsoft tune --output` write, and `Classifier.load_fit`,
 `semsoft classify --config` and the Outlines `load_fit` read, one JSON file: the
-[`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] fields, and under `"fitted"` what the
-fit was made on and what it adds. It is untrusted input: a file edited by hand, copied
-beside another model, or written by an older version must be refused, by name, before
-any engine starts, never applied where it does not belong.
-
-The `"fitted"` block, key by key (`FITTED_KEYS`):
-
-==================== ================= ====================================================
-key                  members           value
-==================== ================= ====================================================
-`format`           all               `FIT_FORMAT` (a file without it predates this check)
-`procedure`        all               the member that won (`MEMBERS`)
-`labels`           all               the labels, in the prompt's order
-`prompt`           all               `{"user", "answer_prefix", "system"}`: the template
-`output_layer`     all               sha256 of the checkpoint's output layer, as stored
-`offset`           offset members    one finite log-offset per label
-`probe`            probe             the probe's weights file, beside the fit
-`probe_sha256`     probe             sha256 of the probe file's bytes: the fit and its
-                                       probe are one unit, and a probe replaced or edited
-                                       after the fit was saved is refused
-==================== ================= ====================================================
-
-What a run is checked against (`FitIdentity`) is compared field by field, and a
-mismatch names both sides. The model is compared by its output layer's bytes as the
-checkpoint stores them (`output_layer_sha256`), not by its name: `"default"` and a
-local path to the same weights agree, and so does any `--dtype`.
-
-The probe's weights sit beside the fit under a name made from the whole file name
-(`probe_file_name`: `fit.json` gives `fit.json.probe.safetensors`, and `fit.cfg`
-its own), and a fit names only a file in its own folder: an absolute path, a `..` or a
-link leading out of the folder is refused.
+[`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] fields, and under `"fitted"`
+(`FITTED_KEYS`) what the fit was made on and what it adds. It is untrusted input: a file
+edited by hand, copied beside another model, or written by an older version is refused,
+by name, before any engine starts. A run is checked against it field by field
+(`FitIdentity`; the model by its output layer's bytes, `output_layer_sha256`), and a
+probe's weights are read only from the fit's own folder (`probe_file_name`), checked
+against `probe_sha256`. The block key by key, and what each check refuses:
+docs/few-labels.md ("The fit file").
 """
 
 from __future__ import annotations

@@ -2,34 +2,15 @@
 config file that carries it (`Classifier.fit`, `semsoft tune`, `semsoft classify
 --config`).
 
-A fit ([`semsoft_plugin.core.fit_family`][semsoft_plugin.core.fit_family]) gives a [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig], and where a
-bias member or the probe won, a correction no config field can hold:
-
-* `"offset"`, `"batch"`, `"contextual"`: a per-label log-offset added to the
-  config's log-probabilities, `softmax(log p + offset)`;
-* `"probe"`: logistic regression on the decision step's hidden state
-  (`semsoft_plugin.app.probe.LinearProbe`), whose probabilities replace them.
-
-Both are fixed numbers estimated once on the labelled rows, so a row's score never
-depends on the rows beside it (batch calibration's offset is the mean of the *fitted*
-rows, not of the rows being predicted).
-
-The file is the config JSON `semsoft tune` always wrote, with one more key when a
-correction was adopted:
-
-```json
-{"k": 50, ..., "score_temperature": 0.8,
- "fitted": {"format": 3, "procedure": "offset",
-            "labels": ["negative", "positive"],
-            "prompt": {"user": "...", "answer_prefix": "Answer:", "system": null},
-            "output_layer": "<sha256>", "offset": [0.31, -0.31]}}
-```
-
-and for the probe `"probe": "<file name>.probe.safetensors"`, its weights beside the
-JSON (safetensors, never pickle), with `"probe_sha256"`, the sha256 of that file's bytes. The block's schema, and how a run is checked against
-it, is `semsoft_plugin.app.fit_file`'s. A file without `"fitted"` is a plain config; a
-plain `SemsoftConfig.load` refuses one with it by name (`unknown ... option(s):
-fitted`) rather than drop the correction.
+A fit ([`semsoft_plugin.core.fit_family`][semsoft_plugin.core.fit_family]) gives a
+[`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] and, where a bias member or the
+probe won, a correction no config field can hold: a per-label log-offset (`"offset"`,
+`"batch"`, `"contextual"`: `softmax(log p + offset)`) or the probe on the decision step's
+hidden state (`semsoft_plugin.app.probe.LinearProbe`). Both are fixed numbers estimated
+once on the labelled rows, so a row's score never depends on the rows beside it. The file
+is the config JSON with one more key, `"fitted"` (its schema and checks:
+`semsoft_plugin.app.fit_file`); a plain `SemsoftConfig.load` refuses a file with it by name
+rather than drop the correction. An example file: docs/few-labels.md ("The fit file").
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """The model behind a [`Classifier`][semsoft_plugin.app.classifier.Classifier]: loaded once per
 process and shared by every copy of the classifier.
 
-scikit-learn copies an estimator often: `clone` for every `GridSearchCV` candidate and
-fold, every `cross_val_score` fold, a `Pipeline`'s steps. A copy must not copy the
-model's weights, so the model is a parameter that copies cheaply:
-
-* **a name** (`"default"`, `"smollm2-135m"`, a checkpoint directory): loaded on first
-  use and kept here, keyed by what was loaded (backend, resolved path, dtype or engine
-  arguments), for the life of the process. Every classifier naming the same model shares
-  one set of weights; a copy is a string. A worker process (`n_jobs > 1`) loads its
-  own once;
-* **a loaded object** (a transformers model, a `vllm.LLM`): the classifier passes it to
-  its copies by reference (`Classifier.__sklearn_clone__`).
-
-`forget` drops the models loaded by name (their memory is freed once no classifier
-holds them).
+scikit-learn copies an estimator often (`clone` for every `GridSearchCV` candidate and
+fold, a `Pipeline`'s steps), and a copy must not copy the weights. So the model is a
+parameter that copies cheaply: **a name** (`"default"`, a checkpoint directory) is loaded
+on first use and kept here, keyed by what was loaded (backend, resolved path, dtype or
+engine arguments), for the life of the process, and every classifier naming it shares one
+set of weights (a worker process, `n_jobs > 1`, loads its own once); **a loaded object**
+(a transformers model, a `vllm.LLM`) is passed to copies by reference
+(`Classifier.__sklearn_clone__`). `forget` drops the models loaded by name.
+See docs/few-labels.md ("With scikit-learn").
 """
 
 from __future__ import annotations

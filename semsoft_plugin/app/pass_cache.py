@@ -1,36 +1,17 @@
 """The process-wide cache of kept forward passes: each text scored once.
 
-A forward pass at the decision step does not depend on any Semantic Softmax setting
-(`semantic_weight`, `vote`, `tau`, `score_temperature`), nor on a fitted
-correction: those are applied to what the pass *keeps* (the top `k` raw scores, every
-label token's and, for the probe, the hidden state; `KeptPass`). Model selection
-scores the same texts many times with such settings changed: `GridSearchCV` over
-`semantic_weight` with 3 folds ran every text 10 times. So every
-[`Classifier`][semsoft_plugin.app.classifier.Classifier] keeps its passes here, in one cache
-shared by the process (so by every clone), and a text scored again with what its pass
-depends on unchanged is read back, never run again. It is also how `predict_proba`
-scores a repeated text once.
-
-What a pass depends on is its key (`pass_key`): the model (the loaded object, by
-identity while it lives, and its dtype) and its state now (`module_state`: every weight
-and buffer, its adapters' switches, its hooks), the tokenizer and its state now
-(`tokenizer_state`: the chat template, the vocabulary, the special tokens), the engine
-and its head (`exact_head`), the label tokens, `k` and the whole prompt the text became
-(template, answer prefix, the labels it lists, the text after any cut). A model changed
-in place (an optimizer step, `load_state_dict`, `p.data.add_`, a PEFT adapter switched
-off) or a tokenizer whose template was edited gets new keys, so no pass of its old state
-is ever read back; the state is read on every call, at the cost of one pass over the
-weights' memory, never a cryptographic hash of them (61 ms a call for SmolLM2-135M in
-float32, 2.1% of a 60-text `GridSearchCV`: `benchmarks/results/grid-search-passes.md`). The batch a
-text ran in is not part of it: in float32 a row's score does not depend on its batch; in
-bf16 a row moves with its batch's padding (by up to .023 on SmolLM2), and a kept row is
-the row of the batch it first ran in.
-
-A kept pass is the same numbers whether read back or computed, so the cache never
-changes a score. It is bounded: least recently used passes are dropped beyond
-`DEFAULT_MAX_BYTES` (256 MiB, about 80,000 passes of a 1.5B model with its hidden
-state; `set_max_bytes` changes it, 0 turns the cache off). Entries whose model was
-freed are dropped with it.
+A pass at the decision step depends on no Semantic Softmax setting (`semantic_weight`,
+`vote`, `tau`, `score_temperature`) nor on a fitted correction: those are applied to what
+the pass *keeps* (`KeptPass`: the top `k` raw scores, every label token's, the hidden
+state). So every [`Classifier`][semsoft_plugin.app.classifier.Classifier] keeps its passes
+here, shared by the process (so by every clone), and a text scored again with what its
+pass depends on unchanged is read back, never run again. That is its key (`pass_key`):
+the model and its state now (`module_state`), the tokenizer and its state now
+(`tokenizer_state`), the engine and its head, the label tokens, `k` and the whole prompt.
+A read-back pass is the same numbers as a computed one, so the cache never changes a
+score. It is bounded (`DEFAULT_MAX_BYTES`, least recently used dropped; `set_max_bytes`).
+What the key holds, what it costs and why the batch is not in it: docs/few-labels.md
+("With scikit-learn").
 """
 
 from __future__ import annotations

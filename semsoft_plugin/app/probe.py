@@ -2,32 +2,16 @@
 ("hidden calibration", Cho et al., NAACL 2025), anchored on the model's own label logits:
 the family member of the few-label fit that reads more than the label logits.
 
-Temperature scaling and the bias corrections rescale or shift the label logits, which
-hold one number per label; the last layer's hidden state `h` at the decision step holds
-what the model knows before its output layer throws most of it away. A plain L2 logistic
-regression on `h` can separate labels the label logits confuse, but with many labels
-and few items it also forgets the model's ranking: on 28 emotions it cost .08 of
-macro-F1 (benchmarks/probe_curve.py). So the probe here is a *correction* of the model's label logits
-`u = W_L h` (`W_L`: the output layer's row of each label's answer token, `label_logit_rows`):
-
-    p(label | h) = softmax(beta * u + A x + c),    x = (h - mean) / scale
-
-with `beta` (a temperature) and the per-label `c` free, and `A` shrunk toward 0 by an
-L2 penalty: the objective is `C * sum_i w_i CE(t_i, p_i) + |A|^2 / 2`, with `t` the
-few-label fit's succession targets (an item's label `(N + 1) / (N + 2)`), so that label
-logits that separate the items cannot drive `beta` without bound. The strength `C` is
-chosen by inner stratified folds: the smallest inner-fold NLL among the strengths whose
-inner-fold macro-F1 is not below the label logits' own, so with few labels it falls
-back to the model's ranking with a temperature. Since `u` is linear in `h`, the fitted
-probe is again one linear map of `h` (`beta * W_L` folded into the weight), kept as
-plain arrays (`LinearProbe`): predicting needs numpy only, one row at a time (a row's
-probabilities never depend on its batch), and the weights are saved with safetensors,
-never pickle. `semsoft eval`'s `probe` method and `Classifier.fit` fit it here (one
-implementation).
-
-The penalised fit runs in the span of the training rows (the minimiser's `A` lies
-there, so this is exact, not an approximation): at most `N` features, whatever the
-hidden size.
+A plain logistic regression on the hidden state `h` can separate labels the label logits
+confuse, but with many labels and few items it forgets the model's ranking. So the probe
+is a *correction* of the label logits `u = W_L h` (`label_logit_rows`),
+`p(label | h) = softmax(beta * u + A x + c)`, with `A` shrunk toward 0 by an L2 penalty
+whose strength inner stratified folds choose (falling back to the label logits with a
+temperature where the labels show no better). The fitted probe is one linear map of `h`,
+kept as plain arrays (`LinearProbe`): predicting needs numpy only, one row at a time, and
+the weights are saved with safetensors, never pickle. `semsoft eval`'s `probe` method and
+`Classifier.fit` fit it here. The objective, the choice of strength and why the fit is
+exact in the span of the training rows: docs/few-labels.md ("The probe on the hidden state").
 """
 
 from __future__ import annotations

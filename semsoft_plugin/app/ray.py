@@ -3,28 +3,16 @@
 Two pieces, not a second scoring path (vLLM run by Ray's own LLM processor is read by
 `semsoft_plugin.app.ray_llm`):
 
-* [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset]: a `ray.data.Dataset` in, the same rows out with the
-  columns of `semsoft classify --input` added (`semsoft_plugin.app.columns.ResultColumns`).
-  `Dataset.map_batches` runs one [`Classifier`][semsoft_plugin.app.classifier.Classifier] per
-  actor (the model loaded once per actor, transformers or vLLM), so a row's numbers are
-  those the CLI computes for it in a batch of the same rows.
+* [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset]: a `ray.data.Dataset` in,
+  the same rows out with the columns of `semsoft classify --input` added; one
+  [`Classifier`][semsoft_plugin.app.classifier.Classifier] per actor, so a row's numbers
+  are those the CLI computes for it in a batch of the same rows;
 * [`run_classify_cli`][semsoft_plugin.app.ray.run_classify_cli]: `semsoft classify --input DIR_OR_FILE --output DIR --ray`.
 
-Faults: Ray Data restarts an actor that dies and resubmits its unfinished batch
-(`max_restarts`/`max_task_retries` default to -1 for actor pools); a batch's output
-reaches the driver only once, so no row is lost or scored twice. Each output row keeps
-every input column, so the row's id (or the row number the CLI adds) travels with it.
-A row the classifier cannot score is dropped from the output and named on stderr
-(Ray forwards actors' stderr to the driver); the rest of its batch is scored.
-
-The file mode (`calibrate="file"`, `--calibrate file`) is the same two passes as the
-CLI's: the actors score every row (their `p_<label>` raw), the scored dataset is
-materialised, the correction is estimated on the driver from one row per distinct text
-(`semsoft_plugin.app.file_mode`), and a cheap model-free `map_batches` applies it
-to each row's `p_<label>`, `label` and `review` alone.
-
-`import semsoft_plugin.app.ray` does not import Ray: it is imported when used
-(`pip install 'semsoft-plugin[ray]'`).
+A dead actor is restarted and its unfinished batch resubmitted, with no row lost or scored
+twice; a row the classifier cannot score is dropped and named on stderr. The file mode is
+the CLI's two passes. `import semsoft_plugin.app.ray` does not import Ray
+(`pip install 'semsoft-plugin[ray]'`). Faults and the file mode: docs/ray.md.
 """
 
 from __future__ import annotations
@@ -180,19 +168,17 @@ def classify_dataset(
         Prefix of the added columns (`--column-prefix`)
     **classifier_kwargs : Any
         The `Classifier`'s other options (`prompt`, `config`, `calibrate`,
-        `fit_policy`, ...). With `calibrate="file"` the scoring pass runs here (the
-        correction needs every row), is estimated from one row per distinct text (at least
-        32) with `fit_policy.file_strength`, printed on stderr, and applied by a lazy
-        model-free `map_batches`
+        `fit_policy`, ...). With `calibrate="file"` the scoring pass runs at this call (the
+        correction needs every row), then a lazy model-free `map_batches` applies the
+        correction, estimated with `fit_policy.file_strength` (docs/ray.md, "From Python")
 
     Returns
     -------
     Any
-        The dataset of the scored rows: every input column, then `label`,
-        `p_<label>`, `constrained_<label>`, `coverage` (only where the scores count
-        votes: `semantic_weight > 0`), `fallback`, `review`, `truncated`.
-        Rows with an empty text, or that the classifier refuses, are left out and named
-        on stderr. Bad options and labels fail here, before any actor starts.
+        The scored rows: every input column, then `label`, `p_<label>`,
+        `constrained_<label>`, `coverage` (where `semantic_weight > 0`), `fallback`,
+        `review`, `truncated`. Rows with an empty text, or that the classifier refuses,
+        are left out and named on stderr. Bad options fail here, before any actor starts.
 
     Examples
     --------

@@ -173,24 +173,15 @@ class VLLMPostprocess:
     ----------
     labels : Sequence[str]
         As given to `VLLMPreprocess`
-        (`model`: the checkpoint directory or model name the engine serves; the
-        postprocess reads its tokenizer and output embeddings)
     model : str
-        As given to `VLLMPreprocess`
-        (`model`: the checkpoint directory or model name the engine serves; the
-        postprocess reads its tokenizer and output embeddings)
+        As given to `VLLMPreprocess`: the checkpoint directory or model name the engine
+        serves; the postprocess reads its tokenizer and output embeddings
     config : Any
-        As given to `VLLMPreprocess`
-        (`model`: the checkpoint directory or model name the engine serves; the
-        postprocess reads its tokenizer and output embeddings)
+        As `labels`
     mode : str
-        As given to `VLLMPreprocess`
-        (`model`: the checkpoint directory or model name the engine serves; the
-        postprocess reads its tokenizer and output embeddings)
+        As `labels`
     **overrides : Any
-        As given to `VLLMPreprocess`
-        (`model`: the checkpoint directory or model name the engine serves; the
-        postprocess reads its tokenizer and output embeddings)
+        As `labels`
     review_below : float
         As in [`classify_dataset`][semsoft_plugin.app.ray.classify_dataset]
     column_prefix : str

@@ -3,22 +3,15 @@ one label list, and the one way it scores texts: kept forward passes.
 
 A `Scorer` is the loaded model, the label set, the prompt, the settings and the
 length bound, checked. `Scorer.kept` runs the decision step of each text that
-`semsoft_plugin.app.pass_cache.PASSES` does not already hold (one forward pass per
-distinct text, through the adapters' batch functions
-[`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify] and
-[`semsoft_plugin.engines.vllm.classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm]) and keeps what Semantic Softmax and the
-fit read; `Scorer.results` scores the kept passes under one config
-(`semsoft_plugin.core.kept_scores.kept_result`). Predictions, the fit and the
-content-free bias all go through it, so a text is scored once whatever is asked of it.
-
-Which members an engine supports: every member on both. Transformers gives the decision
-step's hidden state (`semsoft_plugin.engines.hf_hidden.HiddenAtDecision`, read during
-the same pass); on vLLM the engine's processor reads it back from the decision step's
-logits row (`h = W⁺ (z - b)`, judged by its residual) and the worker returns it through
-`collective_rpc` ([`classify_vllm(hidden=True)`][semsoft_plugin.engines.vllm.classify_vllm];
-the engine needs the worker extension `semsoft_plugin.app.vllm_fits.FittedRows`, which an
-engine `Classifier` builds by name has). A row that is not `W h + b` (an edited or
-soft-capped row) is refused by name with its residual, never used.
+`semsoft_plugin.app.pass_cache.PASSES` does not already hold, through the adapters' batch
+functions ([`semsoft_plugin.engines.hf.classify`][semsoft_plugin.engines.hf.classify] and
+[`semsoft_plugin.engines.vllm.classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm]);
+`Scorer.results` scores the kept passes under one config
+(`semsoft_plugin.core.kept_scores.kept_result`). Predictions, the fit and the content-free
+bias all go through it, so a text is scored once whatever is asked of it. Every fit member
+works on both engines: transformers reads the hidden state during the pass, vLLM reads it
+back from the logits row (refusing a row that is not `W h + b`, by name); see
+docs/few-labels.md ("What you get on each engine").
 """
 
 from __future__ import annotations

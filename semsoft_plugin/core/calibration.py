@@ -1,45 +1,18 @@
 """Label-free bias corrections applied after the scores (torch only).
 
-Semantic Softmax puts back the probability a model gave to synonyms of the labels (the
-silent vote). A prompt also biases the model towards some labels whatever the input
-(Zhao et al., 2021; Zhou et al., 2024): that is a different error, with a different
-correction, and neither needs labelled data:
+A prompt biases a model towards some labels whatever the input (Zhao et al., 2021; Zhou
+et al., 2024): a different error from the silent vote's, with a correction that needs no
+labelled data. **Batch calibration** divides each row by the mean predicted distribution
+$\\hat b$ over the unlabelled items being classified; online, a running mean per label set
+([`RunningBias`][semsoft_plugin.core.calibration.RunningBias]) stands in for it, and
+contextual calibration reads `b` from content-free inputs instead. **The file mode**
+([`FileCalibration`][semsoft_plugin.core.calibration.FileCalibration]) estimates `b` once
+from a file's distinct rows and applies it to each row alone, at a `strength` in `[0, 1]`
+or under the guard (`"auto"`, the default: the full correction when the rows' mean top
+probability is at most `GUARD_CONFIDENCE`, else none). It is opt-in: it needs the whole
+file before any row is scored.
 
-* **batch calibration** (Zhou et al., ICLR 2024, "Batch Calibration"): the bias is the
-  mean predicted distribution over the unlabelled items being classified,
-
-$$
-\\hat b(l) = \\frac{1}{N} \\sum_i p(l \\mid x_i), \\qquad
-p_{bc}(l \\mid x) = \\frac{p(l \\mid x) / \\hat b(l)}{\\sum_{l'} p(l' \\mid x) / \\hat b(l')}
-$$
-
-It needs the batch (no extra forward pass); online, a running mean per label set
-([`RunningBias`][semsoft_plugin.core.calibration.RunningBias]) stands in for it.
-
-Contextual calibration (the bias read from content-free inputs such as "N/A") is the
-same division with another estimate of `b`; `semsoft eval` has both.
-
-**The file mode** ([`FileCalibration`][semsoft_plugin.core.calibration.FileCalibration]) is batch calibration made reproducible: the
-bias is estimated once, from the distinct rows of the whole file (or dataset, or the
-texts given to `fit`), and then applied to each row alone, so a row's score does not
-depend on its batch or position and a resumed run reproduces it. `strength` `s` in
-`[0, 1]` applies part of the correction, dividing by `b^s`.
-
-**The guard** (`strength="auto"`, the default) decides from the same unlabelled rows:
-the full correction when the rows' mean top probability is at most
-`GUARD_CONFIDENCE` (one half), else none. The reason: a model that is unsure on
-most rows has little to say about each row, so a lean shared by all its rows is mostly
-the prompt's; a model that is sure on most rows puts its lean where the rows' content
-is, and a file that is truly 95/5 looks like that (dividing it out would push it toward
-uniform). It is a cautious rule, not an oracle: it leaves out files where the
-correction would have helped (SmolLM2-135M's Davidson rows, mean top probability .80),
-because the same statistics describe files where it harms (its abuse rows, .78: the
-correction raises the NLL by .29 there and lowers it by .65 on Davidson). Every
-one-statistic guard was checked on 14 pairs, leaving one kind out
-(`benchmarks/file_mode_guard.py`, `benchmarks/results/file-mode-guard.md`).
-
-The file mode is opt-in, not a default: `calibrate="file"` needs the whole file
-before any row is scored.
+The formulas, and why the guard decides as it does: docs/method.md ("Label-free bias corrections").
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
 """Bias corrections fitted on a few labels: a per-label log-offset with a temperature
 (numpy only).
 
-Temperature scaling rescales every log-probability by one number, so it can never
-change which label wins. A prompt biases a model toward some labels whatever the
-input (Zhao et al., 2021; Zhou et al., 2024), and only a per-label offset undoes that.
-Every member here is one form,
-
-$$
-p(l \\mid x) \\propto \\exp\\bigl(\\log p_0(l \\mid x) / T + b_l\\bigr),
-$$
-
-on the base probabilities `p0` (the starting setting at `T = 1`), with a different
-way of getting `b`:
-
-* `"offset"`: `(1/T, b)` fitted jointly on the labels (bias-corrected temperature
-  scaling, Alexandari et al., ICML 2020), with `b` pulled toward zero by an L2
-  penalty whose strength the *inner* folds choose (`STRENGTHS`). The loss is
-  convex in `(1/T, b)`: a damped Newton method finds the optimum.
-* `"batch"`: `b = -log mean(p0)` over the rows being fitted (batch calibration,
-  Zhou et al., 2024), then a temperature fitted on the labels.
-* `"contextual"`: `b = -log mean(p0(content-free inputs))` (contextual calibration,
-  Zhao et al., 2021), then a temperature.
-
-(Batch and contextual offsets are divided by the fitted temperature, so
-`softmax((log p0 - log bias) / T)`: the label-free correction, then a temperature.)
-`semsoft_plugin.core.fitting` scores each member out of fold against the default
-and keeps the default unless one beats it.
+A temperature never changes which label wins; a prompt's bias toward some labels needs a
+per-label offset. Every member here is $p(l \\mid x) \\propto \\exp(\\log p_0(l \\mid x) / T + b_l)$
+on the base probabilities `p0`, with `b` from: `"offset"`, `(1/T, b)` fitted jointly
+(bias-corrected temperature scaling, Alexandari et al., ICML 2020; `b` pulled toward zero
+by an L2 penalty the inner folds choose from `STRENGTHS`; convex, solved by a damped
+Newton method); `"batch"`, `-log mean(p0)` over the fitted rows; `"contextual"`,
+`-log mean(p0)` over content-free inputs (the last two then divided by a fitted
+temperature). `semsoft_plugin.core.fitting` scores each member out of fold against the
+default and keeps the default unless one beats it. See docs/few-labels.md ("What is fitted").
 """
 
 from __future__ import annotations

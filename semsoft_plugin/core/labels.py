@@ -1,62 +1,17 @@
 """Label sets: which tokens stand for each label at the decision step.
 
-The rule (decided here, measured: docs/results.md, docs/defaults.md):
-
-* **Answer spelling.** A label is scored as the model would write it after a prompt
-  that ends just before the answer, e.g. `"Emotion:"`: with a leading space
-  (`" joy"`), which on BPE tokenizers is usually one whole-word token. Written
-  without the space, labels split into fragments (`"ad" "m" "iration"`) whose
-  embeddings say nothing about the label, and several labels start with the same
-  fragment (`"dis"`). `leading_space=False` is for prompts that end in a space
-  or newline.
-* **Verbalizers.** `verbalizers={"disgust": "gross"}` makes the model answer with
-  another word for a label (the generated text is then the verbalizer; results are
-  reported under the label name).
-* **Answer token and embedding.** A label's answer token is the first token of its
-  answer spelling; the constrained softmax is taken over these tokens and the label's
-  embedding `E_l` is that token's output embedding (the paper's rule). For a
-  multi-token label this is a prefix; [`LabelSet.multi_token_labels`][semsoft_plugin.core.labels.LabelSet.multi_token_labels] lists them.
-* **Anchor without the space.** With `leading_space=False` (Outlines writes choices
-  so) the answer token is often a fragment ("s" of "sadness") or a line-start form,
-  whose embedding says little about the label. `E_l` is then read from the first
-  token of the leading-space spelling (" sadness"), the word the embedding geometry
-  knows; labels whose spaced first tokens coincide keep their answer token. Measured
-  at Outlines' position (`benchmarks/outlines_position.py`, docs/results.md).
-* **Spelling variants** (user-given synonyms, and with `auto_variants` the
-  capitalised and upper-case spellings) whose first token belongs to no other label
-  are the label's *own tokens*: with `own_vote` they vote for that label alone. On
-  Qwen2.5 the capitalised spellings held 10-23% of the top-50 mass, but counted as
-  the label itself they carried the prompt's label bias (SST-2, Davidson), so they
-  are off by default and vote by cosine like any neighbour. An automatic spelling that takes more tokens
-  than the label itself (" NEGATIVE" -> " N", "EG", "ATIVE") is skipped: its first
-  token is a fragment, not the label. Variants you pass are always taken.
-* **What a label list is** ([`label_names`][semsoft_plugin.core.labels.label_names], the one rule of every adapter:
-  transformers, Outlines and vLLM): an ordered sequence (a list, tuple, 1-D numpy
-  array such as `np.unique(y)` or an estimator's `classes_`, `dict_keys`) of at
-  least two distinct, non-empty strings; a set is refused, having no order (the prompt
-  lists the labels in their order). A single label would always get probability 1, so it is refused;
-  a `str` is refused too rather than split (`"positive,negative"` would otherwise
-  become characters, and a label may itself hold a comma): pass
-  `"positive,negative".split(",")`. The command line reads `--labels` as one CSV
-  row ([`split_labels`][semsoft_plugin.core.labels.split_labels]: `yes,"no, maybe"` is two labels).
-* **What a label may hold** (`semsoft_plugin.core.text_rules.check_label`):
-  not whitespace or invisible characters only, no lone surrogate, no control or
-  invisible character (`"yes\\x00"` would print as `yes`). Labels that print alike
-  are one label given twice, and refused: compared after NFC normalisation (`"café"`
-  with one code point and with a combining accent), without default-ignorable code
-  points (`"ab"` and `"a\\u200db"`), and by their UTS #39 confusable skeleton (a
-  Latin and a Cyrillic `a`): `semsoft_plugin.core.text_rules.label_identity`.
-* **Bound to its tokenizer.** Token ids mean nothing without the tokenizer that made
-  them: a LabelSet used with another model would score unrelated tokens and return
-  normal-looking probabilities. So it keeps its tokenizer's identity (vocabulary size,
-  class and `name_or_path`, and a fingerprint: a hash of that size, its token ids
-  with their token strings and the label encodings) and every adapter calls
-  [`LabelSet.check_tokenizer`][semsoft_plugin.core.labels.LabelSet.check_tokenizer] where a LabelSet meets a model's tokenizer; a
-  mismatch is a `ValueError` naming both tokenizers. The check compares what the
-  ids mean, not the name: a copy of the same tokenizer under another path passes.
-* **Errors.** An empty set, a non-string or empty label, duplicates, a label that
-  tokenises to nothing, or two labels whose answer tokens are identical (they cannot
-  be told apart at the decision step) raise `ValueError` naming the label.
+A label is scored as the model would write it after a prompt that ends just before the
+answer (`"Emotion:"`): with a leading space (`" joy"`), usually one whole-word token;
+`verbalizers` make the model answer with another word. Its answer token is the first token
+of that spelling and its embedding `E_l` that token's output embedding (with
+`leading_space=False`, the first token of the spaced spelling); spelling variants whose
+first token belongs to no other label are its own tokens. A label list
+([`label_names`][semsoft_plugin.core.labels.label_names]) is an ordered sequence of at least
+two distinct, non-empty strings, each checked by `semsoft_plugin.core.text_rules`. A
+[`LabelSet`][semsoft_plugin.core.labels.LabelSet] is bound to its tokenizer
+([`LabelSet.check_tokenizer`][semsoft_plugin.core.labels.LabelSet.check_tokenizer]), and
+every fault (an empty set, duplicates, labels sharing an answer token) is a `ValueError`
+naming the label. Each rule and why: docs/method.md ("Label sets").
 """
 
 from __future__ import annotations

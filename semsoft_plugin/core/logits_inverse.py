@@ -1,25 +1,16 @@
 """The decision step's hidden state, read back from its logits row.
 
-The output layer computes the logits row as `z = W h + b`, with `W` the `[V, d]`
-output embeddings (`V >> d`, full column rank) and `b` a bias most models do not have.
-So the hidden state a probe reads is `h = W⁺ (z - b)`, with `W⁺ = (WᵀW)⁻¹ Wᵀ` the
-pseudo-inverse. Every logits processor holds `z` (vLLM's, Outlines', transformers'), so a
-probe fitted on hidden states can be applied wherever a processor runs, with no
-hidden-state API.
+The output layer computes `z = W h + b` (`W` the `[V, d]` output embeddings, full column
+rank; `b` a bias most models lack), so a probe's input is `h = W⁺ (z - b)`. Every logits
+processor holds `z` (vLLM's, Outlines', transformers'), so a probe fitted on hidden states
+applies wherever a processor runs, with no hidden-state API. `W⁺` is computed once from a
+QR decomposition in float64 and kept in float32. A row that is not `W h + b` (a grammar
+mask, `logit_bias`, penalties, soft-capping, another model) leaves a residual outside the
+column space of `W`; a row is read only when its largest residual is within a stated
+tolerance (in logit units), otherwise the caller is told why.
 
-Two things make that safe:
-
-- **Precision.** `W⁺` is computed once, from a QR decomposition in float64
-  (`W = QR`, `W⁺ = R⁻¹ Qᵀ`), then kept in float32. Normal equations in float32 square
-  the condition number of `W` and lose three to four digits; QR does not.
-- **A row that is not** `W h + b`. Anything done to the row before the processor sees it
-  (a grammar mask, `logit_bias`, repetition penalties, soft-capping, an earlier
-  processor, another model) leaves a residual `r = z - W h - b` outside the column space
-  of `W`. A row is read only when `max_i |r_i|` is at most a stated tolerance (in logit
-  units: it is the largest change to any token's logit that the row cannot explain);
-  otherwise the caller is told why, and must not apply a fit to it.
-
-Torch only; the engines' adapters call `LogitsInverse.read`.
+Torch only; the engines' adapters call `LogitsInverse.read`. Why QR and what the residual
+measures: docs/vllm.md ("A fitted probe in the engine").
 """
 
 from __future__ import annotations

@@ -2,19 +2,16 @@
 
 A request opts in by carrying flat `semsoft_*` keys: in `SamplingParams.extra_args`
 offline, in `vllm_xargs` over HTTP, in the extra body an OpenAI client sends.
-`parse_request` reads them into one frozen `SemsoftRequest`; the vLLM
-admission checks, the engine processor, the vLLM reader and the OpenAI reader all
-work from that object. (The engine processor runs in the engine-core process on a
-server, so it parses the same keys there once per request: the object does not
-cross the process boundary, the keys do.)
+`parse_request` reads them into one frozen `SemsoftRequest` that the vLLM admission
+checks, the engine processor and the readers all work from (the engine processor parses
+the keys again in the engine-core process: the keys cross the process boundary, the object
+does not). No engine import here, so the OpenAI client helpers work without vLLM.
 
-No engine import here, so the OpenAI client helpers work without vLLM installed.
-The limits (`SERVER_MAX_K`, `SERVER_MAX_LABELS`, ...) are defined here only: server clients
-are untrusted and these bound the work one request can ask for. They apply to requests that
-arrive over HTTP only (`parse_request(..., server=True)`: the server's admission middleware,
-the OpenAI client helpers that build such requests); in-process use (offline `vllm.LLM`,
-`classify_vllm`, `Classifier(backend="vllm")`, the engine processor) gets the method's own
-ranges, as transformers does (`labels.MAX_LABELS`, `config.MAX_K`).
+The limits (`SERVER_MAX_K`, `SERVER_MAX_LABELS`, ...) bound the work one untrusted server
+request can ask for. They apply to requests that arrive over HTTP only
+(`parse_request(..., server=True)`); in-process use (offline `vllm.LLM`, `classify_vllm`,
+`Classifier(backend="vllm")`, the engine processor) gets the method's own ranges
+(`labels.MAX_LABELS`, `config.MAX_K`).
 """
 
 from __future__ import annotations

@@ -5,14 +5,11 @@ holding the fields of the level above under the same names:
 
 * `SemanticSoftmaxResult` (`semsoft_plugin.core.softmax`): the core's tensors for a
   batch of decision-step rows;
-* [`LabelResult`][semsoft_plugin.core.result.LabelResult]: **one text**, label -> probability
-  dicts in the order the labels were given, from `hf.classify`, `classify_vllm`, the vLLM
-  reader (`label_scores`) and the OpenAI reader (`openai_label_scores`); the fields an
-  engine cannot know, or was not asked for, are None (a reader of a server response has
-  no generated `text` of its own; transformers has no top-k mass; only `classify_vllm`
-  keeps log-probabilities by token id);
+* [`LabelResult`][semsoft_plugin.core.result.LabelResult]: **one text**, label ->
+  probability dicts in the order the labels were given, from every engine; the fields an
+  engine cannot know, or was not asked for, are None;
 * [`ScoredLabel`][semsoft_plugin.core.result.ScoredLabel]: the same label and scores on the
-  `str` Outlines returns (Outlines' interface returns strings);
+  `str` Outlines returns;
 * `Predictions` (`semsoft_plugin.app.predictions`): N texts as numpy arrays, columns in
   `classes_` (sorted) order, from `Classifier.predict_details`.
 """

@@ -1,28 +1,17 @@
 """A fitted probe applied to the decision step's logits row, one row at a time.
 
-A probe fitted on hidden states ("hidden calibration", Cho et al., NAACL 2025) is a
-linear map of the decision step's hidden state `h`, `s = A h + c` over the `S`
-labels seen in training, turned into label probabilities by `probe_distribution`:
-the softmax of `s` over the seen labels, and the add-one floor `1 / (n_train +
-n_labels)` for each label never seen in training (so no NLL is infinite). Every path
-that applies a probe uses that one function: the hook probe on transformers
-(`LinearProbe.probs` in the app layer) and the probe read from the logits row here.
+A probe fitted on hidden states ("hidden calibration", Cho et al., NAACL 2025) is a linear
+map `s = A h + c` of the decision step's hidden state over the `S` labels seen in
+training, turned into label probabilities by `probe_distribution` (the softmax of `s`,
+and the add-one floor `1 / (n_train + n_labels)` for a label never seen): the one function
+every path that applies a probe uses.
+[LogitsProbe][semsoft_plugin.core.row_probe.LogitsProbe] reads `h` back from the logits
+row with a [LogitsInverse][semsoft_plugin.core.logits_inverse.LogitsInverse] and scores a
+row with the fit only where its residual says it is `W h + b` (`readable`). A row's
+probabilities never depend on the rows beside it.
 
-[LogitsProbe][semsoft_plugin.core.row_probe.LogitsProbe] reads `h` back from the
-logits row with a [LogitsInverse][semsoft_plugin.core.logits_inverse.LogitsInverse]
-(`h = W⁺ (z - b)`) and judges each row by its reconstruction residual: a row that is
-not `W h + b` (a grammar mask, `logit_bias`, a penalty, soft-capping, an earlier
-processor, another model) is not scored with the fit, and the result says so
-(`readable`). Each row is computed on its own: a row's probabilities never depend on
-the rows beside it.
-
-Memory: the inverse (`W⁺` and `W` in float32) is one per model, shared by every fit
-of that model; a fit itself keeps only `A` (`[S, d]`) and `c` in float64. Since
-the residual check reads `h` anyway, `A h + c` costs `S x d` per row; folding the
-fit into the logits row (`B = A W⁺`, `LogitsInverse.fold`) would cost `S x V` per
-row and `S x V x 4` bytes per fit without saving the read.
-
-Torch only (no engine, no numpy needed by the caller).
+Torch only. Its memory, and why the fit is not folded into the logits row: docs/vllm.md
+("The probe's hidden state, from the logits row").
 """
 
 from __future__ import annotations

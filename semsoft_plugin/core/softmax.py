@@ -1,63 +1,18 @@
 """Semantic Softmax: the pure-math core every adapter calls (torch only).
 
-Notation (Badhe, Tiwari, Shah, 2026, "The Silent Vote"):
+Notation (Badhe, Tiwari, Shah, 2026, "The Silent Vote"): over the top-K tokens $V_K$ of
+$P = \\mathrm{softmax}(z)$, each label $l$ gets the mass of its neighbours,
+$P_{sem}(l) \\propto \\sum_{v \\in V_K} P(v)\\, w(v, l)$ with
+$w(v, l) = \\max(0, \\cos(E_v, E_l) - \\tau)$, where $E$ are the model's *output*
+embeddings and $E_l$ the output embedding of label `l`'s anchor token (see
+`anchor_token_ids` in [`LabelTokens`][semsoft_plugin.core.tokens.LabelTokens]).
 
-$$
-P(v) = \\mathrm{softmax}(z)_v, \\qquad V_K = \\mathrm{top}_K(P)
-$$
-
-$$
-w(v, l) = \\max\\bigl(0, \\cos(E_v, E_l) - \\tau\\bigr)
-$$
-
-$$
-P_{sem}(l) = \\frac{\\sum_{v \\in V_K} P(v)\\, w(v, l)}
-{\\sum_{l'} \\sum_{v \\in V_K} P(v)\\, w(v, l')}
-$$
-
-where $E$ are the model's *output* embeddings (lm_head rows) and $E_l$
-the output embedding of label `l`'s anchor token: its answer token, unless the
-label set gives another (see `anchor_token_ids` in [`LabelTokens`][semsoft_plugin.core.tokens.LabelTokens]).
-
-The paper leaves several things open; this module decides them and says so:
-
-* **Zero denominator.** When no kept token clears `tau` for any label the ratio is
-  0/0. The result is then the constrained softmax (the baseline), and the row's
-  `fallback` flag is set. No NaN ever leaves this module.
-* **Anisotropy** (`center`). Output embeddings of small models share a common
-  direction, so raw cosines between unrelated tokens are far above 0 and a low
-  `tau` spreads the mass over every label. `center=True` subtracts the mean
-  output embedding (computed once per matrix) before the cosine.
-* **A label's own tokens** (`own_vote`). Antonym labels (" positive"/" negative")
-  share contexts and have high cosine, so in the paper's formula each label's own
-  token votes for the other label too and a right, confident model comes out
-  under-confident. With `own_vote=True` a token that *is* a label's answer token
-  (or one of its declared spelling variants) votes for that label alone, with the
-  weight `1 - tau` it would give itself. Semantic neighbours still vote by cosine.
-* **The vote rule** (`vote`). `"residual"` (the default) and `"nearest"` give the
-  top-K mass no label neighbour claims to the constrained softmax; `"shared"` shares
-  each kept token's vote out among the labels (weights normalised per token), so a
-  token close to every label is not counted once per label; `"per_label"` is the
-  paper's counting, once per label a token is near (see [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig]).
-* **Pooling with the constrained softmax** (`semantic_weight`). The semantic
-  distribution is a noisy estimate (a few kept tokens, cosines as weights); the
-  result is the log-linear pool `P ∝ P_con^(1-a) P_sem^a`. `a = 1` is the
-  semantic distribution alone, `a = 0` the constrained softmax. With `silent_vote`
-  set, each row's own silent vote decides its weight
-  ([semsoft_plugin.core.silent_vote][]). A row without an
-  answer token's log-prob (an engine mask, sparse rows without it) counts it at the
-  smallest kept probability; the engines' readers never rely on that: they fetch the
-  exact log-prob or refuse (`engines.reader_contract`).
-* **Score temperature** (`score_temperature`). An optional final temperature on
-  `log P_sem` (fitted by `semsoft tune`); 1 leaves the distribution as is. Any
-  finite `T > 0` is allowed: it is applied in log space, so a tiny `T` is a hard
-  argmax (ties split evenly) and a huge one the uniform distribution, never NaN.
-* **Non-finite logits.** `-inf` is how every engine masks a token: it means
-  probability 0 and is accepted. NaN and `+inf` raise `ValueError`.
-
-With `center=False, own_vote=False, vote="per_label", semantic_weight=1,
-score_temperature=1` the result is exactly the paper's formula
-(`SemsoftConfig.preset("paper")`).
+The paper leaves several things open; this module decides them: a zero denominator gives
+the constrained softmax and sets `fallback` (no NaN leaves this module), `center`,
+`own_vote`, the vote rule (`vote`), the pool with the constrained softmax
+(`semantic_weight`), a final `score_temperature`, and `-inf` logits as masked tokens (NaN
+and `+inf` raise `ValueError`). `SemsoftConfig.preset("paper")` is exactly the paper's
+formula. Each decision and why: docs/method.md ("Decisions").
 """
 
 from __future__ import annotations

@@ -3,32 +3,15 @@ when two labels are the same label.
 
 Texts and labels reach the package from Python, the command line, files and HTTP bodies;
 each path asks these functions, so that a text empty on one path is empty on all of them.
+A blank text is whitespace or characters that print as nothing; a lone surrogate is
+refused by position; a label holding a control or invisible character is refused; two
+labels that print the same (after NFC, without default-ignorable code points, by their
+UTS #39 confusable skeleton) are one label given twice. Each rule and why:
+docs/troubleshooting.md ("A label or text refused").
 
-* **Blank.** A text of whitespace only (spaces, tabs, the no-break space) or of
-  characters that print as nothing (Unicode categories `Cc` control and `Cf` format,
-  and every `Default_Ignorable_Code_Point`: the zero-width space, the byte-order mark,
-  the word joiner, the soft hyphen, the Hangul fillers, variation selectors) says nothing
-  to the model: it is empty, whichever of these it is made of.
-* **Lone surrogates.** JSON (`"\\ud800"`) and Python allow a surrogate code point on its
-  own; it has no UTF-8 encoding, so no tokenizer takes it (vLLM's fails with a
-  `TypeError`, a file writer with `UnicodeEncodeError`, both naming nothing). It is
-  found up front and refused by position.
-* **Hidden characters in a label.** A label holding a control or invisible format
-  character (`"yes\\x00"`, `"yes\\u200b"`, a bidirectional override) prints like
-  another label (`yes`), so `predict()` would return a value that looks like a label
-  it is not. Refused. The zero-width non-joiner and joiner (U+200C, U+200D) are kept:
-  they are part of how Persian, Indic scripts and emoji sequences are written.
-* **Label identity.** Two labels that print the same are one label given twice:
-  labels are compared after NFC normalisation (`"café"` with one code point and with
-  a combining accent), with every default-ignorable code point removed (`"ab"` and
-  `"a\u200db"`, `"yes"` and `"ye\u200cs"`), and by their Unicode confusable
-  skeleton (UTS #39: a Latin `a` and a Cyrillic `а`). A refusal shows both labels'
-  code points.
-
-The two Unicode tables the standard library lacks (Default_Ignorable_Code_Point and UTS
-#39's confusable mapping) ship as `unicode_tables.json` beside this module, written by
-`scripts/make_unicode_tables.py` from ICU and checked against it there: the package
-compares labels with the standard library alone, with nothing to compile on install.
+The two Unicode tables the standard library lacks ship as `unicode_tables.json` beside
+this module, written by `scripts/make_unicode_tables.py` from ICU and checked against it
+there: labels are compared with the standard library alone, nothing to compile on install.
 """
 
 from __future__ import annotations

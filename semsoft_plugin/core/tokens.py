@@ -42,12 +42,10 @@ class LabelTokens:
         declared spelling variants such as " Joy" for " joy"). With `own_vote` they
         vote for that label only. Must include `answer_token_ids[l]`.
     anchor_token_ids : tuple[int, ...] | None
-        Tuple of int, length L, optional
-        The token whose output embedding is the label's $E_l$. Default: the
-        answer token (the paper's rule). A label written without a leading space can
-        start with a word fragment ("s" of "sadness") whose embedding says nothing
-        about the label; its leading-space whole word (" sadness") is then a better
-        anchor, while the constrained softmax still uses the answer token.
+        Length L: the token whose output embedding is each label's $E_l$ (None: the
+        answer token, the paper's rule); e.g. " sadness" for a label answered as the
+        fragment "s" (docs/method.md, "Label sets"). The constrained softmax still
+        uses the answer token.
     """
 
     answer_token_ids: tuple[int, ...]

@@ -9,23 +9,9 @@ out = model.generate(**batch, logits_processor=LogitsProcessorList([proc]), max_
 proc.results[0].probs      # calibrated label probabilities of batch row 0
 ```
 
-or, for the common case, [`classify`][semsoft_plugin.engines.hf.classify].
-
-Why a processor: it sees the logits of the decision step before sampling and can
-record a side output without changing generation ("observe"), or make the emitted
-text a label chosen from the calibrated distribution ("constrain").
-
-What it sees: transformers applies its own built-in processors (repetition penalty,
-bad words, ...) before user processors and the sampling warpers (temperature, top-k,
-top-p) after them. With a generation config that has no built-in penalties (the
-default of the models shipped here) the scores it sees are the model's raw logits.
-
-Concurrency: the per-generation state lives in a `threading.local`: two `generate`
-calls running in different threads with one processor keep separate state and
-results, and each thread reads its own `results`. Within a thread, a call whose
-`input_ids` do not continue the previous call's starts a new generation, so
-sequential `generate` calls need no reset (`reset()` exists to be explicit).
-Beam search is refused (`semsoft_plugin.engines.hf_beam_search`): it reorders rows.
+or, for the common case, [`classify`][semsoft_plugin.engines.hf.classify]. It records a side
+output without changing generation ("observe") or emits a label chosen from the calibrated
+distribution ("constrain"). What it sees, and its per-thread state: docs/reference/api/hf.md.
 """
 
 from __future__ import annotations
@@ -90,13 +76,10 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
     config : SemsoftConfig, optional
         Method settings; keyword `overrides` change single fields.
     mode : {"constrain", "observe"}
-        `"constrain"` (default, as on every engine: a classifier is asked for a label)
-        or `"observe"`. `"observe"` leaves the scores untouched: generation is bit-identical to a
-        run without the processor. `"constrain"` replaces the decision-step scores
-        by `log P_sem` on the label answer tokens (`-inf` elsewhere), so greedy
-        decoding emits the calibrated argmax and sampling draws from `P_sem` (then
-        shaped by the usual temperature/top-k/top-p warpers); the remaining tokens of
-        the chosen label are forced, then `eos_token_id` if given.
+        `"constrain"` (default, as on every engine) writes `log P_sem` into the label
+        answer tokens' scores (`-inf` elsewhere): greedy emits the calibrated argmax, the
+        rest of the label is forced, then `eos_token_id` if given. `"observe"` leaves the
+        scores untouched: generation is bit-identical to a run without the processor.
     trigger : str, optional
         Decide at the step right after the generated text ends with this string
         (e.g. `"Answer:"` or `"</think>"`) instead of at the first generated token.

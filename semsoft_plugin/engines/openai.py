@@ -226,13 +226,10 @@ def openai_label_scores(
     choice : int
         Which choice (`n > 1` gives `n`; chunks are grouped by their index)
     client : Any
-        The `openai.OpenAI` client the request went through. Not needed with semsoft's server
-        middleware, which returns the answer tokens the scores need that are outside the top-k in
-        the same response (each choice's `semsoft_label_logprobs`; non-streaming requests). Given,
-        whatever is still missing (a streaming response, a server without the middleware) is fetched
-        exactly with one follow-up ([`openai_fetch`][semsoft_plugin.engines.openai.openai_fetch],
-        vLLM servers); without it such a response is refused with
-        `semsoft_plugin.engines.scoring.MissingLabelLogprobs`
+        The `openai.OpenAI` client the request went through: given, a label log-prob the
+        response lacks (streaming, no semsoft middleware) is fetched exactly with
+        [`openai_fetch`][semsoft_plugin.engines.openai.openai_fetch]; without it that response
+        is refused with `MissingLabelLogprobs` (docs/reader-contract.md)
     greedy : bool | None
         Whether the server picked greedily (default: from the `create`
         keywords' `temperature` when given them, else greedy); only a greedy pick

@@ -1,29 +1,17 @@
 """Prompts, written once: templates, chat formatting, encoding, left padding, pad id.
 
-Every engine adapter (transformers, vLLM's batch classifier), the `semsoft` command
-and the evaluation format and encode prompts with these functions, so an input is
-tokenised the same way everywhere.
+Every engine adapter, the `semsoft` command and the evaluation format and encode prompts
+with these functions, so an input is tokenised the same way everywhere. A template is a
+user message, an optional system message and a pre-filled answer prefix: the chat ends
+with an assistant message holding the prefix (`"Answer:"`), which the chat template
+continues, so the next token is the answer and labels are scored as leading-space whole
+words (`" joy"`). Without the prefix the model starts with filler ("The emotion is ...")
+and labels split into fragments.
 
-Templates: a user message, an optional system message, a pre-filled answer prefix.
-
-Every template ends the chat with an assistant message holding the answer prefix
-(`"Answer:"`): the chat template then continues that message, so the next token is
-the answer and labels are scored as leading-space whole words (`" joy"`), which on
-BPE tokenizers are mostly single tokens. Without the prefix the model starts with
-filler ("The emotion is ...") and labels split into fragments.
-
-A template file (`--prompt-file` of `semsoft classify` and `semsoft eval`) is
-JSON with the same keys as `PromptTemplate`:
-
-```json
-{"user": "Which emotion? Options: {labels}.\\n\\nComment: {text}",
- "answer_prefix": "Emotion:", "system": null}
-```
-
-`{text}` and `{labels}` (comma-separated label names) are filled in. This module
-lives in the plugin (stdlib only at import; torch for `left_padded`) so that
-`semsoft classify` reads the same files as the evaluation package, which imports it
-from here.
+A template file (`--prompt-file`) is JSON with `PromptTemplate`'s keys, `{text}` and
+`{labels}` filled in: docs/input-files.md ("A prompt file"). This module lives in the
+plugin (stdlib only at import; torch for `left_padded`) so that `semsoft classify` reads
+the same files as the evaluation package, which imports it from here.
 """
 
 from __future__ import annotations

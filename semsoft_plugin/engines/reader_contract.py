@@ -140,11 +140,10 @@ def read_scores(
     labels : SemsoftRequest | Sequence[str]
         The label names (with `config`), or the parsed request
     top_logprobs : Logprobs | Sequence[Logprobs | None]
-        The decision step's `{token: raw log-prob}` (its `k` highest are
-        the top-k; any further entries, e.g. the sampled token an OpenAI server adds,
-        count as known log-probs), or the per-position list of such dicts of the
-        generated tokens (the decision step is found from `emitted_ids`: 0 without a
-        trigger). Keys: token ids, `"token_id:N"` strings, or token texts
+        The decision step's `{token: raw log-prob}` (its `k` highest are the top-k,
+        further entries count as known log-probs), or one such dict per generated token
+        (the decision step found from `emitted_ids`). Keys: token ids, `"token_id:N"`
+        strings, or token texts
     emitted : str | None
         The generated text, when known (checked for a cut label)
     config : SemsoftConfig | None
