@@ -28,17 +28,6 @@ PACKAGES = ("semsoft_plugin", "semsoft_eval")
 
 # Files that other changes are rewriting now; emptied when those rewrites land.
 BEING_REWRITTEN: tuple[str, ...] = (
-    "semsoft_plugin/app/classifier.py",
-    "semsoft_plugin/app/classifier_settings.py",
-    "semsoft_plugin/app/classifier_fit.py",
-    "semsoft_plugin/app/cli.py",
-    "semsoft_plugin/app/classify_args.py",
-    "semsoft_plugin/app/config_args.py",
-    "semsoft_plugin/core/fitting.py",
-    "semsoft_plugin/core/fit_family.py",
-    "semsoft_plugin/core/temperature_scaling.py",
-    "semsoft_plugin/core/folds.py",
-    "semsoft_plugin/core/config.py",
     "semsoft_plugin/engines/vllm/",
     "semsoft_plugin/engines/outlines/",
     "semsoft_plugin/engines/hf_beam_search.py",
