@@ -18,7 +18,7 @@ from _probe import fit_plain, zero_label_rows
 
 from semsoft_plugin.app.fit_file import FitIdentity, run_identity
 from semsoft_plugin.app.probe import LinearProbe, probe_member
-from semsoft_plugin.core import fit_family, fitting, temperature_scaling
+from semsoft_plugin.core import f1_guard, fit_family, fitting, temperature_scaling
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.temperature_scaling import apply_temperature
@@ -168,19 +168,19 @@ def test_the_guards_macro_f1_change_is_scikit_learns_over_the_labels_the_items_h
     expected = f1_score(y, member, labels=held, average="macro") - f1_score(
         y, start, labels=held, average="macro"
     )
-    change, se = fitting.f1_change(y, start, member, 5)
+    change, se = f1_guard.f1_change(y, start, member, 5)
     assert change == pytest.approx(expected, abs=1e-12) and 0 < se < 0.2
     w = rng.integers(1, 4, 60)
-    change_w, _ = fitting.f1_change(y, start, member, 5, w.astype(float))
-    repeated, _ = fitting.f1_change(np.repeat(y, w), np.repeat(start, w), np.repeat(member, w), 5)
+    change_w, _ = f1_guard.f1_change(y, start, member, 5, w.astype(float))
+    repeated, _ = f1_guard.f1_change(np.repeat(y, w), np.repeat(start, w), np.repeat(member, w), 5)
     assert change_w == pytest.approx(repeated, abs=1e-12)
     # The start names label 2, which no item holds; the member names 1 there instead: label
     # 1 loses precision. Per own labels, scikit-learn's default counts that as a gain.
     y, start, member = np.array([0, 0, 1, 1]), np.array([0, 2, 1, 1]), np.array([0, 1, 1, 1])
     own_labels = f1_score(y, member, average="macro") - f1_score(y, start, average="macro")
     assert own_labels > 0.1
-    assert fitting.f1_change(y, start, member, 3)[0] == pytest.approx(-0.1, abs=1e-12)
-    assert fitting.f1_change(y, start, start.copy(), 3) == (0.0, 0.0)
+    assert f1_guard.f1_change(y, start, member, 3)[0] == pytest.approx(-0.1, abs=1e-12)
+    assert f1_guard.f1_change(y, start, start.copy(), 3) == (0.0, 0.0)
 
 
 def test_the_guard_refuses_a_member_whose_macro_f1_gain_is_within_its_noise() -> None:

@@ -21,8 +21,7 @@ from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 from semsoft_plugin.app.file_settings import settings_path
 from semsoft_plugin.app.table_writers import TableWriter
 from semsoft_plugin.app.tables import read_records
-from semsoft_plugin.engines.hf import padding_batches
-from semsoft_plugin.engines.prompting import encode_prompts, format_prompt
+from semsoft_plugin.engines.prompting import encode_prompts, format_prompt, padding_batches
 
 LABELS = ["positive", "negative"]
 GOOD = "I loved this film, the acting was wonderful."

@@ -5,7 +5,7 @@ short reviews of ``examples/reviews.csv`` and one long text (``--long-chars`` ch
 of a review repeated). Measured, each the median of ``--repeats`` timed calls:
 
 * ``grouped``: the library as it is: the long text is cut to ``--max-text-tokens`` (or
-  the model's context) and :func:`semsoft_plugin.engines.hf.padding_batches` runs it apart from
+  the model's context) and :func:`semsoft_plugin.engines.prompting.padding_batches` runs it apart from
   the short texts;
 * ``one padded batch``: the same cut texts in one left-padded batch, every short row
   padded to the long one (how batches were formed before);

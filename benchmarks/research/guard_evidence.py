@@ -1,6 +1,6 @@
 """Does the fit's macro-F1 guard read what new items show? Per draw of labels, each
 decision-changing member's out-of-fold macro-F1 change (what the guard reads,
-`semsoft_plugin.core.fitting.f1_change`, with its bootstrap standard error) beside the
+`semsoft_plugin.core.f1_guard.f1_change`, with its bootstrap standard error) beside the
 change the same member, fitted on all the labelled items, makes on the rest of the set.
 
 The pairs and draws are `benchmarks/research/probe_curve.py`'s (the same kept passes, sizes and
@@ -27,7 +27,7 @@ import numpy as np
 from probe_curve import SIZES, pair_arrays  # the same sizes, draws and arrays
 
 from semsoft_plugin.app.probe import fit_probe
-from semsoft_plugin.core import fitting
+from semsoft_plugin.core import f1_guard, fitting
 from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.label_offsets import MEMBERS, apply_offset, fit_member
 
@@ -66,11 +66,11 @@ def pair_evidence(pair: dict[str, Any], *, sizes: tuple[int, ...], draws: int,
                 probe = fit_probe(hidden[train], y[train], n_labels, label_rows=rows, seed=seed)
                 tested["probe"] = probe.probs(hidden[test])
             held = np.bincount(y[test], minlength=n_labels) > 0  # as the guard averages
-            default_f1 = fitting.macro_f1(y[test], start[test].argmax(1), n_labels, labels=held)
+            default_f1 = f1_guard.macro_f1(y[test], start[test].argmax(1), n_labels, labels=held)
             for name in CHANGING:
                 checked = stats["procedures"][name]
                 chosen = tested[name].argmax(1)
-                test_change = fitting.macro_f1(y[test], chosen, n_labels, labels=held) - default_f1
+                test_change = f1_guard.macro_f1(y[test], chosen, n_labels, labels=held) - default_f1
                 records[name].append({"size": size, "draw": draw,
                                       "out_of_fold": checked["f1_change"],
                                       "se": checked["f1_change_se"], "test": test_change})  # fmt: skip

@@ -362,7 +362,7 @@ def _choose_strength(
     """The `CS` entry with the smallest inner-fold weighted NLL among those whose
     inner-fold macro-F1 is at least the label logits' own (their ranking); where
     none is, the one with the best macro-F1."""
-    from semsoft_plugin.core.fitting import macro_f1
+    from semsoft_plugin.core.f1_guard import macro_f1
 
     s = u.shape[1]
     held_nll = np.zeros(len(CS))

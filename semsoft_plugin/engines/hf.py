@@ -39,6 +39,7 @@ from semsoft_plugin.engines.prompting import (
     item_list,
     left_padded,
     pad_token_id,
+    padding_batches,
 )
 
 __all__ = [
@@ -314,32 +315,6 @@ def float32_head(model: Any) -> Iterator[None]:
 # ---------------------------------------------------------------------------
 # classify: the common case in one call
 # ---------------------------------------------------------------------------
-
-
-def padding_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices grouped into left-padded batches: sorted by length, at most
-    `batch_size` each, and a batch is cut early where padding would fill more than
-    half of it (rows x longest > 2 x the rows' own lengths), so one very long input
-    runs with inputs of its own length instead of padding a whole batch to its size.
-    Results keep input order; the grouping depends only on the lengths.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    real = 0
-    for index in order:
-        batch = batches[-1] if batches else None
-        grown = real + lengths[index]
-        if (
-            batch is None
-            or len(batch) == batch_size
-            or (len(batch) + 1) * lengths[index] > 2 * grown
-        ):
-            batches.append([index])
-            real = lengths[index]
-        else:
-            batch.append(index)
-            real = grown
-    return batches
 
 
 def classify(

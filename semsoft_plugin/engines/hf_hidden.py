@@ -49,10 +49,9 @@ class HiddenAtDecision:
 
     def rows(self, tokenizer: Any, inputs: list[Any], batch_size: int) -> Tensor | None:
         """`[N, H]` in input order: `classify` batches by
-        [`padding_batches`][semsoft_plugin.engines.hf.padding_batches] of the formatted prompts, so the
+        [`padding_batches`][semsoft_plugin.engines.prompting.padding_batches] of the formatted prompts, so the
         same call says which input each captured row is; a mismatch is refused."""
-        from semsoft_plugin.engines.hf import padding_batches
-        from semsoft_plugin.engines.prompting import format_prompt
+        from semsoft_plugin.engines.prompting import format_prompt, padding_batches
 
         if self.head is None:
             return None

@@ -39,6 +39,7 @@ __all__ = [
     "left_padded",
     "load_template",
     "pad_token_id",
+    "padding_batches",
 ]
 
 
@@ -330,3 +331,29 @@ def item_list(items: Any, name: str, kind: str) -> list[Any]:
             f"{name} must be one-dimensional, got shape {getattr(items, 'shape', None)}"
         )
     return list(items.tolist() if hasattr(items, "tolist") else items)
+
+
+def padding_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into left-padded batches: sorted by length, at most
+    `batch_size` each, and a batch is cut early where padding would fill more than
+    half of it (rows x longest > 2 x the rows' own lengths), so one very long input
+    runs with inputs of its own length instead of padding a whole batch to its size.
+    Results keep input order; the grouping depends only on the lengths.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    real = 0
+    for index in order:
+        batch = batches[-1] if batches else None
+        grown = real + lengths[index]
+        if (
+            batch is None
+            or len(batch) == batch_size
+            or (len(batch) + 1) * lengths[index] > 2 * grown
+        ):
+            batches.append([index])
+            real = lengths[index]
+        else:
+            batch.append(index)
+            real = grown
+    return batches
