@@ -354,13 +354,14 @@ def test_the_default_family_is_what_the_inputs_allow() -> None:
 
 
 def test_a_correction_round_trips_through_the_config_file(tmp_path) -> None:
-    from semsoft_plugin.app.fitted import FittedCorrection, load_fitted, save_fitted
+    from semsoft_plugin.app.fitted import FittedCorrection, read_fit, save_fitted
 
     config = SemsoftConfig().replace(score_temperature=0.8)
     offset = FittedCorrection("offset", ("neg", "pos"), offset=(0.5, -0.5))
     made_on = FitIdentity(("neg", "pos"), DEFAULT_TEMPLATE.to_dict(), "0" * 64)
     save_fitted(tmp_path / "a.json", config, offset, made_on)
-    assert load_fitted(tmp_path / "a.json") == (config, offset)
+    fit = read_fit(tmp_path / "a.json")
+    assert (fit.config, fit.correction) == (config, offset)
     with pytest.raises(ValueError, match="fitted"):  # a plain load refuses, never drops it
         SemsoftConfig.load(tmp_path / "a.json")
     probs = np.array([[0.2, 0.8], [0.5, 0.5]])
@@ -378,7 +379,7 @@ def test_a_correction_round_trips_through_the_config_file(tmp_path) -> None:
     assert (tmp_path / "b.json.probe.safetensors").exists()
     saved = json.loads((tmp_path / "b.json").read_text())["fitted"]["probe"]
     assert saved == "b.json.probe.safetensors"
-    _, again = load_fitted(tmp_path / "b.json")
+    again = read_fit(tmp_path / "b.json").correction
     assert again is not None
     np.testing.assert_array_equal(
         again.apply(None, ("neg", "pos"), x), probe.apply(None, ("neg", "pos"), x)
@@ -515,7 +516,7 @@ def test_tune_refuses_an_unknown_member_before_loading() -> None:
 @pytest.mark.slow
 def test_tune_searches_the_family_and_writes_what_classify_reads(tmp_path, capsys) -> None:
     from semsoft_plugin.app.cli import main
-    from semsoft_plugin.app.fitted import load_fitted
+    from semsoft_plugin.app.fitted import read_fit
 
     out = tmp_path / "tuned.json"
     report = tmp_path / "report.json"
@@ -532,7 +533,8 @@ def test_tune_searches_the_family_and_writes_what_classify_reads(tmp_path, capsy
         assert (f"| {name} | {row['gain']:+.4f} | {row['gain_se']:.4f} | "
                 f"{row['f1_change']:+.3f} | {row['f1_change_se']:.3f} | "
                 f"{'yes' if row['passes'] else 'no'} |") in printed  # fmt: skip
-    config, correction = load_fitted(out)
+    fit = read_fit(out)
+    config, correction = fit.config, fit.correction
     assert config == SemsoftConfig().replace(**tuned["config"])
     procedure = tuned["fit"]["procedure"]
     adopted = not tuned["fit"]["kept_default"] and procedure != "temperature"
@@ -622,9 +624,9 @@ def test_an_outlines_generator_applies_a_saved_offset(outlines_probed, tmp_path)
     # wrap() takes the loaded correction the same way (engines do not read files)
     import outlines
 
-    from semsoft_plugin.app.fitted import load_fitted
+    from semsoft_plugin.app.fitted import read_fit
     from semsoft_plugin.engines.outlines import wrap
 
-    correction = load_fitted(path)[1]
+    correction = read_fit(path).correction
     wrapped = wrap(outlines.Generator(model, choice), LABELS, fitted_correction=correction)
     assert wrapped(texts[0]).probs == pytest.approx(shifted.probs, abs=1e-9)

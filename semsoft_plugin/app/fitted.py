@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from semsoft_plugin.app.probe import LinearProbe
 
-__all__ = ["FitFile", "FittedCorrection", "load_fitted", "read_fit", "save_fitted", "upgrade_fit"]
+__all__ = ["FitFile", "FittedCorrection", "read_fit", "save_fitted", "upgrade_fit"]
 
 _KEY = "fitted"
 _OFFSET_MEMBERS = ("offset", "batch", "contextual")
@@ -337,26 +337,3 @@ def upgrade_fit(path: str | Path) -> str:
         path.write_bytes(raw)
         raise
     return f"{path}: format {old} rewritten as format {FIT_FORMAT}{pinned}"
-
-
-def load_fitted(
-    path: str | Path, run: FitIdentity | None = None
-) -> tuple[SemsoftConfig, FittedCorrection | None]:
-    """The config and correction of a file (`read_fit`), checked against a run.
-
-    Parameters
-    ----------
-    path : str or Path
-        The file.
-    run : FitIdentity or None
-        The labels, prompt and output layer of the run that applies the fit; a
-        mismatch is refused naming both sides. None: the file alone is checked.
-
-    Returns
-    -------
-    tuple
-        The config and the correction (None for a plain config).
-    """
-    fit = read_fit(path)
-    fit.check_run(run)
-    return fit.config, fit.correction
