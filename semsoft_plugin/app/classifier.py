@@ -9,19 +9,10 @@ clf = Classifier("default", labels=["positive", "negative"])
 log_loss(y, clf.predict_proba(texts), labels=clf.classes_)
 ```
 
-A scikit-learn estimator (`BaseEstimator`, `ClassifierMixin`: `clone`,
-`Pipeline`, `GridSearchCV`, the HTML repr, metadata routing of `sample_weight`).
-The model is a parameter that copies cheaply (`semsoft_plugin.app.handles`), so no
-copy of the classifier copies the weights, and every copy scores a text once: the kept
-forward passes are shared by the process (`semsoft_plugin.app.pass_cache`).
-
-The parts, each its own module: the parameters checked
-(`semsoft_plugin.app.classifier_settings`), what they resolve to and the scoring
-(`semsoft_plugin.app.scorer.Scorer`), the labelled fit
-(`semsoft_plugin.app.classifier_fit`) and the fitted state it leaves
-(`semsoft_plugin.app.fitted_state.FittedState`). This module imports
-scikit-learn; `import semsoft_plugin` does not import it (the package exports
-`Classifier` lazily).
+The parts, each its own module of `semsoft_plugin.app`: the parameters checked
+(`classifier_settings`), what they resolve to and the scoring (`scorer.Scorer`), the
+labelled fit (`classifier_fit`) and the fitted state it leaves (`fitted_state.FittedState`).
+Clones, the shared model and passes, the lazy import: docs/few-labels.md ("With scikit-learn").
 """
 
 from __future__ import annotations
@@ -88,24 +79,18 @@ class Classifier(ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     model : Any
-        A model name (`"default"`, `"smollm2-135m"`) or checkpoint directory, as
-        `semsoft_plugin.engines.models.resolve` finds it, loaded on first use and
-        shared by every classifier naming it in this process; or a loaded transformers
-        causal LM or `vllm.LLM` (scored through
-        [`classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm]; the engine needs
-        `max_logprobs >= k`), shared by reference with every clone
+        A model name (`"default"`, `"smollm2-135m"`) or checkpoint directory
+        (`semsoft_plugin.engines.models.resolve`), loaded on first use and shared in this
+        process; or a loaded transformers causal LM or `vllm.LLM` (through [`classify_vllm`][semsoft_plugin.engines.vllm.classify_vllm],
+        with `max_logprobs >= k`), shared by reference with every clone
     tokenizer : Any
         A loaded transformers model's tokenizer; `None` for a name or a
         `vllm.LLM` (its own is used)
     labels : Sequence[str] | LabelSet | None
-        Label names, any ordered sequence (list, tuple, numpy array such as another estimator's
-        `classes_`, `dict_keys`; not a set, which has no order), scored as leading-space whole words
-        after the answer prefix and listed in this order in the prompt's `{labels}`; with
-        transformers also a ready [`LabelSet`][semsoft_plugin.core.labels.LabelSet]; `None`: the
-        sorted labels of `y` in [`fit`][semsoft_plugin.app.classifier.Classifier.fit]. `classes_`
-        holds them sorted and every output's columns follow `classes_`: scikit-learn's metrics
-        assume probability columns in sorted label order (`log_loss` warns and misreads them
-        otherwise).
+        Label names in the prompt's order, any ordered sequence (another estimator's `classes_`,
+        `dict_keys`; not a set), or with transformers a [`LabelSet`][semsoft_plugin.core.labels.LabelSet];
+        `None`: the sorted labels of `y` in [`fit`][semsoft_plugin.app.classifier.Classifier.fit].
+        Outputs follow `classes_`, sorted: docs/glossary.md ("The labels' order")
     prompt : PromptTemplate | str | None
         A `semsoft_plugin.engines.prompting.PromptTemplate`, or a user message with
         `{text}` (and optionally `{labels}`) and the default answer prefix

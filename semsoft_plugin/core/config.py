@@ -1,25 +1,4 @@
-"""Method settings, shared by the core, every adapter, `semsoft eval` and `semsoft tune`.
-
-One table: each field's `dataclasses.field(metadata=...)` carries its help text, its
-rule and its value type, and the CLI flags (`--score-temperature`), the HTTP keys
-(`semsoft_score_temperature`, `semsoft_plugin.core.request`) and the config
-file's fields are generated from it, so no path can spell a setting its own way.
-
-A config is a small JSON file (`SemsoftConfig.save` and `semsoft tune` write one;
-`--config` reads it; fields left out keep their defaults). The defaults:
-
-```json
-{"k": 50, "tau": 0.0, "center": true, "own_vote": true, "vote": "residual",
- "score_temperature": 1.0, "tau_quantile": null, "semantic_weight": 0.0,
- "silent_vote": null}
-```
-
-Settings that would be ignored are refused, not dropped: `tau` beside
-`tau_quantile`, and at `semantic_weight = 0` (the default: the scores are the
-constrained softmax) any vote setting other than its default (`vote`, `tau`,
-`tau_quantile`, `center`, `own_vote`). What no measurement chose (`tau_quantile`,
-`vote="nearest"`/`"per_label"`) are research options, reached through
-[`SemsoftConfig.preset`][semsoft_plugin.core.config.SemsoftConfig.preset] or explicit settings.
+"""The method's settings: one table, read by the flags, HTTP keys and config files (docs/method.md).
 
 Examples
 --------
@@ -33,7 +12,6 @@ Examples
 0.3
 >>> SemsoftConfig(k=0)
 Traceback (most recent call last):
-    ...
 ValueError: k=0 must be an integer in [1, 4096]
 """
 
@@ -163,54 +141,30 @@ class SemsoftConfig(ValueParams):
     own_vote : bool
         A label's own tokens vote for that label only (keeps antonym labels apart).
     vote : {"residual", "nearest", "shared", "per_label"}
-        How the kept tokens' votes become a distribution.
-
-        * `"residual"` (default): graded votes with a residual. A kept token votes in
-          proportion to how close it is to its nearest label
-          (`max_l w(v, l) / (1 - tau_l)`, 1 for a label's own token), its claim shared
-          among the labels by its weights, and the share of the top-K mass no label
-          neighbour claims goes to the constrained softmax instead of being renormalised
-          away. With no neighbours the result is exactly the constrained softmax.
-        * `"nearest"` (research option): as `"residual"`, but a kept token votes for
-          its *nearest* label only and claims the share of its mass given by its margin
-          over the second nearest, `(w_1 - w_2) / (1 - tau)`. Antonym labels
-          (" yes"/" no") are near each other and each other's spellings; a token equally
-          near two labels claims nothing and its mass follows the constrained softmax.
-        * `"shared"`: no residual; each kept token's vote is shared out among the
-          labels (weights normalised per token), then the votes are renormalised.
-        * `"per_label"` (research option; the paper's counting): no residual; each
-          token counts once per label it is near, then the votes are renormalised.
+        How the kept tokens' votes become a distribution: `"residual"` (the default; the
+        mass no label neighbour claims stays with the constrained softmax), `"nearest"`
+        (research option), `"shared"` or `"per_label"` (research option; the paper's
+        counting). Each rule: docs/method.md ("Decisions").
     score_temperature : float > 0, finite
         Final temperature on the scores (`log P`); 1 leaves them unchanged. The whole
         range is valid: toward 0 it becomes a hard argmax (ties split evenly), toward
         the largest float the uniform distribution. Not the engine's sampling
         `temperature`.
     tau_quantile : float in (0, 1), optional (research option)
-        Derive each label's threshold from the model instead of using `tau`:
-        `tau_l` is this quantile of the cosines between a fixed sample of vocabulary
-        rows and label `l`'s embedding, so only tokens closer to the label than
-        almost all unrelated tokens vote. No labelled data is needed. `tau` must then
-        stay at its default.
+        Each label's threshold `tau_l` from the model instead of `tau`: this quantile of
+        the cosines between a fixed sample of vocabulary rows and label `l`'s embedding,
+        so only tokens closer than almost all unrelated ones vote (no labels needed);
+        `tau` must then keep its default value
     semantic_weight : float in [0, 1]
-        How far to move from the constrained softmax toward the semantic distribution,
-        as a log-linear pool: `P ∝ P_con^(1 - a) · P_sem^a`. `1` is the semantic
-        distribution alone (the paper), `0` the constrained softmax. The semantic
-        votes are a noisy estimate of the model's preference (a few kept tokens, a
-        cosine as weight), so a weight below 1 is a shrinkage. The default `0` is
-        the constrained softmax: no label-free weight did no harm on every kind of data
-        left out of its choice (`benchmarks/choose_defaults.py`, docs/defaults.md).
-        `preset("pooled")` (`a = 0.3`) helps the over-confident kinds (emotions,
-        question types) and costs a little on accurate ones (news topics, abuse). At
-        `0` the vote settings have no effect and must keep their defaults.
+        The log-linear pool `P ∝ P_con^(1 - a) · P_sem^a`: `1` the semantic distribution
+        alone (the paper), `0` (the default) the constrained softmax, where the vote settings
+        have no effect and must keep their defaults; `preset("pooled")` is `a = 0.3`. Why
+        that default, and where the pool helps: docs/defaults.md.
     silent_vote : float in [0, 1), optional
-        Decide the pool weight per row from the row's own silent vote `m_out` (the
-        share of its top-K mass on label neighbours outside the label tokens,
-        [silent_vote_mass][semsoft_plugin.core.silent_vote.silent_vote_mass]): the weight is
-        `semantic_weight * clamp((m_out - silent_vote) / (1 - silent_vote), 0, 1)`, so
-        a row whose kept mass is on the label tokens is the constrained softmax and a
-        row whose mass is on their neighbours is pooled up to `semantic_weight`.
-        `None` (default): one weight, `semantic_weight`, for every row.
-        `preset("silent-vote")` holds the measured setting (docs/defaults.md).
+        Each row's pool weight from its own silent vote `m_out`
+        ([silent_vote_mass][semsoft_plugin.core.silent_vote.silent_vote_mass]):
+        `semantic_weight * clamp((m_out - silent_vote) / (1 - silent_vote), 0, 1)`; `None`
+        (the default): one weight for every row. docs/defaults.md ("The silent vote, row by row")
 
     Notes
     -----

@@ -1,20 +1,16 @@
 """The few-label fit over the whole family, on kept forward passes: what
 `Classifier.fit` and `semsoft tune` run (one implementation for both).
 
-The family (`semsoft_plugin.core.fitting.FAMILY`) is every way the fit may change
-the label-free start: the pool weight over a grid with a temperature (`"grid"`), a
-temperature alone (`"temperature"`), the bias corrections (`"offset"`, `"batch"`,
-`"contextual"`: `semsoft_plugin.core.label_offsets`) and a probe on the decision
-step's hidden state (`"probe"`, fitted by the caller, who has scikit-learn and the
-hidden states). Each member is scored out of fold; the temperature is the floor, and
-another member replaces it only where it beats the start and the temperature by `margin`
-standard errors (`semsoft_plugin.core.fitting.fit_probs`).
-
-What the fit gives is applied to each row alone, so a row's score never depends on
-its batch: a [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] (whose `score_temperature` is the last step), and for a
-bias member a per-label log-offset added after it (`FitResult.offset`,
-`softmax(log p_config + offset)`). The offset of `"batch"` is the mean of the
-*fitted* rows, estimated once, not of the rows being predicted.
+The family (`semsoft_plugin.core.fitting.FAMILY`): the pool weight over a grid with a
+temperature (`"grid"`), a temperature alone (`"temperature"`), the bias corrections
+(`"offset"`, `"batch"`, `"contextual"`: `semsoft_plugin.core.label_offsets`) and a probe on
+the decision step's hidden state (`"probe"`, fitted by the caller, who has scikit-learn and
+the hidden states), each scored out of fold under the rule of
+`semsoft_plugin.core.fitting.fit_probs`. What the fit gives is applied to each row alone: a
+[`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] (its `score_temperature` the
+last step) and, for a bias member, a per-label log-offset after it (`FitResult.offset`,
+`softmax(log p_config + offset)`; for `"batch"` the mean of the *fitted* rows, estimated
+once). The members and the rule: docs/few-labels.md ("What is fitted", "The rule").
 """
 
 from __future__ import annotations
@@ -100,6 +96,8 @@ class FitResult:
     What `Classifier.fit` chose (`fit_result_`), or `semsoft tune`'s report:
 
     ```python
+    import json
+
     from semsoft_plugin import Classifier
 
     clf = Classifier("default", labels=["negative", "positive"]).fit(texts, y)
@@ -108,6 +106,7 @@ class FitResult:
     result.procedure          # the member adopted, e.g. "offset"
     result.gain, result.gain_se   # out-of-fold NLL gain over the start, and its standard error
     result.config             # the SemsoftConfig every prediction uses
+    print(json.dumps(result.to_dict(), indent=2))   # every member checked, with its gain and guard
     ```
     """
 

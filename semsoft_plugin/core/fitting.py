@@ -1,46 +1,18 @@
 """Fitting Semantic Softmax's settings on a few labels: the pure math (torch and numpy).
 
-A user who can label 25-200 items wants the settings that make the scores right *for
-their model and prompt*, without letting a handful of labels overfit. What is fitted:
-
-* the pool weight `semantic_weight` (how far to move from the constrained softmax
-  toward the semantic distribution), over a small grid, and
-* a final `temperature` (the last step of `SemanticSoftmax._score`), by
-  minimising the NLL (convex in `1/T`, so a golden-section search on `log T` finds
-  the optimum).
-
-Together they are two free non-negative coefficients on `log P_con` and `log P_sem`
-(`P ∝ P_con^((1-a)/T) · P_sem^(a/T)`); `a = 0` is temperature scaling of the
-constrained softmax, so the search contains the usual post-hoc baseline.
-
-**The rule.** The label-free default is the starting point. Each fitting procedure is
-scored *out of fold* (stratified folds): each fold's items are scored with the setting
-fitted on the other folds. The temperature is the rule's floor: with labels the fit is at
-least temperature scaling (one number that changes no decision, held to the rule of
-succession, `succession_temperature`). Another member replaces it only if its mean
-out-of-fold NLL gain over the default exceeds `margin` standard errors of that gain
-(paired over items) and the best such member beats the temperature by `margin` standard
-errors too (the simplest member within `margin` of the best wins, `fit_probs`). So
-labels that carry no evidence against the default's decisions (too few, or drawn from the
-default's own distribution) leave them unchanged. A member that changes decisions must
-also show that it keeps macro-F1: its out-of-fold macro-F1 change less `f1_z` bootstrap
-standard errors is at least `-f1_tolerance` (`f1_change`). Every switch and number of the
-rule is a field of [`FitPolicy`][semsoft_plugin.core.fit_policy.FitPolicy], passed in. Where the family has no
-temperature, the default is kept unless a member passes; where a member showed its NLL
-gain and the guard alone stopped it, a member that changed no decision out of fold is
-adopted if its gain is above zero.
-
-**Bias corrections** (`fit_probs(bias=...)`, `semsoft_plugin.core.label_offsets`):
-a per-label offset, batch and contextual calibration, each one more procedure under the
-same rule; so is a probe on the decision step's hidden state, which the caller fits
-(`external`). The whole family by name is `FAMILY`; [`semsoft_plugin.core.fit_family`][semsoft_plugin.core.fit_family]
-runs it on kept forward passes for `Classifier.fit` and `semsoft tune`.
-
-Everything is computed from *kept forward passes*: per item the top `S` decision-step
-logits (or log-probabilities) and those of every label token, one forward pass per item
-whatever the grid (`semsoft_plugin.core.kept_scores`, which also scores the grid on
-them). The temperature search and the NLL are `semsoft_plugin.core.temperature_scaling`;
-this module holds the search over the grid, the folds and the rule.
+What is fitted: the pool weight `semantic_weight` over a small grid, with a final
+temperature per grid entry (NLL is convex in `1/T`: a golden-section search on `log T`),
+so temperature scaling of the constrained softmax is inside the search; the bias
+corrections (`fit_probs(bias=...)`, `semsoft_plugin.core.label_offsets`) and the caller's
+probe (`external`) are more members of the family, `FAMILY`. The rule (`fit_probs`):
+each member is scored out of fold, the temperature is the floor, and another member
+replaces it only where it beats the start and the temperature by `margin` standard
+errors and keeps macro-F1 (`f1_change`); its numbers are the fields of
+[`FitPolicy`][semsoft_plugin.core.fit_policy.FitPolicy]. Everything is computed from
+kept forward passes (`semsoft_plugin.core.kept_scores`); the temperature search and the
+NLL are `semsoft_plugin.core.temperature_scaling`, and
+[`semsoft_plugin.core.fit_family`][semsoft_plugin.core.fit_family] runs the family.
+Each part and why: docs/few-labels.md ("What is fitted", "The rule").
 """
 
 from __future__ import annotations
