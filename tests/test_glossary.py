@@ -167,15 +167,17 @@ def test_names_of_the_classify_file_flags() -> None:
 
 
 def test_names_the_fold_defaults_are_one() -> None:
-    """Every place that sets folds calls them ``n_folds`` and defaults to 5."""
+    """Every place that sets folds defaults to 5: ``n_folds``, and the estimator's ``cv``
+    (scikit-learn's name, which also takes a splitter)."""
     from semsoft_eval.evaluate import evaluate
     from semsoft_eval.tune import tune_dataset
     from semsoft_plugin.app.classifier import Classifier
     from semsoft_plugin.core import fitting
 
-    places = [evaluate, tune_dataset, Classifier, fitting.fit_probs]
+    places = [evaluate, tune_dataset, fitting.fit_probs]
     for place in places:
         assert inspect.signature(place).parameters["n_folds"].default == 5, place
+    assert inspect.signature(Classifier).parameters["cv"].default == 5
 
 
 def test_names_the_default_generation_length_holds_any_label(model_and_tokenizer) -> None:

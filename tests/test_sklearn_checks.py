@@ -64,9 +64,11 @@ class NumbersAsTexts(Classifier):
         return tags
 
     def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> NumbersAsTexts:  # noqa: N803
-        if y is None or np.ndim(y) != 1:
+        values = None if y is None else np.asarray(y)
+        finite = values is None or values.dtype.kind not in "fc" or np.isfinite(values).all()
+        if values is None or values.ndim != 1 or not finite:
             return super().fit(_texts(X), y, sample_weight)  # refused by the Classifier
-        self.values_ = np.unique(np.asarray(y))
+        self.values_ = np.unique(values)
         index = {v: i for i, v in enumerate(self.values_.tolist())}
         words = [WORDS[index[v]] if index[v] < len(WORDS) else str(v) for v in np.asarray(y).tolist()]
         return super().fit(_texts(X), words, sample_weight)
