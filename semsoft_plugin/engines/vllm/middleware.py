@@ -16,7 +16,6 @@ from vllm.exceptions import VLLMClientError
 
 from semsoft_plugin.core.request import (
     KEY_FIT,
-    KEY_ROW_KEY,
     SemsoftRequest,
     check_near_misses,
     mint_row_key,
@@ -105,7 +104,11 @@ def _own_row_key(request: Any, data: dict[str, Any], semsoft: SemsoftRequest) ->
     adapter, the same `X-Request-Id`). `data` is the body as `_check_http_body`
     parsed it."""
     key = mint_row_key()
-    data["vllm_xargs"][KEY_ROW_KEY] = key
+    owned = dataclasses.replace(semsoft, row_key=key)
+    # The options as the request writes them: vLLM's admission call finds this parse
+    # only for the very options it holds (`parsed.parsed_request`).
+    others = {k: v for k, v in data["vllm_xargs"].items() if not k.startswith("semsoft_")}
+    data["vllm_xargs"] = {**others, **owned.to_extra_args()}
     rewritten = json.dumps(data).encode()
     # Starlette's BaseHTTPMiddleware hands the downstream app the body it cached.
     request._body = rewritten
@@ -113,7 +116,6 @@ def _own_row_key(request: Any, data: dict[str, Any], semsoft: SemsoftRequest) ->
         (name, str(len(rewritten)).encode() if name.lower() == b"content-length" else value)
         for name, value in request.scope["headers"]
     ]
-    owned = dataclasses.replace(semsoft, row_key=key)
     keep(owned, getattr(request.app.state, "vllm_config", None))
     return owned
 

@@ -55,17 +55,25 @@ def parsed_request(extra_args: Mapping[str, Any] | None) -> tuple[SemsoftRequest
 
     In-process rules (`parse_request(server=False)`): an HTTP body is parsed by the
     server's middleware itself, with the server's limits, before it mints the key. A
-    kept request is returned only for the very key its owner minted."""
+    kept request is returned only for the very key its owner minted, and only while
+    `extra_args` still carries its options as written (a copy edited under the same
+    key is parsed afresh, never answered with the stale parse)."""
     key = extra_args.get(KEY_ROW_KEY) if isinstance(extra_args, Mapping) else None
     if isinstance(key, str):
         with _LOCK:
             found = _KEPT.get(key)
-        if found is not None:
+        if found is not None and _carries(found[0], extra_args):
             return found[0], False
     request = parse_request(extra_args)
     if request is not None:
         keep(request)
     return request, request is not None and request.row_key is not None
+
+
+def _carries(request: SemsoftRequest, extra_args: Mapping[str, Any]) -> bool:
+    """Whether `extra_args` holds exactly the semsoft options `request` writes."""
+    ours = {k: v for k, v in extra_args.items() if isinstance(k, str) and k.startswith("semsoft_")}
+    return ours == request.to_extra_args()
 
 
 def kept_config(extra_args: Mapping[str, Any] | None) -> Any:
