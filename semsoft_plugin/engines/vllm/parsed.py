@@ -62,7 +62,7 @@ def parsed_request(extra_args: Mapping[str, Any] | None) -> tuple[SemsoftRequest
     if isinstance(key, str):
         with _LOCK:
             found = _KEPT.get(key)
-        if found is not None and _carries(found[0], extra_args):
+        if found is not None and _carries(found[0], extra_args or {}):
             return found[0], False
     request = parse_request(extra_args)
     if request is not None:
