@@ -86,7 +86,12 @@ class FreshConfig:
     """Stands for a second engine's config (the processor registers one per config)."""
 
     def __init__(self, model_config: Any) -> None:
+        from types import SimpleNamespace
+
         self.model_config = model_config
+        # What the processor reads as a request joins: synchronous scheduling (CPU).
+        self.scheduler_config = SimpleNamespace(async_scheduling=False)
+        self.parallel_config = SimpleNamespace(worker_extension_cls=None)
 
 
 def installed_entry_points() -> list[EntryPoint]:

@@ -174,13 +174,22 @@ def test_vllm_rows_equal_the_hook_probe(fit_llm, fits) -> None:
     ],
 )
 def test_a_bad_fit_is_refused_before_any_text_is_scored(fit_llm, name, refused) -> None:
+    """A name that is no fit name is refused at admission; a fit the engine cannot
+    serve is refused when the request joins the engine (vLLM's admission call hands
+    over no engine config; the server's middleware refuses it with HTTP 400 first:
+    test_server_rows_equal_the_hook_probe_and_bad_fits_are_400): no fitted score is read, the reader names it."""
     from vllm.exceptions import VLLMValidationError
 
     prompt = _prompts(fit_llm)[:1]
     extra = {**sv.sampling_params(SENTIMENT, fit="sentiment").extra_args, "semsoft_fit": name}
     params = SamplingParams(max_tokens=3, temperature=0, logprobs=50, extra_args=extra)
-    with pytest.raises((VLLMValidationError, ValueError), match=refused):
-        fit_llm.generate(prompt, params, use_tqdm=False)
+    if name.startswith("../"):
+        with pytest.raises((VLLMValidationError, ValueError), match=refused):
+            fit_llm.generate(prompt, params, use_tqdm=False)
+    else:
+        out = fit_llm.generate(prompt, params, use_tqdm=False)[0]
+        with pytest.raises(FitNotApplied, match=refused):
+            sv.label_scores(out, params, fit_llm)
     # The engine goes on serving.
     assert fit_llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)
 
@@ -193,19 +202,21 @@ def test_a_row_edited_before_the_processor_is_not_scored_with_the_fit(fit_llm) -
     params = sv.sampling_params(SENTIMENT, fit="sentiment", mode="observe", max_tokens=2,
                                 logit_bias={11: 3.0})  # fmt: skip
     out = fit_llm.generate(prompt, params, use_tqdm=False)[0]
-    with pytest.raises(FitNotApplied, match=r"not applied.*residual .* exceeds the tolerance 0.25.*logit_bias"):
+    with pytest.raises(
+        FitNotApplied, match=r"not applied.*residual .* exceeds the tolerance 0.25.*logit_bias"
+    ):
         sv.label_scores(out, params, fit_llm)
 
 
 @pytest.mark.vllm
 def test_an_engine_without_the_fit_processor_refuses_a_fit(llm) -> None:
-    """The plain processor's engine names what it needs to serve fits."""
-    from vllm.exceptions import VLLMValidationError
-
+    """The plain processor's engine names what it needs to serve fits (the reader
+    raises it; the server's middleware answers it with HTTP 400)."""
     tokenizer = llm.get_tokenizer()
     params = sv.sampling_params(SENTIMENT, fit="sentiment")
-    with pytest.raises((VLLMValidationError, ValueError), match=FIT_PROCESSOR):
-        llm.generate([token_prompt(tokenizer, PROMPTS[0])], params, use_tqdm=False)
+    out = llm.generate([token_prompt(tokenizer, PROMPTS[0])], params, use_tqdm=False)[0]
+    with pytest.raises(FitNotApplied, match=FIT_PROCESSOR):
+        sv.label_scores(out, params, llm)
 
 
 @pytest.mark.vllm
@@ -486,7 +497,7 @@ def test_a_duplicate_prompt_gets_its_own_hidden_state(fit_llm) -> None:
 def test_a_row_key_is_minted_per_request_and_never_taken_from_a_server_client() -> None:
     """Each `sampling_params` call mints its own key (two requests that the processor
     cannot tell apart, such as two LoRA adapters, still keep two rows); a server
-    client's key is refused; a request built by hand without one is refused."""
+    client's key is refused; a fit request built by hand without one is refused."""
     from semsoft_plugin.core.request import KEY_ROW_KEY, parse_request
     from semsoft_plugin.engines.vllm.params import validate_params
     from semsoft_plugin.engines.vllm.reader_tables import fitted_key
@@ -495,8 +506,11 @@ def test_a_row_key_is_minted_per_request_and_never_taken_from_a_server_client() 
     keys = [p.extra_args[KEY_ROW_KEY] for p in (one, two)]
     assert keys[0] != keys[1] and len(keys[0]) == 32
     prompt = list(range(1, 6))
-    assert fitted_key(keys[0], "sentiment", prompt, []) != fitted_key(keys[1], "sentiment", prompt, [])
-    assert KEY_ROW_KEY not in sv.sampling_params(SENTIMENT).extra_args  # no row kept
+    assert fitted_key(keys[0], "sentiment", prompt, []) != fitted_key(
+        keys[1], "sentiment", prompt, []
+    )
+    # every request gets its own key: its one parse in a process is found by it
+    assert len(sv.sampling_params(SENTIMENT).extra_args[KEY_ROW_KEY]) == 32
     with pytest.raises(ValueError, match="semsoft_row_key is minted by the server"):
         parse_request(dict(one.extra_args), server=True)
     for bad in ("x" * 32, 7, "ABCDEF" * 5 + "00"):
@@ -506,8 +520,6 @@ def test_a_row_key_is_minted_per_request_and_never_taken_from_a_server_client() 
         k: v for k, v in one.extra_args.items() if k != KEY_ROW_KEY})  # fmt: skip
     with pytest.raises(ValueError, match="needs its own semsoft_row_key"):
         validate_params(hand)
-    with pytest.raises(ValueError, match="names the engine's row of a request that names a fit"):
-        parse_request({"semsoft_labels": SENTIMENT, KEY_ROW_KEY: keys[0]})
 
 
 def test_rows_that_share_a_key_in_one_step_are_never_handed_across() -> None:

@@ -168,26 +168,47 @@ def test_opted_out_requests_equal_an_engine_without_the_plugin(mixed_batch, plai
             }
 
 
-def test_unresolvable_label_set_is_refused_at_admission(llm, tokenizer, mixed_batch):
-    """Labels the engine cannot tell apart are refused at admission, naming both
-    (vLLM's InputProcessor calls validate_params, which resolves them with the engine's
-    tokenizer); the engine keeps serving."""
-    from vllm.exceptions import VLLMValidationError  # what vLLM turns a ValueError into
-
+def test_unresolvable_label_set_is_refused_when_it_joins_the_engine(llm, tokenizer, mixed_batch):
+    """Labels the engine cannot tell apart are refused as the request joins the engine
+    (vLLM's admission call hands over no engine config; the server's middleware refuses
+    them with HTTP 400 first): the request is ended, never run unconstrained, and its
+    reader names both labels; the engine keeps serving."""
     prompt = token_prompt(tokenizer, PROMPTS["short"])
     params = sv.sampling_params(CLASH)  # no engine at hand: only the options are checked
-    with pytest.raises(
-        VLLMValidationError, match="'annoy' and 'annoyance' start with the same token"
-    ):
-        llm.generate([prompt], params, use_tqdm=False)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    with pytest.raises(ValueError, match="'annoy' and 'annoyance' start with the same token"):
+        sv.label_scores(out, params, llm)
     # 64 labels of 64 bytes that share a prefix: the first two are named
     shared = ["x" * 60 + f"{i:04d}" for i in range(sreq.SERVER_MAX_LABELS)]
-    with pytest.raises(VLLMValidationError, match=f"'{shared[0]}' and '{shared[1]}'"):
-        llm.generate([prompt], sv.sampling_params(shared, max_tokens=2), use_tqdm=False)
+    params = sv.sampling_params(shared, max_tokens=2)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    with pytest.raises(ValueError, match=f"'{shared[0]}' and '{shared[1]}'"):
+        sv.label_scores(out, params, llm)
     batch, _ = mixed_batch
     out, params, prompt = batch["review"]
     again = llm.generate([prompt], params, use_tqdm=False)[0]
     assert again.outputs[0].token_ids == out.outputs[0].token_ids
+
+
+def test_one_request_is_parsed_once_in_the_process(llm, tokenizer, monkeypatch):
+    """Built, admitted by vLLM, met by the processor (the engine core runs in this
+    process) and read back: the request's options are parsed once, found again by the
+    row key its builder minted."""
+    parses = []
+    parse = sreq._parse
+
+    def counted(*args, **kwargs):
+        parses.append(args[0])
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(sreq, "_parse", counted)
+    params = sv.sampling_params(SENTIMENT)
+    out = llm.generate([token_prompt(tokenizer, PROMPTS["review"])], params, use_tqdm=False)[0]
+    assert sv.label_scores(out, params, llm).label in SENTIMENT
+    assert len(parses) == 1
+    hand = SamplingParams(max_tokens=2, logprobs=50, extra_args=dict(params.extra_args))
+    llm.generate([token_prompt(tokenizer, PROMPTS["short"])], hand, use_tqdm=False)
+    assert len(parses) == 1  # a copy carries the key: found again, not parsed
 
 
 def test_admission_label_check_is_bounded(llm):
@@ -256,7 +277,9 @@ def test_in_process_vllm_has_the_methods_ranges_as_transformers():
     # k above the engine's max_logprobs: named, with the setting to change
     from vllm.exceptions import VLLMValidationError  # what vLLM turns a ValueError into
 
-    refused = rf"semsoft_k={k + 1} exceeds this engine's max_logprobs={k}"
+    # (vLLM's admission call hands over no engine config: the log-probs asked for are
+    # what is short, and the message names the engine setting too)
+    refused = rf"at least k={k + 1} \(got {k}\); the engine needs max_logprobs >= {k + 1}"
     with pytest.raises(VLLMValidationError, match=refused):
         params = sv.sampling_params(WORDS, k=k + 1, max_tokens=2)
         params.logprobs = k  # within vLLM's own check, so semsoft's admission answers

@@ -39,7 +39,8 @@ from vllm import SamplingParams
 
 from semsoft_plugin.core.request import KEY_FIT, SemsoftRequest, fit_name
 from semsoft_plugin.core.row_probe import LogitsProbe
-from semsoft_plugin.engines.vllm.params import admission_config, validate_params
+from semsoft_plugin.engines.vllm.params import validate_params
+from semsoft_plugin.engines.vllm.parsed import kept_config
 from semsoft_plugin.engines.vllm.processor import SemanticSoftmaxLogitsProcessor
 from semsoft_plugin.engines.vllm.reader_tables import FitUse, fitted_rows
 
@@ -181,9 +182,11 @@ class FittedSemanticSoftmax(SemanticSoftmaxLogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        """The plain processor's checks, then the fit a request names (HTTP 400)."""
+        """The plain processor's checks, then, on a server, the fit a request names
+        (HTTP 400): the middleware kept the engine's config with the request's parse.
+        Offline the processor names a fit it cannot serve when the request joins."""
         request = validate_params(sampling_params)
-        config = admission_config()
+        config = kept_config(sampling_params.extra_args)
         if request is not None and request.fit is not None and config is not None:
             served_fit(request, config.model_config)
 

@@ -3,9 +3,10 @@
 A request opts in by carrying flat `semsoft_*` keys: in `SamplingParams.extra_args`
 offline, in `vllm_xargs` over HTTP, in the extra body an OpenAI client sends.
 `parse_request` reads them into one frozen `SemsoftRequest` that the vLLM admission
-checks, the engine processor and the readers all work from (the engine processor parses
-the keys again in the engine-core process: the keys cross the process boundary, the object
-does not). No engine import here, so the OpenAI client helpers work without vLLM.
+checks, the engine processor and the readers all work from, parsed once per process
+(`semsoft_plugin.engines.vllm.parsed` finds it again; the keys cross the process
+boundary, the object does not). No engine import here, so the OpenAI client helpers work
+without vLLM.
 
 The limits (`SERVER_MAX_K`, `SERVER_MAX_LABELS`, ...) bound the work one untrusted server
 request can ask for. They apply to requests that arrive over HTTP only
@@ -19,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import secrets
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -133,7 +132,8 @@ class SemsoftRequest:
     row_key : str | None
         The key of this request's rows in the engine's worker table
         (`semsoft_row_key`, 32 hex digits), minted by semsoft for each request
-        (`mint_row_key`); required with `fit` or `hidden`, refused from a server client
+        (`mint_row_key`), under which its one parse is found again in a process;
+        required with `fit` or `hidden`, refused from a server client
     """
 
     labels: tuple[str, ...]
@@ -262,28 +262,6 @@ def _option(key: str, name: str, value: Any, server: bool) -> Any:
     return int(value)
 
 
-def _frozen(extra_args: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """A hashable, type-exact form of the semsoft keys (`True` and `1` differ: one
-    is refused as `k`, the other is not); None when a value cannot be hashed."""
-    try:
-        items = []
-        for key in sorted(k for k in extra_args if isinstance(k, str) and k.startswith("semsoft_")):
-            value = extra_args[key]
-            if isinstance(value, list | tuple):
-                value = tuple((type(v), v) for v in value)
-            items.append((key, type(value), value))
-        frozen = tuple(items)
-        hash(frozen)
-        return frozen
-    except TypeError:
-        return None
-
-
-_PARSED: OrderedDict[tuple[bool, tuple[Any, ...]], SemsoftRequest] = OrderedDict()
-_PARSED_LOCK = threading.Lock()
-_PARSED_SIZE = 128
-
-
 def parse_request(
     extra_args: Mapping[str, Any] | None, *, server: bool = False
 ) -> SemsoftRequest | None:
@@ -299,9 +277,8 @@ def parse_request(
     method's own ranges apply, the same on every engine used in-process
     (`MAX_LABELS` labels, `k <= MAX_K`, any label or trigger length).
 
-    Parsed once per distinct options in a process: admission, the engine processor
-    (in the same process offline) and the reader all call this on the same
-    `extra_args` and get the one cached object back (the last 128 kept).
+    Every call parses: a vLLM request is parsed once per process and found again by
+    its row key (`semsoft_plugin.engines.vllm.parsed`).
     """
     if not extra_args:
         return None
@@ -310,32 +287,9 @@ def parse_request(
     if not present:
         return None
     row_key = _row_key(extra_args, server)
-    # The row key is unique per request: the rest of the options is what repeats.
     options = {k: v for k, v in extra_args.items() if k != KEY_ROW_KEY}
-    frozen = _frozen(options)
-    key = None if frozen is None else (server, frozen)
-    request: SemsoftRequest | None = None
-    if key is not None:
-        with _PARSED_LOCK:
-            request = _PARSED.get(key)
-            if request is not None:
-                _PARSED.move_to_end(key)
-    if request is None:
-        request = _parse(options, present - {KEY_ROW_KEY}, server)
-        if key is not None:
-            with _PARSED_LOCK:
-                _PARSED[key] = request
-                while len(_PARSED) > _PARSED_SIZE:
-                    _PARSED.popitem(last=False)
-    if row_key is None:
-        return request
-    if not request.keeps_rows:
-        raise ValueError(
-            f"{KEY_ROW_KEY} names the engine's row of a request that names a fit "
-            f"({KEY_FIT}) or keeps a hidden state ({KEY_HIDDEN}); this one does neither: "
-            f"drop {KEY_ROW_KEY}"
-        )
-    return dataclasses.replace(request, row_key=row_key)
+    request = _parse(options, present - {KEY_ROW_KEY}, server)
+    return request if row_key is None else dataclasses.replace(request, row_key=row_key)
 
 
 def mint_row_key() -> str:

@@ -184,7 +184,7 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         """Constrain mode: per row, the index of the label the generation emits."""
         return list(self._run.chosen)
 
-    def _start_or_continue(self, input_ids: Tensor) -> _Run:
+    def _start_or_continue(self, input_ids: Tensor, scores: Tensor) -> _Run:
         run = self._run
         previous = run.last_input_ids
         continues = (
@@ -194,7 +194,7 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
             and torch.equal(input_ids[:, :-1], previous)
         )
         if not continues:
-            refuse_beam_search(previous, input_ids)
+            refuse_beam_search(previous, input_ids, scores)
             batch = input_ids.shape[0]
             run = self._local.run = _Run(
                 prompt_length=input_ids.shape[1],
@@ -219,7 +219,7 @@ class SemanticSoftmaxLogitsProcessor(LogitsProcessor):
         return [b for b, tail in zip(undecided, tails, strict=True) if tail.endswith(self.trigger)]
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        run = self._start_or_continue(input_ids)
+        run = self._start_or_continue(input_ids, scores)
         deciding = self._deciding_rows(run, input_ids)
         if deciding:
             rows = torch.tensor(deciding, device=scores.device)

@@ -3,16 +3,17 @@
 Beam search reorders (and duplicates) rows between steps, so the per-row record of
 [`SemanticSoftmaxLogitsProcessor`][semsoft_plugin.engines.hf.SemanticSoftmaxLogitsProcessor] would end up under
 another input's row. transformers tells a processor nothing about beams, so the signs it
-leaves are read here, apart from the processor's scoring: `refuse_beam_search` at the
-start of each generation, `num_beams` before a `generate` call.
+leaves in what a processor is handed are read here, apart from the processor's scoring:
+`refuse_beam_search` at the start of each generation, `num_beams` before a `generate`
+call.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor
 
 __all__ = ["BEAM_MESSAGE", "num_beams", "refuse_beam_search"]
@@ -24,26 +25,26 @@ BEAM_MESSAGE = (
 )
 
 
-_BEAM_LOOPS = frozenset({"_beam_search", "_group_beam_search", "_constrained_beam_search"})
+# How far from 0 a row's logsumexp may be and still count as log-probabilities (float32
+# rounding over a vocabulary of a few hundred thousand tokens stays far below it).
+_NORMALISED = 1e-3
 
 
-def refuse_beam_search(previous: Tensor | None, input_ids: Tensor) -> None:
+def refuse_beam_search(previous: Tensor | None, input_ids: Tensor, scores: Tensor) -> None:
     """Raise `ValueError` if this call is part of a beam search.
 
     Beam search reorders (and duplicates) rows between steps, so a per-row record
     would end up under another input's row: the scores of one input returned for
     another, silently. transformers passes a processor no beam information, so two
-    signs are checked at the start of each generation: transformers' beam-search loop
-    on the call stack (the first step already has `batch * num_beams` rows), and
-    rows that continue the previous step's rows in another order (any other loop that
-    reorders).
+    signs are checked at the start of each generation, both read from the processor's
+    own arguments: log-probabilities where greedy decoding and sampling hand over the
+    logits (transformers' `_beam_search` applies `log_softmax` before the processors;
+    its first step already has `batch * num_beams` rows), and rows that continue the
+    previous step's rows in another order (any other loop that reorders).
     """
-    frame = sys._getframe(1)
-    for _ in range(12):  # generate() -> _beam_search -> LogitsProcessorList -> here
-        frame = frame.f_back  # type: ignore[assignment]
-        if frame is None:
-            break
-        if frame.f_code.co_name in _BEAM_LOOPS and "transformers" in frame.f_code.co_filename:
+    if scores.shape[0] > 1:
+        mass = torch.logsumexp(scores.float(), dim=-1)
+        if bool((mass.abs() < _NORMALISED).all()):
             raise ValueError(BEAM_MESSAGE)
     if (
         previous is not None

@@ -16,7 +16,6 @@ from vllm.exceptions import VLLMClientError
 
 from semsoft_plugin.core.request import (
     KEY_FIT,
-    KEY_ROW_KEY,
     SemsoftRequest,
     check_near_misses,
     mint_row_key,
@@ -26,6 +25,7 @@ from semsoft_plugin.core.request import (
 )
 from semsoft_plugin.engines.vllm.label_logprobs import fill_label_logprobs
 from semsoft_plugin.engines.vllm.params import validate_params
+from semsoft_plugin.engines.vllm.parsed import forget, keep
 
 __all__ = ["admission"]
 
@@ -63,29 +63,52 @@ async def admission(request: Any, call_next: Any) -> Any:
         path = request.url.path.rstrip("/")
         config = getattr(request.app.state, "vllm_config", None)
         body = await request.body()
-        message = _check_http_body(body, path, config)
-        if message is not None:
+        checked = _check_http_body(body, path, config)
+        if isinstance(checked, str):
             from starlette.responses import JSONResponse
 
-            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            error = {"message": checked, "type": "BadRequestError", "param": None, "code": 400}
             return JSONResponse({"error": error}, status_code=400)
-        fillable = _fillable(body, path)
-        semsoft = None if fillable is None else fillable[1]
-        if fillable is not None and fillable[1].fit is not None:
-            semsoft = _own_row_key(request, *fillable)
-        if semsoft is not None and config is not None:
-            return await fill_label_logprobs(request, await call_next(request), semsoft, config)
+        if checked is not None:
+            data, semsoft = checked
+            semsoft = _own_row_key(request, data, semsoft)
+            response = _forget_after(await call_next(request), semsoft.row_key)
+            if config is not None and not data.get("stream") and data.get("return_token_ids"):
+                return await fill_label_logprobs(request, response, semsoft, config)
+            return response
     return await call_next(request)
+
+
+def _forget_after(response: Any, row_key: str | None) -> Any:
+    """`response`, freeing the request's parse once its body is sent: a stream is
+    admitted by vLLM (which looks the parse up) only while its body is read."""
+    inner = response.body_iterator
+
+    async def body() -> Any:
+        try:
+            async for chunk in inner:
+                yield chunk
+        finally:
+            forget(row_key)
+
+    response.body_iterator = body()
+    return response
 
 
 def _own_row_key(request: Any, data: dict[str, Any], semsoft: SemsoftRequest) -> SemsoftRequest:
     """Mint the request's own `semsoft_row_key` and put it in the body vLLM reads (a
-    client cannot send one: `parse_request(server=True)` refuses it), so that its fitted
-    row in the engine is found by this request's response alone, whatever another client
-    sends (the same prompt, labels in another order, `logit_bias`, a LoRA adapter, the
-    same `X-Request-Id`). `data` is the body as `_fillable` parsed it."""
+    client cannot send one: `parse_request(server=True)` refuses it): vLLM's admission
+    call in this process finds the middleware's parse by it (`engines.vllm.parsed`), and
+    a fitted row in the engine is found by this request's response alone, whatever
+    another client sends (the same prompt, labels in another order, `logit_bias`, a LoRA
+    adapter, the same `X-Request-Id`). `data` is the body as `_check_http_body`
+    parsed it."""
     key = mint_row_key()
-    data["vllm_xargs"][KEY_ROW_KEY] = key
+    owned = dataclasses.replace(semsoft, row_key=key)
+    # The options as the request writes them: vLLM's admission call finds this parse
+    # only for the very options it holds (`parsed.parsed_request`).
+    others = {k: v for k, v in data["vllm_xargs"].items() if not k.startswith("semsoft_")}
+    data["vllm_xargs"] = {**others, **owned.to_extra_args()}
     rewritten = json.dumps(data).encode()
     # Starlette's BaseHTTPMiddleware hands the downstream app the body it cached.
     request._body = rewritten
@@ -93,23 +116,8 @@ def _own_row_key(request: Any, data: dict[str, Any], semsoft: SemsoftRequest) ->
         (name, str(len(rewritten)).encode() if name.lower() == b"content-length" else value)
         for name, value in request.scope["headers"]
     ]
-    return dataclasses.replace(semsoft, row_key=key)
-
-
-def _fillable(body: bytes, path: str) -> tuple[dict[str, Any], SemsoftRequest] | None:
-    """The body and options of an admitted, opted-in, non-streaming chat or completions
-    request, whose answer the middleware completes with the label answer tokens'
-    log-probs (`label_logprobs`); None for every other request."""
-    if not path.endswith(SUPPORTED_ROUTES):
-        return None
-    try:
-        data = json.loads(body)
-        if not isinstance(data, dict) or data.get("stream") or not data.get("return_token_ids"):
-            return None
-        semsoft = parse_request(data.get("vllm_xargs"), server=True)
-    except (ValueError, RecursionError, TypeError):
-        return None
-    return None if semsoft is None else (data, semsoft)
+    keep(owned, getattr(request.app.state, "vllm_config", None))
+    return owned
 
 
 # The routes whose requests semsoft reads and checks; every other route that could carry
@@ -139,8 +147,11 @@ def _option_places(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return places
 
 
-def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
-    """The refusal for a body that holds semsoft options (or near misses of them), or
+def _check_http_body(
+    body: bytes, path: str, vllm_config: Any
+) -> str | tuple[dict[str, Any], SemsoftRequest] | None:
+    """The refusal for a body that holds semsoft options (or near misses of them); else
+    the body and its options, parsed once here, for an admitted opted-in request; else
     None (also for bodies vLLM will refuse itself: malformed JSON, wrong field types)."""
     try:
         data = json.loads(body)
@@ -190,14 +201,14 @@ def _check_http_body(body: bytes, path: str, vllm_config: Any) -> str | None:
                 "Softmax); drop use_beam_search"
             )
         params = _body_sampling_params(data, path)
-        if params is not None:
-            validate_params(params, vllm_config=vllm_config, server=True)
+        if params is not None and semsoft is not None:
+            validate_params(params, vllm_config=vllm_config, server=True, request=semsoft)
     except (ValueError, VLLMClientError) as error:
         # VLLMValidationError (n=2 when greedy, top_p=0, max_tokens=-1, ...) is not a
         # ValueError: let through, it was "Exception in ASGI application" and a dropped
         # kept-alive connection. Its str names the field and the value.
         return str(error)
-    return None
+    return None if semsoft is None or not isinstance(xargs, dict) else (data, semsoft)
 
 
 def _check_fit_reply(data: dict[str, Any]) -> None:

@@ -1,20 +1,19 @@
 """Opted-in `SamplingParams`: built ([`sampling_params`][semsoft_plugin.engines.vllm.params.sampling_params]) and checked at admission.
 
 [`validate_params`][semsoft_plugin.engines.vllm.params.validate_params] is what the processor's `validate_params` hook runs in the
-server's frontend process, for every request, before the engine sees it; with the
-engine's config at hand it also resolves the labels with the engine's tokenizer, so a
-label set the decision step cannot tell apart is refused with HTTP 400 instead of
-reaching the engine.
+frontend process, for every request, before the engine sees it. The checks that need
+the engine's config ([`check_on_engine`][semsoft_plugin.engines.vllm.params.check_on_engine]: labels resolved with the engine's
+tokenizer, its limits, its fits) run where that config is handed over: in the server's
+admission middleware (HTTP 400 before the engine sees the request) and in the
+processor when an offline request joins the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vllm import SamplingParams
@@ -38,6 +37,7 @@ from semsoft_plugin.core.request import (
     parse_request,
 )
 from semsoft_plugin.engines.scoring import CACHE_SIZE
+from semsoft_plugin.engines.vllm.parsed import keep, parsed_request
 from semsoft_plugin.engines.vllm.reader_tables import fit_refusal
 
 if TYPE_CHECKING:
@@ -49,25 +49,30 @@ _METHOD_KWARGS = tuple(f.name for f in dataclasses.fields(SemsoftConfig))
 
 
 def validate_params(
-    params: SamplingParams, *, vllm_config: VllmConfig | None = None, server: bool = False
+    params: SamplingParams,
+    *,
+    vllm_config: VllmConfig | None = None,
+    server: bool = False,
+    request: SemsoftRequest | None = None,
 ) -> SemsoftRequest | None:
     """Check an opted-in request's options and its compatibility with the method.
 
     `server=True` for a request that arrived over HTTP: the `SERVER_*` limits of
     `semsoft_plugin.core.request` apply (the server's admission middleware passes
-    it, before the engine sees the request). vLLM's own admission call cannot tell an
-    HTTP request from an in-process one (it hands over the `SamplingParams` only, in
-    the frontend process of either), so there the method's own ranges apply, as on
-    every in-process engine; the engine's `max_logprobs` bounds `k` on both.
+    it, with the `request` it parsed, before the engine sees the request). vLLM's own
+    admission call cannot tell an HTTP request from an in-process one, so there the
+    method's own ranges apply, as on every in-process engine; the request is parsed
+    once per process and found again by its row key (`engines.vllm.parsed`).
 
     Returns the parsed options (None when the request did not opt in). Raises
     `ValueError` with the reason; the server turns it into HTTP 400 and the other
     requests are not affected.
 
-    With the engine's `vllm_config` (given, or found from vLLM's admission call, see
-    [`admission_config`][semsoft_plugin.engines.vllm.params.admission_config]) it also resolves the labels with the engine's tokenizer
-    and refuses a label set the decision step cannot tell apart (two labels sharing a
-    first token), naming both labels, instead of letting it reach the engine.
+    With the engine's `vllm_config` (the middleware has it; vLLM's admission call hands
+    over the `SamplingParams` only) it also runs
+    [`check_on_engine`][semsoft_plugin.engines.vllm.params.check_on_engine]: the labels
+    resolved with the engine's tokenizer, the engine's limits and its fits. Offline the
+    processor runs those checks when the request joins the engine.
 
     Besides the options themselves it refuses, for opted-in requests, what would make
     the emitted label or the returned scores disagree with Semantic Softmax on the
@@ -77,13 +82,14 @@ def validate_params(
     edits that act before or after the processor at the decision step (logit bias,
     allowed tokens, bad words, min_tokens, repetition/presence/frequency penalties).
     """
-    request = parse_request(params.extra_args, server=server)
+    if request is None:
+        if server:
+            request = parse_request(params.extra_args, server=True)
+        else:
+            request = parsed_request(params.extra_args)[0]
     if request is None:
         return None
     k = request.config.k
-    config = vllm_config if vllm_config is not None else admission_config()
-    if config is not None:
-        check_engine_logprobs(config.model_config, k)
     if params.logprobs is None or (params.logprobs != -1 and params.logprobs < k):
         raise ValueError(
             f"semsoft reads its scores from the top-k raw log-probabilities: set "
@@ -116,19 +122,8 @@ def validate_params(
                 f"(use {KEY_MODE}='observe' to keep them)"
             )
     _check_stops(request, params)
-    if config is not None and request.fit is not None:
-        refusal = fit_refusal(config.model_config, config.parallel_config)
-        if refusal is not None:
-            raise ValueError(refusal)
-    if config is not None:
-        admitted = check_label_set(request, config.model_config)
-        _check_servable(request, params, config, admitted.multi_token)
-        cut = sorted(set(params.stop_token_ids or ()) & admitted.label_ids)
-        if cut and request.mode == "constrain":
-            raise ValueError(
-                f"stop_token_ids {cut[:5]} are tokens of the labels: the engine would stop "
-                "inside a label and the text would be cut; drop them"
-            )
+    if vllm_config is not None:
+        check_on_engine(request, params, vllm_config)
     if request.keeps_rows and request.row_key is None and not server:
         raise ValueError(
             f"a request that names a fit ({KEY_FIT}) or keeps a hidden state ({KEY_HIDDEN}) "
@@ -138,6 +133,30 @@ def validate_params(
             "semsoft_plugin.engines.vllm.admission, which mints it"
         )
     return request
+
+
+def check_on_engine(
+    request: SemsoftRequest, params: SamplingParams, vllm_config: Any, *, fits: bool = True
+) -> None:
+    """The checks that need the engine's config (`ValueError` naming the reason): `k`
+    within its `max_logprobs`, a fit it can serve, labels its tokenizer tells apart
+    and can emit, what its scheduling lets the processor follow, no stop token inside a
+    label. Run by the server's middleware before the engine sees a request, and by the
+    processor when an offline request joins the engine (`fits=False`: there a fit the
+    engine cannot serve is named by the reader, `FitNotApplied`)."""
+    check_engine_logprobs(vllm_config.model_config, request.config.k)
+    if fits and request.fit is not None:
+        refusal = fit_refusal(vllm_config.model_config, vllm_config.parallel_config)
+        if refusal is not None:
+            raise ValueError(refusal)
+    admitted = check_label_set(request, vllm_config.model_config)
+    _check_servable(request, params, vllm_config, admitted.multi_token)
+    cut = sorted(set(params.stop_token_ids or ()) & admitted.label_ids)
+    if cut and request.mode == "constrain":
+        raise ValueError(
+            f"stop_token_ids {cut[:5]} are tokens of the labels: the engine would stop "
+            "inside a label and the text would be cut; drop them"
+        )
 
 
 def check_engine_logprobs(model_config: Any, wanted: int, name: str = "semsoft_k") -> None:
@@ -198,32 +217,6 @@ def _check_servable(
         )
 
 
-def admission_config() -> Any | None:
-    """The engine's `VllmConfig` when called from vLLM's request admission, else None.
-
-    vLLM hands `validate_params` the `SamplingParams` only, but it calls it from
-    `InputProcessor._validate_params` (every request: `LLM.generate`, the OpenAI
-    server, V1 and Model Runner V2 validators alike), in the frontend process, which
-    holds the engine's config. That caller is found a few frames up. The processor
-    itself cannot supply the tokenizer there: it is built in the engine-core process,
-    not in the server's frontend.
-    """
-    module = sys.modules.get("vllm.v1.engine.input_processor")
-    if module is None:
-        return None
-    frame: FrameType | None = sys._getframe(1).f_back
-    for _ in range(_ADMISSION_FRAMES):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, module.InputProcessor):
-            return owner.vllm_config
-        frame = frame.f_back
-    return None
-
-
-# How far up validate_params' callers the admission frame may be (vLLM 0.32: 3-4).
-_ADMISSION_FRAMES = 8
 _TOKENIZERS: dict[tuple[Any, ...], Any] = {}
 _TOKENIZERS_LOCK = threading.Lock()
 
@@ -347,15 +340,17 @@ def sampling_params(
         labels, config=config, mode=mode, trigger=trigger, leading_space=leading_space, fit=fit,
         hidden=hidden, **method,
     )  # fmt: skip
+    # Every request gets its own row key: its one parse is found again by it
+    # (`engines.vllm.parsed`), and a fit's or a hidden state's row is kept under it.
+    request = dataclasses.replace(request, row_key=mint_row_key())
     extra = dict(kwargs.pop("extra_args", None) or {})
     extra.update(request.to_extra_args())
-    if request.keeps_rows:  # this request's own row in the engine's worker table
-        extra[KEY_ROW_KEY] = mint_row_key()
     kwargs.setdefault("temperature", 0.0)
     kwargs.setdefault("logprobs", request.config.k)
     kwargs.setdefault("max_tokens", default_max_tokens(request.labels, request.trigger))
     params = SamplingParams(extra_args=extra, **kwargs)
-    validate_params(params)
+    keep(request)
+    validate_params(params, request=request)
     return params
 
 
@@ -363,7 +358,11 @@ def own_row_key(params: SamplingParams) -> SamplingParams:
     """A copy of `params` with a fresh `semsoft_row_key`: one request's own rows in the
     engine, for a prompt list that would otherwise share one `SamplingParams`."""
     fresh = params.clone()
-    fresh.extra_args = {**(params.extra_args or {}), KEY_ROW_KEY: mint_row_key()}
+    key = mint_row_key()
+    fresh.extra_args = {**(params.extra_args or {}), KEY_ROW_KEY: key}
+    request = parsed_request(params.extra_args)[0]
+    if request is not None:
+        keep(dataclasses.replace(request, row_key=key))
     return fresh
 
 

@@ -30,17 +30,20 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.logits_inverse import LogitsInverse
-from semsoft_plugin.core.request import ENTRY_POINT, SemsoftRequest, parse_request
+from semsoft_plugin.core.request import ENTRY_POINT, SemsoftRequest
 from semsoft_plugin.engines.scoring import CACHE_SIZE, LabelScorer, ModelScorer, trigger_position
 from semsoft_plugin.engines.vllm.params import (
+    check_on_engine,
     load_tokenizer,
     unrepaired_output_tokens,
     validate_params,
 )
+from semsoft_plugin.engines.vllm.parsed import forget, parsed_request
 from semsoft_plugin.engines.vllm.reader_tables import (
     HIDDEN,
     FitUse,
     apply_fits,
+    fit_refusal,
     keep_hidden,
     keep_reason,
     record_unscored,
@@ -124,6 +127,8 @@ class _Active:
     predicted: int | None = None  # greedy: the label this processor's logits make it pick
     prompt_ids: Sequence[int] | None = None  # the prompt's ids (for _UNSCORED, fitted rows)
     fit: FitUse | str | None = None  # semsoft_fit: the fit, or why the engine cannot use it
+    owned: bool = False  # the request was parsed here: its parse is freed when it leaves
+    refusal: str | None = None  # why the request was refused as it joined (then ended)
 
 
 class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
@@ -242,12 +247,14 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         if self.inert:
             return None
         try:
-            request = parse_request(params.extra_args)
+            request, owned = parsed_request(params.extra_args)
         except ValueError:
             return None  # refused at admission by validate_params; never reaches here
         if request is None or (
             request.mode != "constrain" and request.fit is None and not request.hidden
         ):
+            if owned:
+                forget(request.row_key if request is not None else None)
             return None
         model = self._engine_model()
         eos = params.eos_token_id
@@ -255,20 +262,27 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             eos = getattr(model.tokenizer, "eos_token_id", None)
         greedy = params.sampling_type == SamplingType.GREEDY
         try:
+            # vLLM's admission call hands over no engine config: the checks that need it
+            # run here, as the request joins (the server's middleware ran them already).
+            check_on_engine(request, params, self._config, fits=False)
             scoring = model.scoring(request)
         except ValueError as error:
-            # Normally refused at admission (validate_params resolves the labels with
-            # the engine's tokenizer). Should a request get here without that check, it
-            # is ended at its first step (EOS), never run unconstrained; the reader
-            # raises the same error on its output.
-            self._warn(str(error), f"semsoft: label set refused, request ended: {error}")
-            return _Active(request, None, eos, greedy=greedy)
+            # The request is ended at its first step (EOS), never run unconstrained; the
+            # reader raises the same error on its output.
+            self._warn(str(error), f"semsoft: request refused and ended: {error}")
+            return _Active(request, None, eos, greedy=greedy, owned=owned, refusal=str(error))
         fit = None if request.fit is None else self._fit_use(request)
-        return _Active(request, scoring, eos, greedy=greedy, fit=fit)
+        return _Active(request, scoring, eos, greedy=greedy, fit=fit, owned=owned)
+
+    def _leave(self, state: _Active | None) -> None:
+        """A request left the engine: free its parse if this processor made it."""
+        if state is not None and state.owned:
+            forget(state.request.row_key)
 
     def _fit_use(self, request: SemsoftRequest) -> FitUse | str:
         """The fit a request names, or why not (`app.vllm_fits` serves a fit folder)."""
-        return f"fit {request.fit!r} not applied: this engine's processor serves no fits"
+        refusal = fit_refusal(self._config.model_config, self._config.parallel_config)
+        return f"fit {request.fit!r} not applied: {refusal or 'this processor serves no fits'}"
 
     def _warn(self, key: str, message: str) -> None:
         """Log `message` once per `key` among the last `CACHE_SIZE` distinct keys."""
@@ -291,13 +305,19 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             if state is not None:
                 state.output_ids = output_ids  # live reference, grows each step
                 state.prompt_ids = _prompt
+                if state.refusal is not None and _prompt is not None:
+                    record_unscored(state.request, _prompt, [], state.refusal)
             return state
 
+        if batch_update is not None:
+            for index in batch_update.removed:
+                self._leave(self._active.get(index))
         process_dict_updates(self._active, batch_update, new_state)
 
     # -- V2 --------------------------------------------------------------------
     def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
         """V2: (re)initialise a slot; True when this request is constrained."""
+        self._leave(self._active.get(req_idx))  # the slot's previous request is gone
         state = self._activate(sampling_params)
         if state is None:
             self._active.pop(req_idx, None)

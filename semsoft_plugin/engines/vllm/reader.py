@@ -12,11 +12,12 @@ from typing import Any
 
 from vllm import SamplingParams
 
-from semsoft_plugin.core.request import KEY_ROW_KEY, SemsoftRequest, parse_request
+from semsoft_plugin.core.request import KEY_ROW_KEY, SemsoftRequest
 from semsoft_plugin.core.result import LabelResult
 from semsoft_plugin.engines.reader_contract import FitNotApplied, fitted_row, read_scores
 from semsoft_plugin.engines.scoring import client_model, decision_step
 from semsoft_plugin.engines.vllm.params import sampling_params
+from semsoft_plugin.engines.vllm.parsed import parsed_request
 from semsoft_plugin.engines.vllm.reader_tables import (
     HIDDEN,
     HiddenNotRead,
@@ -31,7 +32,7 @@ __all__ = ["label_probs", "label_scores", "output_hidden"]
 
 def request_of(params_or_labels: Any, options: Mapping[str, Any]) -> SemsoftRequest:
     if isinstance(params_or_labels, SamplingParams):
-        request = parse_request(params_or_labels.extra_args)
+        request = parsed_request(params_or_labels.extra_args)[0]
         if request is None:
             raise ValueError("these SamplingParams did not opt in (no semsoft_labels)")
         return request
@@ -42,9 +43,9 @@ def request_of(params_or_labels: Any, options: Mapping[str, Any]) -> SemsoftRequ
             "give the request's SamplingParams or its label list, got "
             f"{type(params_or_labels).__name__}"
         )
-    request = parse_request(
+    request = parsed_request(
         sampling_params(list(params_or_labels), **options).extra_args  # validates options
-    )
+    )[0]
     assert request is not None
     return request
 
