@@ -3,21 +3,13 @@
 `Classifier.load_fit` and `semsoft classify --config` use
 ([`semsoft_plugin.app.fitted.load_fitted`][semsoft_plugin.app.fitted.load_fitted]).
 
-Why here: the file's reader and the probe live in the app, and engines may not import
-the app (tests/test_layout.py), so the Outlines adapter takes the *loaded* correction
-(`fitted_correction=`) and this function, which may import both, reads the file and
-passes the config and the correction on. On a transformers model both are applied at the
-decision step (`semsoft_plugin.engines.outlines.transformers`); on a vLLM model to the
-decision step's logits row as the engine computed it, the probe's hidden state read back
-from the row (`semsoft_plugin.engines.outlines.vllm`: greedy only; the engine needs the
-worker extension `semsoft_plugin.app.vllm_fits.FittedRows`, else the probe is refused by
-name). vLLM's own structured outputs would mask that row before any processor sees it;
-the adapter does its own label constraint, so the row is whole.
-
-The correction was fitted on the scores at the Classifier's decision step; it means the
-same here only when the Classifier saw the prompt as Outlines formats it (a template with
-no answer prefix, so the chat ends with a generation prompt, and the labels scored as
-Outlines writes them: `LabelSet(labels, tokenizer, leading_space=False)`).
+Why here: engines may not import the app (tests/test_layout.py), so the Outlines adapter
+takes the *loaded* correction (`fitted_correction=`) and this function reads the file and
+passes the config and the correction on. It is applied at the decision step on a
+transformers model, and to the decision step's logits row on a vLLM model (greedy only;
+the engine needs the worker extension `semsoft_plugin.app.vllm_fits.FittedRows`). The
+correction means the same only when the Classifier was fitted at Outlines' position
+(labels as Outlines writes them, no answer prefix): docs/outlines.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Fits served by a vLLM engine: the operator's fit folder, the processor that applies a
 fit inside the engine, and the worker extension that returns its rows.
 
-The operator names a folder in `SEMSOFT_FIT_DIR` (`FIT_DIR_ENV`); every fit file in it
-(`<name>.json`, written by `Classifier.save_fit` or `semsoft tune --output`, its probe
-beside it) is read at engine start with the fit-file checker every other path uses, and
-served under its name. A request names one with `semsoft_fit` (`vllm_xargs` over
-HTTP, `SamplingParams.extra_args` offline); a client never sends a path or weights.
-
-Start a server that serves fits:
+Every fit file in `SEMSOFT_FIT_DIR` (`FIT_DIR_ENV`) is checked at engine start and served
+under its name; a request names one (`semsoft_fit`), never a path. Start a server with fits:
 
 ```python
 SEMSOFT_FIT_DIR=/srv/fits python -m vllm.entrypoints.openai.api_server --model M \\
@@ -16,14 +11,8 @@ SEMSOFT_FIT_DIR=/srv/fits python -m vllm.entrypoints.openai.api_server --model M
     --middleware semsoft_plugin.engines.vllm.admission --max-logprobs 50
 ```
 
-Refused with `ValueError` at admission (HTTP 400 on the server), before any text is
-scored, each naming the fit: an unknown name; a fit for other labels; a fit file that
-failed its checks at load (tampered, truncated, another model's output layer, not a
-probe). Only the probe is applied in the engine (a label-offset fit is refused by name).
-
-The probe reads the hidden state back from the decision step's logits row
-([LogitsProbe][semsoft_plugin.core.row_probe.LogitsProbe]); the fit's rows travel out as
-[reader_tables][semsoft_plugin.engines.vllm.reader_tables] describes.
+Only the probe is applied in the engine (a label-offset fit is refused by name). What is
+refused, and whose row is whose: docs/vllm.md ("A fitted probe in the engine").
 """
 
 from __future__ import annotations

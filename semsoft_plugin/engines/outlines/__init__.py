@@ -1,6 +1,6 @@
 """Outlines adapter: calibrated probabilities for existing choice generators.
 
-Change one import:
+Change one import (`wrap(gen, labels)` keeps a generator that already exists):
 
 ```python
 # from outlines import Generator
@@ -11,24 +11,8 @@ label = gen(prompt)            # "sadness": the same str Outlines returns
 label.probs                    # {"joy": 0.07, "sadness": 0.88, "anger": 0.05}
 ```
 
-or keep a generator that already exists: `gen = wrap(gen, ["joy", "sadness", "anger"])`.
-
-Supported output types are the *choices*: `Literal[...]`, an `Enum`,
-`outlines.types.Choice`, and a regex (`outlines.types.Regex` / `regex(...)`)
-that spells a finite set of literal strings, such as `(joy|sadness|anger)`.
-Anything else (JSON schema, free regex, CFG, `int`...) raises `ValueError`:
-nothing is generated unscored.
-
-One class per engine, chosen from the model (`base.model_engine`):
-
-* `transformers` (`outlines.from_transformers`): Outlines takes one processor,
-  which runs the Semantic Softmax label constraint first and Outlines' own regex mask
-  second (`TransformersChoiceGenerator`);
-* `vllm` (`outlines.from_vllm_offline`): the request goes through the plugin's
-  vLLM adapter instead of vLLM's structured outputs
-  (`VLLMChoiceGenerator`);
-* `choices`: which output types are choices, and the labels they name;
-* `base`: the interface both classes implement (`ChoiceGenerator`).
+Choice output types only (`choices`), else `ValueError`; one class per engine
+(`transformers`, `vllm`; interface in `base`), chosen from the model: docs/outlines.md.
 """
 
 from __future__ import annotations
@@ -74,19 +58,10 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
         The generator's options as one object (`ChoiceOptions`),
         passed down whole to the engine's class; or, instead, its keywords:
     **keywords : Any
-        `config` and any of its fields (`k`, `tau`, ...): the Semantic
-        Softmax settings, the same on every engine (the method's final temperature is
-        `score_temperature`); `temperature`: the sampling temperature, on every
-        engine (the calls' default; `> 0` samples from the calibrated distribution,
-        `0` is greedy; default: greedy); `variants`: mapping label -> spellings that
-        count as the label ([`LabelSet`][semsoft_plugin.core.labels.LabelSet]; transformers
-        models only, refused by name on a vLLM model, whose request options carry label
-        names only); `fitted_correction`: a fit's correction (a bias member's offset or
-        the probe, `Correction`), applied at the decision step after
-        `config`, to each row alone (transformers models only; refused by name on a
-        vLLM model). To take the config and the correction from the file
-        `Classifier.save_fit` / `semsoft tune --output` wrote, use
-        [`semsoft_plugin.app.outlines_fit.load_fit`][semsoft_plugin.app.outlines_fit.load_fit]
+        `config` and its fields (`k`, `tau`, ...), `temperature` (the sampling one; unset is
+        greedy), `variants` and `fitted_correction` (transformers models only): docs/outlines.md
+        ("The same settings on both engines"); from a fit file use
+        [`load_fit`][semsoft_plugin.app.outlines_fit.load_fit].
 
     Returns
     -------
@@ -132,16 +107,11 @@ def wrap(
         An `outlines.Generator` made with a choice output type
         Its own mask (any backend) stays and runs after the label constraint.
     labels : Any
-        List of str, a LabelSet or a choice output type
-        The choices the generator allows. An Outlines transformers generator keeps
-        only its compiled mask, not its output type, so they must be given; a
-        mismatch is detected at the first call (`RuntimeError`). A LabelSet gives
-        its names, and must have been built with the generator's model's tokenizer
-        (`ValueError` naming both otherwise). A `str` is refused, as everywhere
-        ([`label_names`][semsoft_plugin.core.labels.label_names]).
+        The choices the generator allows: list of str, a LabelSet built with its model's
+        tokenizer, or a choice output type (a `str` is refused). Outlines keeps only the
+        compiled mask, so they must be given; a mismatch raises `RuntimeError` at the first call.
     options : ChoiceOptions | None
-        As in [`Generator`][semsoft_plugin.engines.outlines.Generator] (`temperature=` the sampling
-        one)
+        The options as one object, as in [`Generator`][semsoft_plugin.engines.outlines.Generator].
     **keywords : Any
         As in [`Generator`][semsoft_plugin.engines.outlines.Generator] (`temperature=` the sampling
         one)

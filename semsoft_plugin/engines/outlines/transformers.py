@@ -1,54 +1,12 @@
 """Outlines choice generators on transformers models: one processor, semsoft first.
 
-How it plugs in (checked against Outlines 1.3.3):
-
-* Outlines compiles the choice into a regex and, for transformers models, into an
-  in-place masking logits processor (outlines_core, xgrammar or llguidance). The
-  only supported way to add a processor is `outlines.Generator(model,
-  processor=...)` / `SteerableGenerator.from_processor`, and that processor is
-  then the *only* one: passing `logits_processor=` to a call collides with it.
-  This module therefore hands Outlines one processor, `ChoiceLogitsProcessor`,
-  that runs [`SemanticSoftmaxLogitsProcessor`][semsoft_plugin.engines.hf.SemanticSoftmaxLogitsProcessor] in
-  `"constrain"` mode first (it sees the raw logits) and Outlines' own regex mask
-  second.
-* Agreement with the calibrated argmax: at the decision step the semsoft processor
-  leaves only the labels' first tokens, at `log P_sem`; afterwards it forces the
-  rest of the chosen label, then EOS. Every one of these tokens spells a prefix of
-  a label, so Outlines' mask (applied after) cannot remove any of them and changes
-  nothing: greedy decoding emits the calibrated argmax, sampling draws from
-  `P_sem`. The processor checks this on every step and raises if the Outlines
-  mask ever removed a token it kept (e.g. a wrapped generator whose regex does not
-  match the labels given). Outlines' own decision would be different: its prefix
-  mask also allows label *fragments* (`"s"`, `"sad"`...) and each fragment
-  competes alone, so the label it emits need not be the one the scores favour.
-* Position and template: the scores are taken inside the very `generate` call
-  Outlines makes, at the first generated token, so they follow Outlines' prompt
-  formatting exactly (a string prompt goes through the chat template with a
-  generation prompt when the tokenizer has one).
-* Label spelling: Outlines writes the choice verbatim, with no leading space, at
-  the start of the answer; the labels are scored exactly so
-  (`LabelSet(..., leading_space=False)`). Some labels then start with a word
-  fragment (SmolLM2 writes `"sadness"` as `"s" "ad" "ness"`), whose output
-  embedding says little about the label, so each label's embedding is read from its
-  leading-space word (`" sadness"`) instead; `generator.labels.report()` lists
-  both.
-  Choices that all start with one space (`Literal[" joy", " sad"]`) are scored as
-  leading-space words. Verbalizers cannot be used: Outlines' regex only allows the
-  choice text itself.
-* The output head runs in float32 during the generator's calls
-  ([`float32_head`][semsoft_plugin.engines.hf.float32_head], what `hf.classify` and
-  `Classifier` use): a bf16 model's scores then equal theirs, and a row's scores do
-  not move with the batch it is in (bf16 logits fall on a coarse grid).
-* Temperatures: `temperature` is the sampling temperature, as on every engine (given
-  to the generator, it is the calls' default; `temperature > 0` samples, `0` is
-  greedy); the method's final temperature is `score_temperature`.
-* A fit's correction (`fitted_correction=`, loaded from the file `Classifier.save_fit`
-  and `semsoft tune --output` write by `semsoft_plugin.app.outlines_fit.load_fit`) is
-  applied at the decision step itself, to each row alone: the label tokens' scores
-  become `log` of the corrected probabilities (a bias member's
-  `softmax(log p + offset)`, or the probe on the hidden state entering the output
-  layer at that step, read by `semsoft_plugin.engines.hf_hidden.HiddenAtDecision`
-  during the same `generate` call), so the emitted label is the corrected argmax.
+Outlines takes one logits processor only, so `ChoiceLogitsProcessor` runs
+[`SemanticSoftmaxLogitsProcessor`][semsoft_plugin.engines.hf.SemanticSoftmaxLogitsProcessor]
+in `"constrain"` mode first, on the raw logits, then Outlines' own regex mask, and checks
+that the mask removed none of the label tokens it kept: greedy decoding emits the calibrated
+argmax. The scores are taken inside the `generate` call Outlines makes, the labels spelled as
+Outlines writes them, the head in float32; a fit's correction is applied at the decision
+step to each row alone. Why, and what it costs: docs/outlines.md ("How it plugs in").
 """
 
 from __future__ import annotations
@@ -83,16 +41,13 @@ class ChoiceLogitsProcessor:
     semsoft : SemanticSoftmaxLogitsProcessor
         In `"constrain"` mode, with the tokenizer's EOS as `eos_token_id`.
     outlines_processor : Any
-        An Outlines logits processor (any backend)
-        Applied to what the semsoft processor returns. It only ever removes tokens;
-        on a step where semsoft constrained a row, every token semsoft kept must
-        survive it, else `RuntimeError` (the regex and the labels disagree).
+        An Outlines logits processor (any backend), applied to what the semsoft processor
+        returns: every token semsoft kept on a constrained row must survive it, else
+        `RuntimeError` (the regex and the labels disagree).
     fitted_correction : Correction | None
-        A fit's correction, optional
-        Applied to each row's label probabilities at its decision step, before the
-        label tokens' scores are set (so greedy emits the corrected argmax); a probe
-        reads the hidden state from `hidden`, which the generator sets for the
-        duration of a call.
+        A fit's correction, optional, applied to each row's label probabilities at its
+        decision step, before the label tokens' scores are set (greedy emits the corrected
+        argmax); a probe reads the hidden state from `hidden`, set by the generator per call.
 
     Attributes
     ----------
@@ -319,8 +274,7 @@ class TransformersChoiceGenerator(ChoiceGenerator):
         return out
 
     def __call__(self, prompt: Any, **inference_kwargs: Any) -> ScoredLabel | list[ScoredLabel]:
-        """Generate the label for one prompt (a list of labels when
-        `num_return_sequences` > 1), as Outlines does."""
+        """Run Outlines' generator on one prompt with the processor armed, then score its text."""
         kwargs = self._kwargs(inference_kwargs)
         with self._running():
             text = self._generator(prompt, **kwargs)

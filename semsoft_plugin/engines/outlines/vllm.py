@@ -1,35 +1,14 @@
 """Outlines choice generators on vLLM offline models, through the plugin's vLLM adapter.
 
-For `outlines.from_vllm_offline` models Outlines would send the regex through vLLM's
-structured outputs, which mask the logits before any logits processor runs, so the
-silent vote would be gone. The request goes through the plugin's vLLM adapter instead
-([`semsoft_plugin.engines.vllm.sampling_params`][semsoft_plugin.engines.vllm.sampling_params]: its processor does the label
-constraint, the scores are read back with [`semsoft_plugin.engines.vllm.label_scores`][semsoft_plugin.engines.vllm.label_scores]),
-with the prompt formatted as Outlines formats it. The engine needs the processor
-(`LLM(..., logits_processors=[semsoft_plugin.engines.vllm.SemanticSoftmaxLogitsProcessor])`
-or the installed entry point) and `max_logprobs >= k` (50 by default).
-`constrained_probs` is None there when a label's first token is outside the
-returned top-k.
-
-`temperature` is vLLM's sampling temperature here as on transformers models (given to
-the generator it is the calls' default; 0, the default, is greedy); the method's final
-temperature is `score_temperature`. `variants=` is refused: the engine's processor
-binds the label names it is sent (`semsoft_labels`), and no request option carries
-other spellings, so the scores could not count them.
-
-A fit's correction (`fitted_correction=`: a bias member's offset or the probe) is applied
-to the decision step's logits row as the engine computed it. The request runs in observe
-mode for one token (`max_tokens=1`): the engine's processor reads the row before
-anything is written to it, the probe's hidden state is read back from it (`h = W⁺ (z -
-b)`, `semsoft_hidden`) and taken from the engine's worker through `collective_rpc`
-(the engine needs `LLM(..., worker_extension_cls="semsoft_plugin.app.vllm_fits.FittedRows")`),
-and the label is the corrected argmax (greedy; a sampling temperature is refused with a
-correction). A row that is not the output layer's `W h + b` (a `logit_bias`, penalties,
-an earlier processor) is refused naming its residual, never corrected. The row is
-unmasked here because this adapter does its own label constraint: vLLM's structured
-outputs (what Outlines itself would send) mask the row before any logits processor
-(`GPUModelRunner.sample_tokens` calls `apply_grammar_bitmask` before the sampler runs
-the processors, vLLM 0.32), so under them the hidden state could not be read back.
+Outlines would send the regex through vLLM's structured outputs, which mask the logits
+before any logits processor runs (the silent vote gone, the probe's hidden state unreadable).
+The request goes through
+[`sampling_params`][semsoft_plugin.engines.vllm.sampling_params] instead, its processor
+doing the label constraint, and is read back with
+[`label_scores`][semsoft_plugin.engines.vllm.label_scores]. `temperature` is vLLM's
+sampling temperature (unset is greedy), `variants=` is refused, and a fit's correction is
+applied to the decision step's row as the engine computed it (greedy only). What the engine
+needs and why: docs/outlines.md ("How it plugs in").
 """
 
 from __future__ import annotations

@@ -99,13 +99,10 @@ def classify_vllm(
     progress : bool
         Show vLLM's progress bar over the batch
     hidden : bool
-        Also return the decision step's hidden state (`hidden`, `[d]` float32), read
-        back from its logits row inside the engine and taken from the engine's worker
-        through `collective_rpc` (the engine needs
-        `worker_extension_cls="semsoft_plugin.app.vllm_fits.FittedRows"`); a row that is
-        not the output layer's `W h + b` raises `HiddenNotRead` naming its residual.
-        Prompts are sent `HIDDEN_CHUNK` at a time, so the worker's bounded table never
-        drops a row before it is read
+        Also return the decision step's hidden state (`hidden`, `[d]` float32), read back
+        from its logits row in the engine (which needs the worker extension
+        `semsoft_plugin.app.vllm_fits.FittedRows`); a row that is not `W h + b` raises
+        `HiddenNotRead` naming its residual. Sent `HIDDEN_CHUNK` prompts at a time
 
     Returns
     -------

@@ -1,31 +1,16 @@
 """The server answers what its reader needs in the same HTTP request: every label's
 answer-token log-prob at the decision step.
 
-The default settings pool with the constrained softmax (`semantic_weight < 1`), so the
-reader needs the exact raw log-prob of *every* label's answer token; the top-`k` holds
-the emitted label's, but the others are usually far outside it. vLLM 0.32 cannot return
-both in one engine request: `logprob_token_ids` *replaces* the top-`k`
-(`Sampler.forward`: "prefer logprob_token_ids as it's more specific"), and
-`prompt_logprob_token_ids` needs Model Runner V2 and scores prompt positions only.
-So the admission middleware ([`semsoft_plugin.engines.vllm.admission`][semsoft_plugin.engines.vllm.admission]) finishes the
-job on the server: after an opted-in, non-streaming chat or completions request is
-answered, it asks the engine, in one internal `/v1/completions` call on the same app,
-for the raw log-probs of the label answer tokens that the choice's decision step did
-not return (`max_tokens=1`, `logprob_token_ids`, prompt = the prompt ids plus the
-tokens before the decision step, served from the prefix cache), and writes them into
-the choice as `semsoft_label_logprobs` (`{"token_id:N": raw log-prob}`), which
-[`semsoft_plugin.engines.openai.openai_label_scores`][semsoft_plugin.engines.openai.openai_label_scores] reads as known log-probs. The
-client sends one request and reads exact scores without a follow-up of its own.
-
-Nothing is filled (and the reader then refuses, naming the labels) for a streaming
-request, a response without its token ids (`return_token_ids`, which
-[`openai_request`][semsoft_plugin.engines.openai.openai_request] sends) or a choice that never
-reached its decision step. The top-`k` lists are left exactly as vLLM returned them.
-
-A request that names a fit (`semsoft_fit`) also gets, per choice, `semsoft_fitted`: the
-fit's row the engine kept (`{"probs": [...], "residual": r}` in the request's label order,
-or `{"reason": ...}`), read with one `collective_rpc` per response
-([reader_tables][semsoft_plugin.engines.vllm.reader_tables]).
+vLLM 0.32 cannot return the top-`k` and chosen tokens' log-probs in one engine request, so
+after an opted-in, non-streaming request is answered the admission middleware
+([`admission`][semsoft_plugin.engines.vllm.admission]) asks the engine, in one internal
+`max_tokens=1` `logprob_token_ids` call, for the label answer tokens the decision step did
+not return, and writes them into the choice as `semsoft_label_logprobs`, which
+[`openai_label_scores`][semsoft_plugin.engines.openai.openai_label_scores] reads. Nothing is
+filled for a stream or a response without token ids (the reader then refuses); a request
+naming a fit also gets `semsoft_fitted`
+([reader_tables][semsoft_plugin.engines.vllm.reader_tables]). Why a second request:
+docs/reader-contract.md ("Fetching a missing log-prob").
 """
 
 from __future__ import annotations

@@ -149,17 +149,18 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
     Examples
     --------
-    vLLM builds it; pass the class (or install the package: the entry point loads it)
-    and opt a request in with [`sampling_params`][semsoft_plugin.engines.vllm.sampling_params]:
+    vLLM builds it; name it by its class or its import string (or install the package:
+    the entry point loads it) and opt a request in with
+    [`sampling_params`][semsoft_plugin.engines.vllm.sampling_params]:
 
     ```python
     from vllm import LLM
     from semsoft_plugin.engines import models
-    from semsoft_plugin.engines import vllm as semsoft
+    from semsoft_plugin.engines.vllm import sampling_params
 
-    llm = LLM(str(models.resolve("default")), max_logprobs=50,
-              logits_processors=[semsoft.SemanticSoftmaxLogitsProcessor])
-    params = semsoft.sampling_params(["positive", "negative"])
+    processor = "semsoft_plugin.engines.vllm:SemanticSoftmaxLogitsProcessor"
+    llm = LLM(str(models.resolve("default")), max_logprobs=50, logits_processors=[processor])
+    params = sampling_params(["positive", "negative"])
     out = llm.generate(["Review: I loved it. Sentiment:"], params)[0]
     out.outputs[0].text                     # ' positive': a label, drawn from the scores
     ```

@@ -71,12 +71,10 @@ def label_scores(
         [`sampling_params`][semsoft_plugin.engines.vllm.reader.sampling_params]), or its label list
         plus the same `options`
     model : Any
-        The `vllm.LLM` (or its checkpoint directory / model name): the reader
-        needs the tokenizer and the output embeddings, loaded once per model. Given the
-        `LLM`, answer tokens the scores need outside the returned top-k are fetched
-        with one `max_tokens=1` request, so the scores equal transformers'; given a
-        path or a name, such an output is refused (`MissingLabelLogprobs`): no bound
-        stands in for a missing log-probability
+        The `vllm.LLM` (or its checkpoint directory / model name), for the tokenizer and
+        output embeddings. Only the `LLM` can fetch answer tokens outside the returned
+        top-k (one `max_tokens=1` request); given a path or a name, such an output raises
+        `MissingLabelLogprobs`: docs/reader-contract.md
     choice : int
         Which completion (`n > 1` gives `n`), in vLLM's order
     check_text : bool

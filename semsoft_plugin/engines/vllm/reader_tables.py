@@ -1,41 +1,15 @@
 """What the engine's processor keeps for the readers: why a row went unscored, and the
 rows a fit scored inside the engine, with the channel that carries them out.
 
-**Unscored rows** (a NaN row, every token masked, a failed scoring) are recorded with the
-reason for the readers in the same process (`unscored_reason`).
-
-**Fitted rows.** A request that names a fit (`semsoft_fit`) is scored by the fit's probe on the decision
-step's logits row, in the engine's processor
-([LogitsProbe][semsoft_plugin.core.row_probe.LogitsProbe]: `h = W⁺ (z - b)`, each row
-judged by its residual). The label answer tokens then carry `log P_fit` (constrain
-mode), so the emitted label is the fit's argmax.
-
-**The channel.** vLLM returns no side data from a processor, and the log-probabilities it
-returns are taken before any processor runs (`raw_logprobs`), so neither the top-`k`
-nor any token's log-probability can carry `P_fit` or `h`. The processor therefore keeps
-each fitted row in a bounded table in the engine's worker process, under a key made of
-the fit's name, the prompt's token ids and the tokens generated before the decision
-step (`fitted_key`), which the reader can rebuild from the ordinary output. vLLM's
-`collective_rpc` reads it across the process boundary: the worker extension
-`semsoft_plugin.app.vllm_fits.FittedRows` (`LLM(worker_extension_cls=...)`,
-`--worker-extension-cls`) gives the worker the method `RPC_METHOD`. The offline reader
-(`label_scores` given the `LLM`) calls it itself; on the server the admission
-middleware calls it once per response and writes each choice's row into the response as
-`semsoft_fitted` (`RESPONSE_FITTED`), which `openai_label_scores` reads.
-
-**Hidden states.** A request with `semsoft_hidden` (what `classify_vllm(hidden=True)`
-sends for `Classifier.fit`'s probe and `semsoft eval`) has its decision step's hidden
-state read back from its logits row (`h = W⁺ (z - b)`,
-[LogitsInverse][semsoft_plugin.core.logits_inverse.LogitsInverse]) and kept in the same
-table, under the key `fitted_key(HIDDEN, prompt, before)` (`HIDDEN` is no fit name), as
-`{"hidden": float32 bytes, "residual": r}`, or `{"residual": r, "reason": ...}` for a row
-that is not `W h + b`; the reader takes it (`take=True` removes it) through the same
-`collective_rpc` method. Only `[d]` float32 per row crosses the process boundary, never
-the vocabulary row.
-
-A row the fit cannot score is recorded with the reason (a residual above the tolerance:
-`logit_bias`, `min_tokens`, allowed-token or bad-word masks, structured outputs, an
-earlier processor; NaN or masked logits); the reader raises `FitNotApplied` with it.
+Unscored rows (NaN, every token masked, a failed scoring) are recorded with the reason
+(`unscored_reason`). A fit's rows
+([LogitsProbe][semsoft_plugin.core.row_probe.LogitsProbe]) and `semsoft_hidden` rows
+([LogitsInverse][semsoft_plugin.core.logits_inverse.LogitsInverse], under the fit name
+`HIDDEN`) are kept in a bounded table in the worker process, under `fitted_key`, since
+vLLM's returned log-probs are taken before any processor runs. The worker extension
+`semsoft_plugin.app.vllm_fits.FittedRows` serves them through `collective_rpc`
+(`RPC_METHOD`); the server's middleware writes them as `semsoft_fitted` (`RESPONSE_FITTED`).
+Why this channel and whose row is whose: docs/vllm.md ("A fitted probe in the engine").
 """
 
 from __future__ import annotations
