@@ -420,7 +420,7 @@ def probed():
 @pytest.mark.slow
 def test_the_classifier_chooses_the_probe_where_the_hidden_state_separates_the_labels(probed):
     clf, texts, y = probed
-    assert clf.fit_family is None  # every member the engine supports
+    assert clf.fit_policy is None  # the default policy: every member the engine supports
     assert set(clf.fit_result_.procedures) == set(fitting.FAMILY)
     assert clf.fit_result_.procedure == "probe" and not clf.fit_result_.kept_default
     assert clf.fitted_correction_.probe is not None

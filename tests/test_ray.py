@@ -295,7 +295,7 @@ def test_a_bad_row_is_named_and_its_batch_scored(capfd):
     from semsoft_plugin import Classifier
     from semsoft_plugin.app.ray import _ScoreBatch
 
-    options = {"dtype": "float32", "batch_size": 4}
+    options = {"engine": EngineSettings(dtype="float32", batch_size=4)}
     actor = _ScoreBatch("smollm2-135m", LABELS, options, "text", "id", "", 0.6, 1)
     batch = pa.Table.from_pylist(
         [

@@ -209,8 +209,10 @@ def classify_dataset(
     Classifier(model, None, names, **kwargs).check_params()  # an unknown option: TypeError
     strength = (kwargs.get("fit_policy") or FitPolicy()).file_strength
     file = kwargs.get("calibrate") == "file"
-    if file:
-        kwargs["calibrate"] = None  # the actors give raw scores; the second pass corrects
+    if file:  # the actors give raw scores; the second pass corrects them with `strength`
+        kwargs["calibrate"] = None
+        if kwargs.get("fit_policy") is not None:
+            kwargs["fit_policy"] = kwargs["fit_policy"].set_params(file_strength="auto")
     resources = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     scored = dataset.map_batches(
         _ScoreBatch,
