@@ -13,9 +13,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from vllm import LLM  # noqa: E402
 
-from semsoft_plugin.core.request import ENTRY_POINT  # noqa: E402
 from semsoft_plugin.engines import models  # noqa: E402
 from semsoft_plugin.engines import vllm as semsoft  # noqa: E402
+from semsoft_plugin.engines.vllm.params import ENTRY_POINT  # noqa: E402
 
 LABELS = ["joy", "sadness", "anger", "fear"]
 TEXTS = [

@@ -21,9 +21,9 @@ import urllib.request
 
 import openai
 
-from semsoft_plugin.core.request import ENTRY_POINT
 from semsoft_plugin.engines import models
 from semsoft_plugin.engines.openai import openai_label_probs, openai_request
+from semsoft_plugin.engines.vllm.params import ENTRY_POINT
 
 LABELS = ["positive", "negative"]
 

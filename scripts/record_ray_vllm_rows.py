@@ -63,7 +63,6 @@ def main() -> None:
     from vllm.inputs import TextPrompt
 
     from semsoft_plugin.app.ray_llm import VLLMPreprocess
-    from semsoft_plugin.core.request import ENTRY_POINT
     from semsoft_plugin.engines import models
     from semsoft_plugin.engines.prompting import (
         DEFAULT_TEMPLATE,
@@ -72,6 +71,7 @@ def main() -> None:
         format_prompt,
     )
     from semsoft_plugin.engines.vllm import label_scores
+    from semsoft_plugin.engines.vllm.params import ENTRY_POINT
 
     checkpoint = str(models.resolve(args.model))
     llm = LLM(

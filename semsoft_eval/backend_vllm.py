@@ -5,7 +5,7 @@ the raw top-`k` log-probabilities and the label tokens' raw log-probabilities, a
 decision step's hidden state (the `probe` method, a fit family with the probe): the
 engine's processor reads it back from the logits row (`h = W⁺ (z - b)`, each row judged
 by its residual) and its worker returns it through `collective_rpc`, so the engine needs
-the worker extension `semsoft_plugin.app.vllm_fits.FittedRows` (`load` builds it with
+the worker extension `semsoft_plugin.engines.vllm.fits.FittedRows` (`load` builds it with
 it; an engine given without it gives no hidden states). vLLM is imported only when a
 method here runs.
 """
@@ -47,7 +47,7 @@ class VLLMBackend:
         """A `vllm.LLM` with the plugin, keeping enough log-probabilities per step."""
         from vllm import LLM
 
-        from semsoft_plugin.core.request import ENTRY_POINT
+        from semsoft_plugin.engines.vllm.params import ENTRY_POINT
         from semsoft_plugin.engines.vllm.reader_tables import EXTENSION
 
         # If the entry point is installed too, the second copy of the processor stands down.

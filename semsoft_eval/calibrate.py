@@ -1,7 +1,7 @@
 """Post-hoc pieces shared by `eval` and `tune`: folds, temperature fitting, baselines.
 
-The folds and the NLL temperature fit are the plugin's (`semsoft_plugin.core.fitting`
-and `semsoft_plugin.core.temperature_scaling`, which `Classifier.fit` runs),
+The folds and the NLL temperature fit are the plugin's (`semsoft_plugin.fit.fitting`
+and `semsoft_plugin.fit.temperature_scaling`, which `Classifier.fit` runs),
 re-exported here.
 
 Everything that needs labels (temperature scaling, the label prior) is *cross-fitted*:
@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from semsoft_eval.metrics import ece_numpy
-from semsoft_plugin.core import temperature_scaling
 from semsoft_plugin.core.calibration import debias
-from semsoft_plugin.core.folds import stratified_folds
-from semsoft_plugin.core.temperature_scaling import apply_temperature
+from semsoft_plugin.fit import temperature_scaling
+from semsoft_plugin.fit.folds import stratified_folds
+from semsoft_plugin.fit.temperature_scaling import apply_temperature
 
 __all__ = [
     "folds",
@@ -48,7 +48,7 @@ def _ece(log_probs: np.ndarray, targets: np.ndarray, temperature: float) -> floa
 
 def fit_temperature(log_probs: np.ndarray, targets: np.ndarray, objective: str = "nll") -> float:
     """The temperature minimising NLL (the plugin's
-    `semsoft_plugin.core.temperature_scaling.fit_temperature`: convex in `1/T`, golden-section
+    `semsoft_plugin.fit.temperature_scaling.fit_temperature`: convex in `1/T`, golden-section
     search on log T) or ECE (not smooth: a grid of 81 log-spaced values, ties to the
     value nearest 1)."""
     log_probs = np.asarray(log_probs, dtype=np.float64)

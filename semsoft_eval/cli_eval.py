@@ -202,7 +202,7 @@ def _name_list(text: str) -> tuple[str, ...]:
 def add_tune_parser(subparsers: Any) -> None:
     """Register `semsoft tune`."""
     from semsoft_eval.tune import DEFAULT_GRID
-    from semsoft_plugin.core.fitting import FAMILY
+    from semsoft_plugin.fit.fitting import FAMILY
 
     parser = subparsers.add_parser(
         "tune",
@@ -274,7 +274,7 @@ def _check_fit_output(output: Path, *, overwrite: bool) -> None:
 
 def run_tune(args: argparse.Namespace) -> int:
     from semsoft_eval.tune import format_tune, tune_dataset
-    from semsoft_plugin.app.fitted import save_fitted
+    from semsoft_plugin.fit.fitted import save_fitted
 
     _check_fit_output(Path(args.output), overwrite=args.overwrite)
     start = start_from_args(args)

@@ -26,9 +26,9 @@ from semsoft_plugin.app.classifier_settings import fit_plan
 from semsoft_plugin.app.fitted_state import FittedState
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_policy import FitPolicy
-from semsoft_plugin.core.folds import check_fit_data
 from semsoft_plugin.core.kept_scores import kept_rows
 from semsoft_plugin.core.labels import LabelSet
+from semsoft_plugin.fit.folds import check_fit_data
 
 __all__ = ["classifier_plan", "cross_fit_classifier", "cross_fit_plan", "fold_choice"]
 

@@ -390,7 +390,7 @@ def _probe(m: MethodInputs) -> MethodResult:
             "'probe' is asked for through semsoft eval)"
         )
     start = time.perf_counter()
-    from semsoft_plugin.app.probe import label_logit_rows
+    from semsoft_plugin.fit.probe import label_logit_rows
 
     rows = label_logit_rows(m.embeddings, m.labels)
     probs, choices = cross_fit_probe(

@@ -24,7 +24,7 @@ import torch
 # this module, load without the extra (the docs build reads them: scripts/mkdocs_cli_reference.py).
 # scikit-learn's macro F1 in closed form, shared with the fit's macro-F1 guard, so a
 # bootstrap can call it a thousand times.
-from semsoft_plugin.core.f1_guard import macro_f1 as macro_f1_of_labels
+from semsoft_plugin.fit.f1_guard import macro_f1 as macro_f1_of_labels
 
 __all__ = [
     "N_BINS",

@@ -1,6 +1,6 @@
 """A probe on the decision step's hidden state ("hidden calibration", Cho et al., NAACL 2025).
 
-The `probe` method of `semsoft eval` fits one (`semsoft_plugin.app.probe.fit_probe`, the
+The `probe` method of `semsoft eval` fits one (`semsoft_plugin.fit.probe.fit_probe`, the
 one `Classifier.fit` uses) on each run's training folds and scores the held fold, like
 `temperature`. Its input is `semsoft_eval.forward.Forward` `.hidden`, kept during the
 decision step itself: by the transformers backend, and by the vLLM backend read back from
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_plugin.app.probe import held_probs
+from semsoft_plugin.fit.probe import held_probs
 
 __all__ = ["cross_fit_probe"]
 
@@ -26,7 +26,7 @@ def cross_fit_probe(
     seed: int = 0,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:  # fmt: skip
     """Out-of-fold probe probabilities (`label_rows`: `[n_labels, H]`, the labels'
-    answer-token output rows, `semsoft_plugin.app.probe.label_logit_rows`) (each fold scored by the probe fitted on the other
+    answer-token output rows, `semsoft_plugin.fit.probe.label_logit_rows`) (each fold scored by the probe fitted on the other
     folds) and each fold's chosen `C`. A training part with a single label gives that
     part's add-one label frequencies (no regression can be fitted)."""
     x = np.asarray(hidden, dtype=np.float64)

@@ -11,7 +11,7 @@ Honest figures: the whole fit (the rule included) is nested in cross-validation
 (`semsoft_eval.held_fit.cross_fit_plan`) and the figures printed are its out-of-fold
 predictions. The config written to `--output` is then fitted on all items, with the
 correction a bias member or the probe adds
-([`semsoft_plugin.app.fitted.save_fitted`][semsoft_plugin.app.fitted.save_fitted]).
+([`semsoft_plugin.fit.fitted.save_fitted`][semsoft_plugin.fit.fitted.save_fitted]).
 The family and the rule: docs/few-labels.md ("What is fitted").
 """
 
@@ -32,22 +32,23 @@ from semsoft_eval.held_fit import cross_fit_plan
 from semsoft_eval.preparation import prepare
 from semsoft_plugin.app.classifier_fit import fit_kept
 from semsoft_plugin.app.classifier_settings import checked_family
-from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256
-from semsoft_plugin.app.fitted import FittedCorrection
-from semsoft_plugin.app.probe import probe_refused
-from semsoft_plugin.core import fit_family, fitting, kept_scores
+from semsoft_plugin.core import kept_scores
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_policy import FitPolicy
-from semsoft_plugin.core.folds import check_fit_data, check_fit_settings
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.tokens import as_output_embeddings
+from semsoft_plugin.fit import fit_family, fitting
+from semsoft_plugin.fit.fit_file import FitIdentity, output_layer_sha256
+from semsoft_plugin.fit.fitted import FittedCorrection
+from semsoft_plugin.fit.folds import check_fit_data, check_fit_settings
+from semsoft_plugin.fit.probe import probe_refused
 
 __all__ = ["DEFAULT_GRID", "TuneResult", "grid_configs", "tune", "label_cosines"]
 
 DEFAULT_GRID: dict[str, tuple[Any, ...]] = {"semantic_weight": fitting.DEFAULT_WEIGHTS}
 _ADVICE = (
     "the passes kept none (a vLLM engine given without the worker extension "
-    "semsoft_plugin.app.vllm_fits.FittedRows, which returns the hidden state read back from "
+    "semsoft_plugin.engines.vllm.fits.FittedRows, which returns the hidden state read back from "
     "the logits row): leave 'probe' out of --fit-family, or let semsoft build the engine"
 )
 
@@ -78,7 +79,7 @@ class TuneResult:
     config : SemsoftConfig
         The setting to use (the fit on all items, or the start if the rule kept it)
     fit : fit_family.FitResult
-        The fit on all items (`semsoft_plugin.core.fitting.FitResult`)
+        The fit on all items (`semsoft_plugin.fit.fitting.FitResult`)
     cross_validated : dict[str, dict[str, float | None]]
         Out-of-fold metrics of the whole fit, of `constrained`, of
         `constrained` + temperature and of the starting config

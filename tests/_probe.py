@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_plugin.app.probe import LinearProbe, fit_probe
+from semsoft_plugin.fit.probe import LinearProbe, fit_probe
 
 
 def zero_label_rows(hidden: Any, n_labels: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
-from semsoft_plugin.core import request as sreq  # noqa: E402
+from semsoft_plugin.engines.vllm.params import ENTRY_POINT  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTIMENT = ["positive", "negative"]
@@ -98,7 +98,7 @@ def installed_entry_points() -> list[EntryPoint]:
     """semsoft's ``vllm.logits_processors`` entry points in this environment (none when
     the package is not installed)."""
     return [
-        ep for ep in entry_points(group="vllm.logits_processors") if ep.value == sreq.ENTRY_POINT
+        ep for ep in entry_points(group="vllm.logits_processors") if ep.value == ENTRY_POINT
     ]
 
 

@@ -179,7 +179,7 @@ def server(checkpoint, tmp_path_factory) -> Iterator[str]:
     yields its ``/v1`` base URL."""
     from _server import plugin_server
 
-    from semsoft_plugin.core.request import ENTRY_POINT
+    from semsoft_plugin.engines.vllm.params import ENTRY_POINT
 
     log = tmp_path_factory.mktemp("server") / "server.log"
     with plugin_server(checkpoint, log, ENTRY_POINT) as url:

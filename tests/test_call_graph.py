@@ -80,8 +80,8 @@ def test_the_trace_sees_a_callback_across_layers() -> None:
     import numpy as np
     from _probe import zero_label_rows
 
-    from semsoft_plugin.app.probe import probe_member
-    from semsoft_plugin.core import fitting
+    from semsoft_plugin.fit import fitting
+    from semsoft_plugin.fit.probe import probe_member
 
     rng = np.random.default_rng(0)
     y = np.arange(24) % 2
@@ -91,6 +91,6 @@ def test_the_trace_sees_a_callback_across_layers() -> None:
     calls = traced_calls(
         lambda: fitting.fit_probs(grid, grid[0], y, n_folds=3, external={"probe": member})
     )
-    assert "semsoft_plugin.app.probe" in calls["semsoft_plugin.core.fitting"]
-    assert "semsoft_plugin.core.f1_guard" in calls["semsoft_plugin.app.probe"]
-    assert "semsoft_plugin.core.fitting" not in calls["semsoft_plugin.app.probe"]
+    assert "semsoft_plugin.fit.probe" in calls["semsoft_plugin.fit.fitting"]
+    assert "semsoft_plugin.fit.f1_guard" in calls["semsoft_plugin.fit.probe"]
+    assert "semsoft_plugin.fit.fitting" not in calls["semsoft_plugin.fit.probe"]

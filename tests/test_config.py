@@ -167,7 +167,7 @@ def test_a_settings_record_naming_an_old_option_is_refused(tmp_path):
 
 
 def test_grids_build_valid_configs_and_refuse_a_search_of_nothing():
-    from semsoft_plugin.core.fitting import grid_configs
+    from semsoft_plugin.fit.fitting import grid_configs
 
     paper = SemsoftConfig.preset("paper")
     configs = grid_configs({"semantic_weight": (0.0, 0.5)}, paper)

@@ -44,7 +44,7 @@ def test_the_modules_are_found() -> None:
     file that holds a ``>>>`` prompt holds it in a docstring that is collected."""
     for name in (
         "semsoft_plugin.core.silent_vote",
-        "semsoft_plugin.core.logits_inverse",
+        "semsoft_plugin.fit.logits_inverse",
         "semsoft_plugin.core.text_rules",
         "semsoft_plugin.core.softmax",
         "semsoft_eval.metrics",

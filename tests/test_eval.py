@@ -650,7 +650,7 @@ def test_tune_is_the_classifier_fit_and_its_figures_are_the_held_fold_fit() -> N
     from semsoft_plugin import SemsoftConfig
     from semsoft_plugin.app.classifier_fit import fit_kept
     from semsoft_plugin.core.fit_policy import FitPolicy
-    from semsoft_plugin.core.fitting import DEFAULT_WEIGHTS, FAMILY
+    from semsoft_plugin.fit.fitting import DEFAULT_WEIGHTS, FAMILY
 
     inputs = _synthetic_inputs(n=45)
     forward, y = inputs.forward, inputs.targets

@@ -12,12 +12,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from semsoft_plugin.core import fitting, folds, label_offsets  # noqa: E402
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
 from semsoft_plugin.core.fit_policy import FitPolicy  # noqa: E402
 from semsoft_plugin.core.kept_scores import grid_probs  # noqa: E402
 from semsoft_plugin.core.softmax import semantic_softmax_details  # noqa: E402
-from semsoft_plugin.core.temperature_scaling import (  # noqa: E402
+from semsoft_plugin.fit import fitting, folds, label_offsets  # noqa: E402
+from semsoft_plugin.fit.temperature_scaling import (  # noqa: E402
     LOG_T_BOUNDS,
     apply_temperature,
     fit_temperature,

@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 from _probe import fit_plain, zero_label_rows
 
-from semsoft_plugin.app.fit_file import FitIdentity, run_identity
-from semsoft_plugin.app.probe import LinearProbe, probe_member
-from semsoft_plugin.core import f1_guard, fit_family, fitting, temperature_scaling
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_policy import FitPolicy
-from semsoft_plugin.core.temperature_scaling import apply_temperature
+from semsoft_plugin.engines.fit_identity import run_identity
 from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE
+from semsoft_plugin.fit import f1_guard, fit_family, fitting, temperature_scaling
+from semsoft_plugin.fit.fit_file import FitIdentity
+from semsoft_plugin.fit.probe import LinearProbe, probe_member
+from semsoft_plugin.fit.temperature_scaling import apply_temperature
 
 MODEL = "smollm2-135m"
 NO_PROBE = ("grid", "temperature", "offset", "batch", "contextual")
@@ -354,7 +355,7 @@ def test_the_default_family_is_what_the_inputs_allow() -> None:
 
 
 def test_a_correction_round_trips_through_the_config_file(tmp_path) -> None:
-    from semsoft_plugin.app.fitted import FittedCorrection, read_fit, save_fitted
+    from semsoft_plugin.fit.fitted import FittedCorrection, read_fit, save_fitted
 
     config = SemsoftConfig().replace(score_temperature=0.8)
     offset = FittedCorrection("offset", ("neg", "pos"), offset=(0.5, -0.5))
@@ -436,7 +437,7 @@ def test_the_classifier_chooses_the_probe_where_the_hidden_state_separates_the_l
 def test_a_fitted_row_scores_the_same_alone_and_in_a_batch(probed, tmp_path):
     """The probe and an offset, each a fixed fitted correction: a row's probabilities do
     not depend on the rows beside it."""
-    from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
+    from semsoft_plugin.fit.fitted import FittedCorrection, save_fitted
 
     clf, texts, _ = probed
     batch = clf.predict_proba(texts[:7])
@@ -516,7 +517,7 @@ def test_tune_refuses_an_unknown_member_before_loading() -> None:
 @pytest.mark.slow
 def test_tune_searches_the_family_and_writes_what_classify_reads(tmp_path, capsys) -> None:
     from semsoft_plugin.app.cli import main
-    from semsoft_plugin.app.fitted import read_fit
+    from semsoft_plugin.fit.fitted import read_fit
 
     out = tmp_path / "tuned.json"
     report = tmp_path / "report.json"
@@ -578,8 +579,8 @@ def test_an_outlines_generator_applies_the_probe_the_classifier_saved(outlines_p
     1e-9 apart, single and padded; the next step's hidden state gives the probe 0.999 on
     the other label for rows 0 and 6), and greedy emits the probe's argmax (the plain
     generator's differs on 18 of the 32 texts)."""
-    from semsoft_plugin.app.outlines_fit import load_fit
     from semsoft_plugin.engines.outlines import Generator
+    from semsoft_plugin.engines.outlines.fit import load_fit
 
     clf, model, path, texts = outlines_probed
     assert clf.fitted_correction_.procedure == "probe"
@@ -604,12 +605,12 @@ def test_an_outlines_generator_applies_the_probe_the_classifier_saved(outlines_p
 @pytest.mark.slow
 @pytest.mark.outlines
 def test_an_outlines_generator_applies_a_saved_offset(outlines_probed, tmp_path):
-    from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
-    from semsoft_plugin.app.outlines_fit import load_fit
     from semsoft_plugin.engines.outlines import Generator
+    from semsoft_plugin.engines.outlines.fit import load_fit
+    from semsoft_plugin.fit.fitted import FittedCorrection, save_fitted
 
     _, model, _, texts = outlines_probed
-    from semsoft_plugin.app.outlines_fit import OUTLINES_PROMPT
+    from semsoft_plugin.engines.outlines.fit import OUTLINES_PROMPT
 
     path = tmp_path / "offset.json"
     made_on = run_identity(LABELS, OUTLINES_PROMPT, MODEL)
@@ -624,8 +625,8 @@ def test_an_outlines_generator_applies_a_saved_offset(outlines_probed, tmp_path)
     # wrap() takes the loaded correction the same way (engines do not read files)
     import outlines
 
-    from semsoft_plugin.app.fitted import read_fit
     from semsoft_plugin.engines.outlines import wrap
+    from semsoft_plugin.fit.fitted import read_fit
 
     correction = read_fit(path).correction
     wrapped = wrap(outlines.Generator(model, choice), LABELS, fitted_correction=correction)

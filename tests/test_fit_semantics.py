@@ -18,10 +18,10 @@ from sklearn.model_selection import GridSearchCV  # noqa: E402
 from semsoft_plugin.app.classifier import Classifier  # noqa: E402
 from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 from semsoft_plugin.app.pass_cache import PASSES  # noqa: E402
-from semsoft_plugin.core import fit_family, fitting, folds  # noqa: E402
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
 from semsoft_plugin.core.fit_policy import FitPolicy  # noqa: E402
 from semsoft_plugin.engines import hf  # noqa: E402
+from semsoft_plugin.fit import fit_family, fitting, folds  # noqa: E402
 
 MODEL = "smollm2-135m"
 F32 = {"engine": EngineSettings(dtype="float32")}

@@ -172,7 +172,7 @@ def test_names_the_fold_defaults_are_one() -> None:
     from semsoft_eval.evaluate import evaluate
     from semsoft_eval.tune import tune_dataset
     from semsoft_plugin.app.classifier import Classifier
-    from semsoft_plugin.core import fitting
+    from semsoft_plugin.fit import fitting
 
     places = [evaluate, tune_dataset, fitting.fit_probs]
     for place in places:

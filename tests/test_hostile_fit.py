@@ -18,10 +18,11 @@ import pytest
 from _probe import fit_plain
 
 from semsoft_plugin.app.cli import main
-from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256, run_identity
-from semsoft_plugin.app.fitted import FittedCorrection, read_fit, save_fitted
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.engines.fit_identity import run_identity
 from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate
+from semsoft_plugin.fit.fit_file import FitIdentity, output_layer_sha256
+from semsoft_plugin.fit.fitted import FittedCorrection, read_fit, save_fitted
 
 MODEL = "smollm2-135m"
 LABELS = ("positive", "negative")
@@ -195,7 +196,7 @@ def _rewrite_probe(path: Path, **arrays: np.ndarray) -> None:
     from safetensors import safe_open
     from safetensors.numpy import save_file
 
-    from semsoft_plugin.app.fit_file import file_sha256
+    from semsoft_plugin.fit.fit_file import file_sha256
 
     with safe_open(str(path), framework="numpy") as f:
         meta, old = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
@@ -235,7 +236,7 @@ def test_a_truncated_probe_is_one_line(tmp_path, made_on, capsys, no_model):
 
 
 def _rewrite_pin(fit: Path, probe: Path) -> None:
-    from semsoft_plugin.app.fit_file import file_sha256
+    from semsoft_plugin.fit.fit_file import file_sha256
 
     edited(fit, lambda block: block.update(probe_sha256=file_sha256(probe.read_bytes())))
 
@@ -332,7 +333,7 @@ def test_the_outlines_reader_checks_the_prompt(tmp_path, made_on):
 
     from outlines.models.transformers import Transformers
 
-    from semsoft_plugin.app.outlines_fit import load_fit
+    from semsoft_plugin.engines.outlines.fit import load_fit
 
     bare = Transformers.__new__(Transformers)  # no engine is touched before the refusal
     bare.model = MODEL

@@ -1,4 +1,4 @@
-"""The package's layout keeps its layers: core (torch-only math) <- engines (one adapter
+"""The package's layout keeps its layers: core (torch-only math) <- fit (the few-label fit) <- engines (one adapter
 per engine) <- app (classifier, CLI, tables, Ray), and semsoft_eval's modules import one
 another one way, with no import circle in either package (imports inside functions and
 under ``TYPE_CHECKING`` count: a circle dodged by a late import is still one). Pinned here
@@ -9,13 +9,14 @@ to meet a line count, so no size is pinned."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "semsoft_plugin"
-LAYERS = ("core", "engines", "app")  # each may import only from those before it
+LAYERS = ("core", "fit", "engines", "app")  # each may import only from those before it
 
 
 def _modules(package: Path) -> list[Path]:
@@ -63,6 +64,47 @@ def test_a_layer_imports_only_from_the_layers_below(layer: str) -> None:
             if bad:
                 upward.append(f"{path.relative_to(ROOT)}:{line} imports {module} ({bad})")
     assert upward == []
+
+
+def _named_modules(path: Path) -> list[tuple[str, int]]:
+    """Every module path a string in the code names (``"semsoft_plugin.app.x:Y"``, as a
+    worker extension or an entry point is named), docstrings left out."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (match, node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and id(node) not in docstrings
+        for match in re.findall(r"semsoft_plugin(?:\.[a-z_]+)+", node.value)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_layer_names_no_module_above_it_in_a_string(layer: str) -> None:
+    """A class named in a string (``worker_extension_cls=``, a processor's import path) is
+    an import the test above cannot see: it too points only down."""
+    allowed = set(LAYERS[: LAYERS.index(layer) + 1])
+    upward = [
+        f"{path.relative_to(ROOT)}:{line} names {module}"
+        for path in _modules(PLUGIN / layer)
+        for module, line in _named_modules(path)
+        if _layer(module) not in allowed | {None}
+    ]
+    assert upward == []
+
+
+def test_a_string_naming_a_module_is_found(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text('"""Names semsoft_plugin.app.x in a docstring."""\nX = "semsoft_plugin.app.x:Y"\n')
+    assert _named_modules(module) == [("semsoft_plugin.app.x", 2)]
 
 
 def test_every_plugin_module_is_in_a_layer() -> None:
@@ -172,7 +214,7 @@ def test_the_plugin_imports_have_no_cycle() -> None:
     ``core.fitting`` and ``core.label_offsets``) were each dodged by a late import."""
     graph = _graph("semsoft_plugin")
     assert "semsoft_plugin.core.tokens" in graph["semsoft_plugin.core.softmax"]
-    assert "semsoft_plugin.core.fitting" in graph["semsoft_plugin.core.fit_family"]  # in a function
+    assert "semsoft_plugin.fit.fitting" in graph["semsoft_plugin.fit.fit_family"]  # in a function
     assert _cycle(graph) == []
 
 

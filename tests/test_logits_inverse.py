@@ -9,7 +9,7 @@ import pytest
 import torch
 from _probe import fit_plain
 
-from semsoft_plugin.core.logits_inverse import DEFAULT_TOLERANCE, LogitsInverse
+from semsoft_plugin.fit.logits_inverse import DEFAULT_TOLERANCE, LogitsInverse
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def hook_rows(default_checkpoint):
 def test_the_logits_row_probe_equals_the_hook_probe(hook_rows) -> None:
     """The core's probe on the logits row gives the hook probe's rows within 1e-4
     (float32, SmolLM2), with a label never seen in training (its add-one floor)."""
-    from semsoft_plugin.core.row_probe import probe_distribution
+    from semsoft_plugin.fit.row_probe import probe_distribution
 
     hidden, logits, weight = hook_rows
     x = hidden.double().numpy()
@@ -141,7 +141,7 @@ def test_the_logits_row_probe_refuses_a_row_it_cannot_read(hook_rows) -> None:
 
 
 def test_probe_distribution_refuses_bad_shapes() -> None:
-    from semsoft_plugin.core.row_probe import probe_distribution
+    from semsoft_plugin.fit.row_probe import probe_distribution
 
     with pytest.raises(ValueError, match=r"need \[N, S\] and \[S\]"):
         probe_distribution(torch.zeros(2, 3), [0, 1], 3, 5)

@@ -206,7 +206,7 @@ def test_the_glossary_gives_each_output_its_label_order() -> None:
 # -- the methods and members -----------------------------------------------------------------
 def test_the_glossary_says_what_each_method_and_member_computes() -> None:
     methods = pytest.importorskip("semsoft_eval.methods")
-    from semsoft_plugin.core.fitting import FAMILY
+    from semsoft_plugin.fit.fitting import FAMILY
 
     text = GLOSSARY.read_text(encoding="utf-8").split("## Methods and fit-family members")[1]
     rows = [r for r in text.splitlines() if r.startswith("| `")]

@@ -295,7 +295,7 @@ def test_an_edited_chat_template_is_seen(default_checkpoint) -> None:
 def test_the_state_digest_sees_every_kind_of_change() -> None:
     """`module_state` changes with a weight's bytes (however written), a buffer, a hook;
     `tokenizer_state` with the chat template. Unchanged, it is the same."""
-    from semsoft_plugin.app.pass_cache import module_state
+    from semsoft_plugin.engines.model_state import module_state
 
     module = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
     first = module_state(module)

@@ -9,9 +9,9 @@ import torch
 from _probe import fit_plain, zero_label_rows
 
 from semsoft_eval import probe
-from semsoft_plugin.app import probe as app_probe
-from semsoft_plugin.app.probe import CS, fit_probe
-from semsoft_plugin.core.temperature_scaling import nll
+from semsoft_plugin.fit import probe as app_probe
+from semsoft_plugin.fit.probe import CS, fit_probe
+from semsoft_plugin.fit.temperature_scaling import nll
 
 
 def _features(n: int, signal: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ PACKAGES = [
 STARTING_POINTS = [
     ("semsoft_plugin/app/classifier.py", "Classifier"),
     ("semsoft_plugin/app/predictions.py", "Predictions"),
-    ("semsoft_plugin/core/fit_family.py", "FitResult"),
+    ("semsoft_plugin/fit/fit_family.py", "FitResult"),
     ("semsoft_plugin/core/config.py", "SemsoftConfig"),
     ("semsoft_plugin/core/labels.py", "LabelSet"),
     ("semsoft_plugin/engines/hf.py", "SemanticSoftmaxLogitsProcessor"),

@@ -240,7 +240,7 @@ def test_cv_takes_a_splitter(clf, tmp_path):
     # the same folds (the int draws StratifiedKFold(shuffle=True, random_state=seed)'s):
     assert by_int.fitted_config_ == by_splitter.fitted_config_
     # the fit file records the policy the fit ran under (its family resolved)
-    from semsoft_plugin.app.fitted import read_fit
+    from semsoft_plugin.fit.fitted import read_fit
 
     by_int.save_fit(tmp_path / "fit.json")
     assert read_fit(tmp_path / "fit.json").policy == by_int.fit_result_.policy

@@ -27,8 +27,6 @@ vllm = pytest.importorskip("vllm")
 
 from vllm import SamplingParams  # noqa: E402
 
-from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256  # noqa: E402
-from semsoft_plugin.app.fitted import FittedCorrection, save_fitted  # noqa: E402
 from semsoft_plugin.core.config import SemsoftConfig  # noqa: E402
 from semsoft_plugin.engines import vllm as sv  # noqa: E402
 from semsoft_plugin.engines.reader_contract import FitNotApplied  # noqa: E402
@@ -37,6 +35,8 @@ from semsoft_plugin.engines.vllm.reader_tables import (  # noqa: E402
     FIT_PROCESSOR,
     fitted_rows,
 )
+from semsoft_plugin.fit.fit_file import FitIdentity, output_layer_sha256  # noqa: E402
+from semsoft_plugin.fit.fitted import FittedCorrection, save_fitted  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
@@ -116,7 +116,7 @@ def fits(hf_model, checkpoint, tmp_path_factory) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def fit_llm(checkpoint, fits) -> Any:
     """An in-process engine serving the fit folder (the processor and worker extension
-    of ``semsoft_plugin.app.vllm_fits``). Session-scoped like conftest's engines: an
+    of ``semsoft_plugin.engines.vllm.fits``). Session-scoped like conftest's engines: an
     in-process engine torn down mid-session takes vLLM's process-wide parallel state with
     it, and the session's other engines then fail."""
     from vllm import LLM
@@ -227,8 +227,8 @@ def test_model_runner_v2_applies_a_fit(fit_llm, fits) -> None:
     from _vllm import FreshConfig
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcRequestState
 
-    from semsoft_plugin.app.vllm_fits import FittedSemanticSoftmax
     from semsoft_plugin.core.labels import LabelSet
+    from semsoft_plugin.engines.vllm.fits import FittedSemanticSoftmax
     from semsoft_plugin.engines.vllm.reader_tables import fitted_key, fitted_rows
 
     config = fit_llm.llm_engine.vllm_config.model_config

@@ -29,6 +29,7 @@ from semsoft_plugin.engines import openai as sopenai  # noqa: E402
 from semsoft_plugin.engines import scoring  # noqa: E402
 from semsoft_plugin.engines import vllm as sv  # noqa: E402
 from semsoft_plugin.engines.vllm import middleware as sadm  # noqa: E402
+from semsoft_plugin.engines.vllm.params import ENTRY_POINT  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -192,7 +193,7 @@ def test_routes_places_and_cutting_stops_are_refused_before_the_engine():
 def test_entry_point_declared_in_pyproject_loads_the_class():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     value = declared["vllm.logits_processors"]["semsoft"]
-    assert value == sreq.ENTRY_POINT
+    assert value == ENTRY_POINT
     entry = EntryPoint(name="semsoft", value=value, group="vllm.logits_processors")
     assert entry.load() is sv.SemanticSoftmaxLogitsProcessor
 

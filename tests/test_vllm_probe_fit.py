@@ -33,7 +33,7 @@ from semsoft_plugin import Classifier  # noqa: E402
 from semsoft_plugin.app.engine_settings import EngineSettings  # noqa: E402
 from semsoft_plugin.app.pass_cache import PASSES, KeptPass, PassCache  # noqa: E402
 from semsoft_plugin.core.fit_policy import FitPolicy  # noqa: E402
-from semsoft_plugin.core.fitting import FAMILY  # noqa: E402
+from semsoft_plugin.fit.fitting import FAMILY  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
@@ -211,10 +211,10 @@ def test_outlines_on_vllm_applies_a_saved_probe_like_outlines_on_transformers(
     corrected argmax as the label; a sampling temperature with a correction, and the probe
     on an engine without the worker extension, are refused by name."""
     outlines = pytest.importorskip("outlines")
-    from semsoft_plugin.app.fit_file import run_identity
-    from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
-    from semsoft_plugin.app.outlines_fit import OUTLINES_PROMPT, load_fit
     from semsoft_plugin.core.config import SemsoftConfig
+    from semsoft_plugin.engines.fit_identity import run_identity
+    from semsoft_plugin.engines.outlines.fit import OUTLINES_PROMPT, load_fit
+    from semsoft_plugin.fit.fitted import FittedCorrection, save_fitted
 
     correction = hf_fit.fitted_correction_
     path = tmp_path / "probe.json"
@@ -240,10 +240,10 @@ def test_outlines_on_an_engine_without_the_worker_extension_refuses_the_probe(
     without_extension, hf_fit, tmp_path
 ) -> None:
     outlines = pytest.importorskip("outlines")
-    from semsoft_plugin.app.fit_file import run_identity
-    from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
-    from semsoft_plugin.app.outlines_fit import OUTLINES_PROMPT, load_fit
     from semsoft_plugin.core.config import SemsoftConfig
+    from semsoft_plugin.engines.fit_identity import run_identity
+    from semsoft_plugin.engines.outlines.fit import OUTLINES_PROMPT, load_fit
+    from semsoft_plugin.fit.fitted import FittedCorrection, save_fitted
 
     correction = hf_fit.fitted_correction_
     path = tmp_path / "probe.json"

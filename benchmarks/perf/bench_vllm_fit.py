@@ -3,7 +3,7 @@ demand by ``bench_vllm.py --fit`` (or alone).
 
 A probe is fitted on transformers (float32) on the hidden states of the first N SST-2 dev
 prompts and written to a fit folder; then ONE in-process vLLM engine serving that folder
-(``semsoft_plugin.app.vllm_fits``) classifies the same N prompts, interleaved, with and
+(``semsoft_plugin.engines.vllm.fits``) classifies the same N prompts, interleaved, with and
 without ``semsoft_fit``, each pass ``generate`` plus reading every row's scores
 (``label_scores`` given the ``LLM``: Semantic Softmax on the top-k, and for the fit its
 row read from the engine's worker with ``collective_rpc``). Reported: the median
@@ -41,14 +41,14 @@ FIT = "sst2"
 def fit_on_transformers(checkpoint: str, prompts: list[Any], folder: Path) -> Any:
     """The probe on the hook's hidden states of `prompts` (transformers, float32), saved
     in `folder` as the fit `FIT`; returns it and the hook probe's rows."""
-    from semsoft_plugin.app.fit_file import FitIdentity, output_layer_sha256
-    from semsoft_plugin.app.fitted import FittedCorrection, save_fitted
-    from semsoft_plugin.app.probe import fit_probe, label_logit_rows
     from semsoft_plugin.core.config import SemsoftConfig
     from semsoft_plugin.core.embeddings import from_model
     from semsoft_plugin.core.labels import LabelSet
     from semsoft_plugin.engines import hf, models
     from semsoft_plugin.engines.hf_hidden import HiddenAtDecision
+    from semsoft_plugin.fit.fit_file import FitIdentity, output_layer_sha256
+    from semsoft_plugin.fit.fitted import FittedCorrection, save_fitted
+    from semsoft_plugin.fit.probe import fit_probe, label_logit_rows
 
     model, tokenizer = models.load(checkpoint, dtype="float32")
     with HiddenAtDecision(model) as hook:

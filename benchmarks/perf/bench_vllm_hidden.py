@@ -2,7 +2,7 @@
 classifier's forward passes (issue 41), and how close it is to the hook's.
 
 ONE in-process vLLM engine with the plugin's processor and the worker extension
-(`semsoft_plugin.app.vllm_fits.FittedRows`) runs the passes `Classifier(backend="vllm")`
+(`semsoft_plugin.engines.vllm.fits.FittedRows`) runs the passes `Classifier(backend="vllm")`
 runs for a fit (`classify_vllm(..., mode="observe", max_tokens=1, keep_logprobs=50)`) on
 the first N SST-2 dev prompts, interleaved, without and with `hidden=True` (the processor
 reads `h = W⁺ z` from each decision-step row, keeps it in the worker's table, and the

@@ -5,10 +5,10 @@ For every pair (model, data set) of the leave-one-kind-out benchmark
 for 50, 100 and 200 labels (``--sizes``): draw that many items at random (``--draws``
 times), fit on them, and score the rest of the set. The methods see the same labels:
 
-* ``fit``: :func:`semsoft_plugin.core.fitting.fit_probs` with the whole family: pool
+* ``fit``: :func:`semsoft_plugin.fit.fitting.fit_probs` with the whole family: pool
   weight over a grid with a final temperature, a temperature alone, and the bias
   corrections (a per-label offset regularised by inner folds, batch and contextual
-  calibration; :mod:`semsoft_plugin.core.label_offsets`), under the rule that keeps
+  calibration; :mod:`semsoft_plugin.fit.label_offsets`), under the rule that keeps
   the default unless the fit beats it out of fold by ``--margin`` standard errors;
 * ``fit-weight-temperature``: the same without the bias corrections (what
   ``Classifier.fit`` runs);
@@ -47,12 +47,12 @@ from semsoft_eval.benchmarking import (
     write_results,
 )
 from semsoft_eval.metrics import ece_numpy, macro_f1
-from semsoft_plugin.core import fitting
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.kept_scores import grid_probs
-from semsoft_plugin.core.label_offsets import MEMBERS
-from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_temperature, nll
+from semsoft_plugin.fit import fitting
+from semsoft_plugin.fit.label_offsets import MEMBERS
+from semsoft_plugin.fit.temperature_scaling import apply_temperature, fit_temperature, nll
 
 SETS = "goemotions:300,ekman:300,sst2:300,agnews:300,trec:300,convabuse:300,davidson:300"
 SIZES = (50, 100, 200)
@@ -108,8 +108,8 @@ def pair_curve(
 ) -> dict[str, Any]:
     """Per size: each method's test scores averaged over the draws, and fit - temperature.
     `hidden` `[N, H]` with `label_rows` `[L, H]` (the labels' output rows,
-    `semsoft_plugin.app.probe.label_logit_rows`): the probe is scored too."""
-    from semsoft_plugin.app.probe import fit_probe
+    `semsoft_plugin.fit.probe.label_logit_rows`): the probe is scored too."""
+    from semsoft_plugin.fit.probe import fit_probe
 
     log_con = np.log(np.clip(constrained, 1e-30, 1.0))
     family = {"bias": MEMBERS if content_free is not None else MEMBERS[:2],
@@ -214,7 +214,7 @@ def main() -> int:
     )
     parser.add_argument("--out", default="benchmarks/results/fit-curve.json")
     args = parser.parse_args()
-    from semsoft_plugin.app.probe import label_logit_rows  # scikit-learn: the probe's extra
+    from semsoft_plugin.fit.probe import label_logit_rows  # scikit-learn: the probe's extra
 
     if args.merge:
         return _merge(args.merge.split(","), args.out)

@@ -3,14 +3,14 @@
 Run on demand; reads the kept forward passes `benchmarks/research/fit_curve.py` reads (the same
 pairs, the same draws of labels: `--draws` random draws of `--sizes` labels, the rest
 of the set scored). For each pair and size, the whole family
-(`semsoft_plugin.core.fitting.fit_probs`) under five rules:
+(`semsoft_plugin.fit.fitting.fit_probs`) under five rules:
 
 * `hard`: temperatures and offsets fitted to the hard labels, no guard (the rule
   before issue 36's second pass);
 * `succession`: held to the rule of succession (an answer may not be made surer than
   `(N + 1) / (N + 2)` by `N` labels): temperatures by
-  `semsoft_plugin.core.temperature_scaling.succession_temperature`, offsets fitted to
-  `semsoft_plugin.core.temperature_scaling.succession_targets`;
+  `semsoft_plugin.fit.temperature_scaling.succession_temperature`, offsets fitted to
+  `semsoft_plugin.fit.temperature_scaling.succession_targets`;
 * `hard + F1 guard`: a member that changes decisions is adopted only where its
   out-of-fold macro-F1 change less `FitPolicy.f1_z` (`--f1-z`) bootstrap standard errors
   is at least `-FitPolicy.f1_tolerance` (`fitting.fit_probs`);
@@ -44,11 +44,11 @@ import numpy as np
 import torch
 
 from semsoft_eval.metrics import macro_f1
-from semsoft_plugin.core import fitting, temperature_scaling
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.kept_scores import grid_probs
-from semsoft_plugin.core.label_offsets import MEMBERS
+from semsoft_plugin.fit import fitting, temperature_scaling
+from semsoft_plugin.fit.label_offsets import MEMBERS
 
 RULES = {  # name -> the rule of succession, F1 guard, temperature floor (FitPolicy fields)
     "hard": {"succession": False, "f1_guard": False, "temperature_floor": False},

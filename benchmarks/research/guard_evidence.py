@@ -1,6 +1,6 @@
 """Does the fit's macro-F1 guard read what new items show? Per draw of labels, each
 decision-changing member's out-of-fold macro-F1 change (what the guard reads,
-`semsoft_plugin.core.f1_guard.f1_change`, with its bootstrap standard error) beside the
+`semsoft_plugin.fit.f1_guard.f1_change`, with its bootstrap standard error) beside the
 change the same member, fitted on all the labelled items, makes on the rest of the set.
 
 The pairs and draws are `benchmarks/research/probe_curve.py`'s (the same kept passes, sizes and
@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 from probe_curve import SIZES, pair_arrays  # the same sizes, draws and arrays
 
-from semsoft_plugin.app.probe import fit_probe
-from semsoft_plugin.core import f1_guard, fitting
 from semsoft_plugin.core.fit_policy import FitPolicy
-from semsoft_plugin.core.label_offsets import MEMBERS, apply_offset, fit_member
+from semsoft_plugin.fit import f1_guard, fitting
+from semsoft_plugin.fit.label_offsets import MEMBERS, apply_offset, fit_member
+from semsoft_plugin.fit.probe import fit_probe
 
 CHANGING = (*MEMBERS, "probe")  # the members that move decisions
 RULE = FitPolicy()  # the shipped rule: its guard's z and tolerance are what is judged

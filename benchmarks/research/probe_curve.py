@@ -7,8 +7,8 @@ many items at random (`--draws` times), fit on them, and score the rest of the s
 
 * `fit`: the whole default family on transformers (the pool weight over a grid with a
   temperature, a temperature alone, the bias corrections, and the probe anchored on the
-  label logits, `semsoft_plugin.app.probe`) under the rule and its macro-F1 guard
-  (`semsoft_plugin.core.fitting.fit_probs`), then what it adopted applied to the test
+  label logits, `semsoft_plugin.fit.probe`) under the rule and its macro-F1 guard
+  (`semsoft_plugin.fit.fitting.fit_probs`), then what it adopted applied to the test
   items, as `Classifier.fit` then `predict_proba` do;
 * `probe`: the probe member alone (no rule);
 * `temperature`: temperature scaling of the constrained softmax on the same labels;
@@ -50,12 +50,12 @@ import torch
 from fit_curve import METRICS, SETS, scores  # the same sample and metrics
 
 from semsoft_eval.report import confidence_bins
-from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
-from semsoft_plugin.core import fitting
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.kept_scores import grid_probs
-from semsoft_plugin.core.temperature_scaling import apply_temperature, fit_temperature, nll
+from semsoft_plugin.fit import fitting
+from semsoft_plugin.fit.probe import fit_probe, label_logit_rows, probe_member
+from semsoft_plugin.fit.temperature_scaling import apply_temperature, fit_temperature, nll
 
 SIZES = (25, 50, 100, 200)
 RULE = FitPolicy()  # the shipped rule: the flags' defaults
@@ -86,7 +86,7 @@ def pair_arrays(pair: dict[str, Any], seed: int) -> dict[str, Any]:
     (`grid`, `[C, N, L]`) and the start's (`start`), the grid's entry of the start at
     `T = 1` (`single`), the content-free inputs' probabilities at that entry, the answer
     tokens' softmax (`constrained`), the hidden states, the label logit rows and the probe
-    member over all items (`semsoft_plugin.app.probe.probe_member`)."""
+    member over all items (`semsoft_plugin.fit.probe.probe_member`)."""
     forward, labels, embeddings = pair["forward"], pair["labels"], pair["embeddings"]
     y = np.asarray(pair["data"].targets, dtype=np.int64)
     n_labels = len(labels)

@@ -36,19 +36,20 @@ from semsoft_plugin.app.classifier_settings import (
     fold_ids,
 )
 from semsoft_plugin.app.engine_settings import EngineSettings
-from semsoft_plugin.app.fit_file import FitIdentity, run_identity
-from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.fitted_state import FittedState, label_rows
 from semsoft_plugin.app.predictions import Predictions
 from semsoft_plugin.app.scorer import Scorer
 from semsoft_plugin.app.texts import TextFitter, text_list
 from semsoft_plugin.core.calibration import CONTENT_FREE, FileCalibration, debias
 from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.fit_family import FitResult
 from semsoft_plugin.core.fit_policy import FitPolicy
-from semsoft_plugin.core.folds import check_fit_data
 from semsoft_plugin.core.labels import LabelSet, label_names
+from semsoft_plugin.engines.fit_identity import run_identity
 from semsoft_plugin.engines.prompting import PromptTemplate, build_inputs
+from semsoft_plugin.fit.fit_family import FitResult
+from semsoft_plugin.fit.fit_file import FitIdentity
+from semsoft_plugin.fit.fitted import FittedCorrection
+from semsoft_plugin.fit.folds import check_fit_data
 
 __all__ = ["BACKENDS", "MOVED_PARAMS", "Classifier", "NotFittedError"]
 
@@ -136,11 +137,11 @@ class Classifier(ClassifierMixin, BaseEstimator):
         prediction uses
     fit_result_ : FitResult | None
         After `fit`: what the fit chose and why
-        ([`FitResult`][semsoft_plugin.core.fit_family.FitResult]; `None` if it searched nothing or
+        ([`FitResult`][semsoft_plugin.fit.fit_family.FitResult]; `None` if it searched nothing or
         the fit was loaded by [`load_fit`][semsoft_plugin.app.classifier.Classifier.load_fit])
     fitted_correction_ : FittedCorrection | None
         After `fit`: what a bias member or the probe adds after `fitted_config_`, row by row
-        ([`FittedCorrection`][semsoft_plugin.app.fitted.FittedCorrection]), or `None`;
+        ([`FittedCorrection`][semsoft_plugin.fit.fitted.FittedCorrection]), or `None`;
         [`save_fit`][semsoft_plugin.app.classifier.Classifier.save_fit] writes both to one config
         file
     file_calibration_ : FileCalibration
@@ -449,7 +450,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
         classify.
 
         One kept forward pass per distinct text (none for a text an earlier call already
-        ran); then [`fit_config`][semsoft_plugin.core.fit_family.fit_config] on the kept
+        ran); then [`fit_config`][semsoft_plugin.fit.fit_family.fit_config] on the kept
         decision-step scores (the fit `semsoft tune` runs), from `config`, as `fit_policy`
         says: each member of its family is checked out of fold on the `cv` folds, and the rule
         keeps the start unless a member wins (the docs page "Fit on a few labels" says how).
@@ -527,7 +528,7 @@ class Classifier(ClassifierMixin, BaseEstimator):
 
     def save_fit(self, path: Any) -> None:
         """Write `fitted_config_` and `fitted_correction_` to a config file (JSON; a
-        probe's weights beside it with safetensors: [`semsoft_plugin.app.fitted`][semsoft_plugin.app.fitted]).
+        probe's weights beside it with safetensors: [`semsoft_plugin.fit.fitted`][semsoft_plugin.fit.fitted]).
 
         Parameters
         ----------

@@ -1,7 +1,7 @@
 """`Classifier.fit` on labels, as helpers with explicit arguments: the labels `y`
 names, and the labelled fit (one kept forward pass per text through the
 `semsoft_plugin.app.scorer.Scorer`, then the core's search over the family,
-[`semsoft_plugin.core.fit_family.fit_config`][semsoft_plugin.core.fit_family.fit_config], the one `semsoft tune` runs, with the
+[`semsoft_plugin.fit.fit_family.fit_config`][semsoft_plugin.fit.fit_family.fit_config], the one `semsoft tune` runs, with the
 probe fitted here where the engine exposes the hidden state). What the fit leaves is a
 `semsoft_plugin.app.fitted_state.FittedState`.
 
@@ -19,19 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_plugin.app.fitted import FittedCorrection
 from semsoft_plugin.app.fitted_state import FittedState
-from semsoft_plugin.app.probe import fit_probe, label_logit_rows, probe_member
 from semsoft_plugin.app.scorer import Scorer
 from semsoft_plugin.app.texts import target_list
-from semsoft_plugin.core import fit_family
 from semsoft_plugin.core.calibration import CONTENT_FREE
 from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.fit_family import FitResult
 from semsoft_plugin.core.fit_policy import FitPolicy
 from semsoft_plugin.core.kept_scores import Kept, kept_rows
 from semsoft_plugin.core.labels import LabelSet, label_names
 from semsoft_plugin.engines.prompting import build_inputs
+from semsoft_plugin.fit import fit_family
+from semsoft_plugin.fit.fit_family import FitResult
+from semsoft_plugin.fit.fitted import FittedCorrection
+from semsoft_plugin.fit.probe import fit_probe, label_logit_rows, probe_member
 
 __all__ = ["fit_kept", "fit_labelled", "fit_targets", "fitted_correction"]
 
@@ -146,7 +146,7 @@ def fit_kept(
 ) -> FittedState:
     """`Classifier.fit`'s fit once the forward passes are kept: the family `policy`
     names searched from `start`
-    ([`fit_config`][semsoft_plugin.core.fit_family.fit_config], the rule and its
+    ([`fit_config`][semsoft_plugin.fit.fit_family.fit_config], the rule and its
     guard included), the probe fitted here, and the correction the adopted member adds.
     `semsoft eval`'s method `fit` runs this on each fold's training items (one
     implementation).
@@ -182,7 +182,7 @@ def fit_kept(
     -------
     FittedState
         The settings, the correction (`None`: the config alone) and the
-        [`FitResult`][semsoft_plugin.core.fit_family.FitResult].
+        [`FitResult`][semsoft_plugin.fit.fit_family.FitResult].
     """
     family = policy.family or ()
     seed, succession = policy.random_state, policy.succession
@@ -240,7 +240,7 @@ def fitted_correction(
         `[N]` label indices.
     label_rows : np.ndarray | None
         `[L, H]` the labels' answer-token output rows
-        ([`label_logit_rows`][semsoft_plugin.app.probe.label_logit_rows]; read where the probe won).
+        ([`label_logit_rows`][semsoft_plugin.fit.probe.label_logit_rows]; read where the probe won).
     sample_weight : Any
         `[N]` the items' weights (`None`: 1 each).
 

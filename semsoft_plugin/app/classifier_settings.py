@@ -16,13 +16,13 @@ import numpy as np
 
 from semsoft_plugin.app import handles
 from semsoft_plugin.app.engine_settings import EngineSettings
-from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.core.calibration import check_strength
 from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.fit_family import policy_grid
 from semsoft_plugin.core.fit_policy import FitPolicy
-from semsoft_plugin.core.fitting import FAMILY, check_family
 from semsoft_plugin.engines.prompting import DEFAULT_TEMPLATE, PromptTemplate
+from semsoft_plugin.fit.fit_family import policy_grid
+from semsoft_plugin.fit.fitting import FAMILY, check_family
+from semsoft_plugin.fit.probe import probe_refused
 
 __all__ = [
     "CALIBRATIONS",

@@ -41,10 +41,10 @@ from semsoft_plugin.app.config_args import (
     config_from_args,
 )
 from semsoft_plugin.app.file_plan import file_job
-from semsoft_plugin.app.fit_file import run_identity
-from semsoft_plugin.app.fitted import read_fit
 from semsoft_plugin.core.config import config_field_specs
 from semsoft_plugin.core.labels import LABELS_SYNTAX
+from semsoft_plugin.engines.fit_identity import run_identity
+from semsoft_plugin.fit.fitted import read_fit
 
 __all__ = [
     "COMMAND_GROUP",
@@ -163,7 +163,7 @@ def _add_upgrade_fit_parser(subparsers: Any) -> None:
 
 
 def _run_upgrade_fit(args: argparse.Namespace) -> int:
-    from semsoft_plugin.app.fitted import upgrade_fit
+    from semsoft_plugin.fit.fitted import upgrade_fit
 
     for path in args.fits:
         print(upgrade_fit(path))

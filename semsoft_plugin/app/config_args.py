@@ -173,7 +173,7 @@ def config_from_args(
     """The base with every field flag given applied; `ValueError` naming a refused
     combination. The base is `base` when the caller has already read `--config`
     (`classify`, whose file may hold a fitted correction:
-    [`semsoft_plugin.app.fitted.read_fit`][semsoft_plugin.app.fitted.read_fit]), else `start_from_args`'s."""
+    [`semsoft_plugin.fit.fitted.read_fit`][semsoft_plugin.fit.fitted.read_fit]), else `start_from_args`'s."""
     try:
         given = {name: getattr(args, name) for name in config_field_specs() if hasattr(args, name)}
         return (base if base is not None else start_from_args(args)).replace(**given)

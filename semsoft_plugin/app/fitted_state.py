@@ -3,11 +3,11 @@
 
 A `FittedState` is the label names in prompt order, the settings every prediction
 uses, the correction applied after them row by row (a bias member's offset or the
-probe, [`FittedCorrection`][semsoft_plugin.app.fitted.FittedCorrection]), what the fit chose and why,
+probe, [`FittedCorrection`][semsoft_plugin.fit.fitted.FittedCorrection]), what the fit chose and why,
 and the file mode's correction. The classifier's public fitted attributes
 (`labels_`, `fitted_config_`, `fitted_correction_`, `fit_result_`,
 `file_calibration_`) read it; predictions ask it to correct their rows; `save_fit`
-and `load_fit` ask it to write and read the fit file ([`semsoft_plugin.app.fitted`][semsoft_plugin.app.fitted],
+and `load_fit` ask it to write and read the fit file ([`semsoft_plugin.fit.fitted`][semsoft_plugin.fit.fitted],
 whose format this module does not define).
 """
 
@@ -17,18 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from semsoft_plugin.app.fit_file import FitIdentity
-from semsoft_plugin.app.fitted import FittedCorrection, read_fit, save_fitted
 from semsoft_plugin.core.config import SemsoftConfig
+from semsoft_plugin.fit.fit_file import FitIdentity
+from semsoft_plugin.fit.fitted import FittedCorrection, read_fit, save_fitted
 
 if TYPE_CHECKING:
     import numpy as np
 
     from semsoft_plugin.core.calibration import FileCalibration
-    from semsoft_plugin.core.fit_family import FitResult
     from semsoft_plugin.core.kept_scores import Kept
     from semsoft_plugin.core.labels import LabelSet
     from semsoft_plugin.core.softmax import SemanticSoftmaxResult
+    from semsoft_plugin.fit.fit_family import FitResult
 
 __all__ = ["FittedState", "label_rows"]
 
@@ -113,7 +113,7 @@ class FittedState:
 
     def save(self, path: str | Path, identity: FitIdentity | None) -> None:
         """Write the config and correction to a config file (`semsoft classify --config`
-        reads it; [`save_fitted`][semsoft_plugin.app.fitted.save_fitted]).
+        reads it; [`save_fitted`][semsoft_plugin.fit.fitted.save_fitted]).
 
         Parameters
         ----------
@@ -135,7 +135,7 @@ class FittedState:
         calibrate: str | None,
         identity: FitIdentity | None,
     ) -> FittedState:
-        """The fit a config file holds ([`read_fit`][semsoft_plugin.app.fitted.read_fit], checked
+        """The fit a config file holds ([`read_fit`][semsoft_plugin.fit.fitted.read_fit], checked
         whole), checked against the classifier that takes it.
 
         Parameters

@@ -59,11 +59,11 @@ class Loaded:
 
     def state(self) -> str:
         """The model's and the tokenizer's state now, for the keys of kept passes
-        (`pass_cache.module_state`, `pass_cache.tokenizer_state`). A vLLM engine's
+        (`model_state.module_state`, `model_state.tokenizer_state`). A vLLM engine's
         weights are read in its worker (the worker extension's `semsoft_weights_state`);
         an engine without it gets a state never seen before, so its passes are never
         read back."""
-        from semsoft_plugin.app.pass_cache import module_state, tokenizer_state
+        from semsoft_plugin.engines.model_state import module_state, tokenizer_state
 
         if self.backend == "vllm":
             from semsoft_plugin.engines.vllm.reader_tables import weights_state
@@ -212,7 +212,7 @@ def _load(path: str, backend: str, dtype: str, engine_args: dict[str, Any]) -> L
         return Loaded(model, tokenizer, "transformers")
     from vllm import LLM
 
-    from semsoft_plugin.core.request import ENTRY_POINT
+    from semsoft_plugin.engines.vllm.params import ENTRY_POINT
     from semsoft_plugin.engines.vllm.reader_tables import EXTENSION
 
     # If the entry point is installed too, the second copy of the processor stands down.

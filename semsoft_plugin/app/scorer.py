@@ -26,7 +26,6 @@ from torch import Tensor
 
 from semsoft_plugin.app.handles import Loaded
 from semsoft_plugin.app.pass_cache import PASSES, KeptPass, pass_key
-from semsoft_plugin.app.probe import probe_refused
 from semsoft_plugin.app.texts import TextFitter
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.kept_scores import (
@@ -39,6 +38,7 @@ from semsoft_plugin.core.kept_scores import (
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.softmax import SemanticSoftmaxResult
 from semsoft_plugin.engines.prompting import PromptTemplate
+from semsoft_plugin.fit.probe import probe_refused
 
 __all__ = ["PROBE_ADVICE", "Scorer"]
 

@@ -1,6 +1,6 @@
 """`FitPolicy`: what a labelled fit searches and the rule that judges it, as one value.
 
-The fit (`semsoft_plugin.core.fitting`) reads its rule from this object, never from module
+The fit (`semsoft_plugin.fit.fitting`) reads its rule from this object, never from module
 state, so two fits in one process can use two policies, a benchmark passes the variant it
 measures, and a fit file records the policy it was made under. The rule itself (why each
 field has its default) is on the docs page `few-labels.md`, "The rule".

@@ -8,7 +8,7 @@ any `k <= S`, so `grid_probs` scores every setting of a grid from the kept
 values alone, on a compact vocabulary instead of the model's whole one.
 `Classifier.fit` keeps them from its engine; `semsoft eval` / `semsoft tune`
 keep them on disk (the evaluation package's `Forward`, which has the same fields).
-The fit itself is `semsoft_plugin.core.fitting`.
+The fit itself is `semsoft_plugin.fit.fitting`.
 """
 
 from __future__ import annotations

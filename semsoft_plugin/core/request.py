@@ -35,7 +35,6 @@ from semsoft_plugin.core.labels import MAX_LABELS, label_names
 from semsoft_plugin.core.text_rules import is_blank
 
 __all__ = [
-    "ENTRY_POINT",
     "RESPONSE_LABEL_LOGPROBS",
     "SERVER_MAX_K",
     "SERVER_MAX_LABELS",
@@ -48,7 +47,6 @@ __all__ = [
     "parse_request",
 ]
 
-ENTRY_POINT = "semsoft_plugin.engines.vllm:SemanticSoftmaxLogitsProcessor"
 # One default mode on every engine: "constrain" (a classifier is asked for a label).
 Mode = Literal["constrain", "observe"]
 MODES = ("constrain", "observe")

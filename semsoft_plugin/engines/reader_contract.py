@@ -86,7 +86,7 @@ def fitted_row(request: SemsoftRequest, found: Mapping[str, Any] | None) -> list
     if found is None:
         raise FitNotApplied(
             f"semsoft_fit={request.fit!r}: the engine kept no fitted row for this request "
-            "(an engine without the worker extension semsoft_plugin.app.vllm_fits.FittedRows, "
+            "(an engine without the worker extension semsoft_plugin.engines.vllm.fits.FittedRows, "
             "a request that never reached its decision step, or one read after many later "
             "decisions)"
         )

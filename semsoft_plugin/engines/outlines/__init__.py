@@ -61,7 +61,7 @@ def Generator(  # noqa: N802 - mirrors outlines.Generator, which is a function t
         `config` and its fields (`k`, `tau`, ...), `temperature` (the sampling one; unset is
         greedy), `variants` and `fitted_correction` (transformers models only): docs/outlines.md
         ("The same settings on both engines"); from a fit file use
-        [`load_fit`][semsoft_plugin.app.outlines_fit.load_fit].
+        [`load_fit`][semsoft_plugin.engines.outlines.fit.load_fit].
 
     Returns
     -------

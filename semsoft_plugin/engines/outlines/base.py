@@ -31,7 +31,7 @@ Engine = Literal["transformers", "vllm"]
 
 class Correction(Protocol):
     """What a generator needs of a fit's correction (the app's `FittedCorrection`, read
-    from a config file by `semsoft_plugin.app.fitted.load_fitted`): engines take the
+    from a config file by `semsoft_plugin.fit.fitted.load_fitted`): engines take the
     loaded object, as they may not import the app that reads the file."""
 
     @property

@@ -101,7 +101,7 @@ def classify_vllm(
     hidden : bool
         Also return the decision step's hidden state (`hidden`, `[d]` float32), read back
         from its logits row in the engine (which needs the worker extension
-        `semsoft_plugin.app.vllm_fits.FittedRows`); a row that is not `W h + b` raises
+        `semsoft_plugin.engines.vllm.fits.FittedRows`); a row that is not `W h + b` raises
         `HiddenNotRead` naming its residual. Sent `HIDDEN_CHUNK` prompts at a time
 
     Returns

@@ -22,7 +22,6 @@ from vllm.sampling_params import SamplingType
 from semsoft_plugin.core.config import SemsoftConfig, renamed_message
 from semsoft_plugin.core.labels import LabelSet
 from semsoft_plugin.core.request import (
-    ENTRY_POINT,
     KEY_FIT,
     KEY_HIDDEN,
     KEY_LABELS,
@@ -43,6 +42,9 @@ from semsoft_plugin.engines.vllm.reader_tables import fit_refusal
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+# The processor's import path: what `LLM(logits_processors=[...])` and the server's
+# `--logits-processors` take (the package also registers it as an entry point).
+ENTRY_POINT = "semsoft_plugin.engines.vllm:SemanticSoftmaxLogitsProcessor"
 # sampling_params' keywords that set a method option rather than a sampling one: every
 # SemsoftConfig field (``temperature`` stays the engine's sampling temperature).
 _METHOD_KWARGS = tuple(f.name for f in dataclasses.fields(SemsoftConfig))
@@ -319,12 +321,12 @@ def sampling_params(
     leading_space : bool
         Score labels as whole words after a space
     fit : str | None
-        The name of a fit the engine serves (`semsoft_plugin.app.vllm_fits`): its
+        The name of a fit the engine serves (`semsoft_plugin.engines.vllm.fits`): its
         probabilities replace the scores and, in constrain mode, choose the label
     hidden : bool
         Keep the decision step's hidden state, read back from its logits row, in the
         engine's worker for the offline reader (`classify_vllm(hidden=True)`; the engine
-        needs the worker extension `semsoft_plugin.app.vllm_fits.FittedRows`)
+        needs the worker extension `semsoft_plugin.engines.vllm.fits.FittedRows`)
     **kwargs : Any
         Any other `SamplingParams` argument. Defaults: greedy
         (`temperature=0`), `logprobs=k`, `max_tokens` = the longest label's

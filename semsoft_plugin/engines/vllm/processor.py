@@ -29,10 +29,10 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 )
 
 from semsoft_plugin.core.config import SemsoftConfig
-from semsoft_plugin.core.logits_inverse import LogitsInverse
-from semsoft_plugin.core.request import ENTRY_POINT, SemsoftRequest
+from semsoft_plugin.core.request import SemsoftRequest
 from semsoft_plugin.engines.scoring import CACHE_SIZE, LabelScorer, ModelScorer, trigger_position
 from semsoft_plugin.engines.vllm.params import (
+    ENTRY_POINT,
     check_on_engine,
     load_tokenizer,
     unrepaired_output_tokens,
@@ -49,6 +49,7 @@ from semsoft_plugin.engines.vllm.reader_tables import (
     record_unscored,
     row_table_key,
 )
+from semsoft_plugin.fit.logits_inverse import LogitsInverse
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

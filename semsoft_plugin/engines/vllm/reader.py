@@ -189,7 +189,7 @@ def output_hidden(
     ----------
     llm : Any
         The `vllm.LLM` that ran them (with the worker extension
-        `semsoft_plugin.app.vllm_fits.FittedRows`).
+        `semsoft_plugin.engines.vllm.fits.FittedRows`).
     outputs : Sequence[Any]
         Its outputs, first completion each.
     params : SamplingParams | Sequence[SamplingParams]

@@ -3,11 +3,11 @@ rows a fit scored inside the engine, with the channel that carries them out.
 
 Unscored rows (NaN, every token masked, a failed scoring) are recorded with the reason
 (`unscored_reason`). A fit's rows
-([LogitsProbe][semsoft_plugin.core.row_probe.LogitsProbe]) and `semsoft_hidden` rows
-([LogitsInverse][semsoft_plugin.core.logits_inverse.LogitsInverse], under the fit name
+([LogitsProbe][semsoft_plugin.fit.row_probe.LogitsProbe]) and `semsoft_hidden` rows
+([LogitsInverse][semsoft_plugin.fit.logits_inverse.LogitsInverse], under the fit name
 `HIDDEN`) are kept in a bounded table in the worker process, under `fitted_key`, since
 vLLM's returned log-probs are taken before any processor runs. The worker extension
-`semsoft_plugin.app.vllm_fits.FittedRows` serves them through `collective_rpc`
+`semsoft_plugin.engines.vllm.fits.FittedRows` serves them through `collective_rpc`
 (`RPC_METHOD`); the server's middleware writes them as `semsoft_fitted` (`RESPONSE_FITTED`).
 Why this channel and whose row is whose: docs/vllm.md ("A fitted probe in the engine").
 """
@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from semsoft_plugin.core.logits_inverse import DEFAULT_TOLERANCE, LogitsInverse
 from semsoft_plugin.core.request import KEY_FIT, KEY_ROW_KEY, SemsoftRequest
-from semsoft_plugin.core.row_probe import LogitsProbe
 from semsoft_plugin.engines.reader_contract import FitNotApplied
 from semsoft_plugin.engines.scoring import CACHE_SIZE, ModelScorer
+from semsoft_plugin.fit.logits_inverse import DEFAULT_TOLERANCE, LogitsInverse
+from semsoft_plugin.fit.row_probe import LogitsProbe
 
 __all__ = [
     "EXTENSION",
@@ -53,8 +53,8 @@ __all__ = [
 
 # The worker extension and the processor subclass that serve fits (app layer), and the
 # worker method the readers call through collective_rpc.
-EXTENSION = "semsoft_plugin.app.vllm_fits.FittedRows"
-FIT_PROCESSOR = "semsoft_plugin.app.vllm_fits:FittedSemanticSoftmax"
+EXTENSION = "semsoft_plugin.engines.vllm.fits.FittedRows"
+FIT_PROCESSOR = "semsoft_plugin.engines.vllm.fits:FittedSemanticSoftmax"
 RPC_METHOD = "semsoft_fitted_rows"
 # Fitted rows kept per worker process: a reader reads its row when the request ends, so
 # only a reader slower than this many later decisions finds its row gone (and is told).
@@ -415,7 +415,7 @@ STATE_METHOD = "semsoft_weights_state"
 
 def weights_state(llm: Any) -> str | None:
     """The digest of an offline `vllm.LLM`'s model as its worker holds it now
-    (`pass_cache.module_state`, through the worker extension's `STATE_METHOD`), or None
+    (`model_state.module_state`, through the worker extension's `STATE_METHOD`), or None
     where the engine has no such extension (its passes are then never read back)."""
     try:
         return str(llm.collective_rpc(STATE_METHOD)[0])

@@ -2,14 +2,14 @@
 config file that carries it (`Classifier.fit`, `semsoft tune`, `semsoft classify
 --config`).
 
-A fit ([`semsoft_plugin.core.fit_family`][semsoft_plugin.core.fit_family]) gives a
+A fit ([`semsoft_plugin.fit.fit_family`][semsoft_plugin.fit.fit_family]) gives a
 [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] and, where a bias member or the
 probe won, a correction no config field can hold: a per-label log-offset (`"offset"`,
 `"batch"`, `"contextual"`: `softmax(log p + offset)`) or the probe on the decision step's
-hidden state (`semsoft_plugin.app.probe.LinearProbe`). Both are fixed numbers estimated
+hidden state (`semsoft_plugin.fit.probe.LinearProbe`). Both are fixed numbers estimated
 once on the labelled rows, so a row's score never depends on the rows beside it. The file
 is the config JSON with one more key, `"fitted"` (its schema and checks:
-`semsoft_plugin.app.fit_file`); a plain `SemsoftConfig.load` refuses a file with it by name
+`semsoft_plugin.fit.fit_file`); a plain `SemsoftConfig.load` refuses a file with it by name
 rather than drop the correction. An example file: docs/few-labels.md ("The fit file").
 """
 
@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from semsoft_plugin.app.fit_file import (
+from semsoft_plugin.core.config import (
+    POLICY_KEY,
+    SemsoftConfig,
+    read_config_bytes,
+    read_file_bytes,
+)
+from semsoft_plugin.core.fit_policy import FitPolicy
+from semsoft_plugin.core.text_rules import code_points
+from semsoft_plugin.fit.fit_file import (
     FIT_FORMAT,
     UPGRADABLE_FORMATS,
     FitIdentity,
@@ -32,19 +40,11 @@ from semsoft_plugin.app.fit_file import (
     probe_file_name,
     probe_path,
 )
-from semsoft_plugin.core.config import (
-    POLICY_KEY,
-    SemsoftConfig,
-    read_config_bytes,
-    read_file_bytes,
-)
-from semsoft_plugin.core.fit_policy import FitPolicy
-from semsoft_plugin.core.text_rules import code_points
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from semsoft_plugin.app.probe import LinearProbe
+    from semsoft_plugin.fit.probe import LinearProbe
 
 __all__ = ["FitFile", "FittedCorrection", "read_fit", "save_fitted", "upgrade_fit"]
 
@@ -237,7 +237,7 @@ def save_fitted(
 
 def read_fit(path: str | Path) -> FitFile:
     """A config file, checked whole: its settings and, under `"fitted"`, the
-    correction and what it was fitted on (`semsoft_plugin.app.fit_file`).
+    correction and what it was fitted on (`semsoft_plugin.fit.fit_file`).
 
     Parameters
     ----------
@@ -273,7 +273,7 @@ def read_fit(path: str | Path) -> FitFile:
     probe = offset = None
     unit = raw
     if procedure == "probe":
-        from semsoft_plugin.app.probe import LinearProbe
+        from semsoft_plugin.fit.probe import LinearProbe
 
         where = probe_path(path, fitted["probe"])
         probe_bytes = read_file_bytes(where, "probe weights")

@@ -3,7 +3,7 @@ that minimises it.
 
 The last step of `SemanticSoftmax._score` is a temperature, and the post-hoc
 baseline of the evaluation is temperature scaling of the constrained softmax: both are
-fitted by `fit_temperature`, with numpy only, so the fit (`semsoft_plugin.core.fitting`) and
+fitted by `fit_temperature`, with numpy only, so the fit (`semsoft_plugin.fit.fitting`) and
 the evaluation package share one NLL and one search. The few-label fit holds the search's
 answer to the rule of succession where a few labels would make it surer than they show
 (`succession_temperature`).

@@ -65,7 +65,7 @@ def f1_change(
     label 1 precision (scikit-learn's default, each over its own labels, calls it +.178):
 
     >>> import numpy as np
-    >>> from semsoft_plugin.core.f1_guard import f1_change
+    >>> from semsoft_plugin.fit.f1_guard import f1_change
     >>> targets = np.array([0, 0, 1, 1])
     >>> change, se = f1_change(targets, np.array([0, 2, 1, 1]), np.array([0, 1, 1, 1]), 3)
     >>> round(change, 3)

@@ -1,12 +1,12 @@
 """The few-label fit over the whole family, on kept forward passes: what
 `Classifier.fit` and `semsoft tune` run (one implementation for both).
 
-The family (`semsoft_plugin.core.fitting.FAMILY`): the pool weight over a grid with a
+The family (`semsoft_plugin.fit.fitting.FAMILY`): the pool weight over a grid with a
 temperature (`"grid"`), a temperature alone (`"temperature"`), the bias corrections
-(`"offset"`, `"batch"`, `"contextual"`: `semsoft_plugin.core.label_offsets`) and a probe on
+(`"offset"`, `"batch"`, `"contextual"`: `semsoft_plugin.fit.label_offsets`) and a probe on
 the decision step's hidden state (`"probe"`, fitted by the caller, who has scikit-learn and
 the hidden states), each scored out of fold under the rule of
-`semsoft_plugin.core.fitting.fit_probs`. What the fit gives is applied to each row alone: a
+`semsoft_plugin.fit.fitting.fit_probs`. What the fit gives is applied to each row alone: a
 [`SemsoftConfig`][semsoft_plugin.core.config.SemsoftConfig] (its `score_temperature` the
 last step) and, for a bias member, a per-label log-offset after it (`FitResult.offset`,
 `softmax(log p_config + offset)`; for `"batch"` the mean of the *fitted* rows, estimated
@@ -24,7 +24,8 @@ import numpy as np
 
 from semsoft_plugin.core.config import SemsoftConfig
 from semsoft_plugin.core.fit_policy import FitPolicy
-from semsoft_plugin.core.fitting import (
+from semsoft_plugin.core.kept_scores import Kept, grid_probs
+from semsoft_plugin.fit.fitting import (
     DEFAULT_WEIGHTS,
     FAMILY,
     External,
@@ -33,7 +34,6 @@ from semsoft_plugin.core.fitting import (
     grid_configs,
     single_entries,
 )
-from semsoft_plugin.core.kept_scores import Kept, grid_probs
 
 __all__ = [
     "FitResult",
@@ -47,7 +47,7 @@ __all__ = [
 
 @dataclass
 class FitResult:
-    """What [`fit_config`][semsoft_plugin.core.fit_family.fit_config] chose and why.
+    """What [`fit_config`][semsoft_plugin.fit.fit_family.fit_config] chose and why.
 
     Attributes
     ----------
@@ -207,10 +207,10 @@ def fit_config(
     content_free : Kept | None
         The content-free inputs' kept scores (`"contextual"`)
     external : Mapping[str, External] | None
-        Name -> a member the caller fits (`semsoft_plugin.core.fitting.fit_probs`)
+        Name -> a member the caller fits (`semsoft_plugin.fit.fitting.fit_probs`)
     sample_weight : Any
         `[N]` weights counting the items in every fit and in the rule
-        (`None`: 1 each; `semsoft_plugin.core.fitting.fit_probs`)
+        (`None`: 1 each; `semsoft_plugin.fit.fitting.fit_probs`)
     """
     start = start or SemsoftConfig()
     policy = FitPolicy() if policy is None else policy
@@ -257,8 +257,8 @@ def fit_from_grid(
     grid_size: int | None = None,
     sample_weight: Any = None,
 ) -> FitResult:
-    """[`fit_config`][semsoft_plugin.core.fit_family.fit_config] on probabilities already scored: `probs` `[C + 1, N, L]`,
-    one per config of `configs` ([`configs_with_start`][semsoft_plugin.core.fit_family.configs_with_start], `grid_size` of them the
+    """[`fit_config`][semsoft_plugin.fit.fit_family.fit_config] on probabilities already scored: `probs` `[C + 1, N, L]`,
+    one per config of `configs` ([`configs_with_start`][semsoft_plugin.fit.fit_family.configs_with_start], `grid_size` of them the
     grid's) and last `start`'s (`axes`: the fields the grid varies, for the report;
     `content_free`: `[C, L]` the start at `T = 1` on the content-free inputs;
     `sample_weight`: the items' weights)."""

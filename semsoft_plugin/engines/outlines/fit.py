@@ -1,13 +1,13 @@
 """An Outlines choice generator that applies a fit from its config file: the file
 `Classifier.save_fit` and `semsoft tune --output` write, read by the one reader
 `Classifier.load_fit` and `semsoft classify --config` use
-([`semsoft_plugin.app.fitted.load_fitted`][semsoft_plugin.app.fitted.load_fitted]).
+([`semsoft_plugin.fit.fitted.load_fitted`][semsoft_plugin.fit.fitted.load_fitted]).
 
 Why here: engines may not import the app (tests/test_layout.py), so the Outlines adapter
 takes the *loaded* correction (`fitted_correction=`) and this function reads the file and
 passes the config and the correction on. It is applied at the decision step on a
 transformers model, and to the decision step's logits row on a vLLM model (greedy only;
-the engine needs the worker extension `semsoft_plugin.app.vllm_fits.FittedRows`). The
+the engine needs the worker extension `semsoft_plugin.engines.vllm.fits.FittedRows`). The
 correction means the same only when the Classifier was fitted at Outlines' position
 (labels as Outlines writes them, no answer prefix): docs/outlines.md.
 """
@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from semsoft_plugin.app.fit_file import run_identity
-from semsoft_plugin.app.fitted import read_fit
+from semsoft_plugin.engines.fit_identity import run_identity
 from semsoft_plugin.engines.prompting import PromptTemplate
+from semsoft_plugin.fit.fitted import read_fit
 
 __all__ = ["OUTLINES_PROMPT", "load_fit"]
 

@@ -3,15 +3,15 @@
 What is fitted: the pool weight `semantic_weight` over a small grid, with a final
 temperature per grid entry (NLL is convex in `1/T`: a golden-section search on `log T`),
 so temperature scaling of the constrained softmax is inside the search; the bias
-corrections (`fit_probs(bias=...)`, `semsoft_plugin.core.label_offsets`) and the caller's
+corrections (`fit_probs(bias=...)`, `semsoft_plugin.fit.label_offsets`) and the caller's
 probe (`external`) are more members of the family, `FAMILY`. The rule (`fit_probs`):
 each member is scored out of fold, the temperature is the floor, and another member
 replaces it only where it beats the start and the temperature by `margin` standard
 errors and keeps macro-F1 (`f1_change`); its numbers are the fields of
 [`FitPolicy`][semsoft_plugin.core.fit_policy.FitPolicy]. Everything is computed from
 kept forward passes (`semsoft_plugin.core.kept_scores`); the temperature search and the
-NLL are `semsoft_plugin.core.temperature_scaling`, and
-[`semsoft_plugin.core.fit_family`][semsoft_plugin.core.fit_family] runs the family.
+NLL are `semsoft_plugin.fit.temperature_scaling`, and
+[`semsoft_plugin.fit.fit_family`][semsoft_plugin.fit.fit_family] runs the family.
 Each part and why: docs/few-labels.md ("What is fitted", "The rule").
 """
 
@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from semsoft_plugin.core.config import SemsoftConfig, grid_entry
-from semsoft_plugin.core.f1_guard import f1_change
 from semsoft_plugin.core.fit_policy import FitPolicy
-from semsoft_plugin.core.folds import MIN_ITEMS, check_fit_data, fold_count, stratified_folds
-from semsoft_plugin.core.label_offsets import (
+from semsoft_plugin.fit.f1_guard import f1_change
+from semsoft_plugin.fit.folds import MIN_ITEMS, check_fit_data, fold_count, stratified_folds
+from semsoft_plugin.fit.label_offsets import (
     MEMBERS,
     apply_offset,
     check_members,
@@ -36,7 +36,7 @@ from semsoft_plugin.core.label_offsets import (
     fit_member,
     member_out_of_fold,
 )
-from semsoft_plugin.core.temperature_scaling import (
+from semsoft_plugin.fit.temperature_scaling import (
     apply_temperature,
     nll,
     succession_temperature,
@@ -58,7 +58,7 @@ __all__ = [
 # The fit's family, in the order it reports them: the grid (pool weight, each entry with
 # its temperature), a temperature on the start alone, the bias corrections
 # (label_offsets.MEMBERS), and a probe on the decision step's hidden state (fitted by the
-# caller: scikit-learn, semsoft_plugin.app.probe).
+# caller: scikit-learn, semsoft_plugin.fit.probe).
 FAMILY: tuple[str, ...] = ("grid", "temperature", *MEMBERS, "probe")
 # The family by free parameters, fewest first: what the fit prefers among members that
 # tie within the rule's margin (a temperature; a label-free offset with a temperature;
@@ -128,7 +128,7 @@ def _choose(
 ) -> tuple[int, float, np.ndarray, np.ndarray]:
     """(entry, temperature) with the least training NLL (weighted by `weights` where
     given), each entry at its temperature held to the rule of succession
-    (`semsoft_plugin.core.temperature_scaling.succession_temperature`; `succession=False`:
+    (`semsoft_plugin.fit.temperature_scaling.succession_temperature`; `succession=False`:
     the hard labels' optimum); each entry's NLL and T."""
     scores = np.empty(len(log_grid))
     temps = np.ones(len(log_grid))

@@ -8,7 +8,7 @@ on the base probabilities `p0`, with `b` from: `"offset"`, `(1/T, b)` fitted joi
 by an L2 penalty the inner folds choose from `STRENGTHS`; convex, solved by a damped
 Newton method); `"batch"`, `-log mean(p0)` over the fitted rows; `"contextual"`,
 `-log mean(p0)` over content-free inputs (the last two then divided by a fitted
-temperature). `semsoft_plugin.core.fitting` scores each member out of fold against the
+temperature). `semsoft_plugin.fit.fitting` scores each member out of fold against the
 default and keeps the default unless one beats it. See docs/few-labels.md ("What is fitted").
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from semsoft_plugin.core.folds import stratified_folds
-from semsoft_plugin.core.temperature_scaling import (
+from semsoft_plugin.fit.folds import stratified_folds
+from semsoft_plugin.fit.temperature_scaling import (
     LOG_T_BOUNDS,
     apply_temperature,
     fit_temperature,

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from semsoft_plugin.core.logits_inverse import LogitsInverse
-    from semsoft_plugin.core.row_probe import LogitsProbe
+    from semsoft_plugin.fit.logits_inverse import LogitsInverse
+    from semsoft_plugin.fit.row_probe import LogitsProbe
 
 __all__ = [
     "CS",
@@ -88,7 +88,7 @@ class LinearProbe:
             )
         import torch
 
-        from semsoft_plugin.core.row_probe import probe_distribution
+        from semsoft_plugin.fit.row_probe import probe_distribution
 
         if not np.isfinite(x).all():
             row = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
@@ -114,7 +114,7 @@ class LinearProbe:
         """
         import torch
 
-        from semsoft_plugin.core.row_probe import LogitsProbe
+        from semsoft_plugin.fit.row_probe import LogitsProbe
 
         arrays = {k: torch.from_numpy(np.asarray(getattr(self, k), dtype=np.float64))
                   for k in ("mean", "scale", "weight", "bias")}  # fmt: skip
@@ -304,14 +304,14 @@ def _fit_anchored(
     `start` warm-starts it (the previous strength of a path).
 
     The targets `t` are the few-label fit's succession targets
-    (`semsoft_plugin.core.temperature_scaling.succession_targets`): where the label logits
+    (`semsoft_plugin.fit.temperature_scaling.succession_targets`): where the label logits
     with an offset separate the training items, hard targets would drive the unpenalised
     `beta` without bound, and the first error on a new item would cost ~`beta` nats
     (`succession=False`, `FitPolicy.succession`: the hard targets)."""
     from scipy.optimize import minimize
     from scipy.special import logsumexp
 
-    from semsoft_plugin.core.temperature_scaling import succession_targets
+    from semsoft_plugin.fit.temperature_scaling import succession_targets
 
     n, r = features.shape
     s = label_logits.shape[1]
@@ -362,7 +362,7 @@ def _choose_strength(
     """The `CS` entry with the smallest inner-fold weighted NLL among those whose
     inner-fold macro-F1 is at least the label logits' own (their ranking); where
     none is, the one with the best macro-F1."""
-    from semsoft_plugin.core.f1_guard import macro_f1
+    from semsoft_plugin.fit.f1_guard import macro_f1
 
     s = u.shape[1]
     held_nll = np.zeros(len(CS))
@@ -430,7 +430,7 @@ def fit_probe(
     """
     from sklearn.preprocessing import StandardScaler
 
-    from semsoft_plugin.core.folds import stratified_folds
+    from semsoft_plugin.fit.folds import stratified_folds
 
     x = np.asarray(hidden, dtype=np.float64)
     y = np.asarray(targets, dtype=np.int64)

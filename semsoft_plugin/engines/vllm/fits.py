@@ -6,8 +6,8 @@ under its name; a request names one (`semsoft_fit`), never a path. Start a serve
 
 ```python
 SEMSOFT_FIT_DIR=/srv/fits python -m vllm.entrypoints.openai.api_server --model M \\
-    --logits-processors semsoft_plugin.app.vllm_fits:FittedSemanticSoftmax \\
-    --worker-extension-cls semsoft_plugin.app.vllm_fits.FittedRows \\
+    --logits-processors semsoft_plugin.engines.vllm.fits:FittedSemanticSoftmax \\
+    --worker-extension-cls semsoft_plugin.engines.vllm.fits.FittedRows \\
     --middleware semsoft_plugin.engines.vllm.admission --max-logprobs 50
 ```
 
@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 from vllm import SamplingParams
 
 from semsoft_plugin.core.request import KEY_FIT, SemsoftRequest, fit_name
-from semsoft_plugin.core.row_probe import LogitsProbe
 from semsoft_plugin.engines.vllm.params import validate_params
 from semsoft_plugin.engines.vllm.parsed import kept_config
 from semsoft_plugin.engines.vllm.processor import SemanticSoftmaxLogitsProcessor
 from semsoft_plugin.engines.vllm.reader_tables import FitUse, fitted_rows
+from semsoft_plugin.fit.row_probe import LogitsProbe
 
 if TYPE_CHECKING:
-    from semsoft_plugin.app.probe import LinearProbe
+    from semsoft_plugin.fit.probe import LinearProbe
 
 __all__ = ["FIT_DIR_ENV", "FittedRows", "FittedSemanticSoftmax", "ServedFit", "served_fit"]
 
@@ -72,8 +72,8 @@ _FOLDERS_LOCK = threading.Lock()
 def _load_one(path: Path, layer: str, hidden_size: int) -> ServedFit:
     """One fit file, read with the fit-file checker and checked against the engine's
     model (`layer`: its output layer's sha256 as stored; `hidden_size`)."""
-    from semsoft_plugin.app.fit_file import FitIdentity
-    from semsoft_plugin.app.fitted import read_fit
+    from semsoft_plugin.fit.fit_file import FitIdentity
+    from semsoft_plugin.fit.fitted import read_fit
 
     name = path.name[: -len(".json")]
     try:
@@ -93,8 +93,8 @@ def _load_one(path: Path, layer: str, hidden_size: int) -> ServedFit:
 
 def _load_folder(root: Path, model_config: Any) -> dict[str, ServedFit]:
     """Every `*.json` fit of `root`, each loaded or refused with the reason."""
-    from semsoft_plugin.app.fit_file import output_layer_sha256
     from semsoft_plugin.engines import models
+    from semsoft_plugin.fit.fit_file import output_layer_sha256
 
     paths = sorted(root.glob("*.json"))
     try:  # vLLM has the checkpoint locally (a hub name is in the hub cache)
@@ -153,7 +153,7 @@ def served_fit(request: SemsoftRequest, model_config: Any) -> ServedFit:
 class FittedSemanticSoftmax(SemanticSoftmaxLogitsProcessor):
     """The semsoft processor that also serves the fits of `SEMSOFT_FIT_DIR`.
 
-    Loaded with `--logits-processors semsoft_plugin.app.vllm_fits:FittedSemanticSoftmax`
+    Loaded with `--logits-processors semsoft_plugin.engines.vllm.fits:FittedSemanticSoftmax`
     (`LLM(logits_processors=[...])`); where the plain processor is also loaded (the
     installed entry point), this one takes the engine over and the plain one stands
     down. The folder is read, and the output layer's inverse built, when the engine
@@ -194,7 +194,7 @@ class FittedSemanticSoftmax(SemanticSoftmaxLogitsProcessor):
 
 class FittedRows:
     """vLLM worker extension (`--worker-extension-cls
-    semsoft_plugin.app.vllm_fits.FittedRows`): the fitted rows the processor kept in
+    semsoft_plugin.engines.vllm.fits.FittedRows`): the fitted rows the processor kept in
     this worker (and the hidden states it read back for `semsoft_hidden` requests), read
     by `collective_rpc("semsoft_fitted_rows", args=(keys, take))`."""
 
@@ -207,8 +207,8 @@ class FittedRows:
         return fitted_rows(keys, take)
 
     def semsoft_weights_state(self) -> str:
-        """The digest of this worker's model now (`pass_cache.module_state`): kept passes
+        """The digest of this worker's model now (`model_state.module_state`): kept passes
         are read back only while it is unchanged, so weights updated in place are seen."""
-        from semsoft_plugin.app.pass_cache import module_state
+        from semsoft_plugin.engines.model_state import module_state
 
         return module_state(self.model_runner.get_model())

@@ -5,8 +5,8 @@ map `s = A h + c` of the decision step's hidden state over the `S` labels seen i
 training, turned into label probabilities by `probe_distribution` (the softmax of `s`,
 and the add-one floor `1 / (n_train + n_labels)` for a label never seen): the one function
 every path that applies a probe uses.
-[LogitsProbe][semsoft_plugin.core.row_probe.LogitsProbe] reads `h` back from the logits
-row with a [LogitsInverse][semsoft_plugin.core.logits_inverse.LogitsInverse] and scores a
+[LogitsProbe][semsoft_plugin.fit.row_probe.LogitsProbe] reads `h` back from the logits
+row with a [LogitsInverse][semsoft_plugin.fit.logits_inverse.LogitsInverse] and scores a
 row with the fit only where its residual says it is `W h + b` (`readable`). A row's
 probabilities never depend on the rows beside it.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from semsoft_plugin.core.logits_inverse import DEFAULT_TOLERANCE, LogitsInverse
+from semsoft_plugin.fit.logits_inverse import DEFAULT_TOLERANCE, LogitsInverse
 
 __all__ = ["LogitsProbe", "ProbeRows", "probe_distribution"]
 

@@ -1,7 +1,7 @@
 """The folds a fit is judged on, and what a fit needs before anything is scored.
 
-The fit (`semsoft_plugin.core.fitting`) and the bias members' inner folds
-(`semsoft_plugin.core.label_offsets`) both split items into stratified folds; the
+The fit (`semsoft_plugin.fit.fitting`) and the bias members' inner folds
+(`semsoft_plugin.fit.label_offsets`) both split items into stratified folds; the
 split is here so that neither imports the other. `check_fit_data` is the one
 check of a fit's labels, folds and margin that `Classifier.fit` and `semsoft tune`
 run before any text is scored, each bad value named with its count.
@@ -36,7 +36,7 @@ def check_fit_settings(n_folds: Any, margin: Any) -> None:
 
     Examples
     --------
-    >>> from semsoft_plugin.core.folds import check_fit_settings
+    >>> from semsoft_plugin.fit.folds import check_fit_settings
     >>> check_fit_settings(5, 1.0)
     >>> check_fit_settings(1, 1.0)
     Traceback (most recent call last):
@@ -72,7 +72,7 @@ def check_fit_data(targets: Sequence[Any] | np.ndarray, n_folds: Any, margin: An
 
     Examples
     --------
-    >>> from semsoft_plugin.core.folds import check_fit_data
+    >>> from semsoft_plugin.fit.folds import check_fit_data
     >>> check_fit_data(["pos", "neg", "pos", "neg"], 5, 1.0)
     >>> check_fit_data(["pos"] * 10, 5, 1.0)
     Traceback (most recent call last):
