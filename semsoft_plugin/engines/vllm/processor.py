@@ -282,7 +282,7 @@ class SemanticSoftmaxLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             forget(state.request.row_key)
 
     def _fit_use(self, request: SemsoftRequest) -> FitUse | str:
-        """The fit a request names, or why not (`app.vllm_fits` serves a fit folder)."""
+        """The fit a request names, or why not (`engines.vllm.fits` serves a fit folder)."""
         refusal = fit_refusal(self._config.model_config, self._config.parallel_config)
         return f"fit {request.fit!r} not applied: {refusal or 'this processor serves no fits'}"
 
