@@ -3,7 +3,7 @@ recovered from labels it generated, the default kept on labels from its own
 distribution, the probe chosen where the hidden state separates the classes and refused
 on vLLM, and a fitted Classifier's correction applied row by row, saved and loaded with
 the config file ``semsoft tune`` writes and ``semsoft classify --config`` reads, and by
-an Outlines generator (``app.outlines_fit.load_fit``)."""
+an Outlines generator (``engines.outlines.fit.load_fit``)."""
 
 from __future__ import annotations
 
