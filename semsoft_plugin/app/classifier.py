@@ -120,11 +120,11 @@ class Classifier(ClassifierMixin, BaseEstimator):
     fit_policy : FitPolicy | None
         What [`fit`][semsoft_plugin.app.classifier.Classifier.fit] searches and the rule that
         keeps a member ([`FitPolicy`][semsoft_plugin.core.fit_policy.FitPolicy]: family, grid,
-        temperature, margin, guard, floor, seed); default `FitPolicy()`
+        score temperature, margin, guard, floor, seed); default `FitPolicy()`
     cv : int | Any
         The folds [`fit`][semsoft_plugin.app.classifier.Classifier.fit]'s rule scores each
         member on: an int >= 2 (stratified, drawn with `fit_policy.random_state`, lowered to
-        half the items where there are fewer) or a scikit-learn splitter
+        half the items where there are fewer), a scikit-learn splitter or an iterable of splits
 
     Attributes
     ----------
