@@ -11,7 +11,6 @@ from _vllm import MULTI, SENTIMENT, FreshConfig
 
 vllm = pytest.importorskip("vllm")
 
-from semsoft_plugin.core import request as sreq  # noqa: E402
 from semsoft_plugin.core.labels import LabelSet  # noqa: E402
 from semsoft_plugin.engines import vllm as sv  # noqa: E402
 from semsoft_plugin.engines.vllm import params as sparams  # noqa: E402
@@ -223,6 +222,6 @@ def test_cpu_platform_turns_async_scheduling_off(checkpoint):
             sv.validate_params(params, vllm_config=config)
     for params in (sv.sampling_params(MULTI), sv.sampling_params(SENTIMENT, temperature=1.0)):
         sv.validate_params(params, vllm_config=config)  # greedy / one-token labels: served
-    config.model_config.logits_processors = [sreq.ENTRY_POINT]
+    config.model_config.logits_processors = [sparams.ENTRY_POINT]
     assert not sparams.unrepaired_output_tokens(config, "v1")
     sv.validate_params(sv.sampling_params(MULTI, trigger="Answer:"), vllm_config=config)

@@ -26,10 +26,10 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate  # noqa: E402
 
 from semsoft_plugin import SemanticSoftmax  # noqa: E402
-from semsoft_plugin.core import request as sreq  # noqa: E402
 from semsoft_plugin.core.labels import LabelSet  # noqa: E402
 from semsoft_plugin.engines import scoring  # noqa: E402
 from semsoft_plugin.engines import vllm as sv  # noqa: E402
+from semsoft_plugin.engines.vllm import params as sv_params  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -100,7 +100,7 @@ def test_loading_by_class_string_and_double_load(llm):
     from vllm.v1.sample.logits_processor import build_logitsprocs
 
     config = llm.llm_engine.vllm_config
-    for spec in ([sv.SemanticSoftmaxLogitsProcessor], [sreq.ENTRY_POINT]):
+    for spec in ([sv.SemanticSoftmaxLogitsProcessor], [sv_params.ENTRY_POINT]):
         with pytest.MonkeyPatch.context() as patch:
             without_entry_points(patch)
             built = build_logitsprocs(config, torch.device("cpu"), False, False, spec)
@@ -139,10 +139,10 @@ def test_model_runner_v2_code_path(llm, tokenizer, checkpoint):
     from vllm.v1.worker.gpu.sample.logits_processor.loader import _load_v2_logitsprocs_by_fqcns
 
     assert (
-        _load_v2_logitsprocs_by_fqcns([sreq.ENTRY_POINT, sv.SemanticSoftmaxLogitsProcessor])
+        _load_v2_logitsprocs_by_fqcns([sv_params.ENTRY_POINT, sv.SemanticSoftmaxLogitsProcessor])
         == [sv.SemanticSoftmaxLogitsProcessor] * 2
     )
-    validate = build_custom_logits_processors_params_validator([sreq.ENTRY_POINT])
+    validate = build_custom_logits_processors_params_validator([sv_params.ENTRY_POINT])
     # In-process: the method's ranges (the SERVER_* limits are the HTTP middleware's).
     with pytest.raises(VLLMValidationError, match="MAX_LABELS=1000"):
         validate(SamplingParams(logprobs=50, extra_args={"semsoft_labels": ["a"] * 1001}))

@@ -139,7 +139,7 @@ def _free_port() -> int:
 def start_server(checkpoint: str, dtype: str, log: Path) -> tuple[subprocess.Popen, str]:
     """The server with the plugin; dev mode for ``POST /reset_prefix_cache``, so each
     timed pass of :func:`compare_paths` starts from an empty prefix cache."""
-    from semsoft_plugin.core import request as sreq
+    from semsoft_plugin.engines.vllm.params import ENTRY_POINT
 
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -148,7 +148,7 @@ def start_server(checkpoint: str, dtype: str, log: Path) -> tuple[subprocess.Pop
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", checkpoint, "--served-model-name", "model",
-        "--host", "127.0.0.1", "--port", str(port), "--logits-processors", sreq.ENTRY_POINT,
+        "--host", "127.0.0.1", "--port", str(port), "--logits-processors", ENTRY_POINT,
         "--max-logprobs", "50", "--max-model-len", "512", "--enforce-eager", "--dtype", dtype,
     ]  # fmt: skip
     with open(log, "w") as sink:
