@@ -8,7 +8,6 @@ by name. Every function takes the parameters as a mapping (`get_params(deep=Fals
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -106,17 +105,7 @@ def checked_settings(params: Mapping[str, Any]) -> tuple[PromptTemplate, Semsoft
     handles.check_backend(params["backend"])
     policy, engine = params["fit_policy"] or FitPolicy(), params["engine"] or EngineSettings()
     check_file_strength(policy.file_strength, params["calibrate"], "fit_policy.file_strength")
-    by_name = isinstance(params["model"], str | os.PathLike)
-    if engine.engine_args and not (by_name and params["backend"] == "vllm"):
-        raise ValueError(
-            f"engine.engine_args={dict(engine.engine_args)!r} apply only to a model named with "
-            "backend='vllm' (a loaded engine was built with its own)"
-        )
-    if engine.dtype != "auto" and not (by_name and params["backend"] in (None, "transformers")):
-        raise ValueError(
-            f"engine.dtype={engine.dtype!r} applies only to a transformers model named here "
-            "(a vLLM engine's dtype goes in engine_args; a loaded model has its own)"
-        )
+    handles.check_engine_args(params["model"], params["backend"], engine.dtype, engine.engine_args)
     prompt = params["prompt"]
     if isinstance(prompt, str):
         prompt = PromptTemplate(user=prompt)

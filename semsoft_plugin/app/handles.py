@@ -126,6 +126,25 @@ def engine_of(clf: Any) -> str:
     return "vllm" if clf.backend == "vllm" or is_vllm(clf.model) else "transformers"
 
 
+def check_engine_args(
+    model: Any, backend: str | None, dtype: str, engine_args: Mapping[str, Any] | None
+) -> None:
+    """`ValueError` where `dtype` or `engine_args` would be ignored: `engine_args` build a
+    vLLM engine named here, `dtype` loads a transformers model named here, and a loaded
+    model has its own (what `Classifier` checks before loading, and `loaded` as it loads)."""
+    if not isinstance(model, str | os.PathLike):
+        if engine_args or dtype != "auto":
+            raise ValueError(
+                "engine_args and dtype apply to a model loaded by name, not to the loaded "
+                f"{type(model).__name__} given"
+            )
+        return
+    if engine_args and backend != "vllm":
+        raise ValueError(f"engine_args {dict(engine_args)!r} apply only to backend='vllm'")
+    if backend == "vllm" and dtype != "auto":
+        raise ValueError(f"dtype={dtype!r}: give a vLLM engine's dtype in engine_args")
+
+
 def loaded(
     model: Any,
     tokenizer: Any,
@@ -161,22 +180,14 @@ def loaded(
                 f"tokenizer={type(tokenizer).__name__} is given with the model named "
                 f"{str(model)!r}, which loads its own: give a loaded model with it, or no tokenizer"
             )
-        backend = backend or "transformers"
-        if engine_args and backend != "vllm":
-            raise ValueError(f"engine_args {dict(engine_args)!r} apply only to backend='vllm'")
-        if backend == "vllm" and dtype != "auto":
-            raise ValueError(f"dtype={dtype!r}: give a vLLM engine's dtype in engine_args")
-        return _by_name(str(model), backend, dtype, dict(engine_args or {}), k)
+        check_engine_args(model, backend, dtype, engine_args)
+        return _by_name(str(model), backend or "transformers", dtype, dict(engine_args or {}), k)
     found = "vllm" if is_vllm(model) else "transformers"
     if backend is not None and backend != found:
         raise ValueError(
             f"backend={backend!r}, but the model is a {type(model).__name__} ({found})"
         )
-    if engine_args or dtype != "auto":
-        raise ValueError(
-            "engine_args and dtype apply to a model loaded by name, not to the loaded "
-            f"{type(model).__name__} given"
-        )
+    check_engine_args(model, backend, dtype, engine_args)
     if tokenizer is None:
         if found != "vllm":
             raise ValueError("tokenizer is None: give the model's tokenizer")
