@@ -66,9 +66,9 @@ class FitResult:
     gain_se : float
         Its standard error (paired over items)
     margin : float
-        The rule: a member other than the temperature (the floor, always adopted where
-        no other wins) is adopted when `gain > margin * gain_se`, `gain > 0` and it beats
-        the temperature by `margin` standard errors
+        The policy's margin (read from `policy`): a member other than the temperature is
+        adopted when `gain > margin * gain_se`, `gain > 0` and it beats the temperature by
+        `margin` standard errors
     nll_start, nll_fitted : float
         Out-of-fold mean NLL of `start` and of the procedure
     procedure : str
@@ -117,7 +117,6 @@ class FitResult:
     n_folds: int
     gain: float
     gain_se: float
-    margin: float
     nll_start: float
     nll_fitted: float
     procedure: str = "grid"
@@ -126,6 +125,11 @@ class FitResult:
     in_sample: list[dict[str, Any]] = field(default_factory=list)
     fold_choices: list[dict[str, Any]] = field(default_factory=list)
     policy: FitPolicy = field(default_factory=FitPolicy)
+
+    @property
+    def margin(self) -> float:
+        """The rule's margin in standard errors, the policy's."""
+        return float(self.policy.margin)
 
     @property
     def label_offset(self) -> list[float] | None:
@@ -297,7 +301,6 @@ def _result(
         n_folds=stats["n_folds"],
         gain=stats["gain"],
         gain_se=stats["gain_se"],
-        margin=float(policy.margin),
         policy=policy,
         nll_start=stats["nll_start"],
         nll_fitted=stats["nll_fitted"],
